@@ -1,0 +1,24 @@
+# Every target bootstraps .venv on first use; editing pyproject.toml reinstalls.
+VENV := .venv
+PYTHON := $(VENV)/bin/python
+STAMP := $(VENV)/.installed-stamp
+
+.PHONY: test bench run clean
+
+$(STAMP): pyproject.toml
+	test -d $(VENV) || python3 -m venv $(VENV)
+	$(VENV)/bin/pip install -q -e '.[test]'
+	touch $@
+
+test: $(STAMP)
+	$(PYTHON) -m pytest $(PYTEST_ARGS)
+
+bench: $(STAMP)
+	$(PYTHON) -m bench $(BENCH_ARGS)
+
+run: $(STAMP)
+	$(VENV)/bin/sluice serve
+
+clean:
+	rm -rf $(VENV) build dist *.egg-info .pytest_cache .hypothesis
+	find . -name __pycache__ -type d -prune -exec rm -rf {} +
