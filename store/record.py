@@ -188,6 +188,12 @@ class StoredMessage:
             pos += 4 + value_len
         return out
 
+    def encode(self) -> bytes:
+        """The record's bytes, exactly as the log holds them (used for compacted copies)."""
+        return encode(self.phys_offset, self.queue_id, self.queue_offset, self.born_ts, self.store_ts,
+                      self.topic.encode(), self.msg_id.encode(), self.tag.encode(), self._keys,
+                      self._props, self._dispatch, self.body)
+
     @property
     def dispatch(self) -> tuple[Target, ...]:
         """Extra queues this record was fanned out to."""
@@ -209,6 +215,13 @@ def iter_dispatch(raw: bytes):
         queue_id, queue_offset = _TARGET.unpack_from(raw, pos)
         pos += _TARGET.size
         yield topic, queue_id, queue_offset
+
+
+def decode_any(buf: bytes, pos: int, where: str = "") -> StoredMessage:
+    """Decode and validate a record copied out of the log (it keeps its original offset)."""
+    if len(buf) - pos < HEADER_SIZE:
+        raise CorruptRecordError(pos, "truncated header", where)
+    return decode(buf, pos, HEADER.unpack_from(buf, pos)[5], where)
 
 
 def decode(buf: bytes, pos: int, expected_offset: int, segment: str = "") -> StoredMessage:

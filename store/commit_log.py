@@ -1,0 +1,232 @@
+"""The commit log: one append-only byte stream for every topic, cut into segment files.
+
+A segment file is named by the 20-digit commit-log offset of its first byte and holds at most
+``segment_size`` bytes of whole records; offsets are contiguous across segments (a segment
+ends where the next one begins). Positions are handed out under the store's append lock
+(``allocate``); bytes reach the files on the flusher thread (``write``/``sync``); reads use
+``pread`` and may come from any thread.
+"""
+from __future__ import annotations
+
+import bisect
+import logging
+import os
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from .errors import RecordTooLargeError
+
+log = logging.getLogger(__name__)
+
+
+def offset_name(offset: int) -> str:
+    """File name for a file starting at ``offset``: 20 digits, zero padded."""
+    return f"{offset:020d}"
+
+
+def list_offset_files(directory: str) -> list[int]:
+    """Sorted start offsets of the offset-named files in ``directory`` (empty if it is missing)."""
+    try:
+        names = os.listdir(directory)
+    except FileNotFoundError:
+        return []
+    return sorted(int(name) for name in names if len(name) == 20 and name.isdigit())
+
+
+@dataclass(eq=False)
+class Segment:
+    """One commit-log file."""
+
+    base: int
+    path: str
+    fd: int
+    size: int
+
+    @property
+    def end(self) -> int:
+        return self.base + self.size
+
+    @property
+    def name(self) -> str:
+        return os.path.basename(self.path)
+
+
+class CommitLog:
+    """Segment files of the commit log, for writing or (``read_only=True``) for reading only."""
+
+    def __init__(self, directory: str, segment_size: int, read_only: bool = False) -> None:
+        self.directory = directory
+        self.segment_size = segment_size
+        self.read_only = read_only
+        self._lock = threading.Lock()  # guards the segment list and fds against retention
+        self._segments: list[Segment] = []
+        self._bases: list[int] = []
+        if not read_only:
+            os.makedirs(directory, exist_ok=True)
+        for base in list_offset_files(directory):
+            self._open_segment(base)
+        # Allocation state, owned by the append lock of the store.
+        self.next_offset = self.end_offset
+        self._active_base = self._segments[-1].base if self._segments else 0
+        self._has_active = bool(self._segments)
+
+    # -- layout -------------------------------------------------------------------------
+
+    @property
+    def min_offset(self) -> int:
+        """Offset of the oldest byte still on disk."""
+        segments = self._segments
+        return segments[0].base if segments else self.next_offset
+
+    @property
+    def end_offset(self) -> int:
+        """Offset just past the last byte written to the files."""
+        segments = self._segments
+        return segments[-1].end if segments else 0
+
+    def segments(self) -> list[Segment]:
+        """A snapshot of the segment list, oldest first."""
+        with self._lock:
+            return list(self._segments)
+
+    def total_bytes(self) -> int:
+        return sum(segment.size for segment in self.segments())
+
+    def _open_segment(self, base: int) -> Segment:
+        path = os.path.join(self.directory, offset_name(base))
+        flags = os.O_RDONLY if self.read_only else os.O_RDWR | os.O_CREAT
+        fd = os.open(path, flags, 0o644)
+        segment = Segment(base, path, fd, os.fstat(fd).st_size)
+        self._segments.append(segment)
+        self._bases.append(base)
+        return segment
+
+    def refresh(self) -> None:
+        """Read-only mode: pick up segments and sizes a running writer has added since."""
+        with self._lock:
+            for segment in self._segments:
+                segment.size = os.fstat(segment.fd).st_size
+            known = set(self._bases)
+            for base in list_offset_files(self.directory):
+                if base not in known and (not self._bases or base > self._bases[-1]):
+                    try:
+                        self._open_segment(base)
+                    except FileNotFoundError:
+                        continue
+
+    # -- writing (append lock, then flusher thread) -----------------------------------------
+
+    def allocate(self, size: int) -> tuple[int, int]:
+        """Reserve ``size`` bytes; return (offset, base of the segment the record goes to).
+
+        Runs under the store's append lock.
+        """
+        if size > self.segment_size:
+            raise RecordTooLargeError(
+                f"record of {size} bytes exceeds the segment size of {self.segment_size} bytes; "
+                "raise segment_size or send a smaller message"
+            )
+        offset = self.next_offset
+        rolled = not self._has_active or offset + size > self._active_base + self.segment_size
+        if rolled:
+            self._active_base = offset
+            self._has_active = True
+        self.next_offset = offset + size
+        return offset, self._active_base
+
+    def write(self, base: int, data: bytes | bytearray) -> Segment:
+        """Append ``data`` to the segment starting at ``base`` (created if new).
+
+        Runs on the flusher thread; the caller then ``sync``s the returned segments.
+        """
+        with self._lock:
+            segment = self._segments[-1] if self._segments and self._segments[-1].base == base else None
+            if segment is None:
+                segment = self._open_segment(base)
+        view = memoryview(data)
+        while view:
+            written = os.write(segment.fd, view)
+            view = view[written:]
+        segment.size += len(data)
+        return segment
+
+    @staticmethod
+    def sync(segments: list[Segment]) -> None:
+        """fsync each segment (fdatasync: sizes are covered). Runs on the flusher thread."""
+        for segment in segments:
+            if segment.fd >= 0:  # -1: deleted by retention meanwhile
+                os.fdatasync(segment.fd)
+
+    # -- reading (any thread) --------------------------------------------------------------
+
+    def read(self, offset: int, size: int) -> tuple[bytes, Segment]:
+        """Read up to ``size`` bytes at ``offset`` from the one segment holding it.
+
+        Raises FileNotFoundError if no segment holds ``offset`` (removed by retention or never
+        written).
+        """
+        with self._lock:
+            index = bisect.bisect_right(self._bases, offset) - 1
+            if index < 0 or offset >= self._segments[index].end:
+                raise FileNotFoundError(f"no commit-log segment holds offset {offset}")
+            segment = self._segments[index]
+            return os.pread(segment.fd, min(size, segment.end - offset), offset - segment.base), segment
+
+    def iter_chunks(self, start: int, chunk_size: int = 8 << 20) -> Iterator[tuple[Segment, int, bytes]]:
+        """Yield (segment, offset, bytes) covering the log from ``start`` to its end, in order.
+
+        Chunks never cross a segment boundary; recovery and verification scan with this.
+        """
+        for segment in self.segments():
+            if segment.end <= start:
+                continue
+            position = max(start, segment.base)
+            while position < segment.end:
+                data = os.pread(segment.fd, min(chunk_size, segment.end - position), position - segment.base)
+                yield segment, position, data
+                position += len(data)
+
+    # -- recovery and retention ------------------------------------------------------------
+
+    def truncate(self, offset: int) -> int:
+        """Cut every byte at or after ``offset``; return how many bytes were removed."""
+        removed = 0
+        with self._lock:
+            while self._segments and self._segments[-1].base >= offset and (
+                    self._segments[-1].base > offset or len(self._segments) > 1):
+                segment = self._segments.pop()
+                self._bases.pop()
+                removed += segment.size
+                os.close(segment.fd)
+                os.unlink(segment.path)
+            if self._segments and self._segments[-1].end > offset:
+                segment = self._segments[-1]
+                removed += segment.end - offset
+                segment.size = offset - segment.base
+                os.ftruncate(segment.fd, segment.size)
+                os.fsync(segment.fd)
+        self.next_offset = self.end_offset if self._segments else offset
+        self._active_base = self._segments[-1].base if self._segments else offset
+        self._has_active = bool(self._segments)
+        return removed
+
+    def delete_oldest(self) -> Segment:
+        """Delete the oldest segment (never the active one) and return it. Used by retention."""
+        with self._lock:
+            if len(self._segments) < 2:
+                raise ValueError("the active segment is never deleted")
+            segment = self._segments.pop(0)
+            self._bases.pop(0)
+            os.close(segment.fd)
+            segment.fd = -1
+            os.unlink(segment.path)
+        log.info("retention deleted commit-log segment %s (%d bytes)", segment.name, segment.size)
+        return segment
+
+    def close(self) -> None:
+        with self._lock:
+            for segment in self._segments:
+                os.close(segment.fd)
+            self._segments.clear()
+            self._bases.clear()

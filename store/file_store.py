@@ -1,0 +1,217 @@
+"""FileStore: the production store, on files under one data directory.
+
+    <data>/LOCK                        held (flock) while a store has the directory open
+    <data>/checkpoint                  see checkpoint.py
+    <data>/commitlog/<20 digits>       commit-log segments (commit_log.py, record.py)
+    <data>/consumequeue/<topic>/<id>/  consume queues (consume_queue.py)
+    <data>/index/<20 digits>           key index (key_index.py)
+    <data>/compacted/<topic>/          compacted copies of compacted topics (compaction.py)
+
+Appends may come from any thread; they are encoded under one lock and handed to the flusher
+thread (flusher.py), which writes, fsyncs by the flush policy and dispatches.
+"""
+from __future__ import annotations
+
+import fcntl
+import logging
+import os
+import threading
+import time
+from collections.abc import Mapping, Sequence
+
+from . import checkpoint, record
+from .api import AppendResult, Message, ProgressListener, RecoveryReport, RetentionReport, StoreConfig
+from .commit_log import CommitLog
+from .compaction import CompactedTopics
+from .consume_queue import ConsumeQueues, topic_dir_name
+from .dispatcher import Dispatcher, business_key, id_key
+from .errors import InvalidRecordError, StoreClosedError, StoreLockedError
+from .flusher import AppendBuffer, Flusher, Progress
+from .key_index import KeyIndex
+from .reading import StoreView
+from .recovery import recover
+from .retention import apply_retention
+
+log = logging.getLogger(__name__)
+
+
+class FileStore(StoreView):
+    """A durable store in ``directory``; opening it recovers from any crash."""
+
+    def __init__(self, directory: str, config: StoreConfig = StoreConfig()) -> None:
+        self.directory = directory
+        self.config = config
+        os.makedirs(directory, exist_ok=True)
+        self._lock_fd = _lock_directory(directory)
+        self._checkpoint_path = os.path.join(directory, "checkpoint")
+        commit_log = CommitLog(os.path.join(directory, "commitlog"), config.segment_size)
+        queues = ConsumeQueues(os.path.join(directory, "consumequeue"), config.queue_entries_per_file)
+        key_index = KeyIndex(os.path.join(directory, "index"), config.index_slot_count, config.index_max_entries)
+        super().__init__(commit_log, queues, key_index)
+        self.dispatcher = Dispatcher(queues, key_index)
+        self.compaction = CompactedTopics(os.path.join(directory, "compacted"), self)
+        self.recovery: RecoveryReport = recover(commit_log, queues, self.dispatcher,
+                                                checkpoint.load(self._checkpoint_path),
+                                                key_index.needs_rebuild_from)
+        self._cycle_lock = threading.Lock()
+        self._progress = Progress(commit_log.end_offset)
+        self._write_checkpoint(clean=False)
+        self._next_queue_offset = {(queue.topic, queue.queue_id): queue.max_offset for queue in queues}
+        self._topic_bytes: dict[str, bytes] = {}
+        self._buffer = AppendBuffer()
+        self._closed = False
+        self._flusher = Flusher(self._buffer, commit_log, self.dispatcher, self._progress,
+                                config.flush == "sync", config.flush_interval_ms,
+                                config.checkpoint_interval_ms, self._periodic_checkpoint, self._cycle_lock)
+        self._flusher.start()
+
+    # -- appending (any thread) ----------------------------------------------------------------
+
+    @property
+    def durable_offset(self) -> int:
+        """Commit-log offset up to which every record is fsynced."""
+        return self._progress.durable
+
+    @property
+    def visible_offset(self) -> int:
+        """Commit-log offset up to which every record is readable from its queues."""
+        return self._progress.visible
+
+    def append(self, topic: str, body: bytes, *, queue_id: int = 0, tag: str = "",
+               keys: Sequence[str] = (), properties: Mapping[str, str] | None = None,
+               msg_id: str = "", born_ts: int = 0,
+               extra_queues: Sequence[tuple[str, int]] = ()) -> AppendResult:
+        """Append one record; it is durable once ``durable_offset`` reaches ``result.end_offset``."""
+        now = int(time.time() * 1000)
+        with self._buffer.lock:
+            return self._append_locked(topic, body, queue_id, tag, keys, properties, msg_id,
+                                       born_ts or now, extra_queues, now)
+
+    def append_batch(self, messages: Sequence[Message]) -> list[AppendResult]:
+        """Append several records under one lock acquisition; they land contiguously."""
+        now = int(time.time() * 1000)
+        with self._buffer.lock:
+            return [self._append_locked(m.topic, m.body, m.queue_id, m.tag, m.keys, m.properties,
+                                        m.msg_id, m.born_ts or now, m.extra_queues, now)
+                    for m in messages]
+
+    def _append_locked(self, topic: str, body: bytes, queue_id: int, tag: str, keys: Sequence[str],
+                       properties: Mapping[str, str] | None, msg_id: str, born_ts: int,
+                       extra_queues: Sequence[tuple[str, int]], now: int) -> AppendResult:
+        if self._closed or self._progress.error is not None:
+            raise StoreClosedError("the store is closed" if self._closed else
+                                   f"the store can no longer write: {self._progress.error}")
+        topic_bytes = self._topic_bytes.get(topic) or self._new_topic(topic)
+        if not keys and topic in self.compaction.topics:
+            raise InvalidRecordError(f"topic {topic!r} is compacted: every message needs a key")
+        tag_bytes = tag.encode()
+        keys_bytes = record.encode_keys(keys) if keys else b""
+        props_bytes = record.encode_properties(properties) if properties else b""
+        next_offsets = self._next_queue_offset
+        home = (topic, queue_id)
+        queue_offset = next_offsets.get(home, 0)
+        extra: tuple[record.Target, ...] = ()
+        if extra_queues:
+            for target in extra_queues:
+                self._topic_bytes.get(target[0]) or self._new_topic(target[0])
+            extra = tuple((t, q, next_offsets.get((t, q), 0)) for t, q in extra_queues)
+        dispatch_bytes = record.encode_dispatch(extra) if extra else b""
+        id_len = len(msg_id.encode()) if msg_id else 16
+        size = record.encoded_size(topic_bytes, b"\0" * id_len, tag_bytes, keys_bytes, props_bytes,
+                                   dispatch_bytes, body)
+        phys, segment_base = self.log.allocate(size)
+        msg_id = msg_id or f"{phys:016X}"
+        data = record.encode(phys, queue_id, queue_offset, born_ts, now, topic_bytes, msg_id.encode(),
+                             tag_bytes, keys_bytes, props_bytes, dispatch_bytes, body)
+        next_offsets[home] = queue_offset + 1
+        for t, q, offset in extra:
+            next_offsets[(t, q)] = offset + 1
+        index_keys = (id_key(msg_id), *(business_key(topic, key) for key in keys))
+        self._buffer.add(segment_base, data, (phys, size, record.crc(tag_bytes) if tag else 0, now,
+                                              ((topic, queue_id, queue_offset), *extra), index_keys))
+        return AppendResult(topic, queue_id, queue_offset, phys, size, msg_id, now, extra)
+
+    def _new_topic(self, topic: str) -> bytes:
+        topic_dir_name(topic)  # validates the name
+        encoded = self._topic_bytes[topic] = topic.encode()
+        return encoded
+
+    def wait_durable(self, end_offset: int, timeout: float | None = None) -> bool:
+        """Block until everything before ``end_offset`` is fsynced; False on timeout."""
+        return self._progress.wait("durable", end_offset, timeout)
+
+    def wait_visible(self, end_offset: int, timeout: float | None = None) -> bool:
+        """Block until everything before ``end_offset`` is readable from its queues."""
+        return self._progress.wait("visible", end_offset, timeout)
+
+    def add_listener(self, listener: ProgressListener) -> None:
+        """Call ``listener(visible_end, durable_end)`` on the flusher thread after each batch."""
+        self._progress.listeners.append(listener)
+
+    # -- compaction and retention ------------------------------------------------------------
+
+    def enable_compaction(self, topic: str) -> None:
+        """Make ``topic`` compacted: keyed messages, newest per key kept by ``compact``."""
+        self.compaction.enable(topic)
+
+    def compact(self, topic: str) -> int:
+        """Refresh the compacted copy of ``topic``; return how many live keys it holds."""
+        with self._cycle_lock:
+            return self.compaction.compact(topic)
+
+    def compacted(self, topic: str) -> list[record.StoredMessage]:
+        """The newest message per key of a compacted topic (tombstones removed), oldest first."""
+        return self.compaction.view(topic)
+
+    def apply_retention(self, now_ms: int | None = None) -> RetentionReport:
+        """Delete whole oldest segments past the age or size limits of the config."""
+        with self._cycle_lock:
+            return apply_retention(self, self.config, now_ms)
+
+    # -- checkpoints and shutdown --------------------------------------------------------------
+
+    def _periodic_checkpoint(self) -> None:
+        """Runs on the flusher thread."""
+        with self._cycle_lock:
+            self._write_checkpoint(clean=False)
+
+    def _write_checkpoint(self, clean: bool) -> None:
+        """Make derived data durable, then record how far it and the log reach."""
+        self.consume_queues.sync()
+        self.key_index.flush()
+        checkpoint.save(self._checkpoint_path, checkpoint.Checkpoint(
+            self._progress.durable, self.dispatcher.dispatched_end, clean))
+
+    def close(self) -> None:
+        """Drain and fsync everything, write a clean checkpoint, release the directory."""
+        with self._buffer.lock:
+            if self._closed:
+                return
+            self._closed = True
+        self._flusher.stop()
+        with self._progress.cond:
+            self._progress.closed = True
+            self._progress.cond.notify_all()
+        if self._progress.error is None:
+            self._write_checkpoint(clean=True)
+        self.consume_queues.close()
+        self.key_index.close()
+        self.log.close()
+        os.close(self._lock_fd)
+
+    def __enter__(self) -> FileStore:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+
+def _lock_directory(directory: str) -> int:
+    fd = os.open(os.path.join(directory, "LOCK"), os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise StoreLockedError(f"{directory} is in use by another store process; stop it first "
+                               "or read it with store.reader.StoreReader") from None
+    return fd

@@ -1,0 +1,167 @@
+"""Group commit: one thread moves appended records to disk, makes them durable and indexes them.
+
+Appenders encode records into an ``AppendBuffer`` under its lock and return at once. The
+flusher thread swaps the buffer out, writes it with one ``write`` per segment, and then
+
+- ``sync`` policy: fsyncs before anything else, so one fsync covers every record that arrived
+  while the previous fsync ran (group commit), and only then reports them durable;
+- ``async`` policy: reports them visible at once and fsyncs every ``flush_interval_ms``.
+
+Either way it dispatches the batch to consume queues and the key index, tells listeners how far
+the log is visible and durable, and writes a checkpoint every ``checkpoint_interval_ms``.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+
+from .commit_log import CommitLog, Segment
+from .dispatcher import DispatchRequest, Dispatcher
+
+log = logging.getLogger(__name__)
+
+
+class AppendBuffer:
+    """Records accepted but not yet written. Filled under ``lock`` by appenders, drained by the flusher."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.ready = threading.Condition(self.lock)
+        self.chunks: list[tuple[int, bytearray]] = []
+        self.requests: list[DispatchRequest] = []
+        self.flusher_waiting = False
+
+    def add(self, segment_base: int, data: bytes, request: DispatchRequest) -> None:
+        """Queue one encoded record; the caller holds ``lock``."""
+        chunks = self.chunks
+        if chunks and chunks[-1][0] == segment_base:
+            chunks[-1][1].extend(data)
+        else:
+            chunks.append((segment_base, bytearray(data)))
+        self.requests.append(request)
+        if self.flusher_waiting:
+            self.flusher_waiting = False
+            self.ready.notify()
+
+    def take(self) -> tuple[list[tuple[int, bytearray]], list[DispatchRequest]]:
+        """Swap out everything queued; the caller holds ``lock``."""
+        chunks, requests = self.chunks, self.requests
+        self.chunks, self.requests = [], []
+        return chunks, requests
+
+
+class Progress:
+    """How far the log is visible (written and indexed) and durable (fsynced); waitable."""
+
+    def __init__(self, end: int) -> None:
+        self.cond = threading.Condition()
+        self.visible = end
+        self.durable = end
+        self.error: BaseException | None = None
+        self.closed = False
+        self.listeners: list[Callable[[int, int], None]] = []
+
+    def publish(self, visible: int, durable: int) -> None:
+        with self.cond:
+            self.visible, self.durable = visible, durable
+            self.cond.notify_all()
+        for listener in self.listeners:
+            listener(visible, durable)
+
+    def fail(self, error: BaseException) -> None:
+        with self.cond:
+            self.error = error
+            self.cond.notify_all()
+
+    def wait(self, attribute: str, end: int, timeout: float | None) -> bool:
+        """Block until ``visible``/``durable`` reaches ``end``; False on timeout or close."""
+        with self.cond:
+            self.cond.wait_for(lambda: getattr(self, attribute) >= end or self.error or self.closed, timeout)
+            if self.error is not None:
+                raise OSError(f"the store can no longer write: {self.error}") from self.error
+            return getattr(self, attribute) >= end
+
+
+class Flusher(threading.Thread):
+    """The group-commit thread of one store."""
+
+    def __init__(self, buffer: AppendBuffer, commit_log: CommitLog, dispatcher: Dispatcher,
+                 progress: Progress, sync: bool, flush_interval_ms: int, checkpoint_interval_ms: int,
+                 checkpoint: Callable[[], None], cycle_lock: threading.Lock) -> None:
+        super().__init__(name="sluice-store-flusher", daemon=True)
+        self.buffer = buffer
+        self.log = commit_log
+        self.dispatcher = dispatcher
+        self.progress = progress
+        self.sync_each_batch = sync
+        self.flush_interval = flush_interval_ms / 1000
+        self.checkpoint_interval = checkpoint_interval_ms / 1000
+        self.checkpoint = checkpoint
+        self.cycle_lock = cycle_lock  # held for each write-and-dispatch cycle; retention takes it too
+        self.stopping = False
+        self._unsynced: set[Segment] = set()
+        self._next_fsync = self._next_checkpoint = time.monotonic()
+
+    def stop(self) -> None:
+        """Ask the thread to drain, fsync and exit; then join it."""
+        with self.buffer.lock:
+            self.stopping = True
+            self.buffer.ready.notify()
+        self.join()
+
+    def run(self) -> None:
+        try:
+            while self._cycle():
+                pass
+            self._fsync()
+        except BaseException as error:  # disk full, I/O error: waiters must hear of it
+            log.exception("store flusher failed; appends can no longer become durable")
+            self.progress.fail(error)
+
+    def _cycle(self) -> bool:
+        """Handle one batch (or a timeout); False once stopping and drained."""
+        buffer = self.buffer
+        with buffer.lock:
+            if not buffer.chunks and not self.stopping:
+                buffer.flusher_waiting = True
+                buffer.ready.wait(self._timeout())
+                buffer.flusher_waiting = False
+            chunks, requests = buffer.take()
+            stopping = self.stopping
+        if chunks:
+            with self.cycle_lock:
+                self._write(chunks, requests)
+        now = time.monotonic()
+        if not self.sync_each_batch and now >= self._next_fsync:
+            self._fsync()
+        if now >= self._next_checkpoint:
+            self._next_checkpoint = now + self.checkpoint_interval
+            self.checkpoint()
+        return bool(chunks) or not stopping
+
+    def _timeout(self) -> float:
+        deadline = self._next_checkpoint if self.sync_each_batch else min(self._next_checkpoint, self._next_fsync)
+        return max(0.0, deadline - time.monotonic())
+
+    def _write(self, chunks: list[tuple[int, bytearray]], requests: list[DispatchRequest]) -> None:
+        segments = {self.log.write(base, data) for base, data in chunks}
+        end = self.log.end_offset
+        if self.sync_each_batch:
+            self.log.sync(sorted(segments, key=lambda segment: segment.base))
+            durable = end
+        else:
+            self._unsynced |= segments
+            durable = self.progress.durable
+        self.dispatcher.dispatch(requests)
+        self.progress.publish(end, durable)
+
+    def _fsync(self) -> None:
+        """Async policy: make everything written so far durable."""
+        self._next_fsync = time.monotonic() + self.flush_interval
+        unsynced, self._unsynced = self._unsynced, set()
+        if unsynced or self.progress.durable < self.progress.visible:
+            with self.cycle_lock:
+                self.log.sync(sorted(unsynced, key=lambda segment: segment.base))
+            self.progress.publish(self.progress.visible, self.progress.visible)
