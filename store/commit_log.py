@@ -146,9 +146,9 @@ class CommitLog:
                 segment = self._open_segment(base)
         view = memoryview(data)
         while view:
-            written = os.write(segment.fd, view)
+            written = os.pwrite(segment.fd, view, segment.size)
             view = view[written:]
-        segment.size += len(data)
+            segment.size += written
         return segment
 
     @staticmethod

@@ -41,7 +41,7 @@ class CompactedTopics:
 
     def __init__(self, directory: str, view: StoreView) -> None:
         self.directory = directory
-        self.view = view
+        self.reader = view
         os.makedirs(directory, exist_ok=True)
         self.topics = {unquote(name) for name in os.listdir(directory)}
         self._cache: dict[tuple[str, int], tuple[int, Latest]] = {}
@@ -71,15 +71,15 @@ class CompactedTopics:
         return sorted(merged.values(), key=lambda message: message.phys_offset)
 
     def _queue_ids(self, topic: str) -> list[int]:
-        return [queue_id for name, queue_id in self.view.queues() if name == topic]
+        return [queue_id for name, queue_id in self.reader.queues() if name == topic]
 
     def _current(self, topic: str, queue_id: int) -> tuple[int, Latest]:
         """Snapshot plus the queue's newer records: (next queue offset, newest per key)."""
         with self._lock:
             next_offset, latest = self._cache.get((topic, queue_id)) or self._load(topic, queue_id)
             latest = dict(latest)
-            offset = max(next_offset, self.view.queue_range(topic, queue_id)[0])
-            while batch := self.view.read(topic, queue_id, offset, _BATCH):
+            offset = max(next_offset, self.reader.queue_range(topic, queue_id)[0])
+            while batch := self.reader.read(topic, queue_id, offset, _BATCH):
                 for message in batch:
                     key = message.keys[0] if message._keys else ""
                     if message.body:

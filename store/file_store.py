@@ -23,9 +23,10 @@ from . import checkpoint, record
 from .api import AppendResult, Message, ProgressListener, RecoveryReport, RetentionReport, StoreConfig
 from .commit_log import CommitLog
 from .compaction import CompactedTopics
-from .consume_queue import ConsumeQueues, topic_dir_name
-from .dispatcher import Dispatcher, business_key, id_key
-from .errors import InvalidRecordError, StoreClosedError, StoreLockedError
+from .consume_queue import ConsumeQueues
+from .appender import RecordBuilder
+from .dispatcher import Dispatcher
+from .errors import StoreClosedError, StoreLockedError
 from .flusher import AppendBuffer, Flusher, Progress
 from .key_index import KeyIndex
 from .reading import StoreView
@@ -56,8 +57,8 @@ class FileStore(StoreView):
         self._cycle_lock = threading.Lock()
         self._progress = Progress(commit_log.end_offset)
         self._write_checkpoint(clean=False)
-        self._next_queue_offset = {(queue.topic, queue.queue_id): queue.max_offset for queue in queues}
-        self._topic_bytes: dict[str, bytes] = {}
+        self._builder = RecordBuilder({(queue.topic, queue.queue_id): queue.max_offset for queue in queues},
+                                      self.compaction.topics)
         self._buffer = AppendBuffer()
         self._closed = False
         self._flusher = Flusher(self._buffer, commit_log, self.dispatcher, self._progress,
@@ -85,14 +86,14 @@ class FileStore(StoreView):
         now = int(time.time() * 1000)
         with self._buffer.lock:
             return self._append_locked(topic, body, queue_id, tag, keys, properties, msg_id,
-                                       born_ts or now, extra_queues, now)
+                                       born_ts, extra_queues, now)
 
     def append_batch(self, messages: Sequence[Message]) -> list[AppendResult]:
         """Append several records under one lock acquisition; they land contiguously."""
         now = int(time.time() * 1000)
         with self._buffer.lock:
             return [self._append_locked(m.topic, m.body, m.queue_id, m.tag, m.keys, m.properties,
-                                        m.msg_id, m.born_ts or now, m.extra_queues, now)
+                                        m.msg_id, m.born_ts, m.extra_queues, now)
                     for m in messages]
 
     def _append_locked(self, topic: str, body: bytes, queue_id: int, tag: str, keys: Sequence[str],
@@ -101,40 +102,11 @@ class FileStore(StoreView):
         if self._closed or self._progress.error is not None:
             raise StoreClosedError("the store is closed" if self._closed else
                                    f"the store can no longer write: {self._progress.error}")
-        topic_bytes = self._topic_bytes.get(topic) or self._new_topic(topic)
-        if not keys and topic in self.compaction.topics:
-            raise InvalidRecordError(f"topic {topic!r} is compacted: every message needs a key")
-        tag_bytes = tag.encode()
-        keys_bytes = record.encode_keys(keys) if keys else b""
-        props_bytes = record.encode_properties(properties) if properties else b""
-        next_offsets = self._next_queue_offset
-        home = (topic, queue_id)
-        queue_offset = next_offsets.get(home, 0)
-        extra: tuple[record.Target, ...] = ()
-        if extra_queues:
-            for target in extra_queues:
-                self._topic_bytes.get(target[0]) or self._new_topic(target[0])
-            extra = tuple((t, q, next_offsets.get((t, q), 0)) for t, q in extra_queues)
-        dispatch_bytes = record.encode_dispatch(extra) if extra else b""
-        id_len = len(msg_id.encode()) if msg_id else 16
-        size = record.encoded_size(topic_bytes, b"\0" * id_len, tag_bytes, keys_bytes, props_bytes,
-                                   dispatch_bytes, body)
-        phys, segment_base = self.log.allocate(size)
-        msg_id = msg_id or f"{phys:016X}"
-        data = record.encode(phys, queue_id, queue_offset, born_ts, now, topic_bytes, msg_id.encode(),
-                             tag_bytes, keys_bytes, props_bytes, dispatch_bytes, body)
-        next_offsets[home] = queue_offset + 1
-        for t, q, offset in extra:
-            next_offsets[(t, q)] = offset + 1
-        index_keys = (id_key(msg_id), *(business_key(topic, key) for key in keys))
-        self._buffer.add(segment_base, data, (phys, size, record.crc(tag_bytes) if tag else 0, now,
-                                              ((topic, queue_id, queue_offset), *extra), index_keys))
-        return AppendResult(topic, queue_id, queue_offset, phys, size, msg_id, now, extra)
-
-    def _new_topic(self, topic: str) -> bytes:
-        topic_dir_name(topic)  # validates the name
-        encoded = self._topic_bytes[topic] = topic.encode()
-        return encoded
+        segment_base, data, request, result = self._builder.build(
+            self.log.allocate, topic, body, queue_id, tag, keys, properties, msg_id, born_ts,
+            extra_queues, now)
+        self._buffer.add(segment_base, data, request)
+        return result
 
     def wait_durable(self, end_offset: int, timeout: float | None = None) -> bool:
         """Block until everything before ``end_offset`` is fsynced; False on timeout."""

@@ -12,23 +12,22 @@ import time
 from typing import TYPE_CHECKING
 
 from .api import RetentionReport, StoreConfig
-from .commit_log import Segment
 
 if TYPE_CHECKING:
     from .file_store import FileStore
 
 
-def expired_segments(segments: list[Segment], config: StoreConfig, now_ms: int, dispatched_end: int) -> int:
-    """How many of the oldest ``segments`` the limits of ``config`` remove."""
-    total = sum(segment.size for segment in segments)
+def expired_segments(segments: list[tuple[int, int, float]], config: StoreConfig, now_ms: int,
+                     dispatched_end: int) -> int:
+    """How many of the oldest segments, given as (size, end offset, last write in ms), must go."""
+    total = sum(size for size, _, _ in segments)
     count = 0
-    for segment in segments[:-1]:
-        too_old = (config.retention_max_age_ms is not None
-                   and now_ms - os.fstat(segment.fd).st_mtime * 1000 > config.retention_max_age_ms)
+    for size, end, written_ms in segments[:-1]:
+        too_old = config.retention_max_age_ms is not None and now_ms - written_ms > config.retention_max_age_ms
         too_big = config.retention_max_bytes is not None and total > config.retention_max_bytes
-        if not (too_old or too_big) or segment.end > dispatched_end:
+        if not (too_old or too_big) or end > dispatched_end:
             break
-        total -= segment.size
+        total -= size
         count += 1
     return count
 
@@ -37,7 +36,8 @@ def apply_retention(store: FileStore, config: StoreConfig, now_ms: int | None = 
     """Apply the limits of ``config`` to ``store`` once."""
     now = int(time.time() * 1000) if now_ms is None else now_ms
     report = RetentionReport(log_min_offset=store.log.min_offset)
-    count = expired_segments(store.log.segments(), config, now, store.dispatcher.dispatched_end)
+    segments = [(s.size, s.end, os.fstat(s.fd).st_mtime * 1000) for s in store.log.segments()]
+    count = expired_segments(segments, config, now, store.dispatcher.dispatched_end)
     if not count:
         return report
     for topic in store.compaction.topics:

@@ -1,0 +1,74 @@
+"""Turning an append into record bytes: queue offsets, message id, sections, dispatch request.
+
+Shared by every store implementation, so they number queues and encode records identically.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+
+from . import record
+from .api import AppendResult
+from .consume_queue import topic_dir_name
+from .dispatcher import DispatchRequest, business_key, id_key
+from .errors import InvalidRecordError
+
+Allocate = Callable[[int], tuple[int, int]]
+"""Reserve n bytes of log: returns (offset, base of the segment they go to)."""
+
+_GENERATED_ID_LEN = 16
+
+
+class RecordBuilder:
+    """Assigns queue offsets and encodes records. Runs under the owning store's append lock."""
+
+    def __init__(self, next_queue_offsets: dict[tuple[str, int], int], compacted_topics: set[str]) -> None:
+        self.next_queue_offsets = next_queue_offsets
+        self.compacted_topics = compacted_topics
+        self._topic_bytes: dict[str, bytes] = {}
+
+    def _topic(self, topic: str) -> bytes:
+        encoded = self._topic_bytes.get(topic)
+        if encoded is None:
+            topic_dir_name(topic)  # validates the name
+            encoded = self._topic_bytes[topic] = topic.encode()
+        return encoded
+
+    def build(self, allocate: Allocate, topic: str, body: bytes, queue_id: int, tag: str,
+              keys: Sequence[str], properties: Mapping[str, str] | None, msg_id: str,
+              born_ts: int, extra_queues: Sequence[tuple[str, int]], now: int,
+              ) -> tuple[int, bytes, DispatchRequest, AppendResult]:
+        """Encode one append; return (segment base, record bytes, dispatch request, result).
+
+        A message without ``msg_id`` gets its commit-log offset in hex (unique in this store).
+        """
+        topic_bytes = self._topic(topic)
+        if not keys and topic in self.compacted_topics:
+            raise InvalidRecordError(f"topic {topic!r} is compacted: every message needs a key")
+        if not 0 <= queue_id <= 0xFFFFFFFF:
+            raise InvalidRecordError(f"queue id {queue_id} is out of range")
+        tag_bytes = tag.encode()
+        keys_bytes = record.encode_keys(keys) if keys else b""
+        props_bytes = record.encode_properties(properties) if properties else b""
+        offsets = self.next_queue_offsets
+        queue_offset = offsets.get((topic, queue_id), 0)
+        extra: tuple[record.Target, ...] = ()
+        if extra_queues:
+            extra = tuple((t, q, offsets.get((t, q), 0)) for t, q in extra_queues if self._topic(t))
+        dispatch_bytes = record.encode_dispatch(extra) if extra else b""
+        id_bytes = msg_id.encode() if msg_id else b"\0" * _GENERATED_ID_LEN
+        size = record.encoded_size(topic_bytes, id_bytes, tag_bytes, keys_bytes, props_bytes,
+                                   dispatch_bytes, body)
+        phys, segment_base = allocate(size)
+        if not msg_id:
+            msg_id = f"{phys:016X}"
+            id_bytes = msg_id.encode()
+        data = record.encode(phys, queue_id, queue_offset, born_ts or now, now, topic_bytes, id_bytes,
+                             tag_bytes, keys_bytes, props_bytes, dispatch_bytes, body)
+        offsets[(topic, queue_id)] = queue_offset + 1
+        for t, q, offset in extra:
+            offsets[(t, q)] = offset + 1
+        targets = ((topic, queue_id, queue_offset), *extra)
+        index_keys = (id_key(msg_id), *(business_key(topic, key) for key in keys))
+        request = (phys, size, record.crc(tag_bytes) if tag_bytes else 0, now, targets, index_keys)
+        return segment_base, data, request, AppendResult(topic, queue_id, queue_offset, phys, size,
+                                                         msg_id, now, extra)
