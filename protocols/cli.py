@@ -29,23 +29,32 @@ def _missing_data_dir(path: Path) -> int | None:
     return 2
 
 
-def _store_inspect(args: argparse.Namespace) -> int:
-    """Print the store's description as JSON."""
-    if (code := _missing_data_dir(args.data_dir)) is not None:
-        return code
+def _open_reader(path: Path):
+    """A StoreReader over `path`, or None after printing why there is none."""
+    if _missing_data_dir(path) is not None:
+        return None
     from store.reader import StoreReader
 
-    print(json.dumps(StoreReader(args.data_dir).describe(), indent=2, default=str))
+    try:
+        return StoreReader(str(path))
+    except FileNotFoundError as error:
+        print(f"error: {error}; pass the directory a broker wrote to.", file=sys.stderr)
+        return None
+
+
+def _store_inspect(args: argparse.Namespace) -> int:
+    """Print the store's description as JSON."""
+    if (reader := _open_reader(args.data_dir)) is None:
+        return 2
+    print(json.dumps(reader.describe(), indent=2, default=str))
     return 0
 
 
 def _store_verify(args: argparse.Namespace) -> int:
     """Print every problem the store reader finds; exit 1 if there is any."""
-    if (code := _missing_data_dir(args.data_dir)) is not None:
-        return code
-    from store.reader import StoreReader
-
-    problems: list[str] = StoreReader(args.data_dir).verify()
+    if (reader := _open_reader(args.data_dir)) is None:
+        return 2
+    problems: list[str] = reader.verify()
     for problem in problems:
         print(problem)
     if problems:

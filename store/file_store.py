@@ -1,6 +1,7 @@
 """FileStore: the production store, on files under one data directory.
 
     <data>/LOCK                        held (flock) while a store has the directory open
+    <data>/store.json                  fixed geometry (layout.py)
     <data>/checkpoint                  see checkpoint.py
     <data>/commitlog/<20 digits>       commit-log segments (commit_log.py, record.py)
     <data>/consumequeue/<topic>/<id>/  consume queues (consume_queue.py)
@@ -19,7 +20,7 @@ import threading
 import time
 from collections.abc import Mapping, Sequence
 
-from . import checkpoint, record
+from . import checkpoint, layout, record
 from .api import AppendResult, Message, ProgressListener, RecoveryReport, RetentionReport, StoreConfig
 from .commit_log import CommitLog
 from .compaction import CompactedTopics
@@ -46,7 +47,8 @@ class FileStore(StoreView):
         self._lock_fd = _lock_directory(directory)
         self._checkpoint_path = os.path.join(directory, "checkpoint")
         commit_log = CommitLog(os.path.join(directory, "commitlog"), config.segment_size)
-        queues = ConsumeQueues(os.path.join(directory, "consumequeue"), config.queue_entries_per_file)
+        queues = ConsumeQueues(os.path.join(directory, "consumequeue"),
+                               layout.queue_entries_per_file(directory, config.queue_entries_per_file))
         key_index = KeyIndex(os.path.join(directory, "index"), config.index_slot_count, config.index_max_entries)
         super().__init__(commit_log, queues, key_index)
         self.dispatcher = Dispatcher(queues, key_index)

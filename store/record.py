@@ -127,19 +127,32 @@ def encode(phys_offset: int, queue_id: int, queue_offset: int, born_ts: int, sto
     return _PREFIX.pack(len(tail) + 12, MAGIC, VERSION, 0, crc32c.crc32c(tail)) + tail
 
 
-def check(buf: bytes | memoryview, pos: int, end: int) -> int:
-    """Size of the valid record at ``buf[pos:]`` (bounded by ``end``), or 0 if none is there.
+def check(buf: bytes | memoryview, pos: int, end: int, offset: int) -> int:
+    """Size of the valid record for commit-log ``offset`` at ``buf[pos:end]``, or 0 if none is there.
 
-    Used by recovery scans; ``decode`` is the reading path.
+    Used by scans (recovery, verification); ``decode`` is the reading path.
     """
     if end - pos < HEADER_SIZE:
         return 0
-    size, magic, version, _, checksum = _PREFIX.unpack_from(buf, pos)
-    if magic != MAGIC or version != VERSION or size < HEADER_SIZE or pos + size > end:
+    size, magic, version, _, checksum, phys = HEADER.unpack_from(buf, pos)[:6]
+    if magic != MAGIC or version != VERSION or size < HEADER_SIZE or pos + size > end or phys != offset:
         return 0
     if crc32c.crc32c(memoryview(buf)[pos + 12:pos + size]) != checksum:
         return 0
     return size
+
+
+def find_valid(buf: bytes, pos: int, base: int) -> int | None:
+    """Position of the next valid record at or after ``pos`` in ``buf`` (which starts at
+    commit-log offset ``base``), found by resynchronising on the magic bytes; None if none."""
+    while True:
+        found = buf.find(MAGIC_BYTES, pos + 4)
+        if found < 0:
+            return None
+        candidate = found - 4
+        if check(buf, candidate, len(buf), base + candidate):
+            return candidate
+        pos = candidate + 1
 
 
 class StoredMessage:

@@ -67,14 +67,14 @@ def _scan_segment(segment: Segment, start: int, dispatcher: Dispatcher, report: 
     report.scanned_bytes += len(data)
     pos, requests = 0, []
     while pos < len(data):
-        size = record.check(data, pos, len(data))
-        if size and record.HEADER.unpack_from(data, pos)[5] == start + pos:
+        size = record.check(data, pos, len(data), start + pos)
+        if size:
             requests.append(request_for(record.decode(data, pos, start + pos, segment.name)))
             pos += size
             if len(requests) >= _BATCH:
                 _flush(dispatcher, requests, report)
             continue
-        following = _next_valid(data, pos + 1, start)
+        following = record.find_valid(data, pos + 1, start)
         if following is None and last:
             _flush(dispatcher, requests, report)
             return start + pos
@@ -86,18 +86,6 @@ def _scan_segment(segment: Segment, start: int, dispatcher: Dispatcher, report: 
         pos = following
     _flush(dispatcher, requests, report)
     return None
-
-
-def _next_valid(data: bytes, pos: int, base: int) -> int | None:
-    """Position of the next valid record at or after ``pos`` (resynchronising on the magic)."""
-    while True:
-        found = data.find(record.MAGIC_BYTES, pos + 4)
-        if found < 0:
-            return None
-        candidate = found - 4
-        if record.check(data, candidate, len(data)) and record.HEADER.unpack_from(data, candidate)[5] == base + candidate:
-            return candidate
-        pos = candidate + 1
 
 
 def _flush(dispatcher: Dispatcher, requests: list, report: RecoveryReport) -> None:

@@ -33,3 +33,9 @@ def open_store(request: pytest.FixtureRequest, tmp_path) -> Iterator[Callable[..
 @pytest.fixture
 def store(open_store):
     return open_store()
+
+
+@pytest.fixture
+def config() -> StoreConfig:
+    """The small test geometry."""
+    return SMALL

@@ -1,0 +1,180 @@
+"""FileStore on disk: reopening, recovery, torn tails, corruption, locking, the read-only reader."""
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+
+import pytest
+
+from store import record
+from store.api import StoreConfig
+from store.errors import CorruptRecordError, StoreLockedError
+from store.file_store import FileStore
+from store.reader import StoreReader
+
+
+def fill(store, count, topic="t", size=300):
+    results = [store.append(topic, bytes([i % 256]) * size, queue_id=i % 2, keys=[f"k{i}"]) for i in range(count)]
+    assert store.wait_durable(results[-1].end_offset, timeout=10)
+    return results
+
+
+def bodies(store, topic, queue_id):
+    low, high = store.queue_range(topic, queue_id)
+    return [m.body for m in store.read(topic, queue_id, low, max_count=high - low + 1, max_bytes=1 << 40)]
+
+
+def segment_files(directory):
+    return sorted(os.listdir(os.path.join(directory, "commitlog")))
+
+
+@pytest.fixture
+def data_dir(tmp_path):
+    return str(tmp_path / "data")
+
+
+def test_clean_reopen_scans_nothing_and_continues_offsets(config, data_dir):
+    with FileStore(data_dir, config) as store:
+        before = fill(store, 60)
+        expected = bodies(store, "t", 1)
+    with FileStore(data_dir, config) as store:
+        assert store.recovery.clean and store.recovery.scanned_bytes == 0
+        assert bodies(store, "t", 1) == expected
+        after = store.append("t", b"next", queue_id=1)
+        assert after.queue_offset == 30 and after.phys_offset == before[-1].end_offset
+        assert store.lookup_key("t", "k7")[0].phys_offset == before[7].phys_offset
+
+
+def test_lost_queues_and_index_are_rebuilt_from_the_log(config, data_dir):
+    with FileStore(data_dir, config) as store:
+        results = fill(store, 60)
+        expected = [bodies(store, "t", q) for q in (0, 1)]
+    for derived in ("consumequeue", "index", "checkpoint"):
+        path = os.path.join(data_dir, derived)
+        shutil.rmtree(path) if os.path.isdir(path) else os.remove(path)
+    with FileStore(data_dir, config) as store:
+        assert not store.recovery.clean and store.recovery.replayed_records == 60
+        assert [bodies(store, "t", q) for q in (0, 1)] == expected
+        assert store.lookup_id(results[42].msg_id).phys_offset == results[42].phys_offset
+        assert store.lookup_key("t", "k42")[0].queue_offset == 21
+
+
+def test_torn_tail_is_truncated_and_logged(config, data_dir, caplog):
+    with FileStore(data_dir, config) as store:
+        results = fill(store, 20)
+    last = os.path.join(data_dir, "commitlog", segment_files(data_dir)[-1])
+    half = record.encode(results[-1].end_offset, 0, 99, 0, 0, b"t", b"id", b"", b"", b"", b"", b"z" * 200)
+    with open(last, "ab") as file:
+        file.write(half[: len(half) // 2])
+    os.remove(os.path.join(data_dir, "checkpoint"))
+    with caplog.at_level(logging.WARNING), FileStore(data_dir, config) as store:
+        assert store.recovery.truncated_bytes == len(half) // 2
+        assert any("torn tail" in r.getMessage() and os.path.basename(last) in r.getMessage()
+                   for r in caplog.records)
+        assert len(bodies(store, "t", 0)) == 10
+        new = store.append("t", b"after", queue_id=0)
+        assert new.phys_offset == results[-1].end_offset and new.queue_offset == 10
+        assert store.wait_visible(new.end_offset, 10)
+        assert bodies(store, "t", 0)[-1] == b"after"
+
+
+def test_garbage_at_the_tail_is_truncated(config, data_dir):
+    with FileStore(data_dir, config) as store:
+        fill(store, 5)
+    last = os.path.join(data_dir, "commitlog", segment_files(data_dir)[-1])
+    size = os.path.getsize(last)
+    with open(last, "ab") as file:
+        file.write(os.urandom(777))
+    with FileStore(data_dir, config) as store:
+        assert store.recovery.truncated_bytes == 777
+        assert os.path.getsize(last) == size
+        assert len(bodies(store, "t", 0)) == 3
+
+
+def flip_byte_in_body(data_dir, result):
+    """Flip one bit inside the body of the record ``result`` names; return its segment name."""
+    name = [n for n in segment_files(data_dir) if int(n) <= result.phys_offset][-1]
+    with open(os.path.join(data_dir, "commitlog", name), "r+b") as file:
+        file.seek(result.phys_offset - int(name) + result.size - 5)
+        byte = file.read(1)
+        file.seek(-1, os.SEEK_CUR)
+        file.write(bytes([byte[0] ^ 0x10]))
+    return name
+
+
+def test_bit_flip_in_a_middle_segment_is_reported_when_read(config, data_dir):
+    with FileStore(data_dir, config) as store:
+        results = fill(store, 80)
+    victim = results[40]  # queue 0, offset 20, in a segment before the last
+    name = flip_byte_in_body(data_dir, victim)
+    assert name != segment_files(data_dir)[-1]
+    with FileStore(data_dir, config) as store:
+        got = store.read("t", 0, 0, max_count=100)
+        assert [m.queue_offset for m in got] == list(range(20)), "records before the bad one are served"
+        with pytest.raises(CorruptRecordError) as error:
+            store.read("t", 0, 20)
+        assert name in str(error.value) and str(victim.phys_offset) in str(error.value)
+        assert [m.queue_offset for m in store.read("t", 0, 21, max_count=100)] == list(range(21, 40))
+        assert len(bodies(store, "t", 1)) == 40
+    problems = StoreReader(data_dir).verify()
+    assert len(problems) == 1 and name in problems[0] and str(victim.phys_offset) in problems[0]
+
+
+@pytest.mark.parametrize("queues_survive", [True, False])
+def test_corruption_in_the_replayed_region_loses_only_the_bad_record(config, data_dir, queues_survive, caplog):
+    with FileStore(data_dir, config) as store:
+        results = fill(store, 80)
+    victim = results[40]
+    name = flip_byte_in_body(data_dir, victim)
+    os.remove(os.path.join(data_dir, "checkpoint"))
+    if not queues_survive:
+        shutil.rmtree(os.path.join(data_dir, "consumequeue"))
+    with caplog.at_level(logging.ERROR), FileStore(data_dir, config) as store:
+        assert store.recovery.corrupt_spans == [(name, victim.phys_offset, victim.end_offset)]
+        assert store.recovery.truncated_bytes == 0
+        assert any(name in r.getMessage() for r in caplog.records)
+        with pytest.raises(CorruptRecordError):
+            store.read("t", 0, 20)
+        assert [m.queue_offset for m in store.read("t", 0, 21, max_count=100)] == list(range(21, 40))
+        new = store.append("t", b"after", queue_id=0)
+        assert new.queue_offset == 40
+        assert store.wait_visible(new.end_offset, 10)
+        assert store.read("t", 0, 40)[0].body == b"after"
+
+
+def test_a_second_store_cannot_open_a_directory_in_use(config, data_dir):
+    with FileStore(data_dir, config):
+        with pytest.raises(StoreLockedError, match="in use"):
+            FileStore(data_dir, config)
+
+
+def test_async_flush_makes_records_durable_on_the_interval(config, data_dir):
+    config = StoreConfig(**{**config.__dict__, "flush": "async", "flush_interval_ms": 10})
+    with FileStore(data_dir, config) as store:
+        result = store.append("t", b"x")
+        assert store.wait_visible(result.end_offset, 10)
+        assert store.wait_durable(result.end_offset, 10)
+
+
+def test_reader_follows_a_running_store(config, data_dir):
+    with FileStore(data_dir, config) as store:
+        fill(store, 10)
+        reader = StoreReader(data_dir)
+        assert [m.body for m in reader.read("t", 0, 0, 100)] == bodies(store, "t", 0)
+        fill(store, 40)
+        assert len(reader.read("t", 0, 0, 100)) == 5, "nothing new until refresh"
+        reader.refresh()
+        assert len(reader.read("t", 0, 0, 100)) == 25
+        described = reader.describe()
+        assert {(q["topic"], q["queue_id"], q["max_offset"]) for q in described["queues"]} == {("t", 0, 25), ("t", 1, 25)}
+        assert reader.verify() == []
+
+
+def test_queue_file_geometry_is_fixed_at_creation(config, data_dir):
+    with FileStore(data_dir, config) as store:
+        fill(store, 50)
+        expected = bodies(store, "t", 0)
+    other = StoreConfig(**{**config.__dict__, "queue_entries_per_file": 7})
+    with FileStore(data_dir, other) as store:
+        assert bodies(store, "t", 0) == expected
