@@ -16,6 +16,18 @@ Allocate = Callable[[int], tuple[int, int]]
 """Reserve n bytes of log: returns (offset, base of the segment they go to)."""
 
 _GENERATED_ID_LEN = 16
+_HEX = frozenset("0123456789ABCDEF")
+
+
+def generated_id_offset(msg_id: str) -> int | None:
+    """The commit-log offset a store-generated message id names, or None if it is not one.
+
+    Generated ids are not put in the key index: they are found by reading at this offset
+    (and checking the record's id, since a producer may choose an id of the same shape).
+    """
+    if len(msg_id) == _GENERATED_ID_LEN and _HEX.issuperset(msg_id):
+        return int(msg_id, 16)
+    return None
 
 
 class RecordBuilder:
@@ -39,7 +51,8 @@ class RecordBuilder:
               ) -> tuple[int, bytes, DispatchRequest, AppendResult]:
         """Encode one append; return (segment base, record bytes, dispatch request, result).
 
-        A message without ``msg_id`` gets its commit-log offset in hex (unique in this store).
+        A message without ``msg_id`` gets its commit-log offset in hex (unique in this store);
+        only ids given by the producer go into the key index.
         """
         topic_bytes = self._topic(topic)
         if not keys and topic in self.compacted_topics:
@@ -59,7 +72,8 @@ class RecordBuilder:
         size = record.encoded_size(topic_bytes, id_bytes, tag_bytes, keys_bytes, props_bytes,
                                    dispatch_bytes, body)
         phys, segment_base = allocate(size)
-        if not msg_id:
+        generated = not msg_id
+        if generated:
             msg_id = f"{phys:016X}"
             id_bytes = msg_id.encode()
         data = record.encode(phys, queue_id, queue_offset, born_ts or now, now, topic_bytes, id_bytes,
@@ -68,7 +82,9 @@ class RecordBuilder:
         for t, q, offset in extra:
             offsets[(t, q)] = offset + 1
         targets = ((topic, queue_id, queue_offset), *extra)
-        index_keys = (id_key(msg_id), *(business_key(topic, key) for key in keys))
+        index_keys = tuple(business_key(topic, key) for key in keys) if keys else ()
+        if not generated:
+            index_keys = (id_key(msg_id), *index_keys)
         request = (phys, size, record.crc(tag_bytes) if tag_bytes else 0, now, targets, index_keys)
         return segment_base, data, request, AppendResult(topic, queue_id, queue_offset, phys, size,
                                                          msg_id, now, extra)

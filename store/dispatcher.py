@@ -33,10 +33,11 @@ def tag_hash(tag: bytes) -> int:
 
 
 def request_for(message: record.StoredMessage) -> DispatchRequest:
-    """The dispatch request of a record read back from the log (recovery)."""
+    """The dispatch request of a record read back from the log (recovery); as at append time,
+    an id the store generated from the offset is not indexed."""
     targets = ((message.topic, message.queue_id, message.queue_offset), *message.dispatch)
     keys = tuple(business_key(message.topic, key) for key in message.keys)
-    if message.msg_id:
+    if message.msg_id != f"{message.phys_offset:016X}":
         keys = (id_key(message.msg_id), *keys)
     return (message.phys_offset, message.size, tag_hash(message.tag.encode()), message.store_ts,
             targets, keys)

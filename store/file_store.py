@@ -145,16 +145,17 @@ class FileStore(StoreView):
     # -- checkpoints and shutdown --------------------------------------------------------------
 
     def _periodic_checkpoint(self) -> None:
-        """Runs on the flusher thread."""
+        """Runs on the flusher thread; does nothing while the store is idle."""
         with self._cycle_lock:
-            self._write_checkpoint(clean=False)
+            if self._checkpointed != (self._progress.durable, self.dispatcher.dispatched_end):
+                self._write_checkpoint(clean=False)
 
     def _write_checkpoint(self, clean: bool) -> None:
         """Make derived data durable, then record how far it and the log reach."""
         self.consume_queues.sync()
         self.key_index.flush()
-        checkpoint.save(self._checkpoint_path, checkpoint.Checkpoint(
-            self._progress.durable, self.dispatcher.dispatched_end, clean))
+        self._checkpointed = (self._progress.durable, self.dispatcher.dispatched_end)
+        checkpoint.save(self._checkpoint_path, checkpoint.Checkpoint(*self._checkpointed, clean))
 
     def close(self) -> None:
         """Drain and fsync everything, write a clean checkpoint, release the directory."""

@@ -11,7 +11,7 @@ import time
 from collections.abc import Mapping, Sequence
 
 from .api import AppendResult, Message, ProgressListener, RetentionReport, StoreConfig
-from .appender import RecordBuilder
+from .appender import RecordBuilder, generated_id_offset
 from .dispatcher import business_key, id_key
 from .errors import CorruptRecordError, OffsetOutOfRangeError, RecordTooLargeError, StoreClosedError
 from .record import StoredMessage, decode
@@ -145,6 +145,9 @@ class MemoryStore:
         return decode(data, 0, phys_offset)
 
     def lookup_id(self, msg_id: str) -> StoredMessage | None:
+        offset = generated_id_offset(msg_id)
+        if offset in self._records and self.read_at(offset).msg_id == msg_id:
+            return self.read_at(offset)
         found = [m for m in self._lookup(id_key(msg_id), 1) if m.msg_id == msg_id]
         return found[0] if found else None
 

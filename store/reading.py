@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from .commit_log import CommitLog
 from .consume_queue import ConsumeQueue, ConsumeQueues, Entry
+from .appender import generated_id_offset
 from .dispatcher import business_key, id_key
 from .errors import CorruptRecordError, OffsetOutOfRangeError
 from .key_index import KeyIndex
@@ -117,6 +118,14 @@ class StoreView:
 
     def lookup_id(self, msg_id: str) -> StoredMessage | None:
         """The message with this id, or None."""
+        offset = generated_id_offset(msg_id)
+        if offset is not None and offset >= self.log.min_offset:
+            try:
+                message = self.read_at(offset)
+                if message.msg_id == msg_id:
+                    return message
+            except CorruptRecordError:
+                pass
         found = self._lookup(id_key(msg_id), 8, lambda message: message.msg_id == msg_id)
         return found[0] if found else None
 

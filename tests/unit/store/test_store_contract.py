@@ -189,3 +189,9 @@ def check_round_trip(store, batch):
     for (topic, queue_id), bodies in model.items():
         got = store.read(topic, queue_id, start[(topic, queue_id)], max_count=1000, max_bytes=1 << 30)
         assert [m.body for m in got] == bodies
+
+
+def test_a_producer_id_shaped_like_a_generated_one_is_still_found(store):
+    store.append("t", b"first")
+    chosen = visible(store, store.append("t", b"second", msg_id="0000000000000000"))
+    assert store.lookup_id("0000000000000000").phys_offset == chosen.phys_offset
