@@ -63,9 +63,13 @@ class Report:
     targets: list[Target] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
 
-    def add(self, key: str, name: str, size: str, sample: Sample) -> None:
-        """Record one run of measurement ``key``."""
-        self.rows.setdefault(key, Row(name, size)).samples.append(sample)
+    def declare(self, key: str, name: str, size: str) -> None:
+        """Fix the table position and label of measurement ``key`` before it runs."""
+        self.rows.setdefault(key, Row(name, size))
+
+    def add(self, key: str, sample: Sample) -> None:
+        """Record one run of a declared measurement."""
+        self.rows[key].samples.append(sample)
 
     def median(self, key: str) -> Sample | None:
         row = self.rows.get(key)
@@ -73,7 +77,8 @@ class Report:
 
     def render(self) -> str:
         """The results and targets tables as text."""
-        parts = [self.title, "", _render_rows(list(self.rows.values()))]
+        rows = [row for row in self.rows.values() if row.samples]
+        parts = [self.title, "", _render_rows(rows)]
         if self.targets:
             parts += ["", _render_targets(self.targets)]
         if self.notes:

@@ -145,11 +145,13 @@ class MemoryStore:
         return decode(data, 0, phys_offset)
 
     def lookup_id(self, msg_id: str) -> StoredMessage | None:
+        found = [m for m in self._lookup(id_key(msg_id), 1) if m.msg_id == msg_id]
+        if found:
+            return found[0]
         offset = generated_id_offset(msg_id)
         if offset in self._records and self.read_at(offset).msg_id == msg_id:
             return self.read_at(offset)
-        found = [m for m in self._lookup(id_key(msg_id), 1) if m.msg_id == msg_id]
-        return found[0] if found else None
+        return None
 
     def lookup_key(self, topic: str, key: str, limit: int = 32) -> list[StoredMessage]:
         return self._lookup(business_key(topic, key), limit)

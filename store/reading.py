@@ -117,17 +117,18 @@ class StoreView:
         return decode(data, 0, phys_offset, segment.name)
 
     def lookup_id(self, msg_id: str) -> StoredMessage | None:
-        """The message with this id, or None."""
+        """The message with this id, or None; an id a producer chose wins over a generated one."""
+        found = self._lookup(id_key(msg_id), 1, lambda message: message.msg_id == msg_id)
+        if found:
+            return found[0]
         offset = generated_id_offset(msg_id)
         if offset is not None and offset >= self.log.min_offset:
             try:
                 message = self.read_at(offset)
-                if message.msg_id == msg_id:
-                    return message
             except CorruptRecordError:
-                pass
-        found = self._lookup(id_key(msg_id), 8, lambda message: message.msg_id == msg_id)
-        return found[0] if found else None
+                return None
+            return message if message.msg_id == msg_id else None
+        return None
 
     def lookup_key(self, topic: str, key: str, limit: int = 32) -> list[StoredMessage]:
         """Messages of ``topic`` carrying business key ``key``, newest first."""
