@@ -19,6 +19,8 @@ class DurableWaiters:
         self._loop = loop
         self.durable = durable  # only touched on the loop
         self._scheduled = durable  # only touched on the flusher thread
+        self.steps = 0
+        """How often the durable offset moved (flusher thread): the number of group commits."""
         self._heap: list[tuple[int, int, asyncio.Future[None]]] = []
         self._sequence = itertools.count()
 
@@ -27,6 +29,7 @@ class DurableWaiters:
         if durable <= self._scheduled:
             return
         self._scheduled = durable
+        self.steps += 1
         try:
             self._loop.call_soon_threadsafe(self.advance, durable)
         except RuntimeError:

@@ -16,10 +16,16 @@ class Sample:
     log_bytes: int
     payload_bytes: int
     seconds: float
+    group_commits: int = 0
+    """How often the durable offset moved during the run (sync flush only): one per fsync batch."""
 
     @property
     def records_per_s(self) -> float:
         return self.records / self.seconds if self.seconds > 0 else 0.0
+
+    @property
+    def records_per_commit(self) -> str:
+        return f"{self.records / self.group_commits:,.1f}" if self.group_commits else ""
 
     @property
     def log_mb_per_s(self) -> float:
@@ -99,14 +105,15 @@ def _table(header: list[str], lines: list[list[str]], right: Callable[[int], boo
 
 
 def _render_rows(rows: list[Row]) -> str:
-    header = ["measurement", "size", "runs", "records/s", "log MB/s", "payload MB/s", "records/s min..max"]
+    header = ["measurement", "size", "runs", "records/s", "log MB/s", "payload MB/s", "records/s min..max",
+              "records/fsync"]
     lines = []
     for row in rows:
         median = row.median()
         rates = [sample.records_per_s for sample in row.samples]
         lines.append([row.name, row.size, str(len(row.samples)), f"{median.records_per_s:,.0f}",
                       f"{median.log_mb_per_s:,.1f}", f"{median.payload_mb_per_s:,.1f}",
-                      f"{min(rates):,.0f}..{max(rates):,.0f}"])
+                      f"{min(rates):,.0f}..{max(rates):,.0f}", median.records_per_commit])
     return _table(header, lines, right=lambda i: i >= 2)
 
 

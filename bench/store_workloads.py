@@ -109,12 +109,14 @@ async def _sync_tasks(store: FileStore, body: bytes, writers: int, seconds: floa
         return tally
 
     tallies = await asyncio.gather(*(writer(queue_id) for queue_id in range(writers)))
-    return _sample(tallies, len(body), time.perf_counter() - start)
+    return _sample(tallies, len(body), time.perf_counter() - start, waiters.steps)
 
 
 def sync_threads(store: FileStore, body: bytes, writers: int, seconds: float, max_count: int) -> Sample:
     """``writers`` OS threads: append, ``store.wait_durable``, repeat."""
     tickets = itertools.count()
+    commits = _CommitCounter(store.durable_offset)
+    store.add_listener(commits.listener)
     tallies = [_Tally() for _ in range(writers)]
     clock: list[float] = []
     barrier = threading.Barrier(writers, action=lambda: clock.append(time.perf_counter()))
@@ -133,12 +135,26 @@ def sync_threads(store: FileStore, body: bytes, writers: int, seconds: float, ma
         thread.start()
     for thread in threads:
         thread.join()
-    return _sample(tallies, len(body), time.perf_counter() - clock[0])
+    return _sample(tallies, len(body), time.perf_counter() - clock[0], commits.steps)
 
 
-def _sample(tallies: list[_Tally], body_size: int, seconds: float) -> Sample:
+class _CommitCounter:
+    """A progress listener counting how often the durable offset moves."""
+
+    def __init__(self, durable: int) -> None:
+        self.durable = durable
+        self.steps = 0
+
+    def listener(self, visible: int, durable: int) -> None:
+        if durable > self.durable:
+            self.durable = durable
+            self.steps += 1
+
+
+def _sample(tallies: list[_Tally], body_size: int, seconds: float, group_commits: int) -> Sample:
     records = sum(tally.records for tally in tallies)
-    return Sample(records, sum(tally.log_bytes for tally in tallies), records * body_size, seconds)
+    return Sample(records, sum(tally.log_bytes for tally in tallies), records * body_size, seconds,
+                  group_commits)
 
 
 # -- catch-up read ------------------------------------------------------------------------------

@@ -38,7 +38,7 @@ crash_writer = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(crash_writer)
 
 CONFIG = StoreConfig(**crash_writer.CONFIG_KWARGS)
-ROUNDS = 24
+ROUNDS = 32
 SEED = int(os.environ.get("SLUICE_CRASH_SEED", "20240517"))
 WATCHDOG_S = 60.0  # a child that stops printing for this long is killed and the test fails
 
