@@ -27,7 +27,7 @@ def _store_section(options: argparse.Namespace, workdir: Path, log: Callable[[st
 
 def _store_settings(options: argparse.Namespace) -> store_bench.Settings:
     """Settings of the store section from the command line (``--quick`` shrinks every count)."""
-    settings = store_bench.Settings.quick(options.records) if options.quick else store_bench.Settings()
+    settings = store_bench.Settings.smoke(options.records) if options.quick else store_bench.Settings()
     overrides = {name: value for name, value in (("records", options.records), ("seconds", options.seconds),
                                                  ("repeats", options.repeats)) if value is not None}
     return store_bench.Settings(**{**settings.__dict__, **overrides})

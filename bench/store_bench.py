@@ -20,6 +20,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from store.api import FlushPolicy
+from store.file_store import FileStore
+
 from . import raw_io
 from . import store_workloads as work
 from .report import Report, Sample, Target
@@ -46,12 +49,13 @@ class Settings:
     sequential_bytes: int = 1 << 30
     max_appends: int = 10_000_000
     """Count bound of one timed run (the time bound usually comes first)."""
+    quick: bool = False
 
     @classmethod
-    def quick(cls, records: int | None = None) -> Settings:
+    def smoke(cls, records: int | None = None) -> Settings:
         """A smoke run of a few seconds."""
         return cls(records=records or 20_000, seconds=0.25, repeats=1,
-                   sequential_bytes=32 << 20, max_appends=20_000)
+                   sequential_bytes=32 << 20, max_appends=20_000, quick=True)
 
 
 def size_label(size: int) -> str:
@@ -102,6 +106,9 @@ class StoreBench:
         self._raw_fsync_group(PAGE)
         self._catch_up_group()
         self.report.targets = self._targets()
+        if self.settings.quick:
+            self.report.notes.append("--quick is a smoke run: its counts are too small for the figures "
+                                     "or PASS/MISS to mean anything")
         return self.report
 
     def _measure(self, key: str, run: int, action: Callable[[], Sample], runs: int | None = None) -> Sample:
@@ -155,8 +162,8 @@ class StoreBench:
         self._measure(key, run, lambda: raw_io.fsync_per_record(self._path(key, run), size, s.seconds,
                                                                 s.max_appends))
 
-    def _measure_store(self, key: str, run: int, flush: str,
-                       action: Callable[[work.FileStore], Sample]) -> None:
+    def _measure_store(self, key: str, run: int, flush: FlushPolicy,
+                       action: Callable[[FileStore], Sample]) -> None:
         """Time ``action`` on a fresh store (opening and closing it are not timed)."""
         def timed() -> Sample:
             with work.fresh_store(self._path(key, run), flush) as store:

@@ -15,7 +15,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from store.api import Message, StoreConfig
+from store.api import FlushPolicy, Message, StoreConfig
 from store.file_store import FileStore
 
 from .durable import DurableWaiters
@@ -33,9 +33,9 @@ def make_body(size: int) -> bytes:
 
 
 @contextmanager
-def fresh_store(directory: Path, flush: str) -> Iterator[FileStore]:
+def fresh_store(directory: Path, flush: FlushPolicy) -> Iterator[FileStore]:
     """A store in a new directory, closed and deleted afterwards."""
-    store = FileStore(str(directory), StoreConfig(flush=flush))  # type: ignore[arg-type]
+    store = FileStore(str(directory), StoreConfig(flush=flush))
     try:
         yield store
     finally:
