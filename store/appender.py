@@ -14,6 +14,10 @@ from .errors import InvalidRecordError
 
 Allocate = Callable[[int], tuple[int, int]]
 """Reserve n bytes of log: returns (offset, base of the segment they go to)."""
+Reserve = Callable[[int, int], tuple[bytearray, int]]
+"""Buffer space for a record: (segment base, size) -> (array, position to encode it at)."""
+
+_new_tuple = tuple.__new__  # AppendResult without NamedTuple's keyword handling: hot path
 
 _GENERATED_ID_LEN = 16
 _HEX = frozenset("0123456789ABCDEF")
@@ -45,46 +49,58 @@ class RecordBuilder:
             encoded = self._topic_bytes[topic] = topic.encode()
         return encoded
 
-    def build(self, allocate: Allocate, topic: str, body: bytes, queue_id: int, tag: str,
-              keys: Sequence[str], properties: Mapping[str, str] | None, msg_id: str,
+    def build(self, allocate: Allocate, reserve: Reserve, topic: str, body: bytes, queue_id: int,
+              tag: str, keys: Sequence[str], properties: Mapping[str, str] | None, msg_id: str,
               born_ts: int, extra_queues: Sequence[tuple[str, int]], now: int,
-              ) -> tuple[int, bytes, DispatchRequest, AppendResult]:
-        """Encode one append; return (segment base, record bytes, dispatch request, result).
+              ) -> tuple[DispatchRequest, AppendResult]:
+        """Validate, place and encode one append; return its dispatch request and result.
 
-        A message without ``msg_id`` gets its commit-log offset in hex (unique in this store);
-        only ids given by the producer go into the key index.
+        Everything that can be refused is checked before log space is allocated, so a refused
+        append leaves no gap. A message without ``msg_id`` gets its commit-log offset in hex
+        (unique in this store); only ids given by the producer go into the key index.
         """
-        topic_bytes = self._topic(topic)
-        if not keys and topic in self.compacted_topics:
+        topic_bytes = self._topic_bytes.get(topic) or self._topic(topic)
+        if type(body) is not bytes:
+            body = bytes(body)
+        if keys:
+            keys_bytes = record.encode_keys(keys)
+        elif topic in self.compacted_topics:
             raise InvalidRecordError(f"topic {topic!r} is compacted: every message needs a key")
+        else:
+            keys_bytes = b""
         if not 0 <= queue_id <= 0xFFFFFFFF:
             raise InvalidRecordError(f"queue id {queue_id} is out of range")
-        tag_bytes = tag.encode()
-        keys_bytes = record.encode_keys(keys) if keys else b""
+        tag_bytes = tag.encode() if tag else b""
+        id_bytes = msg_id.encode() if msg_id else b""
+        if len(tag_bytes) > 0xFFFF or len(id_bytes) > 0xFFFF:
+            raise InvalidRecordError("a tag and a message id have at most 65535 bytes")
         props_bytes = record.encode_properties(properties) if properties else b""
         offsets = self.next_queue_offsets
-        queue_offset = offsets.get((topic, queue_id), 0)
+        home = (topic, queue_id)
+        queue_offset = offsets.get(home, 0)
         extra: tuple[record.Target, ...] = ()
+        dispatch_bytes = b""
         if extra_queues:
             extra = tuple((t, q, offsets.get((t, q), 0)) for t, q in extra_queues if self._topic(t))
-        dispatch_bytes = record.encode_dispatch(extra) if extra else b""
-        id_bytes = msg_id.encode() if msg_id else b"\0" * _GENERATED_ID_LEN
-        size = record.encoded_size(topic_bytes, id_bytes, tag_bytes, keys_bytes, props_bytes,
-                                   dispatch_bytes, body)
+            dispatch_bytes = record.encode_dispatch(extra)
+        size = (record.HEADER_SIZE + len(topic_bytes) + (len(id_bytes) or _GENERATED_ID_LEN) + len(tag_bytes)
+                + len(keys_bytes) + len(props_bytes) + len(dispatch_bytes) + len(body))
         phys, segment_base = allocate(size)
-        generated = not msg_id
-        if generated:
+        if not msg_id:
             msg_id = f"{phys:016X}"
             id_bytes = msg_id.encode()
-        data = record.encode(phys, queue_id, queue_offset, born_ts or now, now, topic_bytes, id_bytes,
-                             tag_bytes, keys_bytes, props_bytes, dispatch_bytes, body)
-        offsets[(topic, queue_id)] = queue_offset + 1
+            index_keys = ()
+        else:
+            index_keys = (id_key(msg_id),)
+        buf, pos = reserve(segment_base, size)
+        record.encode_into(buf, pos, size, phys, queue_id, queue_offset, born_ts or now, now, topic_bytes,
+                           id_bytes, tag_bytes, keys_bytes, props_bytes, dispatch_bytes, body)
+        offsets[home] = queue_offset + 1
         for t, q, offset in extra:
             offsets[(t, q)] = offset + 1
-        targets = ((topic, queue_id, queue_offset), *extra)
-        index_keys = tuple(business_key(topic, key) for key in keys) if keys else ()
-        if not generated:
-            index_keys = (id_key(msg_id), *index_keys)
-        request = (phys, size, record.crc(tag_bytes) if tag_bytes else 0, now, targets, index_keys)
-        return segment_base, data, request, AppendResult(topic, queue_id, queue_offset, phys, size,
-                                                         msg_id, now, extra)
+        if keys:
+            index_keys += tuple(business_key(topic, key) for key in keys)
+        request = (phys, size, record.crc(tag_bytes) if tag_bytes else 0, now,
+                   ((topic, queue_id, queue_offset), *extra) if extra else ((topic, queue_id, queue_offset),),
+                   index_keys)
+        return request, _new_tuple(AppendResult, (topic, queue_id, queue_offset, phys, size, msg_id, now, extra))

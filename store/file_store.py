@@ -104,10 +104,10 @@ class FileStore(StoreView):
         if self._closed or self._progress.error is not None:
             raise StoreClosedError("the store is closed" if self._closed else
                                    f"the store can no longer write: {self._progress.error}")
-        segment_base, data, request, result = self._builder.build(
-            self.log.allocate, topic, body, queue_id, tag, keys, properties, msg_id, born_ts,
-            extra_queues, now)
-        self._buffer.add(segment_base, data, request)
+        request, result = self._builder.build(
+            self.log.allocate, self._buffer.reserve, topic, body, queue_id, tag, keys, properties,
+            msg_id, born_ts, extra_queues, now)
+        self._buffer.added(request)
         return result
 
     def wait_durable(self, end_offset: int, timeout: float | None = None) -> bool:

@@ -23,33 +23,70 @@ from .dispatcher import DispatchRequest, Dispatcher
 log = logging.getLogger(__name__)
 
 
+_ARRAY_SIZE = 4 << 20
+
+
 class AppendBuffer:
-    """Records accepted but not yet written. Filled under ``lock`` by appenders, drained by the flusher."""
+    """Records accepted but not yet written, encoded in place into preallocated arrays.
+
+    Appenders ``reserve`` space and encode into it under ``lock``; the flusher ``take``s the
+    filled chunks, writes them, and ``recycle``s the arrays, so the hot path neither allocates
+    nor copies a record twice.
+    """
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self.ready = threading.Condition(self.lock)
-        self.chunks: list[tuple[int, bytearray]] = []
+        self.chunks: list[list] = []  # [segment base, array, start, end]
         self.requests: list[DispatchRequest] = []
         self.flusher_waiting = False
+        self._array = bytearray(_ARRAY_SIZE)
+        self._used = 0
+        self._spare: list[bytearray] = []
 
-    def add(self, segment_base: int, data: bytes, request: DispatchRequest) -> None:
-        """Queue one encoded record; the caller holds ``lock``."""
+    def reserve(self, segment_base: int, size: int) -> tuple[bytearray, int]:
+        """Space for one record; the caller holds ``lock`` and encodes at (array, position)."""
+        array, used = self._array, self._used
+        if used + size > len(array):
+            array, used = self._next_array(size), 0
         chunks = self.chunks
-        if chunks and chunks[-1][0] == segment_base:
-            chunks[-1][1].extend(data)
+        if chunks and chunks[-1][1] is array and chunks[-1][0] == segment_base:
+            chunks[-1][3] = used + size
         else:
-            chunks.append((segment_base, bytearray(data)))
+            chunks.append([segment_base, array, used, used + size])
+        self._used = used + size
+        return array, used
+
+    def _next_array(self, size: int) -> bytearray:
+        if size <= _ARRAY_SIZE and self._spare:
+            self._array = self._spare.pop()
+        else:
+            self._array = bytearray(max(_ARRAY_SIZE, size))
+        self._used = 0
+        return self._array
+
+    def added(self, request: DispatchRequest) -> None:
+        """Record the dispatch request of the record just encoded; wake the flusher."""
         self.requests.append(request)
         if self.flusher_waiting:
             self.flusher_waiting = False
             self.ready.notify()
 
-    def take(self) -> tuple[list[tuple[int, bytearray]], list[DispatchRequest]]:
-        """Swap out everything queued; the caller holds ``lock``."""
+    def take(self) -> tuple[list[list], list[DispatchRequest]]:
+        """Hand everything queued to the flusher, which then owns its arrays; caller holds ``lock``."""
         chunks, requests = self.chunks, self.requests
-        self.chunks, self.requests = [], []
+        if chunks:
+            self.chunks, self.requests = [], []
+            self._next_array(0)
         return chunks, requests
+
+    def recycle(self, chunks: list[list]) -> None:
+        """Return written arrays for reuse (flusher thread)."""
+        arrays = {id(chunk[1]): chunk[1] for chunk in chunks}
+        with self.lock:
+            for array in arrays.values():
+                if len(array) == _ARRAY_SIZE and len(self._spare) < 2 and array is not self._array:
+                    self._spare.append(array)
 
 
 class Progress:
@@ -133,6 +170,7 @@ class Flusher(threading.Thread):
         if chunks:
             with self.cycle_lock:
                 self._write(chunks, requests)
+            buffer.recycle(chunks)
         now = time.monotonic()
         if not self.sync_each_batch and now >= self._next_fsync:
             self._fsync()
@@ -145,8 +183,8 @@ class Flusher(threading.Thread):
         deadline = self._next_checkpoint if self.sync_each_batch else min(self._next_checkpoint, self._next_fsync)
         return max(0.0, deadline - time.monotonic())
 
-    def _write(self, chunks: list[tuple[int, bytearray]], requests: list[DispatchRequest]) -> None:
-        segments = {self.log.write(base, data) for base, data in chunks}
+    def _write(self, chunks: list[list], requests: list[DispatchRequest]) -> None:
+        segments = {self.log.write(base, memoryview(array)[start:end]) for base, array, start, end in chunks}
         end = self.log.end_offset
         if self.sync_each_batch:
             self.log.sync(sorted(segments, key=lambda segment: segment.base))

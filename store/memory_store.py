@@ -78,11 +78,17 @@ class MemoryStore:
         return results
 
     def _append_locked(self, m: Message, now: int) -> AppendResult:
-        _, data, request, result = self._builder.build(
-            self._allocate, m.topic, m.body, m.queue_id, m.tag, m.keys, m.properties, m.msg_id,
-            m.born_ts, m.extra_queues, now)
+        encoded: list[bytearray] = []
+
+        def reserve(segment_base: int, size: int) -> tuple[bytearray, int]:
+            encoded.append(bytearray(size))
+            return encoded[0], 0
+
+        request, result = self._builder.build(
+            self._allocate, reserve, m.topic, m.body, m.queue_id, m.tag, m.keys, m.properties,
+            m.msg_id, m.born_ts, m.extra_queues, now)
         phys, _, _, _, targets, index_keys = request
-        self._records[phys] = data
+        self._records[phys] = bytes(encoded[0])
         for topic, queue_id, _ in targets:
             self._queues.setdefault((topic, queue_id), _Queue()).entries.append(phys)
         for key in index_keys:

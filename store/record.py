@@ -49,7 +49,7 @@ VERSION = 1
 HEADER = struct.Struct("<IHBBIQIQqqHHHHIII")
 HEADER_SIZE = HEADER.size  # 68
 _PREFIX = struct.Struct("<IHBBI")  # total_size .. crc32c
-_REST = struct.Struct("<QIQqqHHHHIII")  # phys_offset .. body_len
+_CRC_FIELD = struct.Struct("<I")
 MAGIC_BYTES = struct.pack("<HB", MAGIC, VERSION)  # bytes 4..6, used to resynchronise a scan
 
 _U16 = struct.Struct("<H")
@@ -115,16 +115,37 @@ def encoded_size(topic: bytes, msg_id: bytes, tag: bytes, keys: bytes, props: by
     return HEADER_SIZE + len(topic) + len(msg_id) + len(tag) + len(keys) + len(props) + len(dispatch) + len(body)
 
 
+def encode_into(buf: bytearray, pos: int, size: int, phys_offset: int, queue_id: int,
+                queue_offset: int, born_ts: int, store_ts: int, topic: bytes, msg_id: bytes,
+                tag: bytes, keys: bytes, props: bytes, dispatch: bytes, body: bytes) -> None:
+    """Encode one record of ``size`` bytes (see ``encoded_size``) into ``buf[pos:pos + size]``.
+
+    Sections are already-encoded bytes (see the ``encode_*`` helpers). This is the write
+    path's only encoder: it writes in place, with no intermediate copies.
+    """
+    HEADER.pack_into(buf, pos, size, MAGIC, VERSION, 0, 0, phys_offset, queue_id, queue_offset,
+                     born_ts, store_ts, len(topic), len(msg_id), len(tag), len(keys), len(props),
+                     len(dispatch), len(body))
+    p = pos + HEADER_SIZE
+    for section in (topic, msg_id, tag, keys, props, dispatch):
+        if section:
+            end = p + len(section)
+            buf[p:end] = section
+            p = end
+    buf[p:pos + size] = body
+    with memoryview(buf) as view:
+        _CRC_FIELD.pack_into(buf, pos + 8, crc32c.crc32c(view[pos + 12:pos + size]))
+
+
 def encode(phys_offset: int, queue_id: int, queue_offset: int, born_ts: int, store_ts: int,
            topic: bytes, msg_id: bytes, tag: bytes, keys: bytes, props: bytes,
            dispatch: bytes, body: bytes) -> bytes:
-    """Encode one record. Sections are already-encoded bytes (see the ``encode_*`` helpers)."""
-    tail = b"".join((
-        _REST.pack(phys_offset, queue_id, queue_offset, born_ts, store_ts, len(topic), len(msg_id),
-                   len(tag), len(keys), len(props), len(dispatch), len(body)),
-        topic, msg_id, tag, keys, props, dispatch, body,
-    ))
-    return _PREFIX.pack(len(tail) + 12, MAGIC, VERSION, 0, crc32c.crc32c(tail)) + tail
+    """Encode one record into new bytes (compaction snapshots, tests)."""
+    size = encoded_size(topic, msg_id, tag, keys, props, dispatch, body)
+    buf = bytearray(size)
+    encode_into(buf, 0, size, phys_offset, queue_id, queue_offset, born_ts, store_ts, topic,
+                msg_id, tag, keys, props, dispatch, body)
+    return bytes(buf)
 
 
 def check(buf: bytes | memoryview, pos: int, end: int, offset: int) -> int:
