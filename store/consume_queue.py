@@ -33,6 +33,7 @@ log = logging.getLogger(__name__)
 
 ENTRY = struct.Struct("<QIQ")
 ENTRY_SIZE = ENTRY.size
+_WRITE_AT = 4096  # buffered entry bytes that trigger a write (about 200 entries)
 Entry = tuple[int, int, int]
 """(phys_offset, size, tag_hash)"""
 
@@ -99,33 +100,47 @@ class ConsumeQueue:
         self.max_offset = queue_offset + 1
         return True
 
-    def write_pending(self) -> None:
-        """Write buffered entries to their files (one write per file touched)."""
-        pending, self._pending = self._pending, bytearray()
-        view, offset = memoryview(pending), self._written
-        while view:
-            base = offset - offset % self.entries_per_file
-            count = min(len(view) // ENTRY_SIZE, base + self.entries_per_file - offset)
-            with self._lock:
+    def write_pending(self, force: bool) -> bool:
+        """Write buffered entries to their files once ``_WRITE_AT`` bytes gathered (or ``force``).
+
+        Runs on the flusher thread (or at a checkpoint, under the store's cycle lock); returns
+        whether nothing is left buffered. Until written, ``read`` serves entries from memory.
+        """
+        if not self._pending:
+            return True
+        if not force and len(self._pending) < _WRITE_AT:
+            return False
+        with self._lock:
+            view, offset = memoryview(self._pending), self._written
+            while view:
+                base = offset - offset % self.entries_per_file
+                count = min(len(view) // ENTRY_SIZE, base + self.entries_per_file - offset)
                 if not self._bases or self._bases[-1] != base:
                     self._bases.append(base)
-                fd = self._fd(base)
-            os.pwrite(fd, view[:count * ENTRY_SIZE], (offset - base) * ENTRY_SIZE)
-            self._dirty.add(base)
-            view, offset = view[count * ENTRY_SIZE:], offset + count
-        self._written = offset
+                os.pwrite(self._fd(base), view[:count * ENTRY_SIZE], (offset - base) * ENTRY_SIZE)
+                self._dirty.add(base)
+                view, offset = view[count * ENTRY_SIZE:], offset + count
+            view.release()
+            self._pending = bytearray()
+            self._written = offset
+        return True
 
-    def sync(self) -> None:
-        """fdatasync the files written since the last sync."""
+    def take_dirty(self) -> list[int]:
+        """Files written since the last call (under the store's cycle lock)."""
         dirty, self._dirty = self._dirty, set()
-        for base in dirty:
-            with self._lock:
+        return sorted(dirty)
+
+    def sync_files(self, bases: list[int]) -> None:
+        """fdatasync the given files; holds the queue lock so retention cannot close them meanwhile."""
+        with self._lock:
+            for base in bases:
                 fd = self._fds.get(base)
-            if fd is not None:
-                os.fdatasync(fd)
+                if fd is not None:
+                    os.fdatasync(fd)
 
     def truncate_from_phys(self, end: int) -> int:
         """Drop tail entries whose record does not end before ``end``; return how many."""
+        self.write_pending(force=True)
         dropped = 0
         while self.max_offset > self.min_offset:
             phys, size, _ = self.read(self.max_offset - 1, 1)[0]
@@ -154,13 +169,17 @@ class ConsumeQueue:
     def read(self, queue_offset: int, max_count: int) -> list[Entry]:
         """Entries from ``queue_offset``, at most ``max_count``, never crossing a file."""
         with self._lock:
+            if queue_offset >= self._written:
+                count = min(max_count, self.max_offset - queue_offset)
+                if count <= 0:
+                    return []
+                start = (queue_offset - self._written) * ENTRY_SIZE
+                return list(ENTRY.iter_unpack(self._pending[start:start + count * ENTRY_SIZE]))
             index = bisect.bisect_right(self._bases, queue_offset) - 1
             if index < 0:
                 return []
             base = self._bases[index]
             count = min(max_count, base + self.entries_per_file - queue_offset, self._written - queue_offset)
-            if count <= 0:
-                return []
             data = os.pread(self._fd(base), count * ENTRY_SIZE, (queue_offset - base) * ENTRY_SIZE)
         return list(ENTRY.iter_unpack(data[:len(data) - len(data) % ENTRY_SIZE]))
 
@@ -199,7 +218,7 @@ class ConsumeQueue:
 
     def _first_at_or_after(self, log_min: int) -> int:
         """Smallest queue offset whose record is at or after ``log_min`` (binary search)."""
-        low, high = max(self.min_offset, self._bases[0] if self._bases else 0), self._written
+        low, high = max(self.min_offset, self._bases[0] if self._bases else 0), self.max_offset
         while low < high:
             middle = (low + high) // 2
             entry = self.read(middle, 1)
@@ -226,7 +245,6 @@ class ConsumeQueues:
         self._queues: dict[tuple[str, int], ConsumeQueue] = {}
         self._lock = threading.Lock()
         self._touched: set[ConsumeQueue] = set()
-        self._unsynced: set[ConsumeQueue] = set()
         self.discover()
 
     def discover(self) -> None:
@@ -267,18 +285,13 @@ class ConsumeQueues:
         if queue.put(queue_offset, phys_offset, size, tag_hash):
             self._touched.add(queue)
 
-    def write_pending(self) -> None:
-        """Write every queue's buffered entries (flusher thread)."""
-        touched, self._touched = self._touched, set()
-        for queue in touched:
-            queue.write_pending()
-        self._unsynced |= touched
+    def write_pending(self, force: bool = False) -> None:
+        """Write the buffered entries of queues that gathered enough of them, or of all if ``force``."""
+        self._touched = {queue for queue in self._touched if not queue.write_pending(force)}
 
-    def sync(self) -> None:
-        """fdatasync every queue file written since the last sync (flusher thread)."""
-        unsynced, self._unsynced = self._unsynced, set()
-        for queue in unsynced:
-            queue.sync()
+    def take_dirty(self) -> list[tuple[ConsumeQueue, list[int]]]:
+        """Every queue's files written since the last call (under the store's cycle lock)."""
+        return [(queue, bases) for queue in self if (bases := queue.take_dirty())]
 
     def close(self) -> None:
         for queue in self:

@@ -28,7 +28,7 @@ from .consume_queue import ConsumeQueues
 from .appender import RecordBuilder
 from .dispatcher import Dispatcher
 from .errors import StoreClosedError, StoreLockedError
-from .flusher import AppendBuffer, Flusher, Progress
+from .flusher import AppendBuffer, Checkpointer, Flusher, Progress
 from .key_index import KeyIndex
 from .reading import StoreView
 from .recovery import recover
@@ -64,9 +64,10 @@ class FileStore(StoreView):
         self._buffer = AppendBuffer()
         self._closed = False
         self._flusher = Flusher(self._buffer, commit_log, self.dispatcher, self._progress,
-                                config.flush == "sync", config.flush_interval_ms,
-                                config.checkpoint_interval_ms, self._periodic_checkpoint, self._cycle_lock)
+                                config.flush == "sync", config.flush_interval_ms, self._cycle_lock)
+        self._checkpointer = Checkpointer(self._periodic_checkpoint, config.checkpoint_interval_ms)
         self._flusher.start()
+        self._checkpointer.start()
 
     # -- appending (any thread) ----------------------------------------------------------------
 
@@ -144,18 +145,33 @@ class FileStore(StoreView):
 
     # -- checkpoints and shutdown --------------------------------------------------------------
 
+    def checkpoint(self) -> None:
+        """Write out and fsync consume queues and key index now, and record a checkpoint.
+
+        Happens on its own every ``checkpoint_interval_ms``; afterwards a ``StoreReader`` in
+        another process sees everything appended before the call.
+        """
+        self._write_checkpoint(clean=False)
+
     def _periodic_checkpoint(self) -> None:
-        """Runs on the flusher thread; does nothing while the store is idle."""
-        with self._cycle_lock:
-            if self._checkpointed != (self._progress.durable, self.dispatcher.dispatched_end):
-                self._write_checkpoint(clean=False)
+        """Runs on the checkpointer thread; does nothing while the store is idle."""
+        if self._checkpointed != (self._progress.durable, self.dispatcher.dispatched_end):
+            self._write_checkpoint(clean=False)
 
     def _write_checkpoint(self, clean: bool) -> None:
-        """Make derived data durable, then record how far it and the log reach."""
-        self.consume_queues.sync()
+        """Make derived data durable, then record how far it and the log reach.
+
+        Only taking stock holds the cycle lock; the fsyncs run beside the flusher.
+        """
+        with self._cycle_lock:
+            self.consume_queues.write_pending(force=True)
+            reached = (self._progress.durable, self.dispatcher.dispatched_end)
+            dirty = self.consume_queues.take_dirty()
+        for queue, bases in dirty:
+            queue.sync_files(bases)
         self.key_index.flush()
-        self._checkpointed = (self._progress.durable, self.dispatcher.dispatched_end)
-        checkpoint.save(self._checkpoint_path, checkpoint.Checkpoint(*self._checkpointed, clean))
+        checkpoint.save(self._checkpoint_path, checkpoint.Checkpoint(*reached, clean))
+        self._checkpointed = reached
 
     def close(self) -> None:
         """Drain and fsync everything, write a clean checkpoint, release the directory."""
@@ -163,10 +179,9 @@ class FileStore(StoreView):
             if self._closed:
                 return
             self._closed = True
+        self._checkpointer.stop()
         self._flusher.stop()
-        with self._progress.cond:
-            self._progress.closed = True
-            self._progress.cond.notify_all()
+        self._progress.close()
         if self._progress.error is None:
             self._write_checkpoint(clean=True)
         self.consume_queues.close()

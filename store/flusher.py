@@ -7,11 +7,13 @@ flusher thread swaps the buffer out, writes it with one ``write`` per segment, a
   while the previous fsync ran (group commit), and only then reports them durable;
 - ``async`` policy: reports them visible at once and fsyncs every ``flush_interval_ms``.
 
-Either way it dispatches the batch to consume queues and the key index, tells listeners how far
-the log is visible and durable, and writes a checkpoint every ``checkpoint_interval_ms``.
+Either way it dispatches the batch to consume queues and the key index and tells listeners how
+far the log is visible and durable. A second thread writes checkpoints.
 """
 from __future__ import annotations
 
+import heapq
+import itertools
 import logging
 import threading
 import time
@@ -90,7 +92,11 @@ class AppendBuffer:
 
 
 class Progress:
-    """How far the log is visible (written and indexed) and durable (fsynced); waitable."""
+    """How far the log is visible (written and indexed) and durable (fsynced), and who waits.
+
+    Each blocked waiter sleeps on a lock of its own in a heap ordered by the offset it awaits,
+    so a publish wakes exactly the waiters it satisfies instead of all of them.
+    """
 
     def __init__(self, end: int) -> None:
         self.cond = threading.Condition()
@@ -99,34 +105,59 @@ class Progress:
         self.error: BaseException | None = None
         self.closed = False
         self.listeners: list[Callable[[int, int], None]] = []
+        self._waiters: dict[str, list[tuple[int, int, threading.Lock]]] = {"visible": [], "durable": []}
+        self._sequence = itertools.count()
 
     def publish(self, visible: int, durable: int) -> None:
+        """Runs on the flusher thread; listener failures are logged, never fatal."""
         with self.cond:
             self.visible, self.durable = visible, durable
-            self.cond.notify_all()
+            for attribute, reached in (("visible", visible), ("durable", durable)):
+                heap = self._waiters[attribute]
+                while heap and heap[0][0] <= reached:
+                    heapq.heappop(heap)[2].release()
         for listener in self.listeners:
-            listener(visible, durable)
+            try:
+                listener(visible, durable)
+            except Exception:
+                log.exception("store progress listener %r failed", listener)
 
     def fail(self, error: BaseException) -> None:
         with self.cond:
             self.error = error
-            self.cond.notify_all()
+            self._wake_all()
+
+    def close(self) -> None:
+        with self.cond:
+            self.closed = True
+            self._wake_all()
+
+    def _wake_all(self) -> None:
+        for heap in self._waiters.values():
+            while heap:
+                heapq.heappop(heap)[2].release()
 
     def wait(self, attribute: str, end: int, timeout: float | None) -> bool:
         """Block until ``visible``/``durable`` reaches ``end``; False on timeout or close."""
         with self.cond:
-            self.cond.wait_for(lambda: getattr(self, attribute) >= end or self.error or self.closed, timeout)
-            if self.error is not None:
-                raise OSError(f"the store can no longer write: {self.error}") from self.error
-            return getattr(self, attribute) >= end
+            if getattr(self, attribute) < end and self.error is None and not self.closed:
+                gate = threading.Lock()
+                gate.acquire()
+                heapq.heappush(self._waiters[attribute], (end, next(self._sequence), gate))
+            else:
+                gate = None
+        if gate is not None:
+            gate.acquire(timeout=-1 if timeout is None else timeout)
+        if self.error is not None:
+            raise OSError(f"the store can no longer write: {self.error}") from self.error
+        return getattr(self, attribute) >= end
 
 
 class Flusher(threading.Thread):
     """The group-commit thread of one store."""
 
     def __init__(self, buffer: AppendBuffer, commit_log: CommitLog, dispatcher: Dispatcher,
-                 progress: Progress, sync: bool, flush_interval_ms: int, checkpoint_interval_ms: int,
-                 checkpoint: Callable[[], None], cycle_lock: threading.Lock) -> None:
+                 progress: Progress, sync: bool, flush_interval_ms: int, cycle_lock: threading.Lock) -> None:
         super().__init__(name="sluice-store-flusher", daemon=True)
         self.buffer = buffer
         self.log = commit_log
@@ -134,12 +165,10 @@ class Flusher(threading.Thread):
         self.progress = progress
         self.sync_each_batch = sync
         self.flush_interval = flush_interval_ms / 1000
-        self.checkpoint_interval = checkpoint_interval_ms / 1000
-        self.checkpoint = checkpoint
         self.cycle_lock = cycle_lock  # held for each write-and-dispatch cycle; retention takes it too
         self.stopping = False
         self._unsynced: set[Segment] = set()
-        self._next_fsync = self._next_checkpoint = time.monotonic()
+        self._next_fsync = time.monotonic()
 
     def stop(self) -> None:
         """Ask the thread to drain, fsync and exit; then join it."""
@@ -171,17 +200,12 @@ class Flusher(threading.Thread):
             with self.cycle_lock:
                 self._write(chunks, requests)
             buffer.recycle(chunks)
-        now = time.monotonic()
-        if not self.sync_each_batch and now >= self._next_fsync:
+        if not self.sync_each_batch and time.monotonic() >= self._next_fsync:
             self._fsync()
-        if now >= self._next_checkpoint:
-            self._next_checkpoint = now + self.checkpoint_interval
-            self.checkpoint()
         return bool(chunks) or not stopping
 
-    def _timeout(self) -> float:
-        deadline = self._next_checkpoint if self.sync_each_batch else min(self._next_checkpoint, self._next_fsync)
-        return max(0.0, deadline - time.monotonic())
+    def _timeout(self) -> float | None:
+        return None if self.sync_each_batch else max(0.0, self._next_fsync - time.monotonic())
 
     def _write(self, chunks: list[list], requests: list[DispatchRequest]) -> None:
         segments = {self.log.write(base, memoryview(array)[start:end]) for base, array, start, end in chunks}
@@ -203,3 +227,25 @@ class Flusher(threading.Thread):
             with self.cycle_lock:
                 self.log.sync(sorted(unsynced, key=lambda segment: segment.base))
             self.progress.publish(self.progress.visible, self.progress.visible)
+
+
+class Checkpointer(threading.Thread):
+    """Calls ``checkpoint`` every ``interval_ms`` on its own thread, so that fsyncing consume
+    queues and the key index never holds up the flusher."""
+
+    def __init__(self, checkpoint: Callable[[], None], interval_ms: int) -> None:
+        super().__init__(name="sluice-store-checkpointer", daemon=True)
+        self.checkpoint = checkpoint
+        self.interval = interval_ms / 1000
+        self._stop_requested = threading.Event()
+
+    def stop(self) -> None:
+        self._stop_requested.set()
+        self.join()
+
+    def run(self) -> None:
+        while not self._stop_requested.wait(self.interval):
+            try:
+                self.checkpoint()
+            except Exception:
+                log.exception("store checkpoint failed; recovery will replay more of the log")

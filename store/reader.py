@@ -1,8 +1,9 @@
 """StoreReader: read a data directory with no broker in the process (Spark executors, CLI).
 
 It takes no lock and repairs nothing: it may run beside a live broker. Consume queues are
-written after the log, so every entry it sees points at bytes already in a segment; call
-``refresh`` to see what the broker appended since. Key lookups are not offered here (the key
+written after the log, so every entry it sees points at bytes already in a segment. The broker
+writes queue entries out at least every ``checkpoint_interval_ms`` (or at once with
+``FileStore.checkpoint()``); call ``refresh`` to see what it appended since. Key lookups are not offered here (the key
 index belongs to the writer); queue reads, ``read_at`` and time lookups are.
 """
 from __future__ import annotations

@@ -160,9 +160,11 @@ def test_async_flush_makes_records_durable_on_the_interval(config, data_dir):
 def test_reader_follows_a_running_store(config, data_dir):
     with FileStore(data_dir, config) as store:
         fill(store, 10)
+        store.checkpoint()
         reader = StoreReader(data_dir)
         assert [m.body for m in reader.read("t", 0, 0, 100)] == bodies(store, "t", 0)
         fill(store, 40)
+        store.checkpoint()
         assert len(reader.read("t", 0, 0, 100)) == 5, "nothing new until refresh"
         reader.refresh()
         assert len(reader.read("t", 0, 0, 100)) == 25
