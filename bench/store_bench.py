@@ -4,8 +4,9 @@ Measured in one run, on the filesystem of the benchmark's data directory:
 
 - raw limits: sequential 1 MiB writes with one fsync; write + fdatasync per record;
 - ``async`` flush: one writer appending (single records and batches of 64);
-- ``sync`` flush with group commit: 1 and 64 writers (asyncio tasks and OS threads), each
-  waiting for durability before its next append;
+- ``sync`` flush with group commit: 1 and 64 writers, each waiting for durability before its
+  next append: uvloop tasks appending one by one, uvloop tasks whose appends are batched per
+  loop iteration (as the broker core does), and OS threads;
 - catch-up read of one queue after a close and reopen.
 
 Each Sluice-vs-raw group runs ``repeats`` times, alternating raw and Sluice runs, and the
@@ -90,8 +91,9 @@ class StoreBench:
         declare("async-batch-1024", f"sluice async: append_batch({BATCH}), 1 writer", size_label(KIB))
         for size in (SMALL, KIB):
             label = size_label(size)
-            declare(f"sync-1-{size}", "sluice sync: 1 writer (asyncio)", label)
-            declare(f"sync-tasks-{size}", f"sluice sync: {WRITERS} asyncio tasks, 1 listener", label)
+            declare(f"sync-1-{size}", "sluice sync: 1 writer (uvloop)", label)
+            declare(f"sync-tasks-{size}", f"sluice sync: {WRITERS} uvloop tasks, append each", label)
+            declare(f"sync-batched-{size}", f"sluice sync: {WRITERS} uvloop tasks, batched per tick", label)
             declare(f"sync-threads-{size}", f"sluice sync: {WRITERS} threads, wait_durable", label)
         declare("fill", f"catch-up fill: async append_batch({BATCH}), 1 queue", size_label(SMALL))
         declare("read", f"catch-up read: read(max_count={work.READ_MAX_COUNT}), 1 queue", size_label(SMALL))
@@ -148,6 +150,8 @@ class StoreBench:
             for key, action in (
                     (f"sync-1-{size}", lambda store: work.sync_tasks(store, body, 1, s.seconds, s.max_appends)),
                     (f"sync-tasks-{size}", lambda store: work.sync_tasks(
+                        store, body, WRITERS, s.seconds, s.max_appends)),
+                    (f"sync-batched-{size}", lambda store: work.sync_batched_tasks(
                         store, body, WRITERS, s.seconds, s.max_appends)),
                     (f"sync-threads-{size}", lambda store: work.sync_threads(
                         store, body, WRITERS, s.seconds, s.max_appends))):
@@ -208,7 +212,7 @@ class StoreBench:
                                       f">= {ASYNC_TARGET:.0%}", share >= ASYNC_TARGET))
         for size in (SMALL, KIB):
             raw = median(f"raw-fsync-{size}")
-            for kind in ("tasks", "threads"):
+            for kind in ("batched", "tasks", "threads"):
                 sample = median(f"sync-{kind}-{size}")
                 if raw and sample:
                     ratio = sample.records_per_s / raw.records_per_s

@@ -10,21 +10,29 @@ import itertools
 import shutil
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Coroutine, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+import uvloop
+
 from store.api import FlushPolicy, Message, StoreConfig
 from store.file_store import FileStore
 
-from .durable import DurableWaiters
+from .durable import BatchingAppender, DurableWaiters
 from .report import Sample
 
 TOPIC = "bench"
 READ_MAX_COUNT = 1024
 READ_MAX_BYTES = 4 << 20
 _CLOCK_EVERY = 64  # single-writer loops look at the clock once per this many appends
+
+
+def run_on_uvloop(coroutine: Coroutine[None, None, Sample]) -> Sample:
+    """Run ``coroutine`` on uvloop, the event loop the broker runs on."""
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        return runner.run(coroutine)
 
 
 def make_body(size: int) -> bytes:
@@ -89,7 +97,7 @@ class _Tally:
 
 def sync_tasks(store: FileStore, body: bytes, writers: int, seconds: float, max_count: int) -> Sample:
     """``writers`` asyncio tasks on one loop: append, await durability, repeat."""
-    return asyncio.run(_sync_tasks(store, body, writers, seconds, max_count))
+    return run_on_uvloop(_sync_tasks(store, body, writers, seconds, max_count))
 
 
 async def _sync_tasks(store: FileStore, body: bytes, writers: int, seconds: float, max_count: int) -> Sample:
@@ -104,6 +112,33 @@ async def _sync_tasks(store: FileStore, body: bytes, writers: int, seconds: floa
         while next(tickets) < max_count and time.perf_counter() < deadline:
             result = store.append(TOPIC, body, queue_id=queue_id)
             await waiters.wait(result.end_offset)
+            tally.records += 1
+            tally.log_bytes += result.size
+        return tally
+
+    tallies = await asyncio.gather(*(writer(queue_id) for queue_id in range(writers)))
+    return _sample(tallies, len(body), time.perf_counter() - start, waiters.steps)
+
+
+def sync_batched_tasks(store: FileStore, body: bytes, writers: int, seconds: float, max_count: int) -> Sample:
+    """``writers`` asyncio tasks whose appends are coalesced into one ``append_batch`` per loop
+    iteration (``BatchingAppender``); each awaits its own record's durability."""
+    return run_on_uvloop(_sync_batched_tasks(store, body, writers, seconds, max_count))
+
+
+async def _sync_batched_tasks(store: FileStore, body: bytes, writers: int, seconds: float,
+                              max_count: int) -> Sample:
+    waiters = DurableWaiters(asyncio.get_running_loop(), store.durable_offset)
+    store.add_listener(waiters.listener)
+    appender = BatchingAppender(store, waiters)
+    tickets = itertools.count()
+    start = time.perf_counter()
+    deadline = start + seconds
+
+    async def writer(queue_id: int) -> _Tally:
+        tally, message = _Tally(), Message(TOPIC, body, queue_id)
+        while next(tickets) < max_count and time.perf_counter() < deadline:
+            result = await appender.append(message)
             tally.records += 1
             tally.log_bytes += result.size
         return tally

@@ -83,7 +83,8 @@ class RecoveryReport:
 class Store(Protocol):
     """A message store: one commit log, consume queues over it, a key index, compacted copies.
 
-    Thread-safe. ``append``/``append_batch`` return once the record is accepted; with the
+    Thread-safe. ``append``/``append_batch`` return once the record is accepted (a batch is
+    not atomic: see ``StoreError.appended``); with the
     ``sync`` flush policy the caller acknowledges its producer only after ``durable_offset``
     has reached ``AppendResult.end_offset`` (``wait_durable`` or a progress listener).
     Records become readable in their queues once written to the log.

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 
 from . import record
-from .api import AppendResult
+from .api import AppendResult, Message
 from .consume_queue import topic_dir_name
 from .dispatcher import DispatchRequest, business_key, id_key
 from .errors import InvalidRecordError
@@ -62,6 +62,8 @@ class RecordBuilder:
         topic_bytes = self._topic_bytes.get(topic) or self._topic(topic)
         if type(body) is not bytes:
             body = bytes(body)
+        if not (tag or keys or properties or msg_id or extra_queues) and topic not in self.compacted_topics:
+            return self._build_plain(allocate, reserve, topic, topic_bytes, body, queue_id, born_ts, now)
         if keys:
             keys_bytes = record.encode_keys(keys)
         elif topic in self.compacted_topics:
@@ -104,3 +106,40 @@ class RecordBuilder:
                    ((topic, queue_id, queue_offset), *extra) if extra else ((topic, queue_id, queue_offset),),
                    index_keys)
         return request, _new_tuple(AppendResult, (topic, queue_id, queue_offset, phys, size, msg_id, now, extra))
+
+    def build_batch(self, allocate: Allocate, reserve: Reserve, messages: Sequence[Message], now: int,
+                    requests: list[DispatchRequest], results: list[AppendResult]) -> None:
+        """``build`` each message in order into ``requests`` and ``results``; plain messages skip
+        the general path. If one is refused, those before it stay built (the lists say which)."""
+        plain, general, compacted = self._build_plain, self.build, self.compacted_topics
+        topic_bytes = self._topic_bytes
+        for m in messages:
+            topic, body = m.topic, m.body
+            if (m.tag or m.keys or m.properties or m.msg_id or m.extra_queues or topic in compacted
+                    or type(body) is not bytes or topic not in topic_bytes):
+                request, result = general(allocate, reserve, topic, body, m.queue_id, m.tag, m.keys,
+                                          m.properties, m.msg_id, m.born_ts, m.extra_queues, now)
+            else:
+                request, result = plain(allocate, reserve, topic, topic_bytes[topic], body,
+                                        m.queue_id, m.born_ts, now)
+            requests.append(request)
+            results.append(result)
+
+    def _build_plain(self, allocate: Allocate, reserve: Reserve, topic: str, topic_bytes: bytes,
+                     body: bytes, queue_id: int, born_ts: int, now: int,
+                     ) -> tuple[DispatchRequest, AppendResult]:
+        """``build`` for the common append: no tag, keys, properties, message id or fan-out."""
+        if not 0 <= queue_id <= 0xFFFFFFFF:
+            raise InvalidRecordError(f"queue id {queue_id} is out of range")
+        home = (topic, queue_id)
+        queue_offset = self.next_queue_offsets.get(home, 0)
+        size = record.HEADER_SIZE + _GENERATED_ID_LEN + len(topic_bytes) + len(body)
+        phys, segment_base = allocate(size)
+        msg_id = f"{phys:016X}"
+        buf, pos = reserve(segment_base, size)
+        record.encode_plain_into(buf, pos, size, record.plain_header(len(topic_bytes), _GENERATED_ID_LEN),
+                                 phys, queue_id, queue_offset, born_ts or now, now, topic_bytes,
+                                 msg_id.encode(), body)
+        self.next_queue_offsets[home] = queue_offset + 1
+        return ((phys, size, 0, now, ((topic, queue_id, queue_offset),), ()),
+                _new_tuple(AppendResult, (topic, queue_id, queue_offset, phys, size, msg_id, now, ())))

@@ -52,14 +52,14 @@ class Dispatcher:
         self.dispatched_end = 0
 
     def dispatch(self, requests: Iterable[DispatchRequest]) -> None:
-        """Index every request, then write the touched consume queues once each."""
-        put, index = self.queues.put, self.key_index.add_many
+        """Index every request, then write the queues that gathered enough entries."""
+        queues, index = self.queues, self.key_index.add_many
         end = self.dispatched_end
         for phys, size, tag, store_ts, targets, keys in requests:
             for topic, queue_id, queue_offset in targets:
-                put(topic, queue_id, queue_offset, phys, size, tag)
+                queues.put(topic, queue_id, queue_offset, phys, size, tag)
             if keys:
-                index(list(keys), phys, store_ts)
+                index(keys, phys, store_ts)
             end = phys + size
-        self.queues.write_pending()
+        queues.write_pending()
         self.dispatched_end = max(self.dispatched_end, end)

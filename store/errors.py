@@ -5,6 +5,10 @@ from __future__ import annotations
 class StoreError(Exception):
     """Base class of every store error."""
 
+    appended: list = []
+    """For a refused ``append_batch``: results of the messages before the refused one, which
+    were appended."""
+
 
 class CorruptRecordError(StoreError):
     """A record failed validation when read; names the file and offset so an operator can act."""

@@ -27,7 +27,7 @@ from .compaction import CompactedTopics
 from .consume_queue import ConsumeQueues
 from .appender import RecordBuilder
 from .dispatcher import Dispatcher
-from .errors import StoreClosedError, StoreLockedError
+from .errors import StoreClosedError, StoreError, StoreLockedError
 from .flusher import AppendBuffer, Checkpointer, Flusher, Progress
 from .key_index import KeyIndex
 from .reading import StoreView
@@ -62,6 +62,7 @@ class FileStore(StoreView):
         self._builder = RecordBuilder({(queue.topic, queue.queue_id): queue.max_offset for queue in queues},
                                       self.compaction.topics)
         self._buffer = AppendBuffer()
+        self._build, self._allocate, self._reserve = self._builder.build, self.log.allocate, self._buffer.reserve
         self._closed = False
         self._flusher = Flusher(self._buffer, commit_log, self.dispatcher, self._progress,
                                 config.flush == "sync", config.flush_interval_ms, self._cycle_lock)
@@ -92,24 +93,39 @@ class FileStore(StoreView):
                                        born_ts, extra_queues, now)
 
     def append_batch(self, messages: Sequence[Message]) -> list[AppendResult]:
-        """Append several records under one lock acquisition; they land contiguously."""
+        """Append several records under one lock acquisition; they land contiguously.
+
+        Not atomic: if a message is refused, the error's ``appended`` lists the results of
+        the messages before it, which were appended (as RocketMQ reports per-entry status).
+        """
         now = int(time.time() * 1000)
+        requests: list = []
+        results: list[AppendResult] = []
         with self._buffer.lock:
-            return [self._append_locked(m.topic, m.body, m.queue_id, m.tag, m.keys, m.properties,
-                                        m.msg_id, m.born_ts, m.extra_queues, now)
-                    for m in messages]
+            self._check_writable()
+            try:
+                self._builder.build_batch(self._allocate, self._reserve, messages, now, requests, results)
+            except StoreError as error:
+                error.appended = results
+                raise
+            finally:
+                if requests:
+                    self._buffer.added_many(requests)
+        return results
 
     def _append_locked(self, topic: str, body: bytes, queue_id: int, tag: str, keys: Sequence[str],
                        properties: Mapping[str, str] | None, msg_id: str, born_ts: int,
                        extra_queues: Sequence[tuple[str, int]], now: int) -> AppendResult:
+        self._check_writable()
+        request, result = self._build(self._allocate, self._reserve, topic, body, queue_id, tag, keys,
+                                      properties, msg_id, born_ts, extra_queues, now)
+        self._buffer.added(request)
+        return result
+
+    def _check_writable(self) -> None:
         if self._closed or self._progress.error is not None:
             raise StoreClosedError("the store is closed" if self._closed else
                                    f"the store can no longer write: {self._progress.error}")
-        request, result = self._builder.build(
-            self.log.allocate, self._buffer.reserve, topic, body, queue_id, tag, keys, properties,
-            msg_id, born_ts, extra_queues, now)
-        self._buffer.added(request)
-        return result
 
     def wait_durable(self, end_offset: int, timeout: float | None = None) -> bool:
         """Block until everything before ``end_offset`` is fsynced; False on timeout."""

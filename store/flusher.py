@@ -17,6 +17,7 @@ import itertools
 import logging
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 
 from .commit_log import CommitLog, Segment
@@ -44,7 +45,7 @@ class AppendBuffer:
         self.flusher_waiting = False
         self._array = bytearray(_ARRAY_SIZE)
         self._used = 0
-        self._spare: list[bytearray] = []
+        self._spare: deque[bytearray] = deque()  # appended by the flusher, popped under ``lock``
 
     def reserve(self, segment_base: int, size: int) -> tuple[bytearray, int]:
         """Space for one record; the caller holds ``lock`` and encodes at (array, position)."""
@@ -74,6 +75,13 @@ class AppendBuffer:
             self.flusher_waiting = False
             self.ready.notify()
 
+    def added_many(self, requests: list[DispatchRequest]) -> None:
+        """``added`` for the records of a batch."""
+        self.requests += requests
+        if self.flusher_waiting:
+            self.flusher_waiting = False
+            self.ready.notify()
+
     def take(self) -> tuple[list[list], list[DispatchRequest]]:
         """Hand everything queued to the flusher, which then owns its arrays; caller holds ``lock``."""
         chunks, requests = self.chunks, self.requests
@@ -83,12 +91,11 @@ class AppendBuffer:
         return chunks, requests
 
     def recycle(self, chunks: list[list]) -> None:
-        """Return written arrays for reuse (flusher thread)."""
+        """Return written arrays for reuse (flusher thread; no lock: deque appends are atomic)."""
         arrays = {id(chunk[1]): chunk[1] for chunk in chunks}
-        with self.lock:
-            for array in arrays.values():
-                if len(array) == _ARRAY_SIZE and len(self._spare) < 2 and array is not self._array:
-                    self._spare.append(array)
+        for array in arrays.values():
+            if len(array) == _ARRAY_SIZE and len(self._spare) < 2:
+                self._spare.append(array)
 
 
 class Progress:

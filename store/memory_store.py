@@ -13,7 +13,8 @@ from collections.abc import Mapping, Sequence
 from .api import AppendResult, Message, ProgressListener, RetentionReport, StoreConfig
 from .appender import RecordBuilder, generated_id_offset
 from .dispatcher import business_key, id_key
-from .errors import CorruptRecordError, OffsetOutOfRangeError, RecordTooLargeError, StoreClosedError
+from .errors import (CorruptRecordError, OffsetOutOfRangeError, RecordTooLargeError, StoreClosedError,
+                     StoreError)
 from .record import StoredMessage, decode
 from .retention import expired_segments
 
@@ -71,7 +72,13 @@ class MemoryStore:
         with self._lock:
             if self._closed:
                 raise StoreClosedError("the store is closed")
-            results = [self._append_locked(message, now) for message in messages]
+            results: list[AppendResult] = []
+            try:
+                for message in messages:
+                    results.append(self._append_locked(message, now))
+            except StoreError as error:
+                error.appended = results
+                raise
             end = self._end
         for listener in self._listeners:
             listener(end, end)

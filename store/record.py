@@ -37,6 +37,7 @@ or a flipped bit is rejected.
 """
 from __future__ import annotations
 
+import functools
 import struct
 from collections.abc import Mapping, Sequence
 
@@ -135,6 +136,25 @@ def encode_into(buf: bytearray, pos: int, size: int, phys_offset: int, queue_id:
     buf[p:pos + size] = body
     with memoryview(buf) as view:
         _CRC_FIELD.pack_into(buf, pos + 8, crc32c.crc32c(view[pos + 12:pos + size]))
+
+
+@functools.lru_cache(maxsize=1024)
+def plain_header(topic_len: int, msg_id_len: int) -> struct.Struct:
+    """Header plus topic and message id in one struct: the layout of a record with no tag,
+    keys, properties or fan-out, the common case the write path packs in a single call."""
+    return struct.Struct(f"{HEADER.format}{topic_len}s{msg_id_len}s")
+
+
+def encode_plain_into(buf: bytearray, pos: int, size: int, layout: struct.Struct, phys_offset: int,
+                      queue_id: int, queue_offset: int, born_ts: int, store_ts: int, topic: bytes,
+                      msg_id: bytes, body: bytes) -> None:
+    """``encode_into`` for a record with no tag, keys, properties or fan-out (``plain_header``)."""
+    end = pos + size
+    layout.pack_into(buf, pos, size, MAGIC, VERSION, 0, 0, phys_offset, queue_id, queue_offset,
+                     born_ts, store_ts, len(topic), len(msg_id), 0, 0, 0, 0, len(body), topic, msg_id)
+    buf[end - len(body):end] = body
+    with memoryview(buf) as view:
+        _CRC_FIELD.pack_into(buf, pos + 8, crc32c.crc32c(view[pos + 12:end]))
 
 
 def encode(phys_offset: int, queue_id: int, queue_offset: int, born_ts: int, store_ts: int,

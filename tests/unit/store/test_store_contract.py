@@ -195,3 +195,12 @@ def test_a_producer_id_shaped_like_a_generated_one_is_still_found(store):
     store.append("t", b"first")
     chosen = visible(store, store.append("t", b"second", msg_id="0000000000000000"))
     assert store.lookup_id("0000000000000000").phys_offset == chosen.phys_offset
+
+
+def test_a_refused_message_in_a_batch_keeps_those_before_it(store):
+    batch = [Message("t", b"one"), Message("t", b"two", keys=["k" * 70_000]), Message("t", b"three")]
+    with pytest.raises(InvalidRecordError) as error:
+        store.append_batch(batch)
+    assert [r.queue_offset for r in error.value.appended] == [0]
+    visible(store, store.append("t", b"after"))
+    assert [m.body for m in read_all(store, "t")] == [b"one", b"after"]
