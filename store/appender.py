@@ -4,6 +4,7 @@ Shared by every store implementation, so they number queues and encode records i
 """
 from __future__ import annotations
 
+import struct
 from collections.abc import Callable, Mapping, Sequence
 
 from . import record
@@ -41,6 +42,7 @@ class RecordBuilder:
         self.next_queue_offsets = next_queue_offsets
         self.compacted_topics = compacted_topics
         self._topic_bytes: dict[str, bytes] = {}
+        self._layouts: dict[str, struct.Struct] = {}
 
     def _topic(self, topic: str) -> bytes:
         encoded = self._topic_bytes.get(topic)
@@ -133,13 +135,17 @@ class RecordBuilder:
             raise InvalidRecordError(f"queue id {queue_id} is out of range")
         home = (topic, queue_id)
         queue_offset = self.next_queue_offsets.get(home, 0)
-        size = record.HEADER_SIZE + _GENERATED_ID_LEN + len(topic_bytes) + len(body)
+        layout = self._layouts.get(topic) or self._layout(topic, topic_bytes)
+        size = layout.size + len(body)
         phys, segment_base = allocate(size)
-        msg_id = f"{phys:016X}"
+        msg_id = "%016X" % phys
         buf, pos = reserve(segment_base, size)
-        record.encode_plain_into(buf, pos, size, record.plain_header(len(topic_bytes), _GENERATED_ID_LEN),
-                                 phys, queue_id, queue_offset, born_ts or now, now, topic_bytes,
-                                 msg_id.encode(), body)
+        record.encode_plain_into(buf, pos, size, layout, phys, queue_id, queue_offset, born_ts or now, now,
+                                 topic_bytes, msg_id.encode(), body)
         self.next_queue_offsets[home] = queue_offset + 1
-        return ((phys, size, 0, now, ((topic, queue_id, queue_offset),), ()),
+        return ((phys, size, 0, now, (home + (queue_offset,),), ()),
                 _new_tuple(AppendResult, (topic, queue_id, queue_offset, phys, size, msg_id, now, ())))
+
+    def _layout(self, topic: str, topic_bytes: bytes) -> struct.Struct:
+        layout = self._layouts[topic] = record.plain_header(len(topic_bytes), _GENERATED_ID_LEN)
+        return layout

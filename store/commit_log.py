@@ -20,6 +20,19 @@ from .errors import RecordTooLargeError
 log = logging.getLogger(__name__)
 
 
+_IOV_MAX = 1024
+
+
+def _advance(views: list[memoryview], written: int) -> list[memoryview]:
+    """``views`` without their first ``written`` bytes (after a partial write)."""
+    while views and written >= len(views[0]):
+        written -= len(views[0])
+        views = views[1:]
+    if views and written:
+        views = [views[0][written:], *views[1:]]
+    return views
+
+
 def offset_name(offset: int) -> str:
     """File name for a file starting at ``offset``: 20 digits, zero padded."""
     return f"{offset:020d}"
@@ -135,20 +148,24 @@ class CommitLog:
         self.next_offset = offset + size
         return offset, self._active_base
 
-    def write(self, base: int, data: bytes | bytearray) -> Segment:
-        """Append ``data`` to the segment starting at ``base`` (created if new).
+    def write(self, base: int, views: list[memoryview]) -> Segment:
+        """Append ``views`` to the segment starting at ``base`` (created if new), with as few
+        ``pwritev`` calls as possible.
 
-        Runs on the flusher thread; the caller then ``sync``s the returned segments.
+        Runs on the flusher thread; the caller then ``sync``s the returned segments. Every
+        syscall here gives up the interpreter lock, and a busy appender may hold it for a whole
+        switch interval before it comes back, so the count of calls matters more than their size.
         """
         with self._lock:
             segment = self._segments[-1] if self._segments and self._segments[-1].base == base else None
             if segment is None:
                 segment = self._open_segment(base)
-        view = memoryview(data)
-        while view:
-            written = os.pwrite(segment.fd, view, segment.size)
-            view = view[written:]
+        pending = [view for view in views if len(view)]
+        while pending:
+            batch = pending[:_IOV_MAX]
+            written = os.pwritev(segment.fd, batch, segment.size)
             segment.size += written
+            pending = _advance(pending, written)
         return segment
 
     @staticmethod

@@ -278,12 +278,11 @@ class ConsumeQueues:
         with self._lock:
             return iter(list(self._queues.values()))
 
-    def put(self, topic: str, queue_id: int, queue_offset: int, phys_offset: int, size: int,
-            tag_hash: int) -> None:
-        """Buffer one entry (flusher thread); ``write_pending`` writes what was buffered."""
-        queue = self._queues.get((topic, queue_id)) or self.get(topic, queue_id)
-        if queue.put(queue_offset, phys_offset, size, tag_hash):
-            self._touched.add(queue)
+    def touch(self, topic: str, queue_id: int, touched: dict[tuple[str, int], ConsumeQueue]) -> ConsumeQueue:
+        """The queue (created if new), noted in ``touched`` and among those to write (flusher thread)."""
+        queue = touched[(topic, queue_id)] = self._queues.get((topic, queue_id)) or self.get(topic, queue_id)
+        self._touched.add(queue)
+        return queue
 
     def write_pending(self, force: bool = False) -> None:
         """Write the buffered entries of queues that gathered enough of them, or of all if ``force``."""

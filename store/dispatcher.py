@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from . import record
-from .consume_queue import ConsumeQueues
+from .consume_queue import ConsumeQueue, ConsumeQueues
 from .key_index import KeyIndex
 
 DispatchRequest = tuple[int, int, int, int, tuple[record.Target, ...], tuple[bytes, ...]]
@@ -54,10 +54,12 @@ class Dispatcher:
     def dispatch(self, requests: Iterable[DispatchRequest]) -> None:
         """Index every request, then write the queues that gathered enough entries."""
         queues, index = self.queues, self.key_index.add_many
+        touched: dict[tuple[str, int], ConsumeQueue] = {}
         end = self.dispatched_end
         for phys, size, tag, store_ts, targets, keys in requests:
             for topic, queue_id, queue_offset in targets:
-                queues.put(topic, queue_id, queue_offset, phys, size, tag)
+                queue = touched.get((topic, queue_id)) or queues.touch(topic, queue_id, touched)
+                queue.put(queue_offset, phys, size, tag)
             if keys:
                 index(keys, phys, store_ts)
             end = phys + size

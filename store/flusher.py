@@ -26,25 +26,32 @@ from .dispatcher import DispatchRequest, Dispatcher
 log = logging.getLogger(__name__)
 
 
-_ARRAY_SIZE = 4 << 20
+_ARRAY_SIZE = 1 << 20
+_SPARES = 16  # arrays kept for reuse: more than the flusher ever holds at once
+_HAND_OFF_BYTES = 256 << 10
 
 
 class AppendBuffer:
     """Records accepted but not yet written, encoded in place into preallocated arrays.
 
-    Appenders ``reserve`` space and encode into it under ``lock``; the flusher ``take``s the
-    filled chunks, writes them, and ``recycle``s the arrays, so the hot path neither allocates
-    nor copies a record twice.
+    Appenders ``reserve`` space and encode into it under ``lock``. Filled chunks are handed to
+    the flusher through a deque, at once when it is idle, else every ``_HAND_OFF_BYTES``: the
+    flusher pops them without the append lock, so a busy appender never starves it. A full
+    array is retired into the next hand-off and reused once the flusher has written it: the
+    hot path neither allocates nor copies a record twice.
     """
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self.ready = threading.Condition(self.lock)
-        self.chunks: list[list] = []  # [segment base, array, start, end]
+        self.handed_off: deque[tuple[list[list], list[DispatchRequest], list[bytearray]]] = deque()
+        self.chunks: list[list] = []  # [segment base, array, start, end], not yet handed off
         self.requests: list[DispatchRequest] = []
         self.flusher_waiting = False
         self._array = bytearray(_ARRAY_SIZE)
         self._used = 0
+        self._gathered = 0
+        self._retired: list[bytearray] = []  # full arrays, reusable once what precedes them is written
         self._spare: deque[bytearray] = deque()  # appended by the flusher, popped under ``lock``
 
     def reserve(self, segment_base: int, size: int) -> tuple[bytearray, int]:
@@ -58,9 +65,12 @@ class AppendBuffer:
         else:
             chunks.append([segment_base, array, used, used + size])
         self._used = used + size
+        self._gathered += size
         return array, used
 
     def _next_array(self, size: int) -> bytearray:
+        if len(self._array) == _ARRAY_SIZE:
+            self._retired.append(self._array)
         if size <= _ARRAY_SIZE and self._spare:
             self._array = self._spare.pop()
         else:
@@ -69,32 +79,31 @@ class AppendBuffer:
         return self._array
 
     def added(self, request: DispatchRequest) -> None:
-        """Record the dispatch request of the record just encoded; wake the flusher."""
+        """Record the dispatch request of the record just encoded; caller holds ``lock``."""
         self.requests.append(request)
-        if self.flusher_waiting:
-            self.flusher_waiting = False
-            self.ready.notify()
+        if self.flusher_waiting or self._gathered >= _HAND_OFF_BYTES:
+            self.hand_off()
 
     def added_many(self, requests: list[DispatchRequest]) -> None:
         """``added`` for the records of a batch."""
         self.requests += requests
+        if self.flusher_waiting or self._gathered >= _HAND_OFF_BYTES:
+            self.hand_off()
+
+    def hand_off(self) -> None:
+        """Pass what gathered to the flusher, which then owns its arrays; caller holds ``lock``."""
+        if self.chunks:
+            self.handed_off.append((self.chunks, self.requests, self._retired))
+            self.chunks, self.requests, self._retired, self._gathered = [], [], [], 0
         if self.flusher_waiting:
             self.flusher_waiting = False
             self.ready.notify()
 
-    def take(self) -> tuple[list[list], list[DispatchRequest]]:
-        """Hand everything queued to the flusher, which then owns its arrays; caller holds ``lock``."""
-        chunks, requests = self.chunks, self.requests
-        if chunks:
-            self.chunks, self.requests = [], []
-            self._next_array(0)
-        return chunks, requests
-
-    def recycle(self, chunks: list[list]) -> None:
-        """Return written arrays for reuse (flusher thread; no lock: deque appends are atomic)."""
-        arrays = {id(chunk[1]): chunk[1] for chunk in chunks}
-        for array in arrays.values():
-            if len(array) == _ARRAY_SIZE and len(self._spare) < 2:
+    def recycle(self, retired: list[bytearray]) -> None:
+        """Reuse arrays retired before a hand-off the flusher has written (flusher thread; no
+        lock: deque appends are atomic)."""
+        for array in retired:
+            if len(self._spare) < _SPARES:
                 self._spare.append(array)
 
 
@@ -194,19 +203,28 @@ class Flusher(threading.Thread):
             self.progress.fail(error)
 
     def _cycle(self) -> bool:
-        """Handle one batch (or a timeout); False once stopping and drained."""
+        """Handle what was handed off (or a timeout); False once stopping and drained."""
         buffer = self.buffer
-        with buffer.lock:
-            if not buffer.chunks and not self.stopping:
-                buffer.flusher_waiting = True
-                buffer.ready.wait(self._timeout())
-                buffer.flusher_waiting = False
-            chunks, requests = buffer.take()
-            stopping = self.stopping
+        if not buffer.handed_off:
+            with buffer.lock:
+                if not buffer.chunks and not self.stopping:
+                    buffer.flusher_waiting = True
+                    buffer.ready.wait(self._timeout())
+                    buffer.flusher_waiting = False
+                buffer.hand_off()
+        stopping = self.stopping
+        chunks: list[list] = []
+        requests: list[DispatchRequest] = []
+        retired: list[bytearray] = []
+        while buffer.handed_off:
+            more_chunks, more_requests, more_retired = buffer.handed_off.popleft()
+            chunks += more_chunks
+            requests += more_requests
+            retired += more_retired
         if chunks:
             with self.cycle_lock:
                 self._write(chunks, requests)
-            buffer.recycle(chunks)
+            buffer.recycle(retired)
         if not self.sync_each_batch and time.monotonic() >= self._next_fsync:
             self._fsync()
         return bool(chunks) or not stopping
@@ -215,7 +233,10 @@ class Flusher(threading.Thread):
         return None if self.sync_each_batch else max(0.0, self._next_fsync - time.monotonic())
 
     def _write(self, chunks: list[list], requests: list[DispatchRequest]) -> None:
-        segments = {self.log.write(base, memoryview(array)[start:end]) for base, array, start, end in chunks}
+        per_segment: dict[int, list[memoryview]] = {}
+        for base, array, start, end in chunks:
+            per_segment.setdefault(base, []).append(memoryview(array)[start:end])
+        segments = {self.log.write(base, views) for base, views in per_segment.items()}
         end = self.log.end_offset
         if self.sync_each_batch:
             self.log.sync(sorted(segments, key=lambda segment: segment.base))
