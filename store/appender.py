@@ -64,8 +64,6 @@ class RecordBuilder:
         topic_bytes = self._topic_bytes.get(topic) or self._topic(topic)
         if type(body) is not bytes:
             body = bytes(body)
-        if not (tag or keys or properties or msg_id or extra_queues) and topic not in self.compacted_topics:
-            return self._build_plain(allocate, reserve, topic, topic_bytes, body, queue_id, born_ts, now)
         if keys:
             keys_bytes = record.encode_keys(keys)
         elif topic in self.compacted_topics:
@@ -111,41 +109,36 @@ class RecordBuilder:
 
     def build_batch(self, allocate: Allocate, reserve: Reserve, messages: Sequence[Message], now: int,
                     requests: list[DispatchRequest], results: list[AppendResult]) -> None:
-        """``build`` each message in order into ``requests`` and ``results``; plain messages skip
-        the general path. If one is refused, those before it stay built (the lists say which)."""
-        plain, general, compacted = self._build_plain, self.build, self.compacted_topics
-        topic_bytes = self._topic_bytes
+        """``build`` each message in order into ``requests`` and ``results``. If one is refused,
+        those before it stay built (the lists say which).
+
+        Plain messages (no tag, keys, properties, id or fan-out; a topic seen before) take an
+        inlined path: header, topic and generated id packed by one cached struct. It is the
+        write path's hot loop, hence the locals; ``build`` encodes the same bytes.
+        """
+        general, compacted, layouts, topics = self.build, self.compacted_topics, self._layouts, self._topic_bytes
+        offsets, encode, new_tuple = self.next_queue_offsets, record.encode_plain_into, _new_tuple
+        add_request, add_result = requests.append, results.append
         for m in messages:
-            topic, body = m.topic, m.body
-            if (m.tag or m.keys or m.properties or m.msg_id or m.extra_queues or topic in compacted
-                    or type(body) is not bytes or topic not in topic_bytes):
-                request, result = general(allocate, reserve, topic, body, m.queue_id, m.tag, m.keys,
+            topic, body, queue_id = m.topic, m.body, m.queue_id
+            layout = layouts.get(topic)
+            if (layout is None or m.tag or m.keys or m.properties or m.msg_id or m.extra_queues
+                    or topic in compacted or type(body) is not bytes or not 0 <= queue_id <= 0xFFFFFFFF):
+                request, result = general(allocate, reserve, topic, body, queue_id, m.tag, m.keys,
                                           m.properties, m.msg_id, m.born_ts, m.extra_queues, now)
+                if layout is None:  # the topic is valid now; its next plain messages go the short way
+                    layouts[topic] = record.plain_header(len(topics[topic]), _GENERATED_ID_LEN)
             else:
-                request, result = plain(allocate, reserve, topic, topic_bytes[topic], body,
-                                        m.queue_id, m.born_ts, now)
-            requests.append(request)
-            results.append(result)
-
-    def _build_plain(self, allocate: Allocate, reserve: Reserve, topic: str, topic_bytes: bytes,
-                     body: bytes, queue_id: int, born_ts: int, now: int,
-                     ) -> tuple[DispatchRequest, AppendResult]:
-        """``build`` for the common append: no tag, keys, properties, message id or fan-out."""
-        if not 0 <= queue_id <= 0xFFFFFFFF:
-            raise InvalidRecordError(f"queue id {queue_id} is out of range")
-        home = (topic, queue_id)
-        queue_offset = self.next_queue_offsets.get(home, 0)
-        layout = self._layouts.get(topic) or self._layout(topic, topic_bytes)
-        size = layout.size + len(body)
-        phys, segment_base = allocate(size)
-        msg_id = "%016X" % phys
-        buf, pos = reserve(segment_base, size)
-        record.encode_plain_into(buf, pos, size, layout, phys, queue_id, queue_offset, born_ts or now, now,
-                                 topic_bytes, msg_id.encode(), body)
-        self.next_queue_offsets[home] = queue_offset + 1
-        return ((phys, size, 0, now, (home + (queue_offset,),), ()),
-                _new_tuple(AppendResult, (topic, queue_id, queue_offset, phys, size, msg_id, now, ())))
-
-    def _layout(self, topic: str, topic_bytes: bytes) -> struct.Struct:
-        layout = self._layouts[topic] = record.plain_header(len(topic_bytes), _GENERATED_ID_LEN)
-        return layout
+                home = (topic, queue_id)
+                queue_offset = offsets.get(home, 0)
+                size = layout.size + len(body)
+                phys, segment_base = allocate(size)
+                msg_id = "%016X" % phys
+                buf, pos = reserve(segment_base, size)
+                encode(buf, pos, size, layout, phys, queue_id, queue_offset, m.born_ts or now, now,
+                       topics[topic], msg_id.encode(), body)
+                offsets[home] = queue_offset + 1
+                request = (phys, size, 0, now, (home + (queue_offset,),), ())
+                result = new_tuple(AppendResult, (topic, queue_id, queue_offset, phys, size, msg_id, now, ()))
+            add_request(request)
+            add_result(result)

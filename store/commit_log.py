@@ -1,8 +1,10 @@
 """The commit log: one append-only byte stream for every topic, cut into segment files.
 
 A segment file is named by the 20-digit commit-log offset of its first byte and holds at most
-``segment_size`` bytes of whole records; offsets are contiguous across segments (a segment
-ends where the next one begins). Positions are handed out under the store's append lock
+``segment_size`` bytes of whole records; offsets are contiguous across segments (a segment's
+records end where the next segment begins). Files are usually preallocated (preallocator.py),
+so the last segment's records end where its zeros begin, not at its file size: the store
+learns that end from its checkpoint or from recovery's scan (``set_end``). Positions are handed out under the store's append lock
 (``allocate``); bytes reach the files on the flusher thread (``write``/``sync``); reads use
 ``pread`` and may come from any thread.
 """
@@ -16,6 +18,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from .errors import RecordTooLargeError
+from .preallocator import Preallocator
 
 log = logging.getLogger(__name__)
 
@@ -31,6 +34,15 @@ def _advance(views: list[memoryview], written: int) -> list[memoryview]:
     if views and written:
         views = [views[0][written:], *views[1:]]
     return views
+
+
+def _fsync_directory(directory: str) -> None:
+    """Make a file created or renamed in ``directory`` survive power loss."""
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def offset_name(offset: int) -> str:
@@ -77,8 +89,12 @@ class CommitLog:
         self._bases: list[int] = []
         if not read_only:
             os.makedirs(directory, exist_ok=True)
-        for base in list_offset_files(directory):
-            self._open_segment(base)
+        bases = list_offset_files(directory)
+        for index, base in enumerate(bases):
+            self._open_segment(base, bases[index + 1] if index + 1 < len(bases) else None)
+        self._preallocator = None if read_only else Preallocator(directory, segment_size)
+        if not read_only and not self._segments:
+            self._open_segment(0, create=True, wait=True)  # a new log starts preallocated too
         # Allocation state, owned by the append lock of the store.
         self.next_offset = self.end_offset
         self._active_base = self._segments[-1].base if self._segments else 0
@@ -94,9 +110,21 @@ class CommitLog:
 
     @property
     def end_offset(self) -> int:
-        """Offset just past the last byte written to the files."""
+        """Offset just past the last record written to the files."""
         segments = self._segments
         return segments[-1].end if segments else 0
+
+    def file_end(self) -> int:
+        """Offset just past the last segment file's last byte, preallocated zeros included."""
+        segments = self._segments
+        return segments[-1].base + os.fstat(segments[-1].fd).st_size if segments else 0
+
+    def set_end(self, end: int) -> None:
+        """Declare where the records of the last segment end (recovery): a preallocated file
+        runs on in zeros, so its size does not say."""
+        segment = self._segments[-1]
+        segment.size = end - segment.base
+        self.next_offset = end
 
     def segments(self) -> list[Segment]:
         """A snapshot of the segment list, oldest first."""
@@ -106,11 +134,21 @@ class CommitLog:
     def total_bytes(self) -> int:
         return sum(segment.size for segment in self.segments())
 
-    def _open_segment(self, base: int) -> Segment:
+    def _open_segment(self, base: int, next_base: int | None = None, create: bool = False,
+                      wait: bool = False) -> Segment:
+        """Open a segment; until told otherwise (``set_end``), the last one is as long as its file.
+
+        A new one takes the preallocated file if ready (``wait``: once it is).
+        """
         path = os.path.join(self.directory, offset_name(base))
+        if create and self._preallocator is not None:
+            self._preallocator.take(path, wait)
         flags = os.O_RDONLY if self.read_only else os.O_RDWR | os.O_CREAT
         fd = os.open(path, flags, 0o644)
-        segment = Segment(base, path, fd, os.fstat(fd).st_size)
+        if create:
+            _fsync_directory(self.directory)
+        size = 0 if create else next_base - base if next_base is not None else os.fstat(fd).st_size
+        segment = Segment(base, path, fd, size)
         self._segments.append(segment)
         self._bases.append(base)
         return segment
@@ -118,8 +156,6 @@ class CommitLog:
     def refresh(self) -> None:
         """Read-only mode: pick up segments and sizes a running writer has added since."""
         with self._lock:
-            for segment in self._segments:
-                segment.size = os.fstat(segment.fd).st_size
             known = set(self._bases)
             for base in list_offset_files(self.directory):
                 if base not in known and (not self._bases or base > self._bases[-1]):
@@ -127,6 +163,10 @@ class CommitLog:
                         self._open_segment(base)
                     except FileNotFoundError:
                         continue
+            for segment, following in zip(self._segments, self._segments[1:]):
+                segment.size = following.base - segment.base
+            if self._segments:
+                self._segments[-1].size = os.fstat(self._segments[-1].fd).st_size
 
     # -- writing (append lock, then flusher thread) -----------------------------------------
 
@@ -159,7 +199,7 @@ class CommitLog:
         with self._lock:
             segment = self._segments[-1] if self._segments and self._segments[-1].base == base else None
             if segment is None:
-                segment = self._open_segment(base)
+                segment = self._open_segment(base, create=True)
         pending = [view for view in views if len(view)]
         while pending:
             batch = pending[:_IOV_MAX]
@@ -242,6 +282,8 @@ class CommitLog:
         return segment
 
     def close(self) -> None:
+        if self._preallocator is not None:
+            self._preallocator.close()
         with self._lock:
             for segment in self._segments:
                 os.close(segment.fd)

@@ -62,7 +62,7 @@ class FileStore(StoreView):
         self._builder = RecordBuilder({(queue.topic, queue.queue_id): queue.max_offset for queue in queues},
                                       self.compaction.topics)
         self._buffer = AppendBuffer()
-        self._build, self._allocate, self._reserve = self._builder.build, self.log.allocate, self._buffer.reserve
+        self._allocate, self._reserve = self.log.allocate, self._buffer.reserve
         self._closed = False
         self._flusher = Flusher(self._buffer, commit_log, self.dispatcher, self._progress,
                                 config.flush == "sync", config.flush_interval_ms, self._cycle_lock)
@@ -87,10 +87,8 @@ class FileStore(StoreView):
                msg_id: str = "", born_ts: int = 0,
                extra_queues: Sequence[tuple[str, int]] = ()) -> AppendResult:
         """Append one record; it is durable once ``durable_offset`` reaches ``result.end_offset``."""
-        now = int(time.time() * 1000)
-        with self._buffer.lock:
-            return self._append_locked(topic, body, queue_id, tag, keys, properties, msg_id,
-                                       born_ts, extra_queues, now)
+        return self.append_batch((Message(topic, body, queue_id, tag, keys, properties, msg_id, born_ts,
+                                          extra_queues),))[0]
 
     def append_batch(self, messages: Sequence[Message]) -> list[AppendResult]:
         """Append several records under one lock acquisition; they land contiguously.
@@ -112,15 +110,6 @@ class FileStore(StoreView):
                 if requests:
                     self._buffer.added_many(requests)
         return results
-
-    def _append_locked(self, topic: str, body: bytes, queue_id: int, tag: str, keys: Sequence[str],
-                       properties: Mapping[str, str] | None, msg_id: str, born_ts: int,
-                       extra_queues: Sequence[tuple[str, int]], now: int) -> AppendResult:
-        self._check_writable()
-        request, result = self._build(self._allocate, self._reserve, topic, body, queue_id, tag, keys,
-                                      properties, msg_id, born_ts, extra_queues, now)
-        self._buffer.added(request)
-        return result
 
     def _check_writable(self) -> None:
         if self._closed or self._progress.error is not None:

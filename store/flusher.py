@@ -78,14 +78,8 @@ class AppendBuffer:
         self._used = 0
         return self._array
 
-    def added(self, request: DispatchRequest) -> None:
-        """Record the dispatch request of the record just encoded; caller holds ``lock``."""
-        self.requests.append(request)
-        if self.flusher_waiting or self._gathered >= _HAND_OFF_BYTES:
-            self.hand_off()
-
     def added_many(self, requests: list[DispatchRequest]) -> None:
-        """``added`` for the records of a batch."""
+        """Record the dispatch requests of the records just encoded; caller holds ``lock``."""
         self.requests += requests
         if self.flusher_waiting or self._gathered >= _HAND_OFF_BYTES:
             self.hand_off()

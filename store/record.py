@@ -7,7 +7,7 @@ Every record is self-describing and checksummed. Integers are little-endian.
        0     4   total_size      u32, whole record including this field
        4     2   magic           0x4C53 (b"SL")
        6     1   version         1
-       7     1   flags           reserved, 0
+       7     1   flags           reserved: 0, anything else is rejected
        8     4   crc32c          CRC32C (Castagnoli) of bytes [12, total_size)
       12     8   phys_offset     u64, commit-log offset of this record
       20     4   queue_id        u32, home queue of the record's topic
@@ -175,8 +175,8 @@ def check(buf: bytes | memoryview, pos: int, end: int, offset: int) -> int:
     """
     if end - pos < HEADER_SIZE:
         return 0
-    size, magic, version, _, checksum, phys = HEADER.unpack_from(buf, pos)[:6]
-    if magic != MAGIC or version != VERSION or size < HEADER_SIZE or pos + size > end or phys != offset:
+    size, magic, version, flags, checksum, phys = HEADER.unpack_from(buf, pos)[:6]
+    if magic != MAGIC or version != VERSION or flags or size < HEADER_SIZE or pos + size > end or phys != offset:
         return 0
     if crc32c.crc32c(memoryview(buf)[pos + 12:pos + size]) != checksum:
         return 0
@@ -285,10 +285,10 @@ def decode(buf: bytes, pos: int, expected_offset: int, segment: str = "") -> Sto
     """
     if len(buf) - pos < HEADER_SIZE:
         raise CorruptRecordError(expected_offset, "truncated header", segment)
-    (size, magic, version, _, checksum, phys, queue_id, queue_offset, born, stored, topic_len,
+    (size, magic, version, flags, checksum, phys, queue_id, queue_offset, born, stored, topic_len,
      id_len, tag_len, keys_len, props_len, dispatch_len, body_len) = HEADER.unpack_from(buf, pos)
-    if magic != MAGIC or version != VERSION:
-        raise CorruptRecordError(expected_offset, "bad magic or version", segment)
+    if magic != MAGIC or version != VERSION or flags:
+        raise CorruptRecordError(expected_offset, "bad magic, version or flags", segment)
     end = pos + size
     if (size != HEADER_SIZE + topic_len + id_len + tag_len + keys_len + props_len + dispatch_len + body_len
             or end > len(buf)):

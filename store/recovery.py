@@ -30,25 +30,26 @@ _BATCH = 10_000
 def recover(commit_log: CommitLog, queues: ConsumeQueues, dispatcher: Dispatcher,
             checkpoint: Checkpoint | None, index_rebuild_from: int | None) -> RecoveryReport:
     """Bring consume queues and key index in line with the log; return what was done."""
-    end = commit_log.end_offset
-    if (checkpoint is not None and checkpoint.clean and checkpoint.log_end == end
-            and checkpoint.derived_end == end and index_rebuild_from is None):
-        dispatcher.dispatched_end = end
+    segments = commit_log.segments()
+    last_base = segments[-1].base if segments else 0
+    if (checkpoint is not None and checkpoint.clean and index_rebuild_from is None
+            and checkpoint.derived_end == checkpoint.log_end
+            and last_base <= checkpoint.log_end <= commit_log.file_end()):
+        if segments:
+            commit_log.set_end(checkpoint.log_end)
+        dispatcher.dispatched_end = checkpoint.log_end
         return RecoveryReport(clean=True)
     start = checkpoint.derived_end if checkpoint is not None else 0
     if index_rebuild_from is not None:
         start = min(start, index_rebuild_from)
     start = max(start, commit_log.min_offset)
     report = RecoveryReport()
-    segments = commit_log.segments()
     for number, segment in enumerate(segments):
         if segment.end > start:
-            cut = _scan_segment(segment, max(start, segment.base), dispatcher, report,
+            end = _scan_segment(segment, max(start, segment.base), dispatcher, report,
                                 last=number == len(segments) - 1)
-            if cut is not None:
-                report.truncated_bytes = commit_log.truncate(cut)
-                log.warning("truncated a torn tail of %d bytes at offset %d in segment %s",
-                            report.truncated_bytes, cut, segment.name)
+            if end is not None:
+                _end_log(commit_log, segment, report, *end)
     new_end = commit_log.end_offset
     for queue in queues:
         queue.truncate_from_phys(new_end)
@@ -60,9 +61,23 @@ def recover(commit_log: CommitLog, queues: ConsumeQueues, dispatcher: Dispatcher
     return report
 
 
+def _end_log(commit_log: CommitLog, segment: Segment, report: RecoveryReport, end: int, torn: int) -> None:
+    """The records of the last segment stop at ``end``; ``torn`` bytes of garbage follow them."""
+    if not torn:
+        commit_log.set_end(end)  # only preallocated zeros follow
+        return
+    commit_log.truncate(end)
+    report.truncated_bytes = torn
+    log.warning("truncated a torn tail of %d bytes at offset %d in segment %s", torn, end, segment.name)
+
+
 def _scan_segment(segment: Segment, start: int, dispatcher: Dispatcher, report: RecoveryReport,
-                  last: bool) -> int | None:
-    """Validate and replay one segment from ``start``; return the offset to truncate at, if any."""
+                  last: bool) -> tuple[int, int] | None:
+    """Validate and replay one segment from ``start``.
+
+    For the last segment, return (end of its records, bytes of garbage after them) when they
+    stop before the end of the file; zeros after them are preallocated space, not garbage.
+    """
     data = os.pread(segment.fd, segment.end - start, start - segment.base)
     report.scanned_bytes += len(data)
     pos, requests = 0, []
@@ -74,10 +89,13 @@ def _scan_segment(segment: Segment, start: int, dispatcher: Dispatcher, report: 
             if len(requests) >= _BATCH:
                 _flush(dispatcher, requests, report)
             continue
+        if last and data.count(0, pos) == len(data) - pos:
+            _flush(dispatcher, requests, report)
+            return start + pos, 0
         following = record.find_valid(data, pos + 1, start)
         if following is None and last:
             _flush(dispatcher, requests, report)
-            return start + pos
+            return start + pos, len(data.rstrip(b"\0")) - pos
         following = len(data) if following is None else following
         report.corrupt_spans.append((segment.name, start + pos, start + following))
         log.error("corrupt bytes at offsets [%d, %d) of segment %s skipped; the records there "

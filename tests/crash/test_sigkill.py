@@ -230,13 +230,13 @@ def test_sigkill_rounds_keep_every_acknowledged_message(tmp_path):
     assert len(acked) > 1000, "the writer acknowledged too little for the test to mean much"
 
 
-def _damage_tail(data_dir: str, rng: random.Random, with_garbage: bool, with_half: bool) -> int:
-    """Append garbage and/or the first half of a valid record to the last segment; return bytes added."""
+def _damage_tail(data_dir: str, end: int, rng: random.Random, with_garbage: bool, with_half: bool) -> int:
+    """Leave what a crash mid-write leaves: garbage and/or the first half of a valid record
+    after the last record (at commit-log offset ``end``) and no clean checkpoint; return the
+    bytes of damage."""
     commitlog = os.path.join(data_dir, "commitlog")
-    last = max(os.listdir(commitlog))
-    path = os.path.join(commitlog, last)
-    end = int(last) + os.path.getsize(path)
-    garbage = rng.randbytes(rng.randint(1, 300)) if with_garbage else b""
+    last = max(name for name in os.listdir(commitlog) if name.isdigit())
+    garbage = rng.randbytes(rng.randint(1, 300)).rstrip(b"\0") + b"\x5a" if with_garbage else b""
     half = b""
     if with_half:
         p = crash_writer.plan(999_999_999)
@@ -245,10 +245,12 @@ def _damage_tail(data_dir: str, rng: random.Random, with_garbage: bool, with_hal
                              b"x" * 500)
         half = full[:len(full) // 2]
     damage = garbage + half
-    with open(path, "ab") as file:
+    with open(os.path.join(commitlog, last), "r+b") as file:
+        file.seek(end - int(last))
         file.write(damage)
         file.flush()
         os.fsync(file.fileno())
+    os.remove(os.path.join(data_dir, "checkpoint"))
     return len(damage)
 
 
@@ -261,7 +263,8 @@ def test_torn_tail_is_truncated_and_appends_resume(tmp_path, with_garbage, with_
              run_writer(data_dir, rng.randrange(1 << 30), 0, 200, str(tmp_path / "writer.stderr")).acks}
     with FileStore(data_dir, CONFIG) as store:
         verify(store, acked)
-    damage = _damage_tail(data_dir, rng, with_garbage, with_half)
+        end = store.log.end_offset
+    damage = _damage_tail(data_dir, end, rng, with_garbage, with_half)
 
     start = crash_writer.INDEX_SPAN
     with FileStore(data_dir, CONFIG) as store:

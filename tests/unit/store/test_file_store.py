@@ -26,7 +26,7 @@ def bodies(store, topic, queue_id):
 
 
 def segment_files(directory):
-    return sorted(os.listdir(os.path.join(directory, "commitlog")))
+    return sorted(name for name in os.listdir(os.path.join(directory, "commitlog")) if name.isdigit())
 
 
 @pytest.fixture
@@ -60,18 +60,25 @@ def test_lost_queues_and_index_are_rebuilt_from_the_log(config, data_dir):
         assert store.lookup_key("t", "k42")[0].queue_offset == 21
 
 
+def crash_after_writing(data_dir, end, damage):
+    """Leave what a crash mid-write leaves: ``damage`` after the last record (which ends at
+    commit-log offset ``end``) and no clean checkpoint. Returns the last segment's name."""
+    name = segment_files(data_dir)[-1]
+    with open(os.path.join(data_dir, "commitlog", name), "r+b") as file:
+        file.seek(end - int(name))
+        file.write(damage)
+    os.remove(os.path.join(data_dir, "checkpoint"))
+    return name
+
+
 def test_torn_tail_is_truncated_and_logged(config, data_dir, caplog):
     with FileStore(data_dir, config) as store:
         results = fill(store, 20)
-    last = os.path.join(data_dir, "commitlog", segment_files(data_dir)[-1])
     half = record.encode(results[-1].end_offset, 0, 99, 0, 0, b"t", b"id", b"", b"", b"", b"", b"z" * 200)
-    with open(last, "ab") as file:
-        file.write(half[: len(half) // 2])
-    os.remove(os.path.join(data_dir, "checkpoint"))
+    name = crash_after_writing(data_dir, results[-1].end_offset, half[: len(half) // 2])
     with caplog.at_level(logging.WARNING), FileStore(data_dir, config) as store:
         assert store.recovery.truncated_bytes == len(half) // 2
-        assert any("torn tail" in r.getMessage() and os.path.basename(last) in r.getMessage()
-                   for r in caplog.records)
+        assert any("torn tail" in r.getMessage() and name in r.getMessage() for r in caplog.records)
         assert len(bodies(store, "t", 0)) == 10
         new = store.append("t", b"after", queue_id=0)
         assert new.phys_offset == results[-1].end_offset and new.queue_offset == 10
@@ -81,15 +88,30 @@ def test_torn_tail_is_truncated_and_logged(config, data_dir, caplog):
 
 def test_garbage_at_the_tail_is_truncated(config, data_dir):
     with FileStore(data_dir, config) as store:
-        fill(store, 5)
-    last = os.path.join(data_dir, "commitlog", segment_files(data_dir)[-1])
-    size = os.path.getsize(last)
-    with open(last, "ab") as file:
-        file.write(os.urandom(777))
+        results = fill(store, 5)
+    crash_after_writing(data_dir, results[-1].end_offset, os.urandom(776) + b"\xff")
     with FileStore(data_dir, config) as store:
         assert store.recovery.truncated_bytes == 777
-        assert os.path.getsize(last) == size
+        assert store.log.end_offset == results[-1].end_offset
         assert len(bodies(store, "t", 0)) == 3
+    assert StoreReader(data_dir).verify() == []
+
+
+def test_a_crash_after_clean_writes_needs_no_truncation(config, data_dir):
+    with FileStore(data_dir, config) as store:
+        results = fill(store, 30)
+    os.remove(os.path.join(data_dir, "checkpoint"))  # as if killed after the last fsync
+    with FileStore(data_dir, config) as store:
+        assert not store.recovery.clean and store.recovery.truncated_bytes == 0
+        assert store.log.end_offset == results[-1].end_offset
+        assert store.append("t", b"next").phys_offset == results[-1].end_offset
+
+
+def test_segments_roll_into_preallocated_files(config, data_dir):
+    with FileStore(data_dir, config) as store:
+        fill(store, 200)
+        sizes = [os.path.getsize(os.path.join(data_dir, "commitlog", name)) for name in segment_files(data_dir)]
+    assert sizes.count(config.segment_size) >= len(sizes) // 2, sizes
 
 
 def flip_byte_in_body(data_dir, result):
