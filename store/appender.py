@@ -13,10 +13,8 @@ from .consume_queue import topic_dir_name
 from .dispatcher import DispatchRequest, business_key, id_key
 from .errors import InvalidRecordError
 
-Allocate = Callable[[int], tuple[int, int]]
-"""Reserve n bytes of log: returns (offset, base of the segment they go to)."""
-Reserve = Callable[[int, int], tuple[bytearray, int]]
-"""Buffer space for a record: (segment base, size) -> (array, position to encode it at)."""
+Place = Callable[[int], tuple[int, bytearray, int]]
+"""Place a record of n bytes: its commit-log offset, and the (array, position) to encode it at."""
 
 _new_tuple = tuple.__new__  # AppendResult without NamedTuple's keyword handling: hot path
 
@@ -51,7 +49,7 @@ class RecordBuilder:
             encoded = self._topic_bytes[topic] = topic.encode()
         return encoded
 
-    def build(self, allocate: Allocate, reserve: Reserve, topic: str, body: bytes, queue_id: int,
+    def build(self, place: Place, topic: str, body: bytes, queue_id: int,
               tag: str, keys: Sequence[str], properties: Mapping[str, str] | None, msg_id: str,
               born_ts: int, extra_queues: Sequence[tuple[str, int]], now: int,
               ) -> tuple[DispatchRequest, AppendResult]:
@@ -87,14 +85,13 @@ class RecordBuilder:
             dispatch_bytes = record.encode_dispatch(extra)
         size = (record.HEADER_SIZE + len(topic_bytes) + (len(id_bytes) or _GENERATED_ID_LEN) + len(tag_bytes)
                 + len(keys_bytes) + len(props_bytes) + len(dispatch_bytes) + len(body))
-        phys, segment_base = allocate(size)
+        phys, buf, pos = place(size)
         if not msg_id:
             msg_id = f"{phys:016X}"
             id_bytes = msg_id.encode()
             index_keys = ()
         else:
             index_keys = (id_key(msg_id),)
-        buf, pos = reserve(segment_base, size)
         record.encode_into(buf, pos, size, phys, queue_id, queue_offset, born_ts or now, now, topic_bytes,
                            id_bytes, tag_bytes, keys_bytes, props_bytes, dispatch_bytes, body)
         offsets[home] = queue_offset + 1
@@ -107,7 +104,7 @@ class RecordBuilder:
                    index_keys)
         return request, _new_tuple(AppendResult, (topic, queue_id, queue_offset, phys, size, msg_id, now, extra))
 
-    def build_batch(self, allocate: Allocate, reserve: Reserve, messages: Sequence[Message], now: int,
+    def build_batch(self, place: Place, messages: Sequence[Message], now: int,
                     requests: list[DispatchRequest], results: list[AppendResult]) -> None:
         """``build`` each message in order into ``requests`` and ``results``. If one is refused,
         those before it stay built (the lists say which).
@@ -124,7 +121,7 @@ class RecordBuilder:
             layout = layouts.get(topic)
             if (layout is None or m.tag or m.keys or m.properties or m.msg_id or m.extra_queues
                     or topic in compacted or type(body) is not bytes or not 0 <= queue_id <= 0xFFFFFFFF):
-                request, result = general(allocate, reserve, topic, body, queue_id, m.tag, m.keys,
+                request, result = general(place, topic, body, queue_id, m.tag, m.keys,
                                           m.properties, m.msg_id, m.born_ts, m.extra_queues, now)
                 if layout is None:  # the topic is valid now; its next plain messages go the short way
                     layouts[topic] = record.plain_header(len(topics[topic]), _GENERATED_ID_LEN)
@@ -132,9 +129,8 @@ class RecordBuilder:
                 home = (topic, queue_id)
                 queue_offset = offsets.get(home, 0)
                 size = layout.size + len(body)
-                phys, segment_base = allocate(size)
+                phys, buf, pos = place(size)
                 msg_id = "%016X" % phys
-                buf, pos = reserve(segment_base, size)
                 encode(buf, pos, size, layout, phys, queue_id, queue_offset, m.born_ts or now, now,
                        topics[topic], msg_id.encode(), body)
                 offsets[home] = queue_offset + 1

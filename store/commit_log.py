@@ -4,9 +4,9 @@ A segment file is named by the 20-digit commit-log offset of its first byte and 
 ``segment_size`` bytes of whole records; offsets are contiguous across segments (a segment's
 records end where the next segment begins). Files are usually preallocated (preallocator.py),
 so the last segment's records end where its zeros begin, not at its file size: the store
-learns that end from its checkpoint or from recovery's scan (``set_end``). Positions are handed out under the store's append lock
-(``allocate``); bytes reach the files on the flusher thread (``write``/``sync``); reads use
-``pread`` and may come from any thread.
+learns that end from its checkpoint or from recovery's scan (``set_end``). Offsets of new
+records are handed out by the store's append buffer (flusher.py); bytes reach the files on the
+flusher thread (``write``/``sync``); reads use ``pread`` and may come from any thread.
 """
 from __future__ import annotations
 
@@ -17,7 +17,6 @@ import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from .errors import RecordTooLargeError
 from .preallocator import Preallocator
 
 log = logging.getLogger(__name__)
@@ -95,10 +94,6 @@ class CommitLog:
         self._preallocator = None if read_only else Preallocator(directory, segment_size)
         if not read_only and not self._segments:
             self._open_segment(0, create=True, wait=True)  # a new log starts preallocated too
-        # Allocation state, owned by the append lock of the store.
-        self.next_offset = self.end_offset
-        self._active_base = self._segments[-1].base if self._segments else 0
-        self._has_active = bool(self._segments)
 
     # -- layout -------------------------------------------------------------------------
 
@@ -106,7 +101,7 @@ class CommitLog:
     def min_offset(self) -> int:
         """Offset of the oldest byte still on disk."""
         segments = self._segments
-        return segments[0].base if segments else self.next_offset
+        return segments[0].base if segments else 0
 
     @property
     def end_offset(self) -> int:
@@ -124,7 +119,6 @@ class CommitLog:
         runs on in zeros, so its size does not say."""
         segment = self._segments[-1]
         segment.size = end - segment.base
-        self.next_offset = end
 
     def segments(self) -> list[Segment]:
         """A snapshot of the segment list, oldest first."""
@@ -169,24 +163,6 @@ class CommitLog:
                 self._segments[-1].size = os.fstat(self._segments[-1].fd).st_size
 
     # -- writing (append lock, then flusher thread) -----------------------------------------
-
-    def allocate(self, size: int) -> tuple[int, int]:
-        """Reserve ``size`` bytes; return (offset, base of the segment the record goes to).
-
-        Runs under the store's append lock.
-        """
-        if size > self.segment_size:
-            raise RecordTooLargeError(
-                f"record of {size} bytes exceeds the segment size of {self.segment_size} bytes; "
-                "raise segment_size or send a smaller message"
-            )
-        offset = self.next_offset
-        rolled = not self._has_active or offset + size > self._active_base + self.segment_size
-        if rolled:
-            self._active_base = offset
-            self._has_active = True
-        self.next_offset = offset + size
-        return offset, self._active_base
 
     def write(self, base: int, views: list[memoryview]) -> Segment:
         """Append ``views`` to the segment starting at ``base`` (created if new), with as few
@@ -263,9 +239,6 @@ class CommitLog:
                 segment.size = offset - segment.base
                 os.ftruncate(segment.fd, segment.size)
                 os.fsync(segment.fd)
-        self.next_offset = self.end_offset if self._segments else offset
-        self._active_base = self._segments[-1].base if self._segments else offset
-        self._has_active = bool(self._segments)
         return removed
 
     def delete_oldest(self) -> Segment:

@@ -61,8 +61,7 @@ class FileStore(StoreView):
         self._write_checkpoint(clean=False)
         self._builder = RecordBuilder({(queue.topic, queue.queue_id): queue.max_offset for queue in queues},
                                       self.compaction.topics)
-        self._buffer = AppendBuffer()
-        self._allocate, self._reserve = self.log.allocate, self._buffer.reserve
+        self._buffer = AppendBuffer(config.segment_size, commit_log.end_offset, commit_log.segments()[-1].base)
         self._closed = False
         self._flusher = Flusher(self._buffer, commit_log, self.dispatcher, self._progress,
                                 config.flush == "sync", config.flush_interval_ms, self._cycle_lock)
@@ -102,7 +101,7 @@ class FileStore(StoreView):
         with self._buffer.lock:
             self._check_writable()
             try:
-                self._builder.build_batch(self._allocate, self._reserve, messages, now, requests, results)
+                self._builder.build_batch(self._buffer.place, messages, now, requests, results)
             except StoreError as error:
                 error.appended = results
                 raise

@@ -22,6 +22,7 @@ from collections.abc import Callable
 
 from .commit_log import CommitLog, Segment
 from .dispatcher import DispatchRequest, Dispatcher
+from .errors import RecordTooLargeError
 
 log = logging.getLogger(__name__)
 
@@ -34,39 +35,51 @@ _HAND_OFF_BYTES = 256 << 10
 class AppendBuffer:
     """Records accepted but not yet written, encoded in place into preallocated arrays.
 
-    Appenders ``reserve`` space and encode into it under ``lock``. Filled chunks are handed to
+    Appenders ``place`` records (offset, segment roll, buffer space) and encode them under ``lock``. Filled chunks are handed to
     the flusher through a deque, at once when it is idle, else every ``_HAND_OFF_BYTES``: the
     flusher pops them without the append lock, so a busy appender never starves it. A full
     array is retired into the next hand-off and reused once the flusher has written it: the
     hot path neither allocates nor copies a record twice.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, segment_size: int, end: int, segment_base: int) -> None:
         self.lock = threading.Lock()
         self.ready = threading.Condition(self.lock)
         self.handed_off: deque[tuple[list[list], list[DispatchRequest], list[bytearray]]] = deque()
         self.chunks: list[list] = []  # [segment base, array, start, end], not yet handed off
         self.requests: list[DispatchRequest] = []
         self.flusher_waiting = False
+        self.segment_size = segment_size
+        self.next_offset = end
+        self._segment_base = segment_base
         self._array = bytearray(_ARRAY_SIZE)
         self._used = 0
         self._gathered = 0
         self._retired: list[bytearray] = []  # full arrays, reusable once what precedes them is written
         self._spare: deque[bytearray] = deque()  # appended by the flusher, popped under ``lock``
 
-    def reserve(self, segment_base: int, size: int) -> tuple[bytearray, int]:
-        """Space for one record; the caller holds ``lock`` and encodes at (array, position)."""
+    def place(self, size: int) -> tuple[int, bytearray, int]:
+        """Give a record its commit-log offset, rolling to a new segment when it does not fit,
+        and the (array, position) to encode it at. The caller holds ``lock``."""
+        offset, base = self.next_offset, self._segment_base
+        if offset + size > base + self.segment_size:
+            if size > self.segment_size:
+                raise RecordTooLargeError(
+                    f"record of {size} bytes exceeds the segment size of {self.segment_size} bytes; "
+                    "raise segment_size or send a smaller message")
+            base = self._segment_base = offset
+        self.next_offset = offset + size
         array, used = self._array, self._used
         if used + size > len(array):
             array, used = self._next_array(size), 0
         chunks = self.chunks
-        if chunks and chunks[-1][1] is array and chunks[-1][0] == segment_base:
+        if chunks and chunks[-1][1] is array and chunks[-1][0] == base:
             chunks[-1][3] = used + size
         else:
-            chunks.append([segment_base, array, used, used + size])
+            chunks.append([base, array, used, used + size])
         self._used = used + size
         self._gathered += size
-        return array, used
+        return offset, array, used
 
     def _next_array(self, size: int) -> bytearray:
         if len(self._array) == _ARRAY_SIZE:

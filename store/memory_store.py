@@ -42,13 +42,14 @@ class MemoryStore:
         self._latest: dict[str, dict[str, int]] = {}  # compacted topic -> key -> commit-log offset
         self._builder = RecordBuilder({}, self._compacted)
         self._listeners: list[ProgressListener] = []
+        self._encoded = bytearray()  # the record ``_place`` handed out last
         self._closed = False
 
     @property
     def durable_offset(self) -> int:
         return self._end
 
-    def _allocate(self, size: int) -> tuple[int, int]:
+    def _place(self, size: int) -> tuple[int, bytearray, int]:
         if size > self.config.segment_size:
             raise RecordTooLargeError(f"record of {size} bytes exceeds the segment size of "
                                       f"{self.config.segment_size} bytes")
@@ -58,7 +59,8 @@ class MemoryStore:
         segment[1] += size
         segment[2] = time.time() * 1000
         offset, self._end = self._end, self._end + size
-        return offset, int(segment[0])
+        self._encoded = bytearray(size)
+        return offset, self._encoded, 0
 
     def append(self, topic: str, body: bytes, *, queue_id: int = 0, tag: str = "",
                keys: Sequence[str] = (), properties: Mapping[str, str] | None = None,
@@ -85,17 +87,11 @@ class MemoryStore:
         return results
 
     def _append_locked(self, m: Message, now: int) -> AppendResult:
-        encoded: list[bytearray] = []
-
-        def reserve(segment_base: int, size: int) -> tuple[bytearray, int]:
-            encoded.append(bytearray(size))
-            return encoded[0], 0
-
         request, result = self._builder.build(
-            self._allocate, reserve, m.topic, m.body, m.queue_id, m.tag, m.keys, m.properties,
-            m.msg_id, m.born_ts, m.extra_queues, now)
+            self._place, m.topic, m.body, m.queue_id, m.tag, m.keys, m.properties, m.msg_id,
+            m.born_ts, m.extra_queues, now)
         phys, _, _, _, targets, index_keys = request
-        self._records[phys] = bytes(encoded[0])
+        self._records[phys] = bytes(self._encoded)
         for topic, queue_id, _ in targets:
             self._queues.setdefault((topic, queue_id), _Queue()).entries.append(phys)
         for key in index_keys:

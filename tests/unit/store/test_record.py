@@ -13,18 +13,14 @@ from store.errors import CorruptRecordError
 
 def build(messages):
     """Encode ``messages`` with a fresh builder into one buffer; return (bytes, results)."""
-    builder, buf, offset = RecordBuilder({}, set()), bytearray(), [0]
+    builder, buf = RecordBuilder({}, set()), bytearray()
 
-    def allocate(size):
-        start, offset[0] = offset[0], offset[0] + size
-        return start, 0
-
-    def reserve(segment_base, size):
+    def place(size):
         buf.extend(bytes(size))
-        return buf, len(buf) - size
+        return len(buf) - size, buf, len(buf) - size
 
     requests, results = [], []
-    builder.build_batch(allocate, reserve, messages, 1_700_000_000_000, requests, results)
+    builder.build_batch(place, messages, 1_700_000_000_000, requests, results)
     return bytes(buf), results
 
 
