@@ -151,8 +151,8 @@ class StoreBench:
                     (f"sync-1-{size}", lambda store: work.sync_tasks(store, body, 1, s.seconds, s.max_appends)),
                     (f"sync-tasks-{size}", lambda store: work.sync_tasks(
                         store, body, WRITERS, s.seconds, s.max_appends)),
-                    (f"sync-batched-{size}", lambda store: work.sync_batched_tasks(
-                        store, body, WRITERS, s.seconds, s.max_appends)),
+                    (f"sync-batched-{size}", lambda store: work.sync_tasks(
+                        store, body, WRITERS, s.seconds, s.max_appends, batched=True)),
                     (f"sync-threads-{size}", lambda store: work.sync_threads(
                         store, body, WRITERS, s.seconds, s.max_appends))):
                 self._measure_store(key, run, "sync", action)

@@ -95,42 +95,21 @@ class _Tally:
     log_bytes: int = 0
 
 
-def sync_tasks(store: FileStore, body: bytes, writers: int, seconds: float, max_count: int) -> Sample:
-    """``writers`` asyncio tasks on one loop: append, await durability, repeat."""
-    return run_on_uvloop(_sync_tasks(store, body, writers, seconds, max_count))
+def sync_tasks(store: FileStore, body: bytes, writers: int, seconds: float, max_count: int,
+               batched: bool = False) -> Sample:
+    """``writers`` tasks on one uvloop: append, await durability, repeat.
+
+    ``batched``: appends made in one loop iteration are coalesced into one ``append_batch``
+    (``BatchingAppender``), as the broker core does; otherwise each task calls ``append``.
+    """
+    return run_on_uvloop(_sync_tasks(store, body, writers, seconds, max_count, batched))
 
 
-async def _sync_tasks(store: FileStore, body: bytes, writers: int, seconds: float, max_count: int) -> Sample:
+async def _sync_tasks(store: FileStore, body: bytes, writers: int, seconds: float, max_count: int,
+                      batched: bool) -> Sample:
     waiters = DurableWaiters(asyncio.get_running_loop(), store.durable_offset)
     store.add_listener(waiters.listener)
-    tickets = itertools.count()
-    start = time.perf_counter()
-    deadline = start + seconds
-
-    async def writer(queue_id: int) -> _Tally:
-        tally = _Tally()
-        while next(tickets) < max_count and time.perf_counter() < deadline:
-            result = store.append(TOPIC, body, queue_id=queue_id)
-            await waiters.wait(result.end_offset)
-            tally.records += 1
-            tally.log_bytes += result.size
-        return tally
-
-    tallies = await asyncio.gather(*(writer(queue_id) for queue_id in range(writers)))
-    return _sample(tallies, len(body), time.perf_counter() - start, waiters.steps)
-
-
-def sync_batched_tasks(store: FileStore, body: bytes, writers: int, seconds: float, max_count: int) -> Sample:
-    """``writers`` asyncio tasks whose appends are coalesced into one ``append_batch`` per loop
-    iteration (``BatchingAppender``); each awaits its own record's durability."""
-    return run_on_uvloop(_sync_batched_tasks(store, body, writers, seconds, max_count))
-
-
-async def _sync_batched_tasks(store: FileStore, body: bytes, writers: int, seconds: float,
-                              max_count: int) -> Sample:
-    waiters = DurableWaiters(asyncio.get_running_loop(), store.durable_offset)
-    store.add_listener(waiters.listener)
-    appender = BatchingAppender(store, waiters)
+    appender = BatchingAppender(store, waiters) if batched else None
     tickets = itertools.count()
     start = time.perf_counter()
     deadline = start + seconds
@@ -138,7 +117,11 @@ async def _sync_batched_tasks(store: FileStore, body: bytes, writers: int, secon
     async def writer(queue_id: int) -> _Tally:
         tally, message = _Tally(), Message(TOPIC, body, queue_id)
         while next(tickets) < max_count and time.perf_counter() < deadline:
-            result = await appender.append(message)
+            if appender is not None:
+                result = await appender.append(message)
+            else:
+                result = store.append(TOPIC, body, queue_id=queue_id)
+                await waiters.wait(result.end_offset)
             tally.records += 1
             tally.log_bytes += result.size
         return tally

@@ -14,7 +14,6 @@ import bisect
 import logging
 import os
 import threading
-from collections.abc import Iterator
 from dataclasses import dataclass
 
 from .preallocator import Preallocator
@@ -125,9 +124,6 @@ class CommitLog:
         with self._lock:
             return list(self._segments)
 
-    def total_bytes(self) -> int:
-        return sum(segment.size for segment in self.segments())
-
     def _open_segment(self, base: int, next_base: int | None = None, create: bool = False,
                       wait: bool = False) -> Segment:
         """Open a segment; until told otherwise (``set_end``), the last one is as long as its file.
@@ -205,20 +201,6 @@ class CommitLog:
                 raise FileNotFoundError(f"no commit-log segment holds offset {offset}")
             segment = self._segments[index]
             return os.pread(segment.fd, min(size, segment.end - offset), offset - segment.base), segment
-
-    def iter_chunks(self, start: int, chunk_size: int = 8 << 20) -> Iterator[tuple[Segment, int, bytes]]:
-        """Yield (segment, offset, bytes) covering the log from ``start`` to its end, in order.
-
-        Chunks never cross a segment boundary; recovery and verification scan with this.
-        """
-        for segment in self.segments():
-            if segment.end <= start:
-                continue
-            position = max(start, segment.base)
-            while position < segment.end:
-                data = os.pread(segment.fd, min(chunk_size, segment.end - position), position - segment.base)
-                yield segment, position, data
-                position += len(data)
 
     # -- recovery and retention ------------------------------------------------------------
 
