@@ -90,7 +90,7 @@ class CommitLog:
         bases = list_offset_files(directory)
         for index, base in enumerate(bases):
             self._open_segment(base, bases[index + 1] if index + 1 < len(bases) else None)
-        self._preallocator = None if read_only else Preallocator(directory, segment_size)
+        self.preallocator = None if read_only else Preallocator(directory, segment_size)
         if not read_only and not self._segments:
             self._open_segment(0, create=True, wait=True)  # a new log starts preallocated too
 
@@ -131,8 +131,8 @@ class CommitLog:
         A new one takes the preallocated file if ready (``wait``: once it is).
         """
         path = os.path.join(self.directory, offset_name(base))
-        if create and self._preallocator is not None:
-            self._preallocator.take(path, wait)
+        if create and self.preallocator is not None:
+            self.preallocator.take(path, wait)
         flags = os.O_RDONLY if self.read_only else os.O_RDWR | os.O_CREAT
         fd = os.open(path, flags, 0o644)
         if create:
@@ -237,8 +237,8 @@ class CommitLog:
         return segment
 
     def close(self) -> None:
-        if self._preallocator is not None:
-            self._preallocator.close()
+        if self.preallocator is not None:
+            self.preallocator.close()
         with self._lock:
             for segment in self._segments:
                 os.close(segment.fd)

@@ -57,6 +57,7 @@ class FileStore(StoreView):
                                                 checkpoint.load(self._checkpoint_path),
                                                 key_index.needs_rebuild_from)
         self._cycle_lock = threading.Lock()
+        self._checkpoint_lock = threading.Lock()
         self._progress = Progress(commit_log.end_offset)
         self._write_checkpoint(clean=False)
         self._builder = RecordBuilder({(queue.topic, queue.queue_id): queue.max_offset for queue in queues},
@@ -165,17 +166,19 @@ class FileStore(StoreView):
     def _write_checkpoint(self, clean: bool) -> None:
         """Make derived data durable, then record how far it and the log reach.
 
-        Only taking stock holds the cycle lock; the fsyncs run beside the flusher.
+        Only taking stock holds the cycle lock; the fsyncs run beside the flusher. One
+        checkpoint is written at a time (the checkpointer's, ``checkpoint()``'s, close's).
         """
-        with self._cycle_lock:
-            self.consume_queues.write_pending(force=True)
-            reached = (self._progress.durable, self.dispatcher.dispatched_end)
-            dirty = self.consume_queues.take_dirty()
-        for queue, bases in dirty:
-            queue.sync_files(bases)
-        self.key_index.flush()
-        checkpoint.save(self._checkpoint_path, checkpoint.Checkpoint(*reached, clean))
-        self._checkpointed = reached
+        with self._checkpoint_lock:
+            with self._cycle_lock:
+                self.consume_queues.write_pending(force=True)
+                reached = (self._progress.durable, self.dispatcher.dispatched_end)
+                dirty = self.consume_queues.take_dirty()
+            for queue, bases in dirty:
+                queue.sync_files(bases)
+            self.key_index.flush()
+            checkpoint.save(self._checkpoint_path, checkpoint.Checkpoint(*reached, clean))
+            self._checkpointed = reached
 
     def close(self) -> None:
         """Drain and fsync everything, write a clean checkpoint, release the directory."""

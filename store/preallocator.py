@@ -43,6 +43,10 @@ class Preallocator:
         if os.path.exists(self._ready) and os.path.getsize(self._ready) != self.segment_size:
             os.remove(self._ready)
 
+    def wait_ready(self, timeout: float | None = None) -> bool:
+        """Block until the next segment file is prepared (or preparing it failed)."""
+        return self._prepared.wait(timeout)
+
     def take(self, path: str, wait: bool = False) -> bool:
         """Rename the prepared file to ``path`` if one is ready (or, with ``wait``, once it is);
         True if it was. Runs on the flusher thread, or at open for a new store's first segment."""

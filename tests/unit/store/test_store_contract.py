@@ -6,11 +6,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from store.api import Message
+WAIT = 120  # seconds: only guards against hanging; a busy disk may stall one fsync for long
+
 from store.errors import InvalidRecordError, OffsetOutOfRangeError, RecordTooLargeError
 
 
 def visible(store, result):
-    assert store.wait_visible(result.end_offset, timeout=10)
+    assert store.wait_visible(result.end_offset, timeout=WAIT)
     return result
 
 
@@ -150,9 +152,9 @@ def test_durability_is_reported_to_waiters_and_listeners(store):
     seen = []
     store.add_listener(lambda visible_end, durable_end: seen.append(durable_end))
     result = store.append("t", b"x")
-    assert store.wait_durable(result.end_offset, timeout=10)
+    assert store.wait_durable(result.end_offset, timeout=WAIT)
     assert store.durable_offset >= result.end_offset
-    assert store.wait_visible(result.end_offset, timeout=10)
+    assert store.wait_visible(result.end_offset, timeout=WAIT)
     assert any(end >= result.end_offset for end in seen)
 
 
