@@ -70,6 +70,8 @@ class RecordBuilder:
             keys_bytes = b""
         if not 0 <= queue_id <= 0xFFFFFFFF:
             raise InvalidRecordError(f"queue id {queue_id} is out of range")
+        if not 0 <= born_ts < 1 << 63:
+            raise InvalidRecordError(f"born timestamp {born_ts} is not milliseconds since the epoch")
         tag_bytes = tag.encode() if tag else b""
         id_bytes = msg_id.encode() if msg_id else b""
         if len(tag_bytes) > 0xFFFF or len(id_bytes) > 0xFFFF:
@@ -120,7 +122,8 @@ class RecordBuilder:
             topic, body, queue_id = m.topic, m.body, m.queue_id
             layout = layouts.get(topic)
             if (layout is None or m.tag or m.keys or m.properties or m.msg_id or m.extra_queues
-                    or topic in compacted or type(body) is not bytes or not 0 <= queue_id <= 0xFFFFFFFF):
+                    or topic in compacted or type(body) is not bytes or not 0 <= queue_id <= 0xFFFFFFFF
+                    or not 0 <= m.born_ts < 1 << 63):
                 request, result = general(place, topic, body, queue_id, m.tag, m.keys,
                                           m.properties, m.msg_id, m.born_ts, m.extra_queues, now)
                 if layout is None:  # the topic is valid now; its next plain messages go the short way

@@ -12,7 +12,7 @@ from store import record
 from store.api import StoreConfig
 WAIT = 120  # seconds: only guards against hanging; a busy disk may stall one fsync for long
 
-from store.errors import CorruptRecordError, StoreLockedError
+from store.errors import CorruptRecordError, InvalidRecordError, StoreLockedError
 from store.file_store import FileStore
 from store.reader import StoreReader
 
@@ -237,3 +237,15 @@ def test_concurrent_checkpoints_do_not_collide(config, data_dir):
         assert errors == []
     with FileStore(data_dir, config) as store:
         assert store.recovery.clean and len(bodies(store, "t", 0)) == 25
+
+
+def test_refused_appends_leave_no_gap_in_the_log(config, data_dir):
+    with FileStore(data_dir, config) as store:
+        for bad in ({"born_ts": 1 << 63}, {"queue_id": -1}, {"keys": ["k" * 70_000]}):
+            store.append("t", b"before")
+            with pytest.raises(InvalidRecordError):
+                store.append("t", b"refused", **bad)
+        last = store.append("t", b"after")
+        assert store.wait_durable(last.end_offset, WAIT)
+        assert [m.body for m in store.read("t", 0, 0, 10)] == [b"before"] * 3 + [b"after"]
+    assert StoreReader(data_dir).verify() == []

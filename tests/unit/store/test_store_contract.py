@@ -165,6 +165,9 @@ def test_invalid_appends_are_refused_with_a_clear_error(store):
         store.append("", b"x")
     with pytest.raises(InvalidRecordError):
         store.append("t", b"x", keys=["k" * 70_000])
+    for bad in ({"queue_id": -1}, {"queue_id": 1 << 32}, {"born_ts": 1 << 63}, {"born_ts": -5}):
+        with pytest.raises(InvalidRecordError):
+            store.append("t", b"x", **bad)
     visible(store, store.append("t", b"still works"))
     assert [m.body for m in read_all(store, "t")] == [b"still works"]
 
