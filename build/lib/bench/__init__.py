@@ -1,0 +1,1 @@
+"""Load generators and side-by-side benchmarks against Mosquitto and RabbitMQ."""

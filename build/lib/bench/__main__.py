@@ -1,0 +1,115 @@
+"""``python -m bench [SECTION ...]``: run benchmark sections and print a results table.
+
+Sections today: ``store``. With no section named, every section runs.
+"""
+from __future__ import annotations
+
+import argparse
+import shutil
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from . import store_bench
+from .report import Report
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+Section = Callable[[argparse.Namespace, Path, Callable[[str], None]], Report]
+
+
+def _store_section(options: argparse.Namespace, workdir: Path, log: Callable[[str], None]) -> Report:
+    settings = _store_settings(options)
+    return store_bench.run_section(settings, workdir / "store", log)
+
+
+def _store_settings(options: argparse.Namespace) -> store_bench.Settings:
+    """Settings of the store section from the command line (``--quick`` shrinks every count)."""
+    settings = store_bench.Settings.smoke(options.records) if options.quick else store_bench.Settings()
+    overrides = {name: value for name, value in (("records", options.records), ("seconds", options.seconds),
+                                                 ("repeats", options.repeats)) if value is not None}
+    return store_bench.Settings(**{**settings.__dict__, **overrides})
+
+
+SECTIONS: dict[str, Section] = {"store": _store_section}
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="python -m bench",
+        description="Sluice benchmarks. Prints progress as it goes and a results table at the end.")
+    parser.add_argument("sections", nargs="*", metavar="SECTION",
+                        help=f"sections to run, of: {', '.join(SECTIONS)} (default: all)")
+    parser.add_argument("--data-dir", help="where benchmark files go; a fresh subdirectory is made in it "
+                        "and removed afterwards (default: under the repo's bench-data/, else the temp dir)")
+    parser.add_argument("--quick", action="store_true", help="short smoke run with small counts")
+    parser.add_argument("--records", type=_positive_int, default=None,
+                        help="records written and read back by the catch-up read (default 1,000,000; "
+                             "20,000 with --quick)")
+    parser.add_argument("--seconds", type=float, default=None,
+                        help="time bound of each timed run (default 3; 0.25 with --quick)")
+    parser.add_argument("--repeats", type=_positive_int, default=None,
+                        help="runs of each measurement, medians reported (default 3; 1 with --quick)")
+    options = parser.parse_args(argv)
+    unknown = [name for name in options.sections if name not in SECTIONS]
+    if unknown:
+        parser.error(f"unknown section(s) {', '.join(unknown)}; choose from {', '.join(SECTIONS)}")
+    options.sections = list(dict.fromkeys(options.sections)) or list(SECTIONS)
+    return options
+
+
+def _positive_int(text: str) -> int:
+    value = int(text.replace(",", "").replace("_", ""))
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"{text} is not a positive integer")
+    return value
+
+
+@contextmanager
+def bench_directory(data_dir: str | None) -> Iterator[Path]:
+    """A fresh directory for one benchmark run, removed afterwards."""
+    parent = Path(data_dir) if data_dir else _default_parent()
+    parent.mkdir(parents=True, exist_ok=True)
+    path = Path(tempfile.mkdtemp(prefix="run-", dir=parent))
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def _default_parent() -> Path:
+    """The repo's bench-data/ when it can be created, else the temp directory."""
+    candidate = REPO_ROOT / "bench-data"
+    if (REPO_ROOT / "pyproject.toml").exists():
+        try:
+            candidate.mkdir(exist_ok=True)
+            return candidate
+        except OSError:
+            pass
+    return Path(tempfile.gettempdir())
+
+
+def _log(line: str) -> None:
+    print(line, flush=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    options = parse_args(argv)
+    started = time.perf_counter()
+    reports: list[Report] = []
+    with bench_directory(options.data_dir) as workdir:
+        for name in options.sections:
+            _log(f"== {name} ==")
+            reports.append(SECTIONS[name](options, workdir, _log))
+    print()
+    for report in reports:
+        print(report.render())
+        print()
+    print(f"total run time: {time.perf_counter() - started:.1f}s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

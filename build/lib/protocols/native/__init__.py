@@ -1,0 +1,1 @@
+"""Native gRPC adapter (RocketMQ 5 API) and, under `sdk`, its Python client SDK."""

@@ -1,0 +1,132 @@
+"""The store's contract: one Protocol that ``FileStore`` and ``MemoryStore`` both satisfy."""
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Literal, NamedTuple, Protocol
+
+from .record import StoredMessage, Target
+
+FlushPolicy = Literal["sync", "async"]
+ProgressListener = Callable[[int, int], None]
+"""Called with (visible_end, durable_end) commit-log offsets whenever either moves."""
+
+
+@dataclass(frozen=True)
+class StoreConfig:
+    """Tunables of a store. Sizes in bytes, intervals in milliseconds."""
+
+    segment_size: int = 128 << 20
+    queue_entries_per_file: int = 300_000
+    flush: FlushPolicy = "sync"
+    flush_interval_ms: int = 200
+    checkpoint_interval_ms: int = 1_000
+    retention_max_age_ms: int | None = None
+    retention_max_bytes: int | None = None
+    index_slot_count: int = 1_000_003
+    index_max_entries: int = 4_000_000
+
+
+class Message(NamedTuple):
+    """What a producer appends. ``extra_queues`` fans the record out without copying it."""
+
+    topic: str
+    body: bytes
+    queue_id: int = 0
+    tag: str = ""
+    keys: Sequence[str] = ()
+    properties: Mapping[str, str] | None = None
+    msg_id: str = ""
+    born_ts: int = 0
+    extra_queues: Sequence[tuple[str, int]] = ()
+
+
+class AppendResult(NamedTuple):
+    """Where an appended record landed."""
+
+    topic: str
+    queue_id: int
+    queue_offset: int
+    phys_offset: int
+    size: int
+    msg_id: str
+    store_ts: int
+    extra: tuple[Target, ...]
+
+    @property
+    def end_offset(self) -> int:
+        """Commit-log offset just past this record: wait for ``durable_offset`` to reach it."""
+        return self.phys_offset + self.size
+
+
+@dataclass
+class RetentionReport:
+    """What one retention pass removed."""
+
+    deleted_segments: list[str] = field(default_factory=list)
+    deleted_bytes: int = 0
+    log_min_offset: int = 0
+
+
+@dataclass
+class RecoveryReport:
+    """What opening the store found and repaired."""
+
+    clean: bool = False
+    scanned_bytes: int = 0
+    replayed_records: int = 0
+    truncated_bytes: int = 0
+    corrupt_spans: list[tuple[str, int, int]] = field(default_factory=list)
+    """(segment, start offset, end offset) of skipped corrupt bytes."""
+
+
+class Store(Protocol):
+    """A message store: one commit log, consume queues over it, a key index, compacted copies.
+
+    Thread-safe. ``append``/``append_batch`` return once the record is accepted (a batch is
+    not atomic: see ``StoreError.appended``); with the
+    ``sync`` flush policy the caller acknowledges its producer only after ``durable_offset``
+    has reached ``AppendResult.end_offset`` (``wait_durable`` or a progress listener).
+    Records become readable in their queues once written to the log.
+    """
+
+    @property
+    def durable_offset(self) -> int: ...
+
+    def append(self, topic: str, body: bytes, *, queue_id: int = 0, tag: str = "",
+               keys: Sequence[str] = (), properties: Mapping[str, str] | None = None,
+               msg_id: str = "", born_ts: int = 0,
+               extra_queues: Sequence[tuple[str, int]] = ()) -> AppendResult: ...
+
+    def append_batch(self, messages: Sequence[Message]) -> list[AppendResult]: ...
+
+    def wait_durable(self, end_offset: int, timeout: float | None = None) -> bool: ...
+
+    def wait_visible(self, end_offset: int, timeout: float | None = None) -> bool: ...
+
+    def add_listener(self, listener: ProgressListener) -> None: ...
+
+    def read(self, topic: str, queue_id: int, queue_offset: int, max_count: int = 32,
+             max_bytes: int = 4 << 20) -> list[StoredMessage]: ...
+
+    def queue_range(self, topic: str, queue_id: int) -> tuple[int, int]: ...
+
+    def queues(self) -> list[tuple[str, int]]: ...
+
+    def offset_for_time(self, topic: str, queue_id: int, timestamp_ms: int) -> int: ...
+
+    def read_at(self, phys_offset: int) -> StoredMessage: ...
+
+    def lookup_id(self, msg_id: str) -> StoredMessage | None: ...
+
+    def lookup_key(self, topic: str, key: str, limit: int = 32) -> list[StoredMessage]: ...
+
+    def enable_compaction(self, topic: str) -> None: ...
+
+    def compact(self, topic: str) -> int: ...
+
+    def compacted(self, topic: str) -> list[StoredMessage]: ...
+
+    def apply_retention(self, now_ms: int | None = None) -> RetentionReport: ...
+
+    def close(self) -> None: ...

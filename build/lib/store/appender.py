@@ -1,0 +1,143 @@
+"""Turning an append into record bytes: queue offsets, message id, sections, dispatch request.
+
+Shared by every store implementation, so they number queues and encode records identically.
+"""
+from __future__ import annotations
+
+import struct
+from collections.abc import Callable, Mapping, Sequence
+
+from . import record
+from .api import AppendResult, Message
+from .consume_queue import topic_dir_name
+from .dispatcher import DispatchRequest, business_key, id_key
+from .errors import InvalidRecordError
+
+Place = Callable[[int], tuple[int, bytearray, int]]
+"""Place a record of n bytes: its commit-log offset, and the (array, position) to encode it at."""
+
+_new_tuple = tuple.__new__  # AppendResult without NamedTuple's keyword handling: hot path
+
+_GENERATED_ID_LEN = 16
+_HEX = frozenset("0123456789ABCDEF")
+
+
+def generated_id_offset(msg_id: str) -> int | None:
+    """The commit-log offset a store-generated message id names, or None if it is not one.
+
+    Generated ids are not put in the key index: they are found by reading at this offset
+    (and checking the record's id, since a producer may choose an id of the same shape).
+    """
+    if len(msg_id) == _GENERATED_ID_LEN and _HEX.issuperset(msg_id):
+        return int(msg_id, 16)
+    return None
+
+
+class RecordBuilder:
+    """Assigns queue offsets and encodes records. Runs under the owning store's append lock."""
+
+    def __init__(self, next_queue_offsets: dict[tuple[str, int], int], compacted_topics: set[str]) -> None:
+        self.next_queue_offsets = next_queue_offsets
+        self.compacted_topics = compacted_topics
+        self._topic_bytes: dict[str, bytes] = {}
+        self._layouts: dict[str, struct.Struct] = {}
+
+    def _topic(self, topic: str) -> bytes:
+        encoded = self._topic_bytes.get(topic)
+        if encoded is None:
+            topic_dir_name(topic)  # validates the name
+            encoded = self._topic_bytes[topic] = topic.encode()
+        return encoded
+
+    def build(self, place: Place, topic: str, body: bytes, queue_id: int,
+              tag: str, keys: Sequence[str], properties: Mapping[str, str] | None, msg_id: str,
+              born_ts: int, extra_queues: Sequence[tuple[str, int]], now: int,
+              ) -> tuple[DispatchRequest, AppendResult]:
+        """Validate, place and encode one append; return its dispatch request and result.
+
+        Everything that can be refused is checked before log space is allocated, so a refused
+        append leaves no gap. A message without ``msg_id`` gets its commit-log offset in hex
+        (unique in this store); only ids given by the producer go into the key index.
+        """
+        topic_bytes = self._topic_bytes.get(topic) or self._topic(topic)
+        if type(body) is not bytes:
+            body = bytes(body)
+        if keys:
+            keys_bytes = record.encode_keys(keys)
+        elif topic in self.compacted_topics:
+            raise InvalidRecordError(f"topic {topic!r} is compacted: every message needs a key")
+        else:
+            keys_bytes = b""
+        if not 0 <= queue_id <= 0xFFFFFFFF:
+            raise InvalidRecordError(f"queue id {queue_id} is out of range")
+        if not 0 <= born_ts < 1 << 63:
+            raise InvalidRecordError(f"born timestamp {born_ts} is not milliseconds since the epoch")
+        tag_bytes = tag.encode() if tag else b""
+        id_bytes = msg_id.encode() if msg_id else b""
+        if len(tag_bytes) > 0xFFFF or len(id_bytes) > 0xFFFF:
+            raise InvalidRecordError("a tag and a message id have at most 65535 bytes")
+        props_bytes = record.encode_properties(properties) if properties else b""
+        offsets = self.next_queue_offsets
+        home = (topic, queue_id)
+        queue_offset = offsets.get(home, 0)
+        extra: tuple[record.Target, ...] = ()
+        dispatch_bytes = b""
+        if extra_queues:
+            extra = tuple((t, q, offsets.get((t, q), 0)) for t, q in extra_queues if self._topic(t))
+            dispatch_bytes = record.encode_dispatch(extra)
+        size = (record.HEADER_SIZE + len(topic_bytes) + (len(id_bytes) or _GENERATED_ID_LEN) + len(tag_bytes)
+                + len(keys_bytes) + len(props_bytes) + len(dispatch_bytes) + len(body))
+        phys, buf, pos = place(size)
+        if not msg_id:
+            msg_id = f"{phys:016X}"
+            id_bytes = msg_id.encode()
+            index_keys = ()
+        else:
+            index_keys = (id_key(msg_id),)
+        record.encode_into(buf, pos, size, phys, queue_id, queue_offset, born_ts or now, now, topic_bytes,
+                           id_bytes, tag_bytes, keys_bytes, props_bytes, dispatch_bytes, body)
+        offsets[home] = queue_offset + 1
+        for t, q, offset in extra:
+            offsets[(t, q)] = offset + 1
+        if keys:
+            index_keys += tuple(business_key(topic, key) for key in keys)
+        request = (phys, size, record.crc(tag_bytes) if tag_bytes else 0, now,
+                   ((topic, queue_id, queue_offset), *extra) if extra else ((topic, queue_id, queue_offset),),
+                   index_keys)
+        return request, _new_tuple(AppendResult, (topic, queue_id, queue_offset, phys, size, msg_id, now, extra))
+
+    def build_batch(self, place: Place, messages: Sequence[Message], now: int,
+                    requests: list[DispatchRequest], results: list[AppendResult]) -> None:
+        """``build`` each message in order into ``requests`` and ``results``. If one is refused,
+        those before it stay built (the lists say which).
+
+        Plain messages (no tag, keys, properties, id or fan-out; a topic seen before) take an
+        inlined path: header, topic and generated id packed by one cached struct. It is the
+        write path's hot loop, hence the locals; ``build`` encodes the same bytes.
+        """
+        general, compacted, layouts, topics = self.build, self.compacted_topics, self._layouts, self._topic_bytes
+        offsets, encode, new_tuple = self.next_queue_offsets, record.encode_plain_into, _new_tuple
+        add_request, add_result = requests.append, results.append
+        for m in messages:
+            topic, body, queue_id = m.topic, m.body, m.queue_id
+            layout = layouts.get(topic)
+            if (layout is None or m.tag or m.keys or m.properties or m.msg_id or m.extra_queues
+                    or topic in compacted or type(body) is not bytes or not 0 <= queue_id <= 0xFFFFFFFF
+                    or not 0 <= m.born_ts < 1 << 63):
+                request, result = general(place, topic, body, queue_id, m.tag, m.keys,
+                                          m.properties, m.msg_id, m.born_ts, m.extra_queues, now)
+                if layout is None:  # the topic is valid now; its next plain messages go the short way
+                    layouts[topic] = record.plain_header(len(topics[topic]), _GENERATED_ID_LEN)
+            else:
+                home = (topic, queue_id)
+                queue_offset = offsets.get(home, 0)
+                size = layout.size + len(body)
+                phys, buf, pos = place(size)
+                msg_id = "%016X" % phys
+                encode(buf, pos, size, layout, phys, queue_id, queue_offset, m.born_ts or now, now,
+                       topics[topic], msg_id.encode(), body)
+                offsets[home] = queue_offset + 1
+                request = (phys, size, 0, now, (home + (queue_offset,),), ())
+                result = new_tuple(AppendResult, (topic, queue_id, queue_offset, phys, size, msg_id, now, ()))
+            add_request(request)
+            add_result(result)

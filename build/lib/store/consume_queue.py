@@ -1,0 +1,297 @@
+"""Consume queues: per (topic, queue id), fixed-size entries pointing into the commit log.
+
+A consumer seeks by queue offset in O(1): entry ``n`` of a queue lives in the file whose name
+is the 20-digit queue offset of its first entry, at byte ``(n - base) * ENTRY_SIZE``.
+
+    offset size  field
+    ------ ----  -------------------------------------------------------------
+       0     8   phys_offset   u64, commit-log offset of the record
+       8     4   size          u32, record size in bytes; 0 marks an entry whose record
+                               was lost to corruption (phys_offset is where it was)
+      12     8   tag_hash      u64, CRC32C of the tag (0: no tag), for tag filtering
+    ENTRY_SIZE = 20
+
+Files live in ``consumequeue/<escaped topic>/<queue id>/``. They are derived data: the
+dispatcher fills them from the log, skips entries it already has (replay is idempotent) and
+recovery rebuilds whatever the checkpoint does not cover. Entries are appended on the
+flusher thread; reads use ``pread`` from any thread.
+"""
+from __future__ import annotations
+
+import bisect
+import logging
+import os
+import struct
+import threading
+from collections.abc import Iterator
+from urllib.parse import quote, unquote
+
+from .commit_log import list_offset_files, offset_name
+from .errors import InvalidRecordError
+
+log = logging.getLogger(__name__)
+
+ENTRY = struct.Struct("<QIQ")
+ENTRY_SIZE = ENTRY.size
+_WRITE_AT = 4096  # buffered entry bytes that trigger a write (about 200 entries)
+Entry = tuple[int, int, int]
+"""(phys_offset, size, tag_hash)"""
+
+
+def topic_dir_name(topic: str) -> str:
+    """A file-system-safe, reversible directory name for ``topic``."""
+    name = quote(topic, safe="")
+    if not topic or name in (".", "..") or len(name) > 200:
+        raise InvalidRecordError(f"topic name {topic!r} is empty, reserved or too long")
+    return name
+
+
+class ConsumeQueue:
+    """The entries of one queue. Writes happen on the flusher thread only."""
+
+    def __init__(self, directory: str, topic: str, queue_id: int, entries_per_file: int,
+                 read_only: bool = False) -> None:
+        self.directory = directory
+        self.topic = topic
+        self.queue_id = queue_id
+        self.entries_per_file = entries_per_file
+        self.read_only = read_only
+        self._lock = threading.Lock()  # guards the file list and fds against retention
+        self._bases = list_offset_files(directory)
+        self._fds: dict[int, int] = {}
+        self._pending = bytearray()
+        self._dirty: set[int] = set()
+        self.max_offset = self._bases[-1] + self._file_entries(self._bases[-1]) if self._bases else 0
+        self.min_offset = self._bases[0] if self._bases else 0
+        self._written = self.max_offset  # entries below this are in the files
+
+    def _path(self, base: int) -> str:
+        return os.path.join(self.directory, offset_name(base))
+
+    def _fd(self, base: int) -> int:
+        fd = self._fds.get(base)
+        if fd is None:
+            flags = os.O_RDONLY if self.read_only else os.O_RDWR | os.O_CREAT
+            fd = os.open(self._path(base), flags, 0o644)
+            self._fds[base] = fd
+        return fd
+
+    def _file_entries(self, base: int) -> int:
+        """Whole entries in a file; a torn partial entry is cut (writer) or ignored (reader)."""
+        fd = self._fd(base)
+        size = os.fstat(fd).st_size
+        if size % ENTRY_SIZE and not self.read_only:
+            log.warning("cutting a torn entry off %s", self._path(base))
+            os.ftruncate(fd, size - size % ENTRY_SIZE)
+        return min(size // ENTRY_SIZE, self.entries_per_file)
+
+    # -- writing (flusher thread) ----------------------------------------------------------
+
+    def put(self, queue_offset: int, phys_offset: int, size: int, tag_hash: int) -> bool:
+        """Add one entry; False if the queue already has it (replay). Gaps become lost entries."""
+        if queue_offset < self.max_offset:
+            return False
+        if queue_offset > self.max_offset:
+            missing = queue_offset - self.max_offset
+            log.error("%s/%d: %d entries before offset %d were lost to corruption",
+                      self.topic, self.queue_id, missing, queue_offset)
+            self._pending += ENTRY.pack(phys_offset, 0, 0) * missing
+        self._pending += ENTRY.pack(phys_offset, size, tag_hash)
+        self.max_offset = queue_offset + 1
+        return True
+
+    def write_pending(self, force: bool) -> bool:
+        """Write buffered entries to their files once ``_WRITE_AT`` bytes gathered (or ``force``).
+
+        Runs on the flusher thread (or at a checkpoint, under the store's cycle lock); returns
+        whether nothing is left buffered. Until written, ``read`` serves entries from memory.
+        """
+        if not self._pending:
+            return True
+        if not force and len(self._pending) < _WRITE_AT:
+            return False
+        with self._lock:
+            view, offset = memoryview(self._pending), self._written
+            while view:
+                base = offset - offset % self.entries_per_file
+                count = min(len(view) // ENTRY_SIZE, base + self.entries_per_file - offset)
+                if not self._bases or self._bases[-1] != base:
+                    self._bases.append(base)
+                os.pwrite(self._fd(base), view[:count * ENTRY_SIZE], (offset - base) * ENTRY_SIZE)
+                self._dirty.add(base)
+                view, offset = view[count * ENTRY_SIZE:], offset + count
+            view.release()
+            self._pending = bytearray()
+            self._written = offset
+        return True
+
+    def take_dirty(self) -> list[int]:
+        """Files written since the last call (under the store's cycle lock)."""
+        dirty, self._dirty = self._dirty, set()
+        return sorted(dirty)
+
+    def sync_files(self, bases: list[int]) -> None:
+        """fdatasync the given files; holds the queue lock so retention cannot close them meanwhile."""
+        with self._lock:
+            for base in bases:
+                fd = self._fds.get(base)
+                if fd is not None:
+                    os.fdatasync(fd)
+
+    def truncate_from_phys(self, end: int) -> int:
+        """Drop tail entries whose record does not end before ``end``; return how many."""
+        self.write_pending(force=True)
+        dropped = 0
+        while self.max_offset > self.min_offset:
+            phys, size, _ = self.read(self.max_offset - 1, 1)[0]
+            if phys + size <= end and size:
+                break
+            self._set_max(self.max_offset - 1)
+            dropped += 1
+        return dropped
+
+    def _set_max(self, offset: int) -> None:
+        """Cut the queue to end at ``offset``; the oldest file always stays."""
+        with self._lock:
+            while len(self._bases) > 1 and self._bases[-1] >= offset:
+                base = self._bases.pop()
+                fd = self._fds.pop(base, None)
+                if fd is not None:
+                    os.close(fd)
+                os.unlink(self._path(base))
+            if self._bases:
+                base = self._bases[-1]
+                os.ftruncate(self._fd(base), max(0, offset - base) * ENTRY_SIZE)
+        self.max_offset = self._written = offset
+
+    # -- reading (any thread) --------------------------------------------------------------
+
+    def read(self, queue_offset: int, max_count: int) -> list[Entry]:
+        """Entries from ``queue_offset``, at most ``max_count``, never crossing a file."""
+        with self._lock:
+            if queue_offset >= self._written:
+                count = min(max_count, self.max_offset - queue_offset)
+                if count <= 0:
+                    return []
+                start = (queue_offset - self._written) * ENTRY_SIZE
+                return list(ENTRY.iter_unpack(self._pending[start:start + count * ENTRY_SIZE]))
+            index = bisect.bisect_right(self._bases, queue_offset) - 1
+            if index < 0:
+                return []
+            base = self._bases[index]
+            count = min(max_count, base + self.entries_per_file - queue_offset, self._written - queue_offset)
+            data = os.pread(self._fd(base), count * ENTRY_SIZE, (queue_offset - base) * ENTRY_SIZE)
+        return list(ENTRY.iter_unpack(data[:len(data) - len(data) % ENTRY_SIZE]))
+
+    def refresh(self) -> None:
+        """Read-only mode: pick up entries a running writer has added since."""
+        with self._lock:
+            self._bases = list_offset_files(self.directory)
+            for base in [b for b in self._fds if b not in self._bases]:
+                os.close(self._fds.pop(base))
+            self.min_offset = max(self.min_offset, self._bases[0]) if self._bases else self.min_offset
+            if self._bases:
+                self.max_offset = self._written = self._bases[-1] + self._file_entries(self._bases[-1])
+
+    # -- retention -------------------------------------------------------------------------
+
+    def delete_before(self, log_min: int) -> int:
+        """Drop whole files of entries pointing below ``log_min``; move ``min_offset``; return files deleted.
+
+        The newest file always stays, so ``max_offset`` survives a restart.
+        """
+        deleted = 0
+        while len(self._bases) > 1:
+            base, next_base = self._bases[0], self._bases[1]
+            last = self.read(next_base - 1, 1)
+            if last and last[0][0] >= log_min:
+                break
+            with self._lock:
+                self._bases.pop(0)
+                fd = self._fds.pop(base, None)
+                if fd is not None:
+                    os.close(fd)
+                os.unlink(self._path(base))
+            deleted += 1
+        self.min_offset = self._first_at_or_after(log_min)
+        return deleted
+
+    def _first_at_or_after(self, log_min: int) -> int:
+        """Smallest queue offset whose record is at or after ``log_min`` (binary search)."""
+        low, high = max(self.min_offset, self._bases[0] if self._bases else 0), self.max_offset
+        while low < high:
+            middle = (low + high) // 2
+            entry = self.read(middle, 1)
+            if entry and entry[0][0] >= log_min:
+                high = middle
+            else:
+                low = middle + 1
+        return low
+
+    def close(self) -> None:
+        with self._lock:
+            for fd in self._fds.values():
+                os.close(fd)
+            self._fds.clear()
+
+
+class ConsumeQueues:
+    """Every consume queue under ``consumequeue/``, created on first use."""
+
+    def __init__(self, directory: str, entries_per_file: int, read_only: bool = False) -> None:
+        self.directory = directory
+        self.entries_per_file = entries_per_file
+        self.read_only = read_only
+        self._queues: dict[tuple[str, int], ConsumeQueue] = {}
+        self._lock = threading.Lock()
+        self._touched: set[ConsumeQueue] = set()
+        self.discover()
+
+    def discover(self) -> None:
+        """Open every queue found on disk that is not open yet."""
+        try:
+            topic_dirs = os.listdir(self.directory)
+        except FileNotFoundError:
+            return
+        for topic_dir in topic_dirs:
+            topic = unquote(topic_dir)
+            for queue_dir in os.listdir(os.path.join(self.directory, topic_dir)):
+                if queue_dir.isdigit() and (topic, int(queue_dir)) not in self._queues:
+                    self.get(topic, int(queue_dir), create=False)
+
+    def get(self, topic: str, queue_id: int, create: bool = True) -> ConsumeQueue | None:
+        """The queue, created if ``create`` (writer only), else None when it does not exist."""
+        key = (topic, queue_id)
+        queue = self._queues.get(key)
+        if queue is None:
+            path = os.path.join(self.directory, topic_dir_name(topic), str(queue_id))
+            if not os.path.isdir(path):
+                if not create or self.read_only:
+                    return None
+                os.makedirs(path, exist_ok=True)
+            with self._lock:
+                queue = self._queues.setdefault(
+                    key, ConsumeQueue(path, topic, queue_id, self.entries_per_file, self.read_only))
+        return queue
+
+    def __iter__(self) -> Iterator[ConsumeQueue]:
+        with self._lock:
+            return iter(list(self._queues.values()))
+
+    def touch(self, topic: str, queue_id: int, touched: dict[tuple[str, int], ConsumeQueue]) -> ConsumeQueue:
+        """The queue (created if new), noted in ``touched`` and among those to write (flusher thread)."""
+        queue = touched[(topic, queue_id)] = self._queues.get((topic, queue_id)) or self.get(topic, queue_id)
+        self._touched.add(queue)
+        return queue
+
+    def write_pending(self, force: bool = False) -> None:
+        """Write the buffered entries of queues that gathered enough of them, or of all if ``force``."""
+        self._touched = {queue for queue in self._touched if not queue.write_pending(force)}
+
+    def take_dirty(self) -> list[tuple[ConsumeQueue, list[int]]]:
+        """Every queue's files written since the last call (under the store's cycle lock)."""
+        return [(queue, bases) for queue in self if (bases := queue.take_dirty())]
+
+    def close(self) -> None:
+        for queue in self:
+            queue.close()

@@ -1,0 +1,214 @@
+"""FileStore: the production store, on files under one data directory.
+
+    <data>/LOCK                        held (flock) while a store has the directory open
+    <data>/store.json                  fixed geometry (layout.py)
+    <data>/checkpoint                  see checkpoint.py
+    <data>/commitlog/<20 digits>       commit-log segments (commit_log.py, record.py)
+    <data>/consumequeue/<topic>/<id>/  consume queues (consume_queue.py)
+    <data>/index/<20 digits>           key index (key_index.py)
+    <data>/compacted/<topic>/          compacted copies of compacted topics (compaction.py)
+
+Appends may come from any thread; they are encoded under one lock and handed to the flusher
+thread (flusher.py), which writes, fsyncs by the flush policy and dispatches.
+"""
+from __future__ import annotations
+
+import fcntl
+import logging
+import os
+import threading
+import time
+from collections.abc import Mapping, Sequence
+
+from . import checkpoint, layout, record
+from .api import AppendResult, Message, ProgressListener, RecoveryReport, RetentionReport, StoreConfig
+from .commit_log import CommitLog
+from .compaction import CompactedTopics
+from .consume_queue import ConsumeQueues
+from .appender import RecordBuilder
+from .dispatcher import Dispatcher
+from .errors import StoreClosedError, StoreError, StoreLockedError
+from .flusher import AppendBuffer, Checkpointer, Flusher, Progress
+from .key_index import KeyIndex
+from .reading import StoreView
+from .recovery import recover
+from .retention import apply_retention
+
+log = logging.getLogger(__name__)
+
+
+class FileStore(StoreView):
+    """A durable store in ``directory``; opening it recovers from any crash."""
+
+    def __init__(self, directory: str, config: StoreConfig = StoreConfig()) -> None:
+        self.directory = directory
+        self.config = config
+        os.makedirs(directory, exist_ok=True)
+        self._lock_fd = _lock_directory(directory)
+        self._checkpoint_path = os.path.join(directory, "checkpoint")
+        commit_log = CommitLog(os.path.join(directory, "commitlog"), config.segment_size)
+        queues = ConsumeQueues(os.path.join(directory, "consumequeue"),
+                               layout.queue_entries_per_file(directory, config.queue_entries_per_file))
+        key_index = KeyIndex(os.path.join(directory, "index"), config.index_slot_count, config.index_max_entries)
+        super().__init__(commit_log, queues, key_index)
+        self.dispatcher = Dispatcher(queues, key_index)
+        self.compaction = CompactedTopics(os.path.join(directory, "compacted"), self)
+        self.recovery: RecoveryReport = recover(commit_log, queues, self.dispatcher,
+                                                checkpoint.load(self._checkpoint_path),
+                                                key_index.needs_rebuild_from)
+        self._cycle_lock = threading.Lock()
+        self._checkpoint_lock = threading.Lock()
+        self._progress = Progress(commit_log.end_offset)
+        self._write_checkpoint(clean=False)
+        self._builder = RecordBuilder({(queue.topic, queue.queue_id): queue.max_offset for queue in queues},
+                                      self.compaction.topics)
+        self._buffer = AppendBuffer(config.segment_size, commit_log.end_offset, commit_log.segments()[-1].base)
+        self._closed = False
+        self._flusher = Flusher(self._buffer, commit_log, self.dispatcher, self._progress,
+                                config.flush == "sync", config.flush_interval_ms, self._cycle_lock)
+        self._checkpointer = Checkpointer(self._periodic_checkpoint, config.checkpoint_interval_ms)
+        self._flusher.start()
+        self._checkpointer.start()
+
+    # -- appending (any thread) ----------------------------------------------------------------
+
+    @property
+    def durable_offset(self) -> int:
+        """Commit-log offset up to which every record is fsynced."""
+        return self._progress.durable
+
+    @property
+    def visible_offset(self) -> int:
+        """Commit-log offset up to which every record is readable from its queues."""
+        return self._progress.visible
+
+    def append(self, topic: str, body: bytes, *, queue_id: int = 0, tag: str = "",
+               keys: Sequence[str] = (), properties: Mapping[str, str] | None = None,
+               msg_id: str = "", born_ts: int = 0,
+               extra_queues: Sequence[tuple[str, int]] = ()) -> AppendResult:
+        """Append one record; it is durable once ``durable_offset`` reaches ``result.end_offset``."""
+        return self.append_batch((Message(topic, body, queue_id, tag, keys, properties, msg_id, born_ts,
+                                          extra_queues),))[0]
+
+    def append_batch(self, messages: Sequence[Message]) -> list[AppendResult]:
+        """Append several records under one lock acquisition; they land contiguously.
+
+        Not atomic: if a message is refused, the error's ``appended`` lists the results of
+        the messages before it, which were appended (as RocketMQ reports per-entry status).
+        """
+        now = int(time.time() * 1000)
+        requests: list = []
+        results: list[AppendResult] = []
+        with self._buffer.lock:
+            self._check_writable()
+            try:
+                self._builder.build_batch(self._buffer.place, messages, now, requests, results)
+            except StoreError as error:
+                error.appended = results
+                raise
+            finally:
+                if requests:
+                    self._buffer.added_many(requests)
+        return results
+
+    def _check_writable(self) -> None:
+        if self._closed or self._progress.error is not None:
+            raise StoreClosedError("the store is closed" if self._closed else
+                                   f"the store can no longer write: {self._progress.error}")
+
+    def wait_durable(self, end_offset: int, timeout: float | None = None) -> bool:
+        """Block until everything before ``end_offset`` is fsynced; False on timeout."""
+        return self._progress.wait("durable", end_offset, timeout)
+
+    def wait_visible(self, end_offset: int, timeout: float | None = None) -> bool:
+        """Block until everything before ``end_offset`` is readable from its queues."""
+        return self._progress.wait("visible", end_offset, timeout)
+
+    def add_listener(self, listener: ProgressListener) -> None:
+        """Call ``listener(visible_end, durable_end)`` on the flusher thread after each batch."""
+        self._progress.listeners.append(listener)
+
+    # -- compaction and retention ------------------------------------------------------------
+
+    def enable_compaction(self, topic: str) -> None:
+        """Make ``topic`` compacted: keyed messages, newest per key kept by ``compact``."""
+        self.compaction.enable(topic)
+
+    def compact(self, topic: str) -> int:
+        """Refresh the compacted copy of ``topic``; return how many live keys it holds."""
+        with self._cycle_lock:
+            return self.compaction.compact(topic)
+
+    def compacted(self, topic: str) -> list[record.StoredMessage]:
+        """The newest message per key of a compacted topic (tombstones removed), oldest first."""
+        return self.compaction.view(topic)
+
+    def apply_retention(self, now_ms: int | None = None) -> RetentionReport:
+        """Delete whole oldest segments past the age or size limits of the config."""
+        with self._cycle_lock:
+            return apply_retention(self, self.config, now_ms)
+
+    # -- checkpoints and shutdown --------------------------------------------------------------
+
+    def checkpoint(self) -> None:
+        """Write out and fsync consume queues and key index now, and record a checkpoint.
+
+        Happens on its own every ``checkpoint_interval_ms``; afterwards a ``StoreReader`` in
+        another process sees everything appended before the call.
+        """
+        self._write_checkpoint(clean=False)
+
+    def _periodic_checkpoint(self) -> None:
+        """Runs on the checkpointer thread; does nothing while the store is idle."""
+        if self._checkpointed != (self._progress.durable, self.dispatcher.dispatched_end):
+            self._write_checkpoint(clean=False)
+
+    def _write_checkpoint(self, clean: bool) -> None:
+        """Make derived data durable, then record how far it and the log reach.
+
+        Only taking stock holds the cycle lock; the fsyncs run beside the flusher. One
+        checkpoint is written at a time (the checkpointer's, ``checkpoint()``'s, close's).
+        """
+        with self._checkpoint_lock:
+            with self._cycle_lock:
+                self.consume_queues.write_pending(force=True)
+                reached = (self._progress.durable, self.dispatcher.dispatched_end)
+                dirty = self.consume_queues.take_dirty()
+            for queue, bases in dirty:
+                queue.sync_files(bases)
+            self.key_index.flush()
+            checkpoint.save(self._checkpoint_path, checkpoint.Checkpoint(*reached, clean))
+            self._checkpointed = reached
+
+    def close(self) -> None:
+        """Drain and fsync everything, write a clean checkpoint, release the directory."""
+        with self._buffer.lock:
+            if self._closed:
+                return
+            self._closed = True
+        self._checkpointer.stop()
+        self._flusher.stop()
+        self._progress.close()
+        if self._progress.error is None:
+            self._write_checkpoint(clean=True)
+        self.consume_queues.close()
+        self.key_index.close()
+        self.log.close()
+        os.close(self._lock_fd)
+
+    def __enter__(self) -> FileStore:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+
+def _lock_directory(directory: str) -> int:
+    fd = os.open(os.path.join(directory, "LOCK"), os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise StoreLockedError(f"{directory} is in use by another store process; stop it first "
+                               "or read it with store.reader.StoreReader") from None
+    return fd

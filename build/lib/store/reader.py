@@ -1,0 +1,78 @@
+"""StoreReader: read a data directory with no broker in the process (Spark executors, CLI).
+
+It takes no lock and repairs nothing: it may run beside a live broker. Consume queues are
+written after the log, so every entry it sees points at bytes already in a segment. The broker
+writes queue entries out at least every ``checkpoint_interval_ms`` (or at once with
+``FileStore.checkpoint()``); call ``refresh`` to see what it appended since. Key lookups are not offered here (the key
+index belongs to the writer); queue reads, ``read_at`` and time lookups are.
+"""
+from __future__ import annotations
+
+import os
+
+from . import checkpoint, layout, record
+from .commit_log import CommitLog
+from .consume_queue import ConsumeQueues
+from .reading import StoreView
+
+
+class StoreReader(StoreView):
+    """A read-only view of the store in ``directory``."""
+
+    def __init__(self, directory: str) -> None:
+        if not os.path.isdir(directory):
+            raise FileNotFoundError(f"{directory} is not a directory")
+        self.directory = directory
+        entries = layout.queue_entries_per_file(directory, None)
+        super().__init__(
+            CommitLog(os.path.join(directory, "commitlog"), segment_size=1 << 62, read_only=True),
+            ConsumeQueues(os.path.join(directory, "consumequeue"), entries, read_only=True),
+            key_index=None,
+        )
+
+    def refresh(self) -> None:
+        """Pick up segments, queues and entries written since opening (or the last refresh)."""
+        self.log.refresh()
+        self.consume_queues.discover()
+        for queue in self.consume_queues:
+            queue.refresh()
+
+    def describe(self) -> dict:
+        """A summary for operators: log extent, checkpoint, every queue's offset range."""
+        point = checkpoint.load(os.path.join(self.directory, "checkpoint"))
+        segments = self.log.segments()
+        return {
+            "directory": os.path.abspath(self.directory),
+            "commit_log": {"segments": len(segments), "min_offset": self.log.min_offset,
+                           "end_offset": self.log.end_offset,
+                           "bytes": sum(segment.size for segment in segments)},
+            "checkpoint": point.__dict__ if point else None,
+            "queues": [{"topic": topic, "queue_id": queue_id,
+                        "min_offset": self.queue_range(topic, queue_id)[0],
+                        "max_offset": self.queue_range(topic, queue_id)[1]}
+                       for topic, queue_id in self.queues()],
+        }
+
+    def verify(self) -> list[str]:
+        """Validate every record of the log; return one line per corrupt span (empty: all good).
+
+        Zeros after the last record of the last segment are preallocated space, not damage.
+        """
+        problems: list[str] = []
+        segments = self.log.segments()
+        for segment in segments:
+            data = os.pread(segment.fd, segment.size, 0)
+            pos = 0
+            while pos < len(data):
+                size = record.check(data, pos, len(data), segment.base + pos)
+                if size:
+                    pos += size
+                    continue
+                if segment is segments[-1] and data.count(0, pos) == len(data) - pos:
+                    break
+                following = record.find_valid(data, pos + 1, segment.base)
+                stop = len(data) if following is None else following
+                problems.append(f"segment {segment.name}: corrupt bytes at offsets "
+                                f"[{segment.base + pos}, {segment.base + stop})")
+                pos = stop
+        return problems
