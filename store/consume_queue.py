@@ -213,8 +213,15 @@ class ConsumeQueue:
                     os.close(fd)
                 os.unlink(self._path(base))
             deleted += 1
-        self.min_offset = self._first_at_or_after(log_min)
+        self.advance_min(log_min)
         return deleted
+
+    def advance_min(self, log_min: int) -> None:
+        """Move ``min_offset`` past entries whose records lie below ``log_min`` (deleted by
+        retention): on opening a store or reader, and after each retention pass."""
+        first = self.read(self.min_offset, 1)
+        if first and first[0][0] < log_min:
+            self.min_offset = self._first_at_or_after(log_min)
 
     def _first_at_or_after(self, log_min: int) -> int:
         """Smallest queue offset whose record is at or after ``log_min`` (binary search)."""
@@ -291,6 +298,12 @@ class ConsumeQueues:
     def take_dirty(self) -> list[tuple[ConsumeQueue, list[int]]]:
         """Every queue's files written since the last call (under the store's cycle lock)."""
         return [(queue, bases) for queue in self if (bases := queue.take_dirty())]
+
+    def advance_min(self, log_min: int) -> None:
+        """``ConsumeQueue.advance_min`` for every queue; nothing to do while the log is whole."""
+        if log_min > 0:
+            for queue in self:
+                queue.advance_min(log_min)
 
     def close(self) -> None:
         for queue in self:

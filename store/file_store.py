@@ -56,6 +56,7 @@ class FileStore(StoreView):
         self.recovery: RecoveryReport = recover(commit_log, queues, self.dispatcher,
                                                 checkpoint.load(self._checkpoint_path),
                                                 key_index.needs_rebuild_from)
+        queues.advance_min(commit_log.min_offset)
         self._cycle_lock = threading.Lock()
         self._checkpoint_lock = threading.Lock()
         self._progress = Progress(commit_log.end_offset)

@@ -29,6 +29,7 @@ class StoreReader(StoreView):
             ConsumeQueues(os.path.join(directory, "consumequeue"), entries, read_only=True),
             key_index=None,
         )
+        self.consume_queues.advance_min(self.log.min_offset)
 
     def refresh(self) -> None:
         """Pick up segments, queues and entries written since opening (or the last refresh)."""
@@ -36,6 +37,7 @@ class StoreReader(StoreView):
         self.consume_queues.discover()
         for queue in self.consume_queues:
             queue.refresh()
+        self.consume_queues.advance_min(self.log.min_offset)
 
     def describe(self) -> dict:
         """A summary for operators: log extent, checkpoint, every queue's offset range."""

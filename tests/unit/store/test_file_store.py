@@ -249,3 +249,17 @@ def test_refused_appends_leave_no_gap_in_the_log(config, data_dir):
         assert store.wait_durable(last.end_offset, WAIT)
         assert [m.body for m in store.read("t", 0, 0, 10)] == [b"before"] * 3 + [b"after"]
     assert StoreReader(data_dir).verify() == []
+
+
+def test_earliest_offsets_after_retention_survive_a_restart(config, data_dir):
+    trimmed = StoreConfig(**{**config.__dict__, "retention_max_bytes": 20_000})
+    with FileStore(data_dir, trimmed) as store:
+        fill(store, 120)
+        assert store.apply_retention().deleted_segments
+        earliest = store.queue_range("t", 0)
+        expected = bodies(store, "t", 0)
+    for opened in (FileStore(data_dir, trimmed), StoreReader(data_dir)):
+        assert opened.queue_range("t", 0) == earliest
+        assert [m.body for m in opened.read("t", 0, earliest[0], max_count=1000)] == expected
+        if isinstance(opened, FileStore):
+            opened.close()
