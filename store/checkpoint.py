@@ -17,12 +17,13 @@ reader sees either the old or the new checkpoint, never a mix.
 from __future__ import annotations
 
 import logging
-import os
 import struct
 import time
 from dataclasses import dataclass
 
 import crc32c
+
+from .durable_files import replace_file
 
 log = logging.getLogger(__name__)
 
@@ -63,16 +64,4 @@ def save(path: str, checkpoint: Checkpoint) -> None:
     """Atomically replace the checkpoint at ``path``. Runs on the flusher thread or at open/close."""
     body = _BODY.pack(_MAGIC, 1, _CLEAN if checkpoint.clean else 0, checkpoint.log_end,
                       checkpoint.derived_end, checkpoint.written_at or int(time.time() * 1000))
-    tmp = path + ".tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    try:
-        os.write(fd, body + _CRC.pack(crc32c.crc32c(body)))
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
-    directory = os.open(os.path.dirname(path) or ".", os.O_RDONLY)
-    try:
-        os.fsync(directory)
-    finally:
-        os.close(directory)
+    replace_file(path, body + _CRC.pack(crc32c.crc32c(body)))

@@ -16,6 +16,7 @@ import os
 import threading
 from dataclasses import dataclass
 
+from .durable_files import fsync_directory
 from .preallocator import Preallocator
 
 log = logging.getLogger(__name__)
@@ -32,15 +33,6 @@ def _advance(views: list[memoryview], written: int) -> list[memoryview]:
     if views and written:
         views = [views[0][written:], *views[1:]]
     return views
-
-
-def _fsync_directory(directory: str) -> None:
-    """Make a file created or renamed in ``directory`` survive power loss."""
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def offset_name(offset: int) -> str:
@@ -136,7 +128,7 @@ class CommitLog:
         flags = os.O_RDONLY if self.read_only else os.O_RDWR | os.O_CREAT
         fd = os.open(path, flags, 0o644)
         if create:
-            _fsync_directory(self.directory)
+            fsync_directory(self.directory)
         size = 0 if create else next_base - base if next_base is not None else os.fstat(fd).st_size
         segment = Segment(base, path, fd, size)
         self._segments.append(segment)

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING
 from urllib.parse import unquote
 
 from .consume_queue import topic_dir_name
+from .durable_files import replace_file
 from .record import StoredMessage, decode_any
 
 if TYPE_CHECKING:
@@ -116,9 +117,4 @@ class CompactedTopics:
         os.makedirs(os.path.dirname(path), exist_ok=True)
         data = _HEADER.pack(_MAGIC, 1, next_offset, len(latest)) + b"".join(
             message.encode() for message in latest.values())
-        tmp = path + ".tmp"
-        with open(tmp, "wb") as file:
-            file.write(data)
-            file.flush()
-            os.fsync(file.fileno())
-        os.replace(tmp, path)
+        replace_file(path, data)

@@ -9,6 +9,8 @@ import json
 import logging
 import os
 
+from .durable_files import replace_file
+
 log = logging.getLogger(__name__)
 
 FORMAT = 1
@@ -37,9 +39,4 @@ def queue_entries_per_file(directory: str, configured: int | None) -> int:
 
 
 def _write(path: str, layout: dict) -> None:
-    tmp = path + ".tmp"
-    with open(tmp, "w") as file:
-        json.dump(layout, file)
-        file.flush()
-        os.fsync(file.fileno())
-    os.replace(tmp, path)
+    replace_file(path, json.dumps(layout).encode())

@@ -263,3 +263,23 @@ def test_earliest_offsets_after_retention_survive_a_restart(config, data_dir):
         assert [m.body for m in opened.read("t", 0, earliest[0], max_count=1000)] == expected
         if isinstance(opened, FileStore):
             opened.close()
+
+
+def test_compacted_state_outlives_its_segments_across_restarts(config, data_dir):
+    trimmed = StoreConfig(**{**config.__dict__, "retention_max_bytes": 20_000})
+    with FileStore(data_dir, trimmed) as store:
+        store.enable_compaction("retained")
+        for device in range(5):
+            store.append("retained", b"v1-%d" % device, keys=[f"d{device}"])
+        store.append("retained", b"", keys=["d3"])  # cleared
+        store.append("retained", b"v2-1", keys=["d1"])
+        fill(store, 120)
+        assert store.apply_retention().deleted_segments
+        assert store.queue_range("retained", 0)[0] > 0, "the raw records are gone from the queue"
+    with FileStore(data_dir, trimmed) as store:
+        assert [(m.keys[0], m.body) for m in store.compacted("retained")] == [
+            ("d0", b"v1-0"), ("d2", b"v1-2"), ("d4", b"v1-4"), ("d1", b"v2-1")]
+        store.append("retained", b"v3-0", keys=["d0"])
+        assert store.wait_visible(store.append("retained", b"v1-5", keys=["d5"]).end_offset, WAIT)
+        assert {m.keys[0]: m.body for m in store.compacted("retained")} == {
+            "d0": b"v3-0", "d1": b"v2-1", "d2": b"v1-2", "d4": b"v1-4", "d5": b"v1-5"}
