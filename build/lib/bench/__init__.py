@@ -1,1 +1,0 @@
-"""Load generators and side-by-side benchmarks against Mosquitto and RabbitMQ."""

@@ -1,1 +1,0 @@
-"""Domain core: topics, queues, messages, consumer groups, routing, delivery and the service facade."""

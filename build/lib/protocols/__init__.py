@@ -1,1 +1,0 @@
-"""Protocol adapters (sans-IO codecs, asyncio edges, mapping onto core) and the `sluice` CLI."""

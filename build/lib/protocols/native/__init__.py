@@ -1,1 +1,0 @@
-"""Native gRPC adapter (RocketMQ 5 API) and, under `sdk`, its Python client SDK."""
