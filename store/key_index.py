@@ -45,12 +45,14 @@ against its first and last entries, and a bad file is discarded together with ev
 """
 from __future__ import annotations
 
+import array
 import bisect
 import logging
 import mmap
 import os
 import re
 import struct
+import sys
 import threading
 from collections.abc import Sequence
 from types import TracebackType
@@ -193,6 +195,26 @@ class _IndexFile:
 
     def _offset_of(self, n: int) -> int:
         return self.entry(n)[1]
+
+    def repair_slots(self) -> int:
+        """Point every slot back at an entry the header counts; return how many were repaired.
+
+        ``append`` writes an entry, then its slot, then the header: a process killed in between
+        leaves a slot naming an entry past ``count``, which would hide that slot's whole chain.
+        The entries it names were written first, so their ``prev`` links lead back.
+        """
+        slots = array.array("I")
+        slots.frombytes(self.mm[HEADER_SIZE:self.entries_at])
+        if sys.byteorder == "big":
+            slots.byteswap()
+        repaired = 0
+        for index, n in enumerate(slots):
+            if n > self.count:
+                while n > self.count:
+                    n = self.entry(n)[3] if n <= self.max_entries else 0
+                _pack_slot(self.mm, HEADER_SIZE + index * SLOT_SIZE, n)
+                repaired += 1
+        return repaired
 
     def remove(self) -> None:
         """Unmap and delete the file."""
@@ -344,7 +366,10 @@ class KeyIndex:
                 self._files.append(self._open_checked(name))
             except ValueError as exc:
                 self._discard(names[i:], exc)
-                return
+                break
+        if self._files and (repaired := self._files[-1].repair_slots()):
+            _log.warning("key index file %s: repaired %d slots left by an interrupted add",
+                         self._files[-1].path, repaired)
 
     def _open_checked(self, name: str) -> _IndexFile:
         f = _IndexFile.open(os.path.join(self._dir, name))

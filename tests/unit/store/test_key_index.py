@@ -371,3 +371,36 @@ def test_matches_model(ops: list[tuple]) -> None:
                 assert idx.lookup(key, 100) == model.lookup(key, 100, None, None)
         finally:
             idx.close()
+
+
+def interrupt_an_add(directory: Path, keys: list[bytes], offset: int) -> None:
+    """Do to the newest file what a process killed inside ``add_many`` leaves behind: the
+    entries and their slots written, the header (entry count) not yet."""
+    import mmap
+    import struct
+
+    path = directory / index_files(directory)[-1]
+    with open(path, "r+b") as file, mmap.mmap(file.fileno(), 0) as mm:
+        slot_count, = struct.unpack_from("<I", mm, 8)
+        count, = struct.unpack_from("<I", mm, 16)
+        entries_at = HEADER_SIZE + slot_count * SLOT_SIZE
+        for key in keys:
+            h = crc32c(key)
+            slot_at = HEADER_SIZE + (h % slot_count) * SLOT_SIZE
+            head, = struct.unpack_from("<I", mm, slot_at)
+            struct.pack_into("<IQqI", mm, entries_at + count * ENTRY_SIZE, h, offset, offset, head)
+            count += 1
+            struct.pack_into("<I", mm, slot_at, count)
+
+
+def test_an_add_cut_short_by_a_crash_hides_no_older_entry(tmp_path: Path, caplog) -> None:
+    with KeyIndex(str(tmp_path), slot_count=7, max_entries=1000) as idx:
+        fill(idx, 50)  # k0..k49 at 0, 10, ..., 490: every slot has a long chain
+    interrupt_an_add(tmp_path, [b"k3", b"k40"], 500)
+    with caplog.at_level(logging.WARNING), KeyIndex(str(tmp_path), slot_count=7, max_entries=1000) as idx:
+        assert any("repaired" in record.getMessage() for record in caplog.records)
+        assert idx.max_offset == 491
+        assert idx.lookup(b"k3") == [30] and idx.lookup(b"k40") == [400]
+        assert all(idx.lookup(b"k%d" % i) == [i * 10] for i in range(50))
+        idx.add_many([b"k3", b"k40"], 500, 500)  # recovery replays the interrupted record
+        assert idx.lookup(b"k3") == [500, 30] and idx.lookup(b"k40") == [500, 400]
