@@ -64,17 +64,13 @@ class StoreReader(StoreView):
         segments = self.log.segments()
         for segment in segments:
             data = os.pread(segment.fd, segment.size, 0)
-            pos = 0
-            while pos < len(data):
-                size = record.check(data, pos, len(data), segment.base + pos)
-                if size:
-                    pos += size
-                    continue
-                if segment is segments[-1] and data.count(0, pos) == len(data) - pos:
-                    break
-                following = record.find_valid(data, pos + 1, segment.base)
-                stop = len(data) if following is None else following
-                problems.append(f"segment {segment.name}: corrupt bytes at offsets "
-                                f"[{segment.base + pos}, {segment.base + stop})")
-                pos = stop
+            for kind, pos, extent in record.scan(data, segment.base, segment is segments[-1]):
+                if kind == "corrupt":
+                    problems.append(_span(segment.name, segment.base + pos, segment.base + extent))
+                elif kind == "end" and extent:  # garbage after the last record: a torn tail
+                    problems.append(_span(segment.name, segment.base + pos, segment.base + pos + extent))
         return problems
+
+
+def _span(segment: str, start: int, stop: int) -> str:
+    return f"segment {segment}: corrupt bytes at offsets [{start}, {stop})"

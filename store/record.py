@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import functools
 import struct
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 
 import crc32c
 
@@ -194,6 +194,33 @@ def find_valid(buf: bytes, pos: int, base: int) -> int | None:
         if check(buf, candidate, len(buf), base + candidate):
             return candidate
         pos = candidate + 1
+
+
+def scan(buf: bytes, base: int, last: bool) -> Iterator[tuple[str, int, int]]:
+    """Walk the records of ``buf``, a segment's bytes from commit-log offset ``base``. Yields
+
+    - ``("record", pos, size)`` for each valid record;
+    - ``("corrupt", pos, stop)`` for bad bytes that valid records (or a later segment) follow;
+    - in the last segment, ``("end", pos, torn)`` where its records stop: ``torn`` bytes of
+      garbage follow them (0: only preallocated zeros), and nothing valid comes after.
+    """
+    pos = 0
+    while pos < len(buf):
+        size = check(buf, pos, len(buf), base + pos)
+        if size:
+            yield "record", pos, size
+            pos += size
+            continue
+        if last and buf.count(0, pos) == len(buf) - pos:
+            yield "end", pos, 0
+            return
+        following = find_valid(buf, pos + 1, base)
+        if following is None and last:
+            yield "end", pos, len(buf.rstrip(b"\0")) - pos
+            return
+        following = len(buf) if following is None else following
+        yield "corrupt", pos, following
+        pos = following
 
 
 class StoredMessage:

@@ -80,30 +80,23 @@ def _scan_segment(segment: Segment, start: int, dispatcher: Dispatcher, report: 
     """
     data = os.pread(segment.fd, segment.end - start, start - segment.base)
     report.scanned_bytes += len(data)
-    pos, requests = 0, []
-    while pos < len(data):
-        size = record.check(data, pos, len(data), start + pos)
-        if size:
-            requests.append(request_for(record.decode(data, pos, start + pos, segment.name)))
-            pos += size
-            if len(requests) >= _BATCH:
-                _flush(dispatcher, requests, report)
-            continue
-        if last and data.count(0, pos) == len(data) - pos:
-            _flush(dispatcher, requests, report)
-            return start + pos, 0
-        following = record.find_valid(data, pos + 1, start)
-        if following is None and last:
-            _flush(dispatcher, requests, report)
-            return start + pos, len(data.rstrip(b"\0")) - pos
-        following = len(data) if following is None else following
-        report.corrupt_spans.append((segment.name, start + pos, start + following))
-        log.error("corrupt bytes at offsets [%d, %d) of segment %s skipped; the records there "
-                  "are lost, the rest of the store is served", start + pos, start + following,
-                  segment.name)
-        pos = following
-    _flush(dispatcher, requests, report)
-    return None
+    requests: list = []
+    try:
+        for kind, pos, extent in record.scan(data, start, last):
+            if kind == "record":
+                requests.append(request_for(record.decode(data, pos, start + pos, segment.name)))
+                if len(requests) >= _BATCH:
+                    _flush(dispatcher, requests, report)
+            elif kind == "end":
+                return start + pos, extent
+            else:
+                report.corrupt_spans.append((segment.name, start + pos, start + extent))
+                log.error("corrupt bytes at offsets [%d, %d) of segment %s skipped; the records "
+                          "there are lost, the rest of the store is served", start + pos,
+                          start + extent, segment.name)
+        return None
+    finally:
+        _flush(dispatcher, requests, report)
 
 
 def _flush(dispatcher: Dispatcher, requests: list, report: RecoveryReport) -> None:
