@@ -58,13 +58,14 @@ class StoreView:
             return []
         self._check_range(queue, queue_offset)
         out: list[StoredMessage] = []
+        budget = max_bytes
         while len(out) < max_count:
             entries = queue.read(queue_offset + len(out), max_count - len(out))
             if not entries:
                 break
-            budget = max_bytes - sum(message.size for message in out)
             read = self._records(entries, queue_offset + len(out), budget, first=not out)
             out += read
+            budget -= sum(message.size for message in read)
             if len(read) < len(entries):
                 break
         return out
