@@ -50,7 +50,6 @@ import bisect
 import logging
 import mmap
 import os
-import re
 import struct
 import sys
 import threading
@@ -58,6 +57,8 @@ from collections.abc import Sequence
 from types import TracebackType
 
 from crc32c import crc32c
+
+from .commit_log import list_offset_files, offset_name
 
 __all__ = ["KeyIndex", "MAGIC", "VERSION", "HEADER_SIZE", "SLOT_SIZE", "ENTRY_SIZE"]
 
@@ -75,7 +76,6 @@ ENTRY_SIZE = _ENTRY.size  # 24
 _DYNAMIC_AT = _STATIC.size
 _U32_MAX = 0xFFFF_FFFF
 _TS_MIN, _TS_MAX = -(1 << 63), (1 << 63) - 1
-_NAME_RE = re.compile(r"\d{20}")
 
 _pack_entry = _ENTRY.pack_into
 _unpack_entry = _ENTRY.unpack_from
@@ -353,14 +353,14 @@ class KeyIndex:
             raise ValueError(f"{needed} keys exceed max_entries {self._max_entries}")
         if last is not None:
             last.mm.flush()  # full files stay untouched from now on
-        new = _IndexFile.create(os.path.join(self._dir, f"{offset:020d}"),
+        new = _IndexFile.create(os.path.join(self._dir, offset_name(offset)),
                                 self._slot_count, self._max_entries)
         self._files.append(new)
         return new
 
     def _load(self) -> None:
         """Map every index file in name order, stopping at the first bad one."""
-        names = sorted(n for n in os.listdir(self._dir) if _NAME_RE.fullmatch(n))
+        names = [offset_name(offset) for offset in list_offset_files(self._dir)]
         for i, name in enumerate(names):
             try:
                 self._files.append(self._open_checked(name))
