@@ -1,0 +1,84 @@
+"""Protocol-neutral errors raised by core. Each adapter maps them to its wire codes in one table.
+
+Every message says what went wrong and what the caller can do next.
+"""
+
+from __future__ import annotations
+
+
+class SluiceError(Exception):
+    """Base of every error core raises on purpose."""
+
+
+class InvalidArgument(SluiceError):
+    """A request field is missing, empty, out of range or malformed."""
+
+
+class BadFilter(InvalidArgument):
+    """A filter expression does not parse."""
+
+
+class MessageTooLarge(InvalidArgument):
+    """A message body (or batch) exceeds the configured maximum size."""
+
+
+class NotFound(SluiceError):
+    """A named resource does not exist."""
+
+
+class TopicNotFound(NotFound):
+    """The topic does not exist."""
+
+    def __init__(self, topic: str) -> None:
+        super().__init__(f"topic {topic!r} does not exist; create it first "
+                         f"(`sluice topic create {topic}`) or check the name")
+        self.topic = topic
+
+
+class GroupNotFound(NotFound):
+    """The consumer group does not exist."""
+
+    def __init__(self, group: str) -> None:
+        super().__init__(f"consumer group {group!r} does not exist; create it "
+                         f"(`sluice group create {group}`) or let a consumer's heartbeat create it")
+        self.group = group
+
+
+class UserNotFound(NotFound):
+    """The user does not exist."""
+
+
+class MessageNotFound(NotFound):
+    """No message has the given id or key."""
+
+
+class AlreadyExists(SluiceError):
+    """A resource with that name exists already."""
+
+
+class InvalidReceiptHandle(InvalidArgument):
+    """A receipt handle is malformed, was issued for another group/topic, or was superseded."""
+
+
+class ReceiptExpired(SluiceError):
+    """The message's invisible duration ended before the ack; it was or will be redelivered."""
+
+
+class OffsetOutOfRange(InvalidArgument):
+    """A pull asked for an offset outside the queue's current range."""
+
+
+class Unauthenticated(SluiceError):
+    """Credentials are missing or wrong."""
+
+
+class AccessDenied(SluiceError):
+    """The authenticated user lacks the permission the request needs."""
+
+
+class NotSupported(SluiceError):
+    """The request asks for a feature this version of Sluice does not implement."""
+
+
+class Unavailable(SluiceError):
+    """The broker is shutting down or cannot serve the request right now; retry later."""

@@ -1,0 +1,224 @@
+"""Domain types shared by every adapter: topics, groups, subscriptions, messages, deliveries."""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from .errors import InvalidArgument
+
+
+class MessageType(enum.Enum):
+    """What kind of messages a topic accepts (RocketMQ 5 topic message types)."""
+
+    NORMAL = "normal"
+    FIFO = "fifo"
+    DELAY = "delay"
+    TRANSACTION = "transaction"
+
+
+class ConsumeMode(enum.Enum):
+    """How a group's members share a topic."""
+
+    CLUSTERING = "clustering"
+    """Each message goes to one member; queues are split across live members."""
+    BROADCAST = "broadcast"
+    """Every member gets every message and keeps its own position."""
+
+
+class Action(enum.Enum):
+    """What a permission allows."""
+
+    PUBLISH = "publish"
+    SUBSCRIBE = "subscribe"
+    ADMIN = "admin"
+
+
+class ResourceKind(enum.Enum):
+    """What a permission pattern names."""
+
+    TOPIC = "topic"
+    GROUP = "group"
+
+
+_NAME_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_%|.")
+MAX_NAME_LENGTH = 127
+
+
+def check_name(kind: str, name: str) -> str:
+    """Return ``name`` if it is a valid topic or group name, else raise InvalidArgument."""
+    if not name or len(name) > MAX_NAME_LENGTH or not set(name) <= _NAME_CHARS:
+        raise InvalidArgument(
+            f"{kind} name {name!r} is invalid: use 1-{MAX_NAME_LENGTH} characters from "
+            "letters, digits, '-', '_', '.', '%' and '|'")
+    return name
+
+
+@dataclass(frozen=True)
+class TopicConfig:
+    """A topic's settings. ``retention_ms`` None means the store-wide retention applies."""
+
+    name: str
+    queue_count: int = 8
+    message_type: MessageType = MessageType.NORMAL
+    retention_ms: int | None = None
+    compacted: bool = False
+
+    def __post_init__(self) -> None:
+        check_name("topic", self.name)
+        if not 1 <= self.queue_count <= 1024:
+            raise InvalidArgument(f"queue count {self.queue_count} is out of range: use 1-1024")
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """Exponential backoff between delivery attempts of a pop consumer group."""
+
+    max_attempts: int = 16
+    initial_backoff_ms: int = 1_000
+    max_backoff_ms: int = 60_000
+    multiplier: float = 2.0
+
+    def backoff_ms(self, attempt: int) -> int:
+        """Delay before redelivering after the ``attempt``-th failed delivery (1-based)."""
+        delay = self.initial_backoff_ms * self.multiplier ** max(0, attempt - 1)
+        return int(min(delay, self.max_backoff_ms))
+
+
+@dataclass(frozen=True)
+class GroupConfig:
+    """A consumer group's settings."""
+
+    name: str
+    consume_mode: ConsumeMode = ConsumeMode.CLUSTERING
+    retry: RetryPolicy = RetryPolicy()
+    fifo: bool = False
+
+    def __post_init__(self) -> None:
+        check_name("group", self.name)
+
+
+@dataclass(frozen=True)
+class Subscription:
+    """A group's interest in a topic. ``expression`` is a tag filter such as ``TagA || TagB``."""
+
+    group: str
+    topic: str
+    expression: str = "*"
+    expression_type: str = "TAG"
+
+
+@dataclass(frozen=True)
+class User:
+    """A broker user; ``admin`` users may do anything."""
+
+    name: str
+    admin: bool = False
+
+
+@dataclass(frozen=True)
+class Permission:
+    """Allows ``actions`` on resources of ``kind`` whose names match ``pattern`` (``*`` wildcards)."""
+
+    user: str
+    kind: ResourceKind
+    pattern: str
+    actions: frozenset[Action]
+
+
+@dataclass(frozen=True)
+class Principal:
+    """Who a request comes from, after authentication."""
+
+    user: str
+    admin: bool = False
+    permissions: tuple[Permission, ...] = ()
+
+
+SYSTEM = Principal("$system", admin=True)
+"""The broker itself and its local administration tools."""
+
+
+@dataclass(frozen=True)
+class OutgoingMessage:
+    """A message as a producer sends it, before it is stored."""
+
+    topic: str
+    body: bytes
+    tag: str = ""
+    keys: Sequence[str] = ()
+    properties: Mapping[str, str] = field(default_factory=dict)
+    message_group: str = ""
+    """FIFO topics: messages of one group go to one queue, in order."""
+    queue_id: int | None = None
+    """Pin to a queue; None lets the broker choose."""
+    msg_id: str = ""
+    born_ts: int = 0
+    delivery_ts: int = 0
+    """Delay messages: when to deliver (ms since epoch); 0 for now."""
+
+
+@dataclass(frozen=True)
+class SendResult:
+    """Where a sent message was stored."""
+
+    msg_id: str
+    topic: str
+    queue_id: int
+    queue_offset: int
+    store_ts: int
+
+
+@dataclass(frozen=True)
+class Delivery:
+    """A message handed to a consumer. ``receipt_handle`` is set for pop deliveries only."""
+
+    topic: str
+    queue_id: int
+    queue_offset: int
+    msg_id: str
+    body: bytes
+    tag: str
+    keys: tuple[str, ...]
+    properties: Mapping[str, str]
+    born_ts: int
+    store_ts: int
+    attempt: int = 1
+    receipt_handle: str = ""
+    invisible_until_ms: int = 0
+
+
+@dataclass(frozen=True)
+class PullResult:
+    """Messages read by offset, and where the next pull should start."""
+
+    messages: list[Delivery]
+    next_offset: int
+    min_offset: int
+    max_offset: int
+
+
+@dataclass(frozen=True)
+class QueueLag:
+    """One queue's position for a group."""
+
+    topic: str
+    queue_id: int
+    committed: int
+    max_offset: int
+    inflight: int = 0
+
+    @property
+    def lag(self) -> int:
+        """Messages stored but not yet consumed by the group."""
+        return max(0, self.max_offset - self.committed)
+
+
+@dataclass(frozen=True)
+class Member:
+    """A live client of a group."""
+
+    client_id: str
+    last_heartbeat_ms: int
+    queues: tuple[tuple[str, int], ...] = ()
