@@ -1,0 +1,313 @@
+"""The broker's configuration: one frozen dataclass tree, from a TOML file, then env, then flags.
+
+Every leaf has a dotted path (``store.flush``, ``native.port``). The same path names its TOML
+key (``[store]`` ``flush = "sync"``), its environment variable (``SLUICE_STORE_FLUSH``: the
+path upper-cased with ``.`` as ``_``) and the override a CLI flag sets. Later sources win:
+defaults < file < environment < flags. ``SLUICE_HOST`` (and ``--host``) sets the host of every
+listener; a listener's own ``SLUICE_<NAME>_HOST`` wins over it. Other ``SLUICE_*`` variables
+(``SLUICE_USER``, ``SLUICE_PASSWORD``, ``SLUICE_CONFIG``) belong to the command line tools and
+are ignored here.
+
+An unknown key in the file is an error that names the key and lists the known ones, so a typo
+never silently falls back to a default.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import tomllib
+import types
+import typing
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from core.service import CoreConfig
+from store.api import StoreConfig
+
+ENV_PREFIX = "SLUICE_"
+HOST_ALIAS = "host"
+"""Override path that sets the host of every listener."""
+
+
+class ConfigError(ValueError):
+    """The configuration is invalid; the message names the key and its source."""
+
+
+@dataclass(frozen=True)
+class NativeListener:
+    """The native gRPC listener (RocketMQ 5 proxy API)."""
+
+    host: str = "127.0.0.1"
+    port: int = 8081
+    advertised_host: str | None = None
+    """Host clients are told to reconnect to; None means ``host``."""
+
+
+@dataclass(frozen=True)
+class AdminListener:
+    """The admin HTTP API, Prometheus metrics and OpenAPI document."""
+
+    host: str = "127.0.0.1"
+    port: int = 8080
+
+
+@dataclass(frozen=True)
+class AuthConfig:
+    """Who may connect. The default user is created only when no user exists at all."""
+
+    allow_anonymous: bool = False
+    create_default_user: bool = True
+    default_user: str = "sluice"
+    default_password: str = "sluice"
+
+
+@dataclass(frozen=True)
+class Config:
+    """Everything `sluice serve` needs. ``metadata_url`` None means SQLite inside ``data_dir``."""
+
+    data_dir: str = "./data"
+    metadata_url: str | None = None
+    shutdown_grace_ms: int = 5_000
+    store: StoreConfig = field(default_factory=StoreConfig)
+    core: CoreConfig = field(default_factory=CoreConfig)
+    native: NativeListener = field(default_factory=NativeListener)
+    admin: AdminListener = field(default_factory=AdminListener)
+    auth: AuthConfig = field(default_factory=AuthConfig)
+
+    @property
+    def listeners(self) -> dict[str, NativeListener | AdminListener]:
+        """Every listener by section name."""
+        return {"native": self.native, "admin": self.admin}
+
+
+def load_config(path: str | Path | None = None, env: Mapping[str, str] | None = None,
+                overrides: Mapping[str, Any] | None = None) -> Config:
+    """Defaults, then the TOML file at ``path``, then ``env``, then ``overrides`` (dotted paths).
+
+    ``overrides`` values are typed already (CLI flags); None values are skipped, so an unset flag
+    changes nothing. Raises ConfigError naming the offending key and where it came from.
+    """
+    values: dict[str, Any] = {}
+    if path is not None:
+        values.update(_read_file(Path(path)))
+    values.update(_from_env(env or {}))
+    for key, value in (overrides or {}).items():
+        if value is not None:
+            _set(values, _expand(key), value, "command line")
+    return _build(Config, values, "")
+
+
+def env_name(dotted: str) -> str:
+    """The environment variable for a dotted path: ``native.port`` -> ``SLUICE_NATIVE_PORT``."""
+    return ENV_PREFIX + dotted.replace(".", "_").upper()
+
+
+def leaf_paths(cls: type = Config, prefix: str = "") -> dict[str, Any]:
+    """Every leaf's dotted path and its type hint."""
+    found: dict[str, Any] = {}
+    for name, hint in _hints(cls).items():
+        dotted = f"{prefix}{name}"
+        if dataclasses.is_dataclass(hint):
+            found.update(leaf_paths(hint, dotted + "."))
+        else:
+            found[dotted] = hint
+    return found
+
+
+# --- sources ---
+
+def _read_file(path: Path) -> dict[str, Any]:
+    """Flatten the TOML file into {dotted path: (value, source)}; unknown keys are errors."""
+    try:
+        with path.open("rb") as handle:
+            document = tomllib.load(handle)
+    except FileNotFoundError:
+        raise ConfigError(f"config file {path} does not exist; pass an existing file to "
+                          "--config or unset SLUICE_CONFIG") from None
+    except tomllib.TOMLDecodeError as error:
+        raise ConfigError(f"config file {path} is not valid TOML: {error}") from None
+    flat: dict[str, Any] = {}
+    _flatten(document, Config, "", str(path), flat)
+    return flat
+
+
+def _flatten(table: Mapping[str, Any], cls: type, prefix: str, source: str,
+             out: dict[str, Any]) -> None:
+    hints = _hints(cls)
+    for key, value in table.items():
+        dotted = f"{prefix}{key}"
+        if key not in hints:
+            section = f"[{prefix[:-1]}]" if prefix else "the top level"
+            raise ConfigError(f"{source}: unknown key {dotted!r}; known keys in {section}: "
+                              f"{', '.join(sorted(hints))}")
+        hint = hints[key]
+        if dataclasses.is_dataclass(hint):
+            if not isinstance(value, dict):
+                raise ConfigError(f"{source}: {dotted!r} must be a table ([{dotted}])")
+            _flatten(value, hint, dotted + ".", source, out)
+        else:
+            out[dotted] = (value, source)
+
+
+def _from_env(env: Mapping[str, str]) -> dict[str, Any]:
+    """Values of the SLUICE_* variables that name a leaf (and SLUICE_HOST), parsed from text."""
+    found: dict[str, Any] = {}
+    if (host := env.get(env_name(HOST_ALIAS))) is not None:
+        for dotted in _expand(HOST_ALIAS):
+            found[dotted] = (host, env_name(HOST_ALIAS))
+    for dotted, hint in leaf_paths().items():
+        name = env_name(dotted)
+        if name in env:
+            found[dotted] = (_parse_text(env[name], hint, name), name)
+    return found
+
+
+def _expand(key: str) -> list[str]:
+    """Dotted paths an override key stands for: ``host`` means every listener's host."""
+    if key == HOST_ALIAS:
+        return [f"{name}.host" for name in Config().listeners]
+    return [key]
+
+
+def _set(values: dict[str, Any], paths: list[str], value: Any, source: str) -> None:
+    known = leaf_paths()
+    for dotted in paths:
+        if dotted not in known:
+            raise ConfigError(f"{source}: unknown setting {dotted!r}")
+        values[dotted] = (value, source)
+
+
+# --- typing ---
+
+def _hints(cls: type) -> dict[str, Any]:
+    hints = typing.get_type_hints(cls)
+    return {f.name: hints[f.name] for f in dataclasses.fields(cls)}
+
+
+def _parse_text(text: str, hint: Any, source: str) -> Any:
+    """An environment variable's text as a value of type ``hint`` (checked again in _check)."""
+    options = _options(hint)
+    stripped = text.strip()
+    if type(None) in options and stripped.lower() in ("", "none", "null"):
+        return None
+    if bool in options:
+        lowered = stripped.lower()
+        if lowered in ("1", "true", "yes", "on"):
+            return True
+        if lowered in ("0", "false", "no", "off"):
+            return False
+        raise ConfigError(f"{source}={text!r}: expected true or false")
+    if int in options:
+        try:
+            return int(stripped.replace("_", ""))
+        except ValueError:
+            raise ConfigError(f"{source}={text!r}: expected a whole number") from None
+    if float in options:
+        try:
+            return float(stripped)
+        except ValueError:
+            raise ConfigError(f"{source}={text!r}: expected a number") from None
+    return text
+
+
+def _options(hint: Any) -> tuple[Any, ...]:
+    """The types a hint accepts: ``int | None`` -> (int, NoneType); Literal -> its values' types."""
+    origin = typing.get_origin(hint)
+    if origin in (typing.Union, types.UnionType):
+        return tuple(o for arg in typing.get_args(hint) for o in _options(arg))
+    if origin is typing.Literal:
+        return tuple({type(v) for v in typing.get_args(hint)})
+    return (hint,)
+
+
+def _check(value: Any, hint: Any, dotted: str, source: str) -> Any:
+    """``value`` if it fits ``hint``, else ConfigError naming the key, its source and the type."""
+    origin = typing.get_origin(hint)
+    if origin is typing.Literal:
+        choices = typing.get_args(hint)
+        if value in choices:
+            return value
+        raise ConfigError(f"{source}: {dotted} = {value!r} is not one of "
+                          f"{', '.join(map(repr, choices))}")
+    if origin in (typing.Union, types.UnionType):
+        for arg in typing.get_args(hint):
+            try:
+                return _check(value, arg, dotted, source)
+            except ConfigError:
+                continue
+        raise ConfigError(f"{source}: {dotted} = {value!r} should be {_describe(hint)}")
+    if hint is type(None):
+        if value is None:
+            return None
+    elif hint is float and isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
+    elif hint is int and isinstance(value, int) and not isinstance(value, bool):
+        return value
+    elif hint in (bool, str) and isinstance(value, hint):
+        return value
+    raise ConfigError(f"{source}: {dotted} = {value!r} should be {_describe(hint)}")
+
+
+def _describe(hint: Any) -> str:
+    names = {int: "a whole number", float: "a number", bool: "true or false", str: "a string",
+             type(None): "unset"}
+    return " or ".join(names.get(o, str(o)) for o in _options(hint))
+
+
+def _build(cls: type, values: Mapping[str, Any], prefix: str) -> Any:
+    """Instantiate ``cls`` from the flat {dotted: (value, source)} map; defaults fill the rest."""
+    kwargs: dict[str, Any] = {}
+    for name, hint in _hints(cls).items():
+        dotted = f"{prefix}{name}"
+        if dataclasses.is_dataclass(hint):
+            kwargs[name] = _build(hint, values, dotted + ".")
+        elif dotted in values:
+            value, source = values[dotted]
+            kwargs[name] = _check(value, hint, dotted, source)
+    try:
+        built = cls(**kwargs)
+    except (TypeError, ValueError) as error:
+        raise ConfigError(f"invalid [{prefix[:-1] or 'top level'}] settings: {error}") from None
+    if prefix == "":
+        _validate(built)
+    return built
+
+
+def _validate(config: Config) -> None:
+    """Range checks the types alone do not express."""
+    for name, listener in config.listeners.items():
+        if not 0 <= listener.port <= 65_535:
+            raise ConfigError(f"{name}.port = {listener.port} is out of range: use 0-65535 "
+                              "(0 picks a free port)")
+    if config.native.port and config.native.port == config.admin.port \
+            and config.native.host == config.admin.host:
+        raise ConfigError(f"native.port and admin.port are both {config.native.port}; "
+                          "give each listener its own port")
+    positive = {"store.flush_interval_ms": config.store.flush_interval_ms,
+                "store.segment_size": config.store.segment_size,
+                "store.checkpoint_interval_ms": config.store.checkpoint_interval_ms,
+                "shutdown_grace_ms": config.shutdown_grace_ms}
+    for dotted, value in positive.items():
+        if value <= 0:
+            raise ConfigError(f"{dotted} = {value} must be greater than 0")
+    if not config.data_dir:
+        raise ConfigError("data_dir is empty; name the directory that holds the store")
+
+
+def describe_sources() -> list[tuple[str, str, str]]:
+    """(dotted path, environment variable, default) for every setting, for docs and --help."""
+    defaults = _flat_defaults(Config(), "")
+    return [(dotted, env_name(dotted), repr(defaults[dotted])) for dotted in leaf_paths()]
+
+
+def _flat_defaults(obj: Any, prefix: str) -> dict[str, Any]:
+    found: dict[str, Any] = {}
+    for f in dataclasses.fields(obj):
+        value = getattr(obj, f.name)
+        if dataclasses.is_dataclass(value):
+            found.update(_flat_defaults(value, f"{prefix}{f.name}."))
+        else:
+            found[f"{prefix}{f.name}"] = value
+    return found

@@ -1,0 +1,143 @@
+"""The broker configuration: defaults, TOML file, SLUICE_* environment, CLI overrides."""
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from protocols.config import Config, ConfigError, describe_sources, env_name, leaf_paths, load_config
+
+
+def write(tmp_path, text: str):
+    path = tmp_path / "sluice.toml"
+    path.write_text(text)
+    return path
+
+
+def test_defaults_bind_loopback_on_the_documented_ports():
+    config = load_config()
+    assert config == Config()
+    assert (config.native.host, config.native.port) == ("127.0.0.1", 8081)
+    assert (config.admin.host, config.admin.port) == ("127.0.0.1", 8080)
+    assert config.store.flush == "sync"
+    assert config.auth.allow_anonymous is False
+    assert (config.auth.default_user, config.auth.default_password) == ("sluice", "sluice")
+    assert config.metadata_url is None
+
+
+def test_the_tree_is_frozen():
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        Config().native.port = 1  # type: ignore[misc]
+
+
+def test_file_values_land_in_their_sections(tmp_path):
+    path = write(tmp_path, """
+        data_dir = "/var/lib/sluice"
+        metadata_url = "postgresql+psycopg://u:p@db/sluice"
+        [store]
+        flush = "async"
+        flush_interval_ms = 50
+        retention_max_age_ms = 86_400_000
+        [core]
+        max_message_bytes = 1024
+        [native]
+        port = 9081
+        advertised_host = "broker.example"
+        [admin]
+        host = "0.0.0.0"
+        [auth]
+        allow_anonymous = true
+    """)
+    config = load_config(path)
+    assert config.data_dir == "/var/lib/sluice"
+    assert config.metadata_url.startswith("postgresql")
+    assert (config.store.flush, config.store.flush_interval_ms) == ("async", 50)
+    assert config.store.retention_max_age_ms == 86_400_000
+    assert config.core.max_message_bytes == 1024
+    assert (config.native.port, config.native.advertised_host) == (9081, "broker.example")
+    assert config.admin.host == "0.0.0.0" and config.admin.port == 8080
+    assert config.auth.allow_anonymous is True
+
+
+def test_environment_beats_file_and_flags_beat_environment(tmp_path):
+    path = write(tmp_path, "[native]\nport = 1111\n[store]\nflush = 'async'\n")
+    env = {"SLUICE_NATIVE_PORT": "2222", "SLUICE_STORE_FLUSH": "sync", "SLUICE_ADMIN_PORT": "3333"}
+    config = load_config(path, env, {"native.port": 4444, "admin.port": None})
+    assert config.native.port == 4444          # flag
+    assert config.store.flush == "sync"       # env over file
+    assert config.admin.port == 3333          # unset flag changes nothing
+
+
+def test_environment_values_are_parsed_by_type():
+    env = {"SLUICE_AUTH_ALLOW_ANONYMOUS": "yes", "SLUICE_STORE_RETENTION_MAX_BYTES": "1_000_000",
+           "SLUICE_METADATA_URL": "sqlite:///m.db", "SLUICE_CORE_AUTO_CREATE_GROUPS": "off"}
+    config = load_config(env=env)
+    assert config.auth.allow_anonymous is True
+    assert config.store.retention_max_bytes == 1_000_000
+    assert config.metadata_url == "sqlite:///m.db"
+    assert config.core.auto_create_groups is False
+    assert load_config(env={"SLUICE_STORE_RETENTION_MAX_BYTES": ""}).store.retention_max_bytes is None
+
+
+def test_host_sets_every_listener_and_a_listener_host_wins_over_it():
+    config = load_config(env={"SLUICE_HOST": "0.0.0.0", "SLUICE_ADMIN_HOST": "10.0.0.1"})
+    assert (config.native.host, config.admin.host) == ("0.0.0.0", "10.0.0.1")
+    assert load_config(overrides={"host": "::1"}).admin.host == "::1"
+
+
+def test_unrelated_sluice_variables_are_ignored():
+    assert load_config(env={"SLUICE_USER": "bob", "SLUICE_PASSWORD": "x", "HOME": "/"}) == Config()
+
+
+def test_an_unknown_key_is_named_with_the_known_ones(tmp_path):
+    with pytest.raises(ConfigError) as error:
+        load_config(write(tmp_path, "[store]\nflsuh = 'sync'\n"))
+    message = str(error.value)
+    assert "unknown key 'store.flsuh'" in message and "flush_interval_ms" in message
+    assert "sluice.toml" in message
+    with pytest.raises(ConfigError, match="unknown key 'colour'.*top level"):
+        load_config(write(tmp_path, "colour = 'blue'\n"))
+    with pytest.raises(ConfigError, match="unknown key 'mqtt'"):
+        load_config(write(tmp_path, "[mqtt]\nport = 1883\n"))
+
+
+@pytest.mark.parametrize("text, fragment", [
+    ("[store]\nflush = 'sometimes'\n", "store.flush = 'sometimes' is not one of 'sync', 'async'"),
+    ("[native]\nport = 'eighty'\n", "native.port = 'eighty' should be a whole number"),
+    ("[native]\nport = 70000\n", "native.port = 70000 is out of range"),
+    ("[auth]\nallow_anonymous = 1\n", "auth.allow_anonymous = 1 should be true or false"),
+    ("native = 3\n", "'native' must be a table"),
+    ("[admin]\nport = 8081\n", "give each listener its own port"),
+    ("[store]\nflush_interval_ms = 0\n", "store.flush_interval_ms = 0 must be greater than 0"),
+    ("[store\n", "not valid TOML"),
+])
+def test_bad_values_name_the_key(tmp_path, text, fragment):
+    with pytest.raises(ConfigError) as error:
+        load_config(write(tmp_path, text))
+    assert fragment in str(error.value)
+
+
+def test_bad_environment_values_name_the_variable():
+    with pytest.raises(ConfigError, match="SLUICE_NATIVE_PORT='x': expected a whole number"):
+        load_config(env={"SLUICE_NATIVE_PORT": "x"})
+    with pytest.raises(ConfigError, match="SLUICE_AUTH_ALLOW_ANONYMOUS='maybe'"):
+        load_config(env={"SLUICE_AUTH_ALLOW_ANONYMOUS": "maybe"})
+    with pytest.raises(ConfigError, match="SLUICE_STORE_FLUSH.*not one of"):
+        load_config(env={"SLUICE_STORE_FLUSH": "never"})
+
+
+def test_a_missing_file_says_how_to_fix_it(tmp_path):
+    with pytest.raises(ConfigError, match="does not exist.*--config"):
+        load_config(tmp_path / "nope.toml")
+
+
+def test_an_unknown_override_is_an_error():
+    with pytest.raises(ConfigError, match="unknown setting 'store.colour'"):
+        load_config(overrides={"store.colour": "red"})
+
+
+def test_every_leaf_has_an_environment_variable_and_a_default():
+    rows = describe_sources()
+    assert [r[0] for r in rows] == list(leaf_paths())
+    assert ("native.port", "SLUICE_NATIVE_PORT", "8081") in rows
+    assert env_name("store.flush_interval_ms") == "SLUICE_STORE_FLUSH_INTERVAL_MS"
