@@ -20,7 +20,7 @@ import uvloop
 from store.api import FlushPolicy, Message, StoreConfig
 from store.file_store import FileStore
 
-from .durable import BatchingAppender, DurableWaiters
+from core.durable import BatchingAppender, DurableWaiters
 from .report import Sample
 
 TOPIC = "bench"

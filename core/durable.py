@@ -1,57 +1,81 @@
-"""Waiting for durability on an asyncio event loop, the way the broker core will.
+"""Waiting for the store on an asyncio event loop, and coalescing appends per loop iteration.
 
-One store progress listener (called on the store's flusher thread) hands the durable offset
-to the loop with ``call_soon_threadsafe``; on the loop a heap of (end_offset, future) waiters
-is drained up to that offset. Many producer tasks can then ``await waiters.wait(end)`` without
-a thread each.
+One store progress listener (called on the store's flusher thread) hands the visible and
+durable offsets to the loop with ``call_soon_threadsafe``; on the loop, heaps of
+(end_offset, callback) waiters are drained up to those offsets. Many producer tasks can then
+await durability without a thread each.
 """
 from __future__ import annotations
 
 import asyncio
 import heapq
 import itertools
+from collections.abc import Callable
 
-from store.api import AppendResult, Message
-from store.file_store import FileStore
+from store.api import AppendResult, Message, Store
+from store.errors import StoreError
+
+
+class _OffsetHeap:
+    """Callbacks keyed by commit-log end offset, run once an offset reaches them. Loop only."""
+
+    def __init__(self, offset: int) -> None:
+        self.offset = offset
+        self._heap: list[tuple[int, int, Callable[[], None]]] = []
+        self._sequence = itertools.count()
+
+    def advance(self, offset: int) -> None:
+        if offset <= self.offset:
+            return
+        self.offset = offset
+        heap = self._heap
+        while heap and heap[0][0] <= offset:
+            heapq.heappop(heap)[2]()
+
+    def call_when(self, end_offset: int, callback: Callable[[], None]) -> None:
+        if end_offset <= self.offset:
+            callback()
+        else:
+            heapq.heappush(self._heap, (end_offset, next(self._sequence), callback))
 
 
 class DurableWaiters:
-    """Futures keyed by commit-log end offset, resolved as the store's durable offset moves."""
+    """Futures and callbacks resolved as the store's visible and durable offsets move."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, durable: int) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop, durable: int, visible: int | None = None) -> None:
         self.loop = self._loop = loop
-        self.durable = durable  # only touched on the loop
-        self._scheduled = durable  # only touched on the flusher thread
+        self._durable = _OffsetHeap(durable)
+        self._visible = _OffsetHeap(durable if visible is None else visible)
+        self._scheduled = (self._visible.offset, durable)  # only touched on the flusher thread
         self.steps = 0
         """How often the durable offset moved (flusher thread): the number of group commits."""
-        self._heap: list[tuple[int, int, asyncio.Future, object]] = []
-        self._sequence = itertools.count()
+
+    @property
+    def durable(self) -> int:
+        """The durable commit-log offset as last seen on the loop."""
+        return self._durable.offset
 
     def listener(self, visible: int, durable: int) -> None:
         """Store progress listener; runs on the flusher thread and must never raise."""
-        if durable <= self._scheduled:
+        seen_visible, seen_durable = self._scheduled
+        if visible <= seen_visible and durable <= seen_durable:
             return
-        self._scheduled = durable
-        self.steps += 1
+        if durable > seen_durable:
+            self.steps += 1
+        self._scheduled = (max(visible, seen_visible), max(durable, seen_durable))
         try:
-            self._loop.call_soon_threadsafe(self.advance, durable)
+            self._loop.call_soon_threadsafe(self.advance, visible, durable)
         except RuntimeError:
             pass  # the loop is closed: nobody is waiting any more
 
-    def advance(self, durable: int) -> None:
-        """On the loop: resolve every waiter whose end offset is now durable."""
-        if durable <= self.durable:
-            return
-        self.durable = durable
-        heap = self._heap
-        while heap and heap[0][0] <= durable:
-            _, _, future, value = heapq.heappop(heap)
-            if not future.done():
-                future.set_result(value)
+    def advance(self, visible: int, durable: int) -> None:
+        """On the loop: run every waiter whose end offset is now visible or durable."""
+        self._visible.advance(visible)
+        self._durable.advance(durable)
 
     async def wait(self, end_offset: int) -> None:
         """Return once everything before ``end_offset`` is durable."""
-        if end_offset <= self.durable:
+        if end_offset <= self._durable.offset:
             return
         future: asyncio.Future[None] = self._loop.create_future()
         self.resolve_when_durable(end_offset, future, None)
@@ -59,29 +83,38 @@ class DurableWaiters:
 
     def resolve_when_durable(self, end_offset: int, future: asyncio.Future, value: object) -> None:
         """On the loop: set ``future``'s result to ``value`` once ``end_offset`` is durable."""
-        if end_offset <= self.durable:
-            future.set_result(value)
-        else:
-            heapq.heappush(self._heap, (end_offset, next(self._sequence), future, value))
+        self._durable.call_when(end_offset, lambda: future.done() or future.set_result(value))
+
+    def call_when_durable(self, end_offset: int, callback: Callable[[], None]) -> None:
+        """On the loop: run ``callback`` once ``end_offset`` is durable."""
+        self._durable.call_when(end_offset, callback)
+
+    def call_when_visible(self, end_offset: int, callback: Callable[[], None]) -> None:
+        """On the loop: run ``callback`` once ``end_offset`` is readable from the store."""
+        self._visible.call_when(end_offset, callback)
 
 
 class BatchingAppender:
     """Appends from many tasks, coalesced into one ``append_batch`` per loop iteration.
 
-    This is how the broker's core drives the store: producers on one event loop hand over
-    messages; one batch per iteration takes the store lock once, and each producer's future
-    resolves with its ``AppendResult`` once the record is durable.
+    Producers on one event loop hand over messages; one batch per iteration takes the store
+    lock once. Each producer's future resolves with its ``AppendResult`` once the record is
+    accepted (``durable=False``) or durable (``durable=True``). ``on_batch`` sees every
+    batch's results on the loop, right after the append.
     """
 
-    def __init__(self, store: FileStore, waiters: DurableWaiters) -> None:
+    def __init__(self, store: Store, waiters: DurableWaiters, *, durable: bool = True,
+                 on_batch: Callable[[list[Message], list[AppendResult]], None] | None = None) -> None:
         self._store = store
         self._waiters = waiters
         self._loop = waiters.loop
+        self._durable = durable
+        self._on_batch = on_batch
         self._messages: list[Message] = []
         self._futures: list[asyncio.Future[AppendResult]] = []
 
     def append(self, message: Message) -> asyncio.Future[AppendResult]:
-        """On the loop: a future resolving once ``message`` is stored and durable."""
+        """On the loop: a future resolving once ``message`` is stored (and durable, if asked)."""
         future: asyncio.Future[AppendResult] = self._loop.create_future()
         if not self._messages:
             self._loop.call_soon(self._flush)
@@ -92,6 +125,19 @@ class BatchingAppender:
     def _flush(self) -> None:
         messages, futures = self._messages, self._futures
         self._messages, self._futures = [], []
-        resolve = self._waiters.resolve_when_durable
-        for future, result in zip(futures, self._store.append_batch(messages)):
-            resolve(result.end_offset, future, result)
+        try:
+            results = self._store.append_batch(messages)
+            error: BaseException | None = None
+        except StoreError as refused:
+            results, error = list(refused.appended), refused
+        except Exception as failed:  # noqa: BLE001 - every waiting producer must hear of it
+            results, error = [], failed
+        if self._on_batch is not None and results:
+            self._on_batch(messages[:len(results)], results)
+        for future, result in zip(futures, results):
+            if self._durable:
+                self._waiters.resolve_when_durable(result.end_offset, future, result)
+            else:
+                future.set_result(result)
+        for future in futures[len(results):]:
+            future.set_exception(error if error is not None else StoreError("append refused"))

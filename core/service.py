@@ -8,13 +8,32 @@ names before doing anything.
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
+import itertools
+import logging
+import time
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from store.api import Store
 
-from .model import (Delivery, GroupConfig, Member, OutgoingMessage, Principal, PullResult,
-                    QueueLag, SendResult, Subscription, TopicConfig)
+from .auth import Users
+from .consume import Reader, make_handle, parse_handle, pop_queue, pull_queue, settle, to_delivery
+from .cursors import CursorBook
+from .delivery import RecentMessages, TopicSignals
+from .durable import DurableWaiters
+from .errors import (AlreadyExists, GroupNotFound, InvalidArgument, InvalidReceiptHandle,
+                     MessageNotFound, TopicNotFound, Unavailable)
+from .filters import parse_filter
+from .membership import Membership
+from .metadata import MetadataRepository
+from .model import (Action, ConsumeMode, Delivery, GroupConfig, Member, OutgoingMessage, Principal,
+                    PullResult, QueueLag, ResourceKind, SendResult, Subscription, TopicConfig)
+from .produce import Producer
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -61,69 +80,486 @@ class Broker:
     """The domain facade over one store and one metadata repository.
 
     Construct it, ``await start()`` on the event loop that will call it, and ``await close()``
-    before closing the store.
+    before closing the store. Runs on that event loop; not thread-safe.
     """
 
-    def __init__(self, store: Store, metadata: "MetadataRepository", data_dir: str,
-                 config: CoreConfig = CoreConfig()) -> None: ...
+    def __init__(self, store: Store, metadata: MetadataRepository, data_dir: str,
+                 config: CoreConfig = CoreConfig(), *, flush: str = "sync") -> None:
+        self.store = store
+        self.metadata = metadata
+        self.config = config
+        self.users = Users(metadata)
+        self._durable_sends = flush == "sync"
+        self._cursors = CursorBook(data_dir)
+        self._members = Membership(config.heartbeat_timeout_ms)
+        self._recent = RecentMessages(config.recent_cache_bytes)
+        self._signals = TopicSignals()
+        self._topics: dict[str, TopicConfig] = {}
+        self._groups: dict[str, GroupConfig] = {}
+        self._subscriptions: dict[tuple[str, str], Subscription] = {}
+        self._rotation = itertools.count()
+        self._tasks: list[asyncio.Task] = []
+        self._closing = False
+        self.counters: Counter[tuple[str, str]] = Counter()
+        """(metric, topic or group) -> count; sends add ``messages_in``/``bytes_in``."""
+        self._producer: Producer | None = None
+        self._reader: Reader | None = None
+
+    # --- lifecycle ---
 
     async def start(self) -> None:
-        """Load metadata and committed offsets; start timers (redelivery, member expiry, commits)."""
+        """Load metadata; start timers (member expiry, offset commits). Runs on the loop."""
+        loop = asyncio.get_running_loop()
+        store = self.store
+        durable = store.durable_offset
+        visible = getattr(store, "visible_offset", durable)
+        waiters = DurableWaiters(loop, durable, visible)
+        store.add_listener(waiters.listener)
+        self._producer = Producer(store, waiters, self._recent, self._signals,
+                                  durable=self._durable_sends, max_message_bytes=self.config.max_message_bytes)
+        self.counters = self._producer.counters
+        self._reader = Reader(store, self._recent, self._producer.deliverable_end)
+        topics, groups, subscriptions = await asyncio.to_thread(self._load_metadata)
+        self._topics = {t.name: t for t in topics}
+        self._groups = {g.name: g for g in groups}
+        self._subscriptions = {(s.group, s.topic): s for s in subscriptions}
+        self._tasks = [asyncio.create_task(self._expire_members()),
+                       asyncio.create_task(self._commit_offsets())]
+
+    def _load_metadata(self):
+        return (self.metadata.list_topics(), self.metadata.list_groups(),
+                self.metadata.list_subscriptions())
 
     async def close(self) -> None:
         """Stop timers, wake every long poll with an empty answer, persist offsets."""
+        self._closing = True
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._signals.notify_all()
+        self._cursors.write(self._cursors.snapshot())
 
-    # --- authentication (delegates to core.auth) ---
+    async def _expire_members(self) -> None:
+        period = max(0.05, self.config.heartbeat_timeout_ms / 4000)
+        while True:
+            await asyncio.sleep(period)
+            for group, client_id in self._members.expire(_now_ms()):
+                log.info("member %s of group %s missed its heartbeats; its queues are reassigned",
+                         client_id, group)
+
+    async def _commit_offsets(self) -> None:
+        period = self.config.offset_commit_interval_ms / 1000
+        while True:
+            await asyncio.sleep(period)
+            try:
+                await asyncio.to_thread(self._cursors.write, self._cursors.snapshot())
+            except OSError:
+                log.exception("could not save consumer offsets; retrying next interval")
+
+    # --- authentication ---
+
     def authenticate(self, username: str, password: str) -> Principal:
         """Principal for a username/password pair; raises Unauthenticated."""
+        return self.users.authenticate(username, password)
 
     def authenticate_signature(self, access_key: str, signed: bytes, signature_hex: str) -> Principal:
         """Principal for an HMAC-SHA1 signature of ``signed`` made with the user's secret."""
+        return self.users.authenticate_signature(access_key, signed, signature_hex)
+
+    def _allow(self, principal: Principal, action: Action, kind: ResourceKind, name: str) -> None:
+        self.users.authorize(principal, action, kind, name)
 
     # --- topics ---
-    async def create_topic(self, principal: Principal, config: TopicConfig) -> TopicConfig: ...
-    def get_topic(self, name: str) -> TopicConfig: ...          # TopicNotFound
-    def list_topics(self) -> list[TopicConfig]: ...
-    def describe_topic(self, name: str) -> TopicStats: ...
-    async def delete_topic(self, principal: Principal, name: str) -> None: ...
+
+    async def create_topic(self, principal: Principal, config: TopicConfig) -> TopicConfig:
+        """Create a topic; AlreadyExists if the name is taken."""
+        self._allow(principal, Action.ADMIN, ResourceKind.TOPIC, config.name)
+        if config.name in self._topics:
+            raise AlreadyExists(f"topic {config.name!r} exists already")
+        await asyncio.to_thread(self.metadata.create_topic, config)
+        self._topics[config.name] = config
+        if config.compacted:
+            self.store.enable_compaction(config.name)
+        return config
+
+    def get_topic(self, name: str) -> TopicConfig:
+        """The topic's settings; TopicNotFound if there is none."""
+        topic = self._topics.get(name)
+        if topic is None:
+            raise TopicNotFound(name)
+        return topic
+
+    def list_topics(self) -> list[TopicConfig]:
+        """Every topic, by name."""
+        return sorted(self._topics.values(), key=lambda t: t.name)
+
+    def describe_topic(self, name: str) -> TopicStats:
+        """A topic's settings and each queue's offset range."""
+        topic = self.get_topic(name)
+        return TopicStats(topic, tuple(QueueStats(q, *self._reader.range(name, q))
+                                       for q in range(topic.queue_count)))
+
+    async def delete_topic(self, principal: Principal, name: str) -> None:
+        """Delete a topic's metadata; its stored messages age out with retention."""
+        self._allow(principal, Action.ADMIN, ResourceKind.TOPIC, name)
+        self.get_topic(name)
+        await asyncio.to_thread(self.metadata.delete_topic, name)
+        del self._topics[name]
+        self._recent.forget_topic(name)
+        self._signals.notify(name)
 
     # --- groups and membership ---
-    async def create_group(self, principal: Principal, config: GroupConfig) -> GroupConfig: ...
-    def get_group(self, name: str) -> GroupConfig: ...          # GroupNotFound
-    def list_groups(self) -> list[GroupConfig]: ...
-    def describe_group(self, name: str) -> GroupStats: ...
-    async def delete_group(self, principal: Principal, name: str) -> None: ...
+
+    async def create_group(self, principal: Principal, config: GroupConfig) -> GroupConfig:
+        """Create a consumer group; AlreadyExists if the name is taken."""
+        self._allow(principal, Action.ADMIN, ResourceKind.GROUP, config.name)
+        if config.name in self._groups:
+            raise AlreadyExists(f"consumer group {config.name!r} exists already")
+        await asyncio.to_thread(self.metadata.create_group, config)
+        self._groups[config.name] = config
+        return config
+
+    def get_group(self, name: str) -> GroupConfig:
+        """The group's settings; GroupNotFound if there is none."""
+        group = self._groups.get(name)
+        if group is None:
+            raise GroupNotFound(name)
+        return group
+
+    def list_groups(self) -> list[GroupConfig]:
+        """Every group, by name."""
+        return sorted(self._groups.values(), key=lambda g: g.name)
+
+    def describe_group(self, name: str) -> GroupStats:
+        """A group's settings, live members, subscriptions and lag."""
+        group = self.get_group(name)
+        subscriptions = tuple(s for (g, _), s in sorted(self._subscriptions.items()) if g == name)
+        return GroupStats(group, self._members.describe(name), subscriptions, tuple(self.lag(name)))
+
+    async def delete_group(self, principal: Principal, name: str) -> None:
+        """Delete a group, its subscriptions and its offsets."""
+        self._allow(principal, Action.ADMIN, ResourceKind.GROUP, name)
+        self.get_group(name)
+        await asyncio.to_thread(self.metadata.delete_group, name)
+        del self._groups[name]
+        for key in [key for key in self._subscriptions if key[0] == name]:
+            del self._subscriptions[key]
+        self._members.drop_group(name)
+        self._cursors.drop_consumer(name)
+
+    async def _group(self, principal: Principal, name: str) -> GroupConfig:
+        """The group, created with defaults if unknown and auto-creation is on."""
+        self._allow(principal, Action.SUBSCRIBE, ResourceKind.GROUP, name)
+        group = self._groups.get(name)
+        if group is None:
+            if not self.config.auto_create_groups:
+                raise GroupNotFound(name)
+            group = GroupConfig(name)
+            try:
+                await asyncio.to_thread(self.metadata.create_group, group)
+            except AlreadyExists:
+                group = await asyncio.to_thread(self.metadata.get_group, name) or group
+            group = self._groups.setdefault(name, group)
+        return group
+
     async def heartbeat(self, principal: Principal, group: str, client_id: str,
-                        subscriptions: Sequence[Subscription] = ()) -> None: ...
-    def leave(self, group: str, client_id: str) -> None: ...
-    def assignment(self, principal: Principal, group: str, topic: str, client_id: str) -> list[int]: ...
+                        subscriptions: Sequence[Subscription] = ()) -> None:
+        """Keep ``client_id`` a live member of ``group``; record its subscriptions."""
+        await self._group(principal, group)
+        for subscription in subscriptions:
+            self.get_topic(subscription.topic)
+            parse_filter(subscription.expression, subscription.expression_type)
+            key = (group, subscription.topic)
+            if self._subscriptions.get(key) != subscription:
+                await asyncio.to_thread(self.metadata.put_subscription, subscription)
+                self._subscriptions[key] = subscription
+        topics = {s.topic for s in subscriptions} or None
+        self._members.heartbeat(group, client_id, _now_ms(), topics)
+
+    def leave(self, group: str, client_id: str) -> None:
+        """Remove a client that is shutting down; its queues go to the others."""
+        if self._members.leave(group, client_id):
+            log.info("member %s left group %s", client_id, group)
+
+    def assignment(self, principal: Principal, group: str, topic: str, client_id: str) -> list[int]:
+        """The queues of ``topic`` that ``client_id`` should consume now."""
+        self._allow(principal, Action.SUBSCRIBE, ResourceKind.TOPIC, topic)
+        self._allow(principal, Action.SUBSCRIBE, ResourceKind.GROUP, group)
+        config = self.get_topic(topic)
+        if self._consume_mode(group) is ConsumeMode.BROADCAST:
+            return list(range(config.queue_count))
+        return list(self._members.assign(group, topic, client_id, config.queue_count, _now_ms()))
+
+    def _consume_mode(self, group: str) -> ConsumeMode:
+        config = self._groups.get(group)
+        return config.consume_mode if config else ConsumeMode.CLUSTERING
+
+    def _consumer(self, group: str, client_id: str) -> str:
+        """Cursor owner: the group, or one client of a broadcast group."""
+        if self._consume_mode(group) is ConsumeMode.BROADCAST:
+            return f"{group}@{client_id}"
+        return group
 
     # --- produce ---
-    async def send(self, principal: Principal, messages: Sequence[OutgoingMessage]) -> list[SendResult]: ...
+
+    async def send(self, principal: Principal, messages: Sequence[OutgoingMessage]) -> list[SendResult]:
+        """Store messages; under ``sync`` flush return once they are durable."""
+        if self._closing:
+            raise Unavailable("the broker is shutting down; retry against the restarted broker")
+        if not messages:
+            raise InvalidArgument("a send needs at least one message")
+        for topic in {m.topic for m in messages}:
+            self._allow(principal, Action.PUBLISH, ResourceKind.TOPIC, topic)
+        return await self._producer.send(self.get_topic, messages)
 
     # --- message-level (pop) consumption ---
+
     async def receive(self, principal: Principal, group: str, topic: str, client_id: str, *,
                       expression: str = "*", max_messages: int = 32, invisible_ms: int | None = None,
-                      wait_ms: int = 0, queue_id: int | None = None) -> list[Delivery]: ...
-    async def ack(self, principal: Principal, group: str, topic: str, receipt_handle: str) -> None: ...
+                      wait_ms: int = 0, queue_id: int | None = None,
+                      expression_type: str = "TAG") -> list[Delivery]:
+        """Pop up to ``max_messages``, waiting up to ``wait_ms`` for some to arrive.
+
+        A client that asked for an assignment pops only the queue it names, and nothing if
+        that queue is no longer its own; any other client pops every queue of the topic.
+        """
+        self._allow(principal, Action.SUBSCRIBE, ResourceKind.TOPIC, topic)
+        config = self.get_topic(topic)
+        group_config = await self._group(principal, group)
+        tags = parse_filter(expression, expression_type)
+        if not 1 <= max_messages <= 1024:
+            raise InvalidArgument(f"max_messages {max_messages} is out of range: use 1-1024")
+        invisible = self.config.default_invisible_ms if invisible_ms is None else invisible_ms
+        if not MIN_INVISIBLE_MS <= invisible <= MAX_INVISIBLE_MS:
+            raise InvalidArgument(f"invisible duration {invisible} ms is out of range: use "
+                                  f"{MIN_INVISIBLE_MS} ms to 12 h")
+        queues = self._receive_queues(group, topic, client_id, config, queue_id)
+        consumer = self._consumer(group, client_id)
+        deadline = _now_ms() + min(max(0, wait_ms), self.config.max_long_poll_ms)
+        while True:
+            found = await self._pop(consumer, topic, queues, tags, invisible, max_messages,
+                                    group_config.retry.max_attempts)
+            now = _now_ms()
+            if found or now >= deadline or self._closing or topic not in self._topics:
+                self.counters["messages_out", topic] += len(found)
+                return found
+            wake = deadline
+            for q in queues:
+                cursor = self._cursors.get((consumer, topic, q))
+                if cursor is not None and (due := cursor.next_deadline()) is not None:
+                    wake = min(wake, due)
+            await self._signals.wait((topic,), max(0.001, (wake - now) / 1000))
+
+    def _receive_queues(self, group: str, topic: str, client_id: str, config: TopicConfig,
+                        queue_id: int | None) -> list[int]:
+        assigned = self._members.assigned(group, client_id, topic)
+        if assigned is not None and queue_id is not None and queue_id >= 0:
+            return [queue_id] if queue_id in assigned else []
+        start = next(self._rotation)
+        count = config.queue_count
+        return [(start + i) % count for i in range(count)]
+
+    async def _pop(self, consumer: str, topic: str, queues: list[int], tags, invisible_ms: int,
+                   limit: int, max_attempts: int) -> list[Delivery]:
+        found: list[Delivery] = []
+        now = _now_ms()
+        for q in queues:
+            if len(found) >= limit:
+                break
+            cursor = self._cursors.open((consumer, topic, q), self._start_offset(consumer, topic, q))
+            popped = pop_queue(self._reader, cursor, consumer, topic, q, tags, now, invisible_ms,
+                               limit - len(found), max_attempts)
+            found += popped.deliveries
+            for message in popped.dead:
+                await self._dead_letter(consumer, message)
+                cursor.ack(message.queue_offset)
+        return found
+
+    def _start_offset(self, consumer: str, topic: str, queue_id: int) -> int:
+        """Where a consumer new to a queue starts: the earliest message for a group, the
+        end for one client of a broadcast group."""
+        earliest, end = self._reader.range(topic, queue_id)
+        return end if "@" in consumer else earliest
+
+    async def _dead_letter(self, consumer: str, message: Delivery) -> None:
+        group = consumer.partition("@")[0]
+        dlq = await self._dead_letter_topic(group)
+        properties = dict(message.properties)
+        properties.update({"sluice.dlq.origin_topic": message.topic,
+                           "sluice.dlq.origin_msg_id": message.msg_id,
+                           "sluice.dlq.attempts": str(message.attempt)})
+        await self._producer.send(self.get_topic, [OutgoingMessage(
+            dlq, message.body, message.tag, message.keys, properties, born_ts=message.born_ts)])
+        self.counters["dead_lettered", group] += 1
+        log.info("message %s of topic %s moved to %s after %d attempts", message.msg_id,
+                 message.topic, dlq, message.attempt)
+
+    async def _dead_letter_topic(self, group: str) -> str:
+        name = DEAD_LETTER_PREFIX + group
+        if name not in self._topics:
+            config = TopicConfig(name, queue_count=1)
+            try:
+                await asyncio.to_thread(self.metadata.create_topic, config)
+            except AlreadyExists:
+                pass
+            self._topics.setdefault(name, config)
+        return name
+
+    def _flight(self, principal: Principal, group: str, topic: str, receipt_handle: str):
+        self._allow(principal, Action.SUBSCRIBE, ResourceKind.TOPIC, topic)
+        self._allow(principal, Action.SUBSCRIBE, ResourceKind.GROUP, group)
+        self.get_topic(topic)
+        consumer_candidates = [group]
+        if self._consume_mode(group) is ConsumeMode.BROADCAST:
+            consumer_candidates = [k[0] for k in self._cursors.cursors
+                                   if k[0].startswith(group + "@") and k[1] == topic]
+        for consumer in consumer_candidates:
+            try:
+                handle = parse_handle(receipt_handle, consumer, topic)
+            except InvalidReceiptHandle:
+                continue
+            cursor = self._cursors.get((consumer, topic, handle.queue_id))
+            if cursor is None:
+                break
+            return consumer, cursor, settle(cursor, handle)
+        raise InvalidReceiptHandle("receipt handle does not name a message this group received "
+                                   "from this topic; pass the handle exactly as it came with the message")
+
+    async def ack(self, principal: Principal, group: str, topic: str, receipt_handle: str) -> None:
+        """Settle a popped message; ReceiptExpired if its invisible duration had ended."""
+        _, cursor, offset = self._flight(principal, group, topic, receipt_handle)
+        cursor.ack(offset)
+
     async def change_invisible(self, principal: Principal, group: str, topic: str,
-                               receipt_handle: str, invisible_ms: int) -> str: ...
+                               receipt_handle: str, invisible_ms: int) -> str:
+        """Hide a popped message for ``invisible_ms`` from now; return its new receipt handle."""
+        if not 0 <= invisible_ms <= MAX_INVISIBLE_MS:
+            raise InvalidArgument(f"invisible duration {invisible_ms} ms is out of range: use 0 to 12 h")
+        consumer, cursor, offset = self._flight(principal, group, topic, receipt_handle)
+        flight = cursor.extend(offset, _now_ms(), invisible_ms)
+        if invisible_ms == 0:
+            self._signals.notify(topic)
+        queue_id = parse_handle(receipt_handle, consumer, topic).queue_id
+        return make_handle(consumer, topic, queue_id, offset, flight.version)
+
     async def forward_to_dead_letter(self, principal: Principal, group: str, topic: str,
-                                     receipt_handle: str) -> None: ...
+                                     receipt_handle: str) -> None:
+        """Move a popped message to the group's dead-letter topic and settle it."""
+        consumer, cursor, offset = self._flight(principal, group, topic, receipt_handle)
+        queue_id = parse_handle(receipt_handle, consumer, topic).queue_id
+        message = self._reader.read_one(topic, queue_id, offset)
+        if message is not None:
+            attempt = cursor.inflight[offset].attempt
+            await self._dead_letter(consumer, dataclasses.replace(message, attempt=attempt))
+        cursor.ack(offset)
 
     # --- queue-level consumption and offsets ---
+
     async def pull(self, principal: Principal, group: str, topic: str, queue_id: int, offset: int, *,
-                   max_messages: int = 32, wait_ms: int = 0, expression: str = "*") -> PullResult: ...
+                   max_messages: int = 32, wait_ms: int = 0, expression: str = "*",
+                   expression_type: str = "TAG") -> PullResult:
+        """Read a queue by offset, waiting up to ``wait_ms`` when there is nothing new."""
+        self._allow(principal, Action.SUBSCRIBE, ResourceKind.TOPIC, topic)
+        config = self.get_topic(topic)
+        self._check_queue(config, queue_id)
+        tags = parse_filter(expression, expression_type)
+        if not 1 <= max_messages <= 10_000:
+            raise InvalidArgument(f"max_messages {max_messages} is out of range: use 1-10000")
+        deadline = _now_ms() + min(max(0, wait_ms), self.config.max_long_poll_ms)
+        while True:
+            messages, next_offset, earliest, end = pull_queue(self._reader, topic, queue_id, offset,
+                                                              max_messages, tags)
+            now = _now_ms()
+            if messages or now >= deadline or self._closing:
+                self.counters["messages_out", topic] += len(messages)
+                return PullResult(messages, next_offset, earliest, end)
+            offset = next_offset
+            await self._signals.wait((topic,), (deadline - now) / 1000)
+
+    def _check_queue(self, config: TopicConfig, queue_id: int) -> None:
+        if not 0 <= queue_id < config.queue_count:
+            raise InvalidArgument(f"queue {queue_id} does not exist in topic {config.name!r}, "
+                                  f"which has queues 0-{config.queue_count - 1}")
+
     def commit_offset(self, principal: Principal, group: str, topic: str, queue_id: int, offset: int,
-                      client_id: str = "") -> None: ...
+                      client_id: str = "") -> None:
+        """Record that ``group`` has consumed ``topic``/``queue_id`` up to ``offset``."""
+        self._allow(principal, Action.SUBSCRIBE, ResourceKind.GROUP, group)
+        self._allow(principal, Action.SUBSCRIBE, ResourceKind.TOPIC, topic)
+        self._check_queue(self.get_topic(topic), queue_id)
+        if offset < 0:
+            raise InvalidArgument(f"offset {offset} is negative")
+        consumer = self._consumer(group, client_id)
+        cursor = self._cursors.open((consumer, topic, queue_id), offset)
+        cursor.reset(offset)
+
     def committed_offset(self, principal: Principal, group: str, topic: str, queue_id: int,
-                         client_id: str = "") -> int: ...
+                         client_id: str = "") -> int:
+        """The group's committed offset in a queue; -1 if it has none."""
+        self._allow(principal, Action.SUBSCRIBE, ResourceKind.GROUP, group)
+        self._check_queue(self.get_topic(topic), queue_id)
+        cursor = self._cursors.get((self._consumer(group, client_id), topic, queue_id))
+        return -1 if cursor is None else cursor.committed
+
     def offset_at(self, topic: str, queue_id: int, where: str | int) -> int:
         """``'earliest'``, ``'latest'`` or a timestamp in ms: the queue offset there."""
+        self._check_queue(self.get_topic(topic), queue_id)
+        earliest, end = self._reader.range(topic, queue_id)
+        if where == "earliest":
+            return earliest
+        if where == "latest":
+            return end
+        if isinstance(where, int):
+            return min(end, max(earliest, self.store.offset_for_time(topic, queue_id, where)))
+        raise InvalidArgument(f"offset position {where!r} is not 'earliest', 'latest' or a timestamp")
+
     async def reset_offsets(self, principal: Principal, group: str, topic: str,
-                            timestamp_ms: int) -> dict[int, int]: ...
-    def lag(self, group: str) -> list[QueueLag]: ...
+                            timestamp_ms: int) -> dict[int, int]:
+        """Move the group's position in every queue of ``topic`` to ``timestamp_ms``."""
+        self._allow(principal, Action.ADMIN, ResourceKind.GROUP, group)
+        self.get_group(group)
+        config = self.get_topic(topic)
+        moved = {}
+        for q in range(config.queue_count):
+            offset = self.offset_at(topic, q, timestamp_ms)
+            consumers = {k[0] for k in self._cursors.cursors if k[1] == topic
+                         and (k[0] == group or k[0].startswith(group + "@"))} or {group}
+            for consumer in consumers:
+                self._cursors.open((consumer, topic, q), offset).reset(offset)
+            moved[q] = offset
+        self._signals.notify(topic)
+        return moved
+
+    def lag(self, group: str) -> list[QueueLag]:
+        """The group's committed offset, end and in-flight count for every queue it consumes."""
+        out = []
+        for (consumer, topic, q), cursor in sorted(self._cursors.cursors.items()):
+            if (consumer == group or consumer.startswith(group + "@")) and topic in self._topics:
+                out.append(QueueLag(topic, q, cursor.committed, self._reader.range(topic, q)[1],
+                                    len(cursor.inflight)))
+        return out
 
     # --- lookup ---
-    def lookup_message(self, principal: Principal, msg_id: str) -> Delivery: ...   # MessageNotFound
-    def lookup_key(self, principal: Principal, topic: str, key: str, limit: int = 32) -> list[Delivery]: ...
+
+    def lookup_message(self, principal: Principal, msg_id: str) -> Delivery:
+        """The message with id ``msg_id``; MessageNotFound if none."""
+        stored = self.store.lookup_id(msg_id)
+        if stored is None:
+            raise MessageNotFound(f"no message has id {msg_id!r}; it may have aged out with retention")
+        self._allow(principal, Action.SUBSCRIBE, ResourceKind.TOPIC, stored.topic)
+        return to_delivery(stored)
+
+    def lookup_key(self, principal: Principal, topic: str, key: str, limit: int = 32) -> list[Delivery]:
+        """Messages of ``topic`` carrying business key ``key``, newest first."""
+        self._allow(principal, Action.SUBSCRIBE, ResourceKind.TOPIC, topic)
+        self.get_topic(topic)
+        return [to_delivery(m) for m in self.store.lookup_key(topic, key, limit)]
+
+
+DEAD_LETTER_PREFIX = "%DLQ%"
+MIN_INVISIBLE_MS = 100
+MAX_INVISIBLE_MS = 12 * 3_600_000
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)

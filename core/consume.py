@@ -1,0 +1,208 @@
+"""The read path: message-level pop with invisible durations, and pull by offset.
+
+A receipt handle names one delivery of one message: boot id, queue, offset, the flight's
+version and a check of the consumer and topic. Changing the invisible duration issues a new
+version, so an older handle stops working; a handle from before a broker restart is refused as
+expired (the message will be delivered again).
+
+Runs on the event loop; not thread-safe.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import zlib
+from collections.abc import Callable
+from typing import NamedTuple
+
+from store.api import Store
+from store.errors import StoreError
+
+from .cursors import Cursor, CursorBook
+from .delivery import RecentMessages
+from .errors import InvalidReceiptHandle, OffsetOutOfRange, ReceiptExpired
+from .filters import TagFilter
+from .model import Delivery
+
+MAX_IN_FLIGHT_SPAN = 100_000
+"""A pop cursor stops taking new messages when this many offsets separate it from the oldest
+unacked one, so one stuck message cannot make a queue's state grow without bound."""
+
+BOOT_ID = os.urandom(4).hex()
+
+
+class Handle(NamedTuple):
+    """A parsed receipt handle."""
+
+    queue_id: int
+    offset: int
+    version: int
+    check: int
+
+
+def consumer_check(consumer: str, topic: str) -> int:
+    """A short checksum tying a handle to one consumer and topic."""
+    return zlib.crc32(f"{consumer}\0{topic}".encode()) & 0xFFFF
+
+
+def make_handle(consumer: str, topic: str, queue_id: int, offset: int, version: int) -> str:
+    """The receipt handle of one delivery."""
+    return f"{BOOT_ID}.{queue_id}.{offset}.{version}.{consumer_check(consumer, topic):04x}"
+
+
+def parse_handle(handle: str, consumer: str, topic: str) -> Handle:
+    """Parse and check a receipt handle; raise InvalidReceiptHandle or ReceiptExpired."""
+    parts = handle.split(".")
+    try:
+        boot, queue_id, offset, version, check = parts
+        parsed = Handle(int(queue_id), int(offset), int(version), int(check, 16))
+    except ValueError:
+        raise InvalidReceiptHandle(f"receipt handle {handle[:80]!r} is malformed; pass the handle "
+                                   "exactly as it came with the message") from None
+    if parsed.check != consumer_check(consumer, topic):
+        raise InvalidReceiptHandle("receipt handle was issued for another consumer group or topic; "
+                                   "ack with the group and topic that received the message")
+    if boot != BOOT_ID:
+        raise ReceiptExpired("receipt handle was issued before the broker restarted; the message "
+                             "will be delivered again")
+    return parsed
+
+
+def to_delivery(stored) -> Delivery:
+    """A consumer-facing view of a stored record."""
+    return Delivery(stored.topic, stored.queue_id, stored.queue_offset, stored.msg_id, stored.body,
+                    stored.tag, stored.keys, stored.properties, stored.born_ts, stored.store_ts)
+
+
+class Reader:
+    """Reads queues through the recent-message cache, falling back to the store."""
+
+    def __init__(self, store: Store, recent: RecentMessages, deliverable_end: Callable[[str, int], int]) -> None:
+        self._store = store
+        self._recent = recent
+        self.deliverable_end = deliverable_end
+
+    def range(self, topic: str, queue_id: int) -> tuple[int, int]:
+        """(earliest offset, deliverable end) of a queue."""
+        return self._store.queue_range(topic, queue_id)[0], self.deliverable_end(topic, queue_id)
+
+    def read(self, topic: str, queue_id: int, offset: int, limit: int) -> list[Delivery]:
+        """Up to ``limit`` deliverable messages from ``offset`` on."""
+        limit = min(limit, self.deliverable_end(topic, queue_id) - offset)
+        if limit <= 0:
+            return []
+        cached = self._recent.get(topic, queue_id, offset, limit)
+        if cached:
+            return cached
+        try:
+            return [to_delivery(m) for m in self._store.read(topic, queue_id, offset, limit)]
+        except StoreError:
+            return []
+
+    def read_one(self, topic: str, queue_id: int, offset: int) -> Delivery | None:
+        """The message at ``offset``, or None if it is gone (retention) or unreadable."""
+        found = self.read(topic, queue_id, offset, 1)
+        return found[0] if found and found[0].queue_offset == offset else None
+
+
+class Popped(NamedTuple):
+    """What one pop pass produced."""
+
+    deliveries: list[Delivery]
+    dead: list[Delivery]
+    """Messages past their maximum attempts: to be moved to the dead-letter queue."""
+
+
+def pop_queue(reader: Reader, cursor: Cursor, consumer: str, topic: str, queue_id: int,
+              tags: TagFilter, now_ms: int, invisible_ms: int, limit: int, max_attempts: int) -> Popped:
+    """Take up to ``limit`` messages from one queue: due redeliveries first, then new ones."""
+    out: list[Delivery] = []
+    dead: list[Delivery] = []
+    for offset in cursor.expired(now_ms, limit):
+        message = reader.read_one(topic, queue_id, offset)
+        if message is None:
+            cursor.ack(offset)
+        elif cursor.inflight[offset].attempt >= max_attempts:
+            dead.append(_hold_for_dead_letter(message, cursor, offset, now_ms, invisible_ms))
+        else:
+            flight = cursor.deliver(offset, now_ms, invisible_ms)
+            out.append(_deliver(message, consumer, cursor, offset, flight.attempt))
+    earliest, end = reader.range(topic, queue_id)
+    if cursor.next < earliest:
+        cursor.skip_to(earliest)
+    while len(out) < limit and cursor.next < end and cursor.next - cursor.committed < MAX_IN_FLIGHT_SPAN:
+        batch = reader.read(topic, queue_id, cursor.next, min(limit - len(out), end - cursor.next) + 16)
+        if not batch:
+            break
+        for message in batch:
+            offset = message.queue_offset
+            if offset < cursor.next:
+                continue
+            if len(out) >= limit:
+                break
+            cursor.next = offset + 1
+            if offset in cursor.acked:
+                continue
+            if not tags.accepts(message.tag):
+                cursor.ack(offset)
+                continue
+            if cursor.attempts.get(offset, 0) >= max_attempts:
+                dead.append(_hold_for_dead_letter(message, cursor, offset, now_ms, invisible_ms))
+                continue
+            flight = cursor.deliver(offset, now_ms, invisible_ms)
+            out.append(_deliver(message, consumer, cursor, offset, flight.attempt))
+    return Popped(out, dead)
+
+
+def _hold_for_dead_letter(message: Delivery, cursor: Cursor, offset: int, now_ms: int,
+                          invisible_ms: int) -> Delivery:
+    """Keep a message past its attempts hidden while it is copied to the dead-letter queue."""
+    if offset in cursor.inflight:
+        flight = cursor.extend(offset, now_ms, invisible_ms)
+    else:
+        attempts = cursor.attempts.pop(offset)
+        flight = cursor.deliver(offset, now_ms, invisible_ms)
+        flight.attempt = attempts
+    return dataclasses.replace(message, attempt=flight.attempt)
+
+
+def _deliver(message: Delivery, consumer: str, cursor: Cursor, offset: int, attempt: int) -> Delivery:
+    flight = cursor.inflight[offset]
+    return dataclasses.replace(
+        message, attempt=attempt, invisible_until_ms=flight.deadline_ms,
+        receipt_handle=make_handle(consumer, message.topic, message.queue_id, offset, flight.version))
+
+
+def settle(cursor: Cursor, handle: Handle) -> int:
+    """Check that ``handle`` names the live flight of its message; return the offset."""
+    flight = cursor.inflight.get(handle.offset)
+    if flight is None:
+        if handle.offset < cursor.committed or handle.offset in cursor.acked:
+            raise ReceiptExpired("the message was acked already")
+        raise ReceiptExpired("the message's invisible duration ended and it was or will be "
+                             "delivered again; ack the newer delivery")
+    if flight.version != handle.version:
+        raise ReceiptExpired("receipt handle was superseded (the invisible duration was changed "
+                             "or the message redelivered); use the newest handle")
+    return handle.offset
+
+
+def pull_queue(reader: Reader, topic: str, queue_id: int, offset: int, limit: int,
+               tags: TagFilter) -> tuple[list[Delivery], int, int, int]:
+    """Read by offset: (matching messages, next offset, earliest, deliverable end)."""
+    earliest, end = reader.range(topic, queue_id)
+    if offset > end:
+        raise OffsetOutOfRange(f"offset {offset} is past the end of queue {queue_id} of topic "
+                               f"{topic!r} (next offset {end}); pull from {end} or earlier")
+    offset = max(offset, earliest)
+    out: list[Delivery] = []
+    while offset < end and len(out) < limit:
+        batch = reader.read(topic, queue_id, offset, limit - len(out))
+        if not batch:
+            break
+        for message in batch:
+            offset = message.queue_offset + 1
+            if tags.accepts(message.tag):
+                out.append(message)
+    return out, offset, earliest, end

@@ -1,0 +1,120 @@
+"""The write path: validate messages, choose queues, append, and publish what became deliverable.
+
+Consumers only ever see messages that can no longer vanish: under the ``sync`` flush policy a
+message becomes deliverable once durable, under ``async`` once written to the log. Until then
+it is neither served to consumers nor counted in the queue's deliverable range.
+
+Runs on the event loop; not thread-safe.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import time
+import zlib
+from collections import Counter
+from collections.abc import Callable, Sequence
+
+from store.api import AppendResult, Message, Store
+
+from .delivery import RecentMessages, TopicSignals
+from .durable import BatchingAppender, DurableWaiters
+from .errors import InvalidArgument, MessageTooLarge, NotSupported
+from .model import Delivery, MessageType, OutgoingMessage, SendResult, TopicConfig
+
+MESSAGE_GROUP = "sluice.message_group"
+"""Property carrying a FIFO message's group."""
+RESERVED_PREFIX = "sluice."
+MAX_PROPERTY_BYTES = 16 << 10
+
+
+class Producer:
+    """Appends messages for every adapter and tracks each queue's deliverable end."""
+
+    def __init__(self, store: Store, waiters: DurableWaiters, recent: RecentMessages,
+                 signals: TopicSignals, *, durable: bool, max_message_bytes: int) -> None:
+        self._store = store
+        self._waiters = waiters
+        self._recent = recent
+        self._signals = signals
+        self._durable = durable
+        self.max_message_bytes = max_message_bytes
+        self._appender = BatchingAppender(store, waiters, durable=durable, on_batch=self._appended)
+        self._deliverable: dict[tuple[str, int], int] = {}
+        self._round_robin: dict[str, itertools.count] = {}
+        self.counters: Counter[tuple[str, str]] = Counter()
+        """(metric, topic) -> count: ``messages_in`` and ``bytes_in``."""
+
+    def deliverable_end(self, topic: str, queue_id: int) -> int:
+        """One past the newest offset of the queue that consumers may see."""
+        end = self._deliverable.get((topic, queue_id))
+        return self._store.queue_range(topic, queue_id)[1] if end is None else end
+
+    async def send(self, topics: Callable[[str], TopicConfig], messages: Sequence[OutgoingMessage]) -> list[SendResult]:
+        """Store ``messages`` (validated first, all or none accepted); return where they landed."""
+        prepared = [self._prepare(topics(m.topic), m) for m in messages]
+        futures = [self._appender.append(message) for message in prepared]
+        results = await asyncio.gather(*futures)
+        return [SendResult(r.msg_id, r.topic, r.queue_id, r.queue_offset, r.store_ts) for r in results]
+
+    def _prepare(self, topic: TopicConfig, message: OutgoingMessage) -> Message:
+        size = len(message.body)
+        if size > self.max_message_bytes:
+            raise MessageTooLarge(
+                f"message body of {size} bytes exceeds the limit of {self.max_message_bytes} bytes; "
+                "split it, or raise core.max_message_bytes in the broker config")
+        if message.delivery_ts and message.delivery_ts > time.time() * 1000:
+            raise NotSupported("delayed delivery is not supported in this version; send without a "
+                               "delivery timestamp")
+        if topic.message_type is MessageType.TRANSACTION:
+            raise NotSupported(f"topic {topic.name!r} is transactional; transactions are not "
+                               "supported in this version")
+        properties = dict(message.properties)
+        if sum(len(k) + len(v) for k, v in properties.items()) > MAX_PROPERTY_BYTES:
+            raise InvalidArgument(f"message properties exceed {MAX_PROPERTY_BYTES} bytes; keep "
+                                  "large data in the body")
+        if message.message_group:
+            properties[MESSAGE_GROUP] = message.message_group
+        return Message(topic.name, message.body, self._queue_for(topic, message), message.tag,
+                       tuple(message.keys), properties or None, message.msg_id,
+                       message.born_ts or int(time.time() * 1000))
+
+    def _queue_for(self, topic: TopicConfig, message: OutgoingMessage) -> int:
+        if message.queue_id is not None:
+            if not 0 <= message.queue_id < topic.queue_count:
+                raise InvalidArgument(f"queue {message.queue_id} does not exist in topic "
+                                      f"{topic.name!r}, which has queues 0-{topic.queue_count - 1}")
+            return message.queue_id
+        if message.message_group:
+            return zlib.crc32(message.message_group.encode()) % topic.queue_count
+        counter = self._round_robin.get(topic.name)
+        if counter is None:
+            counter = self._round_robin[topic.name] = itertools.count()
+        return next(counter) % topic.queue_count
+
+    def _appended(self, messages: list[Message], results: list[AppendResult]) -> None:
+        """On the loop, right after an append: cache the messages, publish once deliverable."""
+        deliverable = self._deliverable
+        touched: dict[tuple[str, int], int] = {}
+        for message, result in zip(messages, results):
+            key = (result.topic, result.queue_id)
+            if key not in deliverable:
+                deliverable[key] = result.queue_offset
+            touched[key] = result.queue_offset + 1
+            self._recent.add(Delivery(result.topic, result.queue_id, result.queue_offset, result.msg_id,
+                                      message.body, message.tag, tuple(message.keys),
+                                      message.properties or {}, message.born_ts, result.store_ts))
+            self.counters["messages_in", result.topic] += 1
+            self.counters["bytes_in", result.topic] += len(message.body)
+        publish = self._waiters.call_when_durable if self._durable else self._waiters.call_when_visible
+        publish(results[-1].end_offset, lambda: self._publish(touched))
+
+    def _publish(self, touched: dict[tuple[str, int], int]) -> None:
+        topics = set()
+        for key, end in touched.items():
+            if end > self._deliverable[key]:
+                self._deliverable[key] = end
+            topics.add(key[0])
+        for topic in topics:
+            self._signals.notify(topic)
