@@ -1,22 +1,70 @@
-"""The `sluice` command: the composition root that will start every protocol adapter over one core."""
+"""The `sluice` command: `serve` (the broker), admin and data commands against it, offline store tools.
+
+`serve` builds the configuration (file, then SLUICE_* environment, then these flags) and hands it
+to the composition root in ``protocols.app``. `topic`, `group`, `message` and `user` talk to a
+running broker's admin HTTP API (``protocols.cli_admin``); `send` and `consume` use the native
+SDK (``protocols.cli_data``); `store inspect|verify` read a data directory offline.
+"""
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
 
-DEFAULT_DATA_DIR = "./data"
+from .cli_admin import add_admin_commands
+from .cli_data import add_data_commands
+
+SERVE_FLAGS = {  # flag destination -> config path it overrides
+    "data_dir": "data_dir", "flush": "store.flush", "flush_interval_ms": "store.flush_interval_ms",
+    "host": "host", "native_port": "native.port", "admin_port": "admin.port",
+    "advertised_host": "native.advertised_host", "metadata_url": "metadata_url",
+    "allow_anonymous": "auth.allow_anonymous",
+}
 
 
 def _serve(args: argparse.Namespace) -> int:
-    """Report that this version has no protocol listener yet, and which data directory it would use."""
-    print("sluice: no protocol listener exists yet in this version; "
-          "MQTT, AMQP and native gRPC arrive in later releases.")
-    print(f"data directory it would use: {args.data_dir.resolve()}")
-    return 0
+    """Run the broker until SIGTERM/SIGINT with the configuration from file, environment and flags."""
+    from .app import serve
+    from .config import ConfigError, load_config
+
+    try:
+        config = load_config(args.config, os.environ,
+                             {path: getattr(args, dest) for dest, path in SERVE_FLAGS.items()})
+    except ConfigError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    return serve(config)
+
+
+def _add_serve(commands: argparse._SubParsersAction) -> None:
+    text = ("Run the broker: native gRPC on 127.0.0.1:8081, admin API and metrics on "
+            "127.0.0.1:8080. Settings come from --config FILE (TOML), then SLUICE_* environment "
+            "variables (SLUICE_NATIVE_PORT, SLUICE_STORE_FLUSH, ...), then these flags.")
+    serve = commands.add_parser("serve", help="Run the broker.", description=text)
+    serve.add_argument("--config", metavar="FILE", default=os.environ.get("SLUICE_CONFIG"),
+                       help="TOML config file (default: $SLUICE_CONFIG, else none)")
+    serve.add_argument("--data-dir", metavar="DIR", help="directory holding the store and "
+                       "metadata (default: ./data)")
+    serve.add_argument("--flush", choices=["sync", "async"],
+                       help="sync: acknowledge after fsync (default); async: fsync on an interval")
+    serve.add_argument("--flush-interval-ms", type=int, metavar="MS",
+                       help="fsync interval under --flush async (default: 200)")
+    serve.add_argument("--host", help="address every listener binds (default: 127.0.0.1)")
+    serve.add_argument("--native-port", type=int, metavar="PORT",
+                       help="native gRPC port (default: 8081; 0 picks a free one)")
+    serve.add_argument("--admin-port", type=int, metavar="PORT",
+                       help="admin API and metrics port (default: 8080; 0 picks a free one)")
+    serve.add_argument("--advertised-host", metavar="HOST",
+                       help="host native clients are told to connect to (default: the one they used)")
+    serve.add_argument("--metadata-url", metavar="URL",
+                       help="SQLAlchemy URL of the metadata database (default: SQLite in the data dir)")
+    serve.add_argument("--allow-anonymous", action="store_true", default=None,
+                       help="let clients without credentials connect (default: refuse them)")
+    serve.set_defaults(handler=_serve)
 
 
 def _missing_data_dir(path: Path) -> int | None:
@@ -68,10 +116,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="sluice", description="Sluice message broker.")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    serve = commands.add_parser("serve", help="Run the broker.", description="Run the broker.")
-    serve.add_argument("--data-dir", type=Path, default=DEFAULT_DATA_DIR, metavar="DIR",
-                       help="directory holding the store (default: %(default)s)")
-    serve.set_defaults(handler=_serve)
+    _add_serve(commands)
+    add_admin_commands(commands)
+    add_data_commands(commands)
 
     store = commands.add_parser("store", help="Read an existing store offline.",
                                 description="Read an existing store offline (no broker needed).")

@@ -37,6 +37,7 @@ RULES = [
     Rule("protocols.mqtt", ("protocols.amqp", "protocols.native")),
     Rule("protocols.amqp", ("protocols.mqtt", "protocols.native")),
     Rule("protocols.native", ("protocols.mqtt", "protocols.amqp")),
+    Rule("protocols.admin", ("protocols.mqtt", "protocols.amqp", "protocols.native")),
 ]
 
 

@@ -1,0 +1,62 @@
+"""The admin API's one error table: core errors to HTTP statuses and JSON error bodies.
+
+Every error body is ``{"error": CODE, "message": TEXT}``; TEXT says what went wrong and what to
+do next (core's messages already do). An error class not in the table is looked up by its
+bases, so a new subclass of ``NotFound`` is a 404 without touching this file.
+"""
+
+from __future__ import annotations
+
+from aiohttp import web
+
+from core import errors as core
+
+STATUS: dict[type[Exception], tuple[int, str]] = {
+    core.Unauthenticated: (401, "unauthenticated"),
+    core.AccessDenied: (403, "forbidden"),
+    core.NotFound: (404, "not_found"),
+    core.TopicNotFound: (404, "topic_not_found"),
+    core.GroupNotFound: (404, "group_not_found"),
+    core.UserNotFound: (404, "user_not_found"),
+    core.MessageNotFound: (404, "message_not_found"),
+    core.AlreadyExists: (409, "already_exists"),
+    core.InvalidArgument: (400, "invalid_argument"),
+    core.BadFilter: (400, "bad_filter"),
+    core.MessageTooLarge: (413, "message_too_large"),
+    core.OffsetOutOfRange: (416, "offset_out_of_range"),
+    core.InvalidReceiptHandle: (400, "invalid_receipt_handle"),
+    core.ReceiptExpired: (409, "receipt_expired"),
+    core.NotSupported: (501, "not_supported"),
+    core.Unavailable: (503, "unavailable"),
+    core.SluiceError: (500, "internal"),
+}
+
+
+class HttpProblem(Exception):
+    """An error the admin API itself detects (bad JSON, missing field): status, code, message."""
+
+    def __init__(self, status: int, code: str, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.code = code
+
+
+def status_for(error: Exception) -> tuple[int, str]:
+    """(HTTP status, error code) for ``error``: the nearest class in STATUS along its MRO."""
+    if isinstance(error, HttpProblem):
+        return error.status, error.code
+    for cls in type(error).__mro__:
+        if cls in STATUS:
+            return STATUS[cls]
+    return 500, "internal"
+
+
+def error_response(error: Exception) -> web.Response:
+    """The JSON response for ``error``; a 401 also asks the client for Basic credentials."""
+    status, code = status_for(error)
+    message = str(error) or code.replace("_", " ")
+    if status == 500 and not isinstance(error, core.SluiceError | HttpProblem):
+        message = (f"internal error ({type(error).__name__}: {error}); the broker's log has "
+                   "the details")
+    headers = {"WWW-Authenticate": 'Basic realm="sluice"'} if status == 401 else None
+    return web.json_response({"error": code, "message": message}, status=status, headers=headers)

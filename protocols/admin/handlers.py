@@ -1,0 +1,315 @@
+"""Admin API handlers: each turns one HTTP request into core calls and returns plain JSON data.
+
+Handlers run on the broker's event loop; they call the ``Broker`` facade (and ``broker.users``)
+and must not block for long. Access was checked before a handler runs (see ``access.py``);
+handlers that list things filter by what the caller may read. A handler returns JSON-able data
+(the route's success status is in the route table) or a ready ``web.Response``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import dataclasses
+import enum
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from aiohttp import web
+
+from core.errors import AccessDenied, NotFound, UserNotFound
+from core.model import (Action, ConsumeMode, Delivery, GroupConfig, MessageType, Permission,
+                        Principal, ResourceKind, RetryPolicy, TopicConfig)
+
+from .access import may_read
+from .errors import HttpProblem
+
+
+@dataclass(frozen=True)
+class AdminDeps:
+    """What the admin API reads: the broker facade, and the store and metadata for health."""
+
+    broker: Any
+    store: Any = None
+    metadata: Any = None
+    connected_clients: Callable[[], int] | None = None
+    """Live protocol connections (e.g. the native server's), for /metrics; None if unknown."""
+
+
+DEPS: web.AppKey[AdminDeps] = web.AppKey("deps", AdminDeps)
+
+
+def deps(request: web.Request) -> AdminDeps:
+    return request.app[DEPS]
+
+
+# --- JSON helpers ---
+
+def plain(value: Any) -> Any:
+    """Dataclasses, enums, sets, mappings and bytes as JSON-able values."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, enum.Enum):
+        return value.value
+    if isinstance(value, Mapping):
+        return {str(k): plain(v) for k, v in value.items()}
+    if isinstance(value, (set, frozenset)):
+        return sorted(plain(v) for v in value)
+    if isinstance(value, (list, tuple)):
+        return [plain(v) for v in value]
+    if isinstance(value, bytes):
+        return base64.b64encode(value).decode()
+    return value
+
+
+def message_json(delivery: Delivery) -> dict[str, Any]:
+    """A stored message: body as base64, plus ``body_text`` when the body is valid UTF-8."""
+    try:
+        text: str | None = delivery.body.decode("utf-8")
+    except UnicodeDecodeError:
+        text = None
+    return {"msg_id": delivery.msg_id, "topic": delivery.topic, "queue_id": delivery.queue_id,
+            "queue_offset": delivery.queue_offset, "tag": delivery.tag, "keys": list(delivery.keys),
+            "properties": dict(delivery.properties), "born_ts": delivery.born_ts,
+            "store_ts": delivery.store_ts, "size": len(delivery.body),
+            "body_base64": base64.b64encode(delivery.body).decode(), "body_text": text}
+
+
+async def body_of(request: web.Request) -> dict[str, Any]:
+    """The request's JSON object, or a 400 that says what to send."""
+    try:
+        body = await request.json()
+    except ValueError as error:
+        raise HttpProblem(400, "bad_json", f"the request body is not JSON ({error}); send a JSON "
+                          "object with Content-Type: application/json") from None
+    if not isinstance(body, dict):
+        raise HttpProblem(400, "bad_json", "the request body must be a JSON object")
+    return body
+
+
+def field(body: Mapping[str, Any], name: str, kind: type | tuple[type, ...], default: Any = ...) -> Any:
+    """``body[name]`` checked against ``kind``; a missing required field is a 400 naming it."""
+    if name not in body or body[name] is None:
+        if default is ...:
+            raise HttpProblem(400, "missing_field", f"field {name!r} is required")
+        return default
+    value = body[name]
+    if not isinstance(value, kind) or (isinstance(value, bool) and kind is int):
+        expected = kind.__name__ if isinstance(kind, type) else " or ".join(k.__name__ for k in kind)
+        raise HttpProblem(400, "invalid_field", f"field {name!r} must be {expected}, not {value!r}")
+    return value
+
+
+def enum_value(cls: type[enum.Enum], raw: str, name: str) -> Any:
+    try:
+        return cls(raw.lower())
+    except ValueError:
+        choices = ", ".join(m.value for m in cls)
+        raise HttpProblem(400, "invalid_field", f"{name} {raw!r} is not one of: {choices}") from None
+
+
+def query_int(request: web.Request, name: str, default: int) -> int:
+    raw = request.query.get(name)
+    if raw is None:
+        return default
+    try:
+        return int(raw)
+    except ValueError:
+        raise HttpProblem(400, "invalid_query", f"query parameter {name}={raw!r} must be a whole "
+                          "number") from None
+
+
+# --- service ---
+
+async def health(request: web.Request, principal: Principal) -> web.Response:
+    """Store and metadata status; 503 when either fails."""
+    d = deps(request)
+    checks = {"store": _check_store(d.store), "metadata": await _check_metadata(d)}
+    ok = all(c["status"] == "ok" for c in checks.values())
+    return web.json_response({"status": "ok" if ok else "failing", **checks},
+                             status=200 if ok else 503)
+
+
+def _check_store(store: Any) -> dict[str, Any]:
+    if store is None:
+        return {"status": "unknown"}
+    try:
+        return {"status": "ok", "durable_offset": store.durable_offset,
+                "visible_offset": getattr(store, "visible_offset", store.durable_offset)}
+    except Exception as error:  # a failed store reports itself here rather than crash the probe
+        return {"status": "failing", "error": str(error)}
+
+
+async def _check_metadata(d: AdminDeps) -> dict[str, Any]:
+    if d.metadata is None:
+        return {"status": "unknown"}
+    try:
+        return {"status": "ok", "schema_version": await blocking(d.metadata.schema_version)}
+    except Exception as error:  # same: the probe reports, never raises
+        return {"status": "failing", "error": str(error)}
+
+
+# --- topics ---
+
+def topic_json(config: TopicConfig) -> dict[str, Any]:
+    return plain(config)
+
+
+async def list_topics(request: web.Request, principal: Principal) -> list[dict[str, Any]]:
+    return [topic_json(t) for t in deps(request).broker.list_topics()
+            if may_read(principal, ResourceKind.TOPIC, t.name)]
+
+
+async def create_topic(request: web.Request, principal: Principal) -> dict[str, Any]:
+    body = await body_of(request)
+    config = TopicConfig(
+        name=field(body, "name", str),
+        queue_count=field(body, "queue_count", int, TopicConfig.queue_count),
+        message_type=enum_value(MessageType, field(body, "message_type", str, "normal"), "message_type"),
+        retention_ms=field(body, "retention_ms", int, None),
+        compacted=field(body, "compacted", bool, False))
+    return topic_json(await deps(request).broker.create_topic(principal, config))
+
+
+async def describe_topic(request: web.Request, principal: Principal) -> dict[str, Any]:
+    stats = deps(request).broker.describe_topic(request.match_info["topic"])
+    queues = [{**plain(q), "messages": q.max_offset - q.min_offset} for q in stats.queues]
+    return {**topic_json(stats.config), "queues": queues,
+            "messages": sum(q["messages"] for q in queues)}
+
+
+async def delete_topic(request: web.Request, principal: Principal) -> None:
+    await deps(request).broker.delete_topic(principal, request.match_info["topic"])
+
+
+async def messages_by_key(request: web.Request, principal: Principal) -> list[dict[str, Any]]:
+    key = request.query.get("key")
+    if not key:
+        raise HttpProblem(400, "missing_query", "pass the business key to look up: ?key=KEY")
+    found = deps(request).broker.lookup_key(principal, request.match_info["topic"], key,
+                                           limit=query_int(request, "limit", 32))
+    return [message_json(m) for m in found]
+
+
+async def message_by_id(request: web.Request, principal: Principal) -> dict[str, Any]:
+    delivery = deps(request).broker.lookup_message(principal, request.match_info["msg_id"])
+    if not may_read(principal, ResourceKind.TOPIC, delivery.topic):
+        raise AccessDenied(f"user {principal.user!r} has no permission on topic {delivery.topic!r}")
+    return message_json(delivery)
+
+
+# --- groups ---
+
+async def list_groups(request: web.Request, principal: Principal) -> list[dict[str, Any]]:
+    return [plain(g) for g in deps(request).broker.list_groups()
+            if may_read(principal, ResourceKind.GROUP, g.name)]
+
+
+async def create_group(request: web.Request, principal: Principal) -> dict[str, Any]:
+    body = await body_of(request)
+    retry = field(body, "retry", dict, {})
+    config = GroupConfig(
+        name=field(body, "name", str),
+        consume_mode=enum_value(ConsumeMode, field(body, "consume_mode", str, "clustering"),
+                                "consume_mode"),
+        retry=RetryPolicy(**{f.name: field(retry, f.name, (int, float), getattr(RetryPolicy, f.name))
+                             for f in dataclasses.fields(RetryPolicy)}),
+        fifo=field(body, "fifo", bool, False))
+    return plain(await deps(request).broker.create_group(principal, config))
+
+
+async def describe_group(request: web.Request, principal: Principal) -> dict[str, Any]:
+    stats = deps(request).broker.describe_group(request.match_info["group"])
+    lag = [{**plain(q), "lag": q.lag} for q in stats.lag]
+    return {**plain(stats.config), "members": plain(stats.members),
+            "subscriptions": plain(stats.subscriptions), "lag": lag,
+            "total_lag": sum(q["lag"] for q in lag)}
+
+
+async def delete_group(request: web.Request, principal: Principal) -> None:
+    await deps(request).broker.delete_group(principal, request.match_info["group"])
+
+
+async def reset_offset(request: web.Request, principal: Principal) -> dict[str, Any]:
+    body = await body_of(request)
+    topic = field(body, "topic", str)
+    to = field(body, "to", str, None)
+    timestamp = field(body, "timestamp_ms", int, None)
+    if (to is None) == (timestamp is None):
+        raise HttpProblem(400, "invalid_field", "pass exactly one of timestamp_ms (ms since the "
+                          "epoch) or to ('earliest' or 'latest')")
+    if to is not None:
+        if to not in ("earliest", "latest"):
+            raise HttpProblem(400, "invalid_field", f"to {to!r} is not one of: earliest, latest")
+        timestamp = 0 if to == "earliest" else int(time.time() * 1000) + 1
+    offsets = await deps(request).broker.reset_offsets(principal, request.match_info["group"],
+                                                       topic, timestamp)
+    return {"group": request.match_info["group"], "topic": topic, "timestamp_ms": timestamp,
+            "offsets": {str(q): o for q, o in sorted(offsets.items())}}
+
+
+# --- users and permissions ---
+
+async def blocking(fn: Callable[..., Any], *args: Any) -> Any:
+    """Run a call that blocks on SQL or scrypt (``Users``, metadata) in the default executor."""
+    return await asyncio.get_running_loop().run_in_executor(None, fn, *args)
+
+
+def users(request: web.Request) -> Any:
+    return deps(request).broker.users
+
+
+async def list_users(request: web.Request, principal: Principal) -> list[dict[str, Any]]:
+    return [plain(u) for u in await blocking(users(request).list_users)]
+
+
+async def create_user(request: web.Request, principal: Principal) -> dict[str, Any]:
+    body = await body_of(request)
+    user = await blocking(users(request).create_user, field(body, "name", str),
+                          field(body, "password", str), field(body, "admin", bool, False))
+    return plain(user)
+
+
+async def delete_user(request: web.Request, principal: Principal) -> None:
+    name = request.match_info["user"]
+    if not await blocking(users(request).delete_user, name):
+        raise UserNotFound(f"user {name!r} does not exist; `sluice user list` shows every user")
+
+
+async def set_password(request: web.Request, principal: Principal) -> None:
+    body = await body_of(request)
+    await blocking(users(request).set_password, request.match_info["user"],
+                   field(body, "password", str))
+
+
+async def list_permissions(request: web.Request, principal: Principal) -> list[dict[str, Any]]:
+    return [plain(p) for p in await blocking(users(request).permissions, request.match_info["user"])]
+
+
+def _actions(raw: Any) -> frozenset[Action]:
+    if not isinstance(raw, list) or not raw:
+        raise HttpProblem(400, "invalid_field", "field 'actions' must be a non-empty list of: "
+                          + ", ".join(a.value for a in Action))
+    return frozenset(enum_value(Action, str(a), "action") for a in raw)
+
+
+async def grant(request: web.Request, principal: Principal) -> dict[str, Any]:
+    """Add a permission, or replace the actions of the user's grant on the same kind and pattern."""
+    body = await body_of(request)
+    permission = Permission(request.match_info["user"],
+                            enum_value(ResourceKind, field(body, "kind", str), "kind"),
+                            field(body, "pattern", str), _actions(field(body, "actions", list)))
+    await blocking(users(request).grant, permission)
+    return plain(permission)
+
+
+async def revoke(request: web.Request, principal: Principal) -> None:
+    query, user = request.query, request.match_info["user"]
+    if "kind" not in query or "pattern" not in query:
+        raise HttpProblem(400, "missing_query", "pass ?kind=topic|group&pattern=PATTERN")
+    kind = enum_value(ResourceKind, query["kind"], "kind")
+    if not await blocking(users(request).revoke, user, kind, query["pattern"]):
+        raise NotFound(f"user {user!r} has no permission on {kind.value} pattern "
+                       f"{query['pattern']!r}; `sluice user permissions {user}` lists them")

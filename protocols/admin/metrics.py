@@ -1,0 +1,136 @@
+"""Prometheus metrics for ``GET /metrics``, computed from the broker at scrape time.
+
+Each admin server owns its own ``CollectorRegistry`` (never the process-global one), so two
+brokers in one test process do not share or collide on metrics. Everything except the admin
+request counter is read from the ``Broker`` facade and the store when Prometheus scrapes; the
+collector runs inside the request handler, on the event loop, and only calls non-blocking
+facade methods.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from core.model import Principal
+
+
+class AdminMetrics:
+    """The registry of one admin server: broker gauges plus a counter of admin requests."""
+
+    def __init__(self, deps: Any) -> None:
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.requests = Counter("sluice_admin_requests", "Admin API requests by route and status",
+                                ["method", "route", "status"], registry=self.registry)
+        self.registry.register(BrokerCollector(deps))
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+METRICS: web.AppKey[AdminMetrics] = web.AppKey("metrics", AdminMetrics)
+
+
+async def metrics(request: web.Request, principal: Principal) -> web.Response:
+    """Prometheus text exposition of this broker."""
+    body = request.app[METRICS].render()
+    return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+
+class BrokerCollector(Collector):
+    """Reads topics, queues, groups and store offsets from the broker on every scrape."""
+
+    def __init__(self, deps: Any) -> None:
+        self.deps = deps
+
+    def collect(self) -> Iterator[Metric]:
+        broker, store = self.deps.broker, self.deps.store
+        yield from self._store(store)
+        yield from self._topics(broker)
+        yield from self._groups(broker)
+        yield from self._counters(broker)
+
+    def _store(self, store: Any) -> Iterator[Metric]:
+        if store is None:
+            return
+        durable = store.durable_offset
+        visible = getattr(store, "visible_offset", durable)
+        yield GaugeMetricFamily("sluice_store_durable_offset_bytes",
+                                "Commit-log offset up to which data is fsynced", value=durable)
+        yield GaugeMetricFamily("sluice_store_visible_offset_bytes",
+                                "Commit-log offset up to which data is readable", value=visible)
+        yield CounterMetricFamily("sluice_store_written_bytes",
+                                  "Bytes appended to the commit log since it was created",
+                                  value=visible)
+
+    def _topics(self, broker: Any) -> Iterator[Metric]:
+        stored = CounterMetricFamily("sluice_topic_stored_messages",
+                                     "Messages stored per topic since it was created (queue "
+                                     "entries, counting fan-out)", labels=["topic"])
+        retained = GaugeMetricFamily("sluice_topic_messages", "Messages retained per topic",
+                                     labels=["topic"])
+        depth = GaugeMetricFamily("sluice_queue_depth", "Messages retained per queue "
+                                  "(max offset - min offset)", labels=["topic", "queue"])
+        topics = broker.list_topics()
+        for topic in topics:
+            queues = broker.describe_topic(topic.name).queues
+            count = sum(q.max_offset for q in queues)
+            stored.add_metric([topic.name], count)
+            retained.add_metric([topic.name], sum(q.max_offset - q.min_offset for q in queues))
+            for q in queues:
+                depth.add_metric([topic.name, str(q.queue_id)], q.max_offset - q.min_offset)
+        yield GaugeMetricFamily("sluice_topics", "Topics", value=len(topics))
+        yield from (stored, retained, depth)
+
+    def _groups(self, broker: Any) -> Iterator[Metric]:
+        lag = GaugeMetricFamily("sluice_group_lag", "Messages stored but not consumed by a group",
+                                labels=["group", "topic", "queue"])
+        inflight = GaugeMetricFamily("sluice_group_inflight", "Messages delivered and not acked",
+                                     labels=["group", "topic", "queue"])
+        consumed = GaugeMetricFamily("sluice_group_consumed_messages",
+                                     "Sum of a group's committed offsets per topic",
+                                     labels=["group", "topic"])
+        members = GaugeMetricFamily("sluice_group_members", "Live members of a group",
+                                    labels=["group"])
+        live = 0
+        for group in broker.list_groups():
+            stats = broker.describe_group(group.name)
+            members.add_metric([group.name], len(stats.members))
+            live += len(stats.members)
+            per_topic: dict[str, int] = {}
+            for q in stats.lag:
+                lag.add_metric([group.name, q.topic, str(q.queue_id)], q.lag)
+                inflight.add_metric([group.name, q.topic, str(q.queue_id)], q.inflight)
+                per_topic[q.topic] = per_topic.get(q.topic, 0) + q.committed
+            for topic, committed in per_topic.items():
+                consumed.add_metric([group.name, topic], committed)
+        yield from (lag, inflight, consumed, members)
+        clients = self.deps.connected_clients() if self.deps.connected_clients else live
+        yield GaugeMetricFamily("sluice_connected_clients",
+                                "Connected protocol clients (live group members when the "
+                                "listeners do not report connections)", value=clients)
+
+    def _counters(self, broker: Any) -> Iterator[Metric]:
+        """The broker's own counters since start: ``(metric, topic or group) -> count``."""
+        counters = getattr(broker, "counters", None) or {}
+        families = {metric: CounterMetricFamily(f"sluice_{metric}", text, labels=[label])
+                    for metric, (label, text) in BROKER_COUNTERS.items()}
+        for (metric, name), value in sorted(counters.items()):
+            if metric not in families:
+                families[metric] = CounterMetricFamily(f"sluice_{metric}", f"Broker counter {metric}",
+                                                       labels=["name"])
+            families[metric].add_metric([name], value)
+        yield from families.values()
+
+
+BROKER_COUNTERS = {
+    "messages_in": ("topic", "Messages accepted from producers since the broker started"),
+    "bytes_in": ("topic", "Body bytes accepted from producers since the broker started"),
+    "messages_out": ("topic", "Messages delivered to consumers since the broker started"),
+    "dead_lettered": ("group", "Messages moved to a dead-letter topic since the broker started"),
+}

@@ -1,0 +1,151 @@
+"""The OpenAPI 3.0 document, generated from the route table (``routes.ROUTES``) and SCHEMAS."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from .access import Access
+from .errors import STATUS
+
+TITLE = "Sluice admin API"
+VERSION = "0.1.0"
+
+_STR, _INT, _BOOL = {"type": "string"}, {"type": "integer"}, {"type": "boolean"}
+
+
+def _obj(required: list[str], **properties: Any) -> dict[str, Any]:
+    schema: dict[str, Any] = {"type": "object", "properties": properties}
+    if required:
+        schema["required"] = required
+    return schema
+
+
+def _ref(name: str) -> dict[str, Any]:
+    return {"$ref": f"#/components/schemas/{name}"}
+
+
+def _list(item: Any) -> dict[str, Any]:
+    return {"type": "array", "items": item}
+
+
+_TOPIC = dict(name=_STR, queue_count=_INT,
+              message_type={"type": "string", "enum": ["normal", "fifo", "delay", "transaction"]},
+              retention_ms={"type": "integer", "nullable": True}, compacted=_BOOL)
+_RETRY = _obj([], max_attempts=_INT, initial_backoff_ms=_INT, max_backoff_ms=_INT,
+              multiplier={"type": "number"})
+_GROUP = dict(name=_STR, consume_mode={"type": "string", "enum": ["clustering", "broadcast"]},
+              retry=_RETRY, fifo=_BOOL)
+_ACTIONS = _list({"type": "string", "enum": ["publish", "subscribe", "admin"]})
+
+SCHEMAS: dict[str, dict[str, Any]] = {
+    "Error": _obj(["error", "message"], error=_STR, message={
+        "type": "string", "description": "what went wrong and what to do next"}),
+    "Health": _obj(["status"], status={"type": "string", "enum": ["ok", "failing"]},
+                   store=_obj([], status=_STR, durable_offset=_INT, visible_offset=_INT),
+                   metadata=_obj([], status=_STR)),
+    "Topic": _obj(["name"], **_TOPIC),
+    "TopicCreate": _obj(["name"], **_TOPIC),
+    "TopicDetail": _obj(["name", "queues"], **_TOPIC, messages=_INT, queues=_list(_obj(
+        [], queue_id=_INT, min_offset=_INT, max_offset=_INT, messages=_INT))),
+    "Message": _obj(["msg_id", "topic", "body_base64"], msg_id=_STR, topic=_STR, queue_id=_INT,
+                    queue_offset=_INT, tag=_STR, keys=_list(_STR),
+                    properties={"type": "object", "additionalProperties": _STR},
+                    born_ts=_INT, store_ts=_INT, size=_INT, body_base64=_STR,
+                    body_text={"type": "string", "nullable": True,
+                               "description": "the body as UTF-8, null when it is not valid UTF-8"}),
+    "Group": _obj(["name"], **_GROUP),
+    "GroupCreate": _obj(["name"], **_GROUP),
+    "GroupDetail": _obj(["name", "members", "subscriptions", "lag"], **_GROUP, total_lag=_INT,
+                        members=_list(_obj([], client_id=_STR, last_heartbeat_ms=_INT,
+                                           queues=_list(_list({})))),
+                        subscriptions=_list(_obj([], group=_STR, topic=_STR, expression=_STR,
+                                                 expression_type=_STR)),
+                        lag=_list(_obj([], topic=_STR, queue_id=_INT, committed=_INT,
+                                       max_offset=_INT, inflight=_INT, lag=_INT))),
+    "ResetOffset": {**_obj(["topic"], topic=_STR, timestamp_ms=_INT,
+                           to={"type": "string", "enum": ["earliest", "latest"]}),
+                    "description": "exactly one of timestamp_ms or to"},
+    "ResetResult": _obj([], group=_STR, topic=_STR, timestamp_ms=_INT,
+                        offsets={"type": "object", "additionalProperties": _INT}),
+    "User": _obj(["name"], name=_STR, admin=_BOOL),
+    "UserCreate": _obj(["name", "password"], name=_STR, password=_STR, admin=_BOOL),
+    "Password": _obj(["password"], password=_STR),
+    "Permission": _obj([], user=_STR, kind={"type": "string", "enum": ["topic", "group"]},
+                       pattern=_STR, actions=_ACTIONS),
+    "Grant": _obj(["kind", "pattern", "actions"], kind={"type": "string", "enum": ["topic", "group"]},
+                  pattern={"type": "string", "description": "a name, or a pattern with * wildcards"},
+                  actions=_ACTIONS),
+}
+
+
+def document(routes: Any) -> dict[str, Any]:
+    """The OpenAPI 3.0 document describing exactly ``routes``."""
+    paths: dict[str, dict[str, Any]] = {}
+    for route in routes:
+        paths.setdefault(route.path, {})[route.method.lower()] = _operation(route)
+    return {
+        "openapi": "3.0.3",
+        "info": {"title": TITLE, "version": VERSION,
+                 "description": "Manage topics, consumer groups, users and permissions; look up "
+                                "messages; read health and metrics. Authenticate with HTTP Basic."},
+        "paths": paths,
+        "components": {"schemas": SCHEMAS,
+                       "securitySchemes": {"basic": {"type": "http", "scheme": "basic"}}},
+        "security": [{"basic": []}],
+    }
+
+
+def _operation(route: Any) -> dict[str, Any]:
+    parameters = [{"name": name, "in": "path", "required": True, "schema": _STR}
+                  for name in re.findall(r"{(\w+)}", route.path)]
+    parameters += [{"name": q.name, "in": "query", "required": q.required,
+                    "description": q.description, "schema": {"type": q.type}} for q in route.query]
+    operation: dict[str, Any] = {
+        "operationId": route.operation_id, "summary": route.summary, "tags": [route.tag],
+        "description": f"Access: {route.access.describe}",
+        "responses": {str(route.status): _success(route), **_errors(route)},
+    }
+    if parameters:
+        operation["parameters"] = parameters
+    if route.body:
+        operation["requestBody"] = {"required": True, "content": {
+            "application/json": {"schema": _ref(route.body)}}}
+    if route.access is Access.PUBLIC:
+        operation["security"] = []
+    return operation
+
+
+def _success(route: Any) -> dict[str, Any]:
+    if route.status == 204 or route.response is None:
+        return {"description": "done"}
+    if route.response == "text":
+        return {"description": "ok", "content": {"text/plain": {"schema": _STR}}}
+    if route.response == "object":
+        schema: dict[str, Any] = {"type": "object"}
+    elif route.response.startswith("["):
+        schema = _list(_ref(route.response.strip("[]")))
+    else:
+        schema = _ref(route.response)
+    return {"description": "ok", "content": {"application/json": {"schema": schema}}}
+
+
+def _errors(route: Any) -> dict[str, Any]:
+    statuses = {500, 503}
+    if route.access is not Access.PUBLIC:
+        statuses |= {401}
+    if route.access not in (Access.PUBLIC, Access.USER):
+        statuses |= {403}
+    if "{" in route.path or route.body:
+        statuses |= {400, 404, 409} if route.body else {404}
+    if route.query:
+        statuses.add(400)
+    known = {status for status, _ in STATUS.values()}
+    error = {"content": {"application/json": {"schema": _ref("Error")}}}
+    return {str(s): {"description": _reason(s), **error} for s in sorted(statuses & known)}
+
+
+def _reason(status: int) -> str:
+    return {400: "invalid request", 401: "missing or wrong credentials",
+            403: "not allowed for this user", 404: "no such resource", 409: "already exists",
+            500: "internal error", 503: "unavailable"}.get(status, "error")

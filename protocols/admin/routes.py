@@ -1,0 +1,111 @@
+"""The admin API's route table: the one source of both the aiohttp routes and the OpenAPI document.
+
+Each ``Route`` names its method, path, handler, access rule, query parameters, request body
+schema and success response; ``server.py`` registers exactly these routes and ``openapi.py``
+documents exactly these routes, so the two cannot drift.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from aiohttp import web
+
+from core.model import Principal
+
+from . import handlers as h
+from . import metrics
+from .access import Access
+
+Handler = Callable[[web.Request, Principal], Awaitable[Any]]
+
+
+@dataclass(frozen=True)
+class Query:
+    """A query parameter."""
+
+    name: str
+    description: str
+    required: bool = False
+    type: str = "string"
+
+
+@dataclass(frozen=True)
+class Route:
+    """One operation: ``response`` names a schema in ``openapi.SCHEMAS`` (``[X]`` is a list)."""
+
+    method: str
+    path: str
+    handler: Handler
+    summary: str
+    tag: str
+    access: Access
+    status: int = 200
+    response: str | None = None
+    body: str | None = None
+    query: tuple[Query, ...] = ()
+
+    @property
+    def operation_id(self) -> str:
+        return self.handler.__name__
+
+
+async def openapi(request: web.Request, principal: Principal) -> dict[str, Any]:
+    """The OpenAPI 3 document of ROUTES."""
+    from .openapi import document
+
+    return document(ROUTES)
+
+
+R = Route
+A = Access
+ROUTES: tuple[Route, ...] = (
+    R("GET", "/health", h.health, "Store and metadata status (503 when failing)", "service",
+      A.PUBLIC, response="Health"),
+    R("GET", "/metrics", metrics.metrics, "Prometheus metrics (text exposition format)", "service",
+      A.PUBLIC, response="text"),
+    R("GET", "/openapi.json", openapi, "This document", "service", A.PUBLIC, response="object"),
+
+    R("GET", "/topics", h.list_topics, "List topics", "topics", A.USER, response="[Topic]"),
+    R("POST", "/topics", h.create_topic, "Create a topic", "topics", A.ADMIN, status=201,
+      body="TopicCreate", response="Topic"),
+    R("GET", "/topics/{topic}", h.describe_topic, "Describe a topic with per-queue offset ranges",
+      "topics", A.TOPIC, response="TopicDetail"),
+    R("DELETE", "/topics/{topic}", h.delete_topic, "Delete a topic", "topics", A.ADMIN, status=204),
+    R("GET", "/topics/{topic}/messages", h.messages_by_key, "Look up messages by business key",
+      "messages", A.TOPIC, response="[Message]",
+      query=(Query("key", "the business key the producer set", required=True),
+             Query("limit", "at most this many messages (default 32)", type="integer"))),
+    R("GET", "/messages/{msg_id}", h.message_by_id, "Look up a message by id", "messages",
+      A.USER, response="Message"),
+
+    R("GET", "/groups", h.list_groups, "List consumer groups", "groups", A.USER,
+      response="[Group]"),
+    R("POST", "/groups", h.create_group, "Create a consumer group", "groups", A.ADMIN,
+      status=201, body="GroupCreate", response="Group"),
+    R("GET", "/groups/{group}", h.describe_group,
+      "Describe a group: members, subscriptions and lag per queue", "groups", A.GROUP,
+      response="GroupDetail"),
+    R("DELETE", "/groups/{group}", h.delete_group, "Delete a consumer group", "groups", A.ADMIN,
+      status=204),
+    R("POST", "/groups/{group}/reset-offset", h.reset_offset,
+      "Move a group's committed offsets on a topic to a time", "groups", A.ADMIN,
+      body="ResetOffset", response="ResetResult"),
+
+    R("GET", "/users", h.list_users, "List users", "users", A.ADMIN, response="[User]"),
+    R("POST", "/users", h.create_user, "Create a user", "users", A.ADMIN, status=201,
+      body="UserCreate", response="User"),
+    R("DELETE", "/users/{user}", h.delete_user, "Delete a user", "users", A.ADMIN, status=204),
+    R("PUT", "/users/{user}/password", h.set_password, "Set a user's password", "users", A.ADMIN,
+      status=204, body="Password"),
+    R("GET", "/users/{user}/permissions", h.list_permissions, "List a user's permissions",
+      "permissions", A.ADMIN, response="[Permission]"),
+    R("POST", "/users/{user}/permissions", h.grant, "Grant a permission", "permissions", A.ADMIN,
+      status=201, body="Grant", response="Permission"),
+    R("DELETE", "/users/{user}/permissions", h.revoke, "Revoke a permission", "permissions",
+      A.ADMIN, status=204,
+      query=(Query("kind", "topic or group", required=True),
+             Query("pattern", "the granted pattern, exactly as granted", required=True))),
+)

@@ -1,0 +1,128 @@
+"""The admin HTTP server: registers ``routes.ROUTES`` on aiohttp, guards them, maps errors.
+
+Every route's handler is wrapped once: authenticate (HTTP Basic, checked by ``Users`` in an
+executor because scrypt blocks), check the route's access rule, run the handler, encode JSON.
+Errors, including aiohttp's own 404/405, leave as JSON bodies through ``errors.py``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from aiohttp import web
+
+from core.errors import Unauthenticated
+from core.model import Principal
+
+from . import access
+from .errors import HttpProblem, error_response
+from .handlers import DEPS, AdminDeps
+from .metrics import METRICS, AdminMetrics
+from .routes import ROUTES, Route
+
+log = logging.getLogger(__name__)
+
+
+def build_app(deps: AdminDeps) -> web.Application:
+    """The aiohttp application serving exactly ``ROUTES``."""
+    app = web.Application(middlewares=[_errors_and_counts])
+    app[DEPS] = deps
+    app[METRICS] = AdminMetrics(deps)
+    for route in ROUTES:
+        app.router.add_route(route.method, route.path, _guarded(route), name=route.operation_id)
+    return app
+
+
+def _guarded(route: Route) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
+    async def handle(request: web.Request) -> web.StreamResponse:
+        principal = access.ANONYMOUS
+        if route.access is not access.Access.PUBLIC:
+            principal = await _authenticate(request)
+            access.check(principal, route.access, request)
+        result = await route.handler(request, principal)
+        if isinstance(result, web.StreamResponse):
+            return result
+        if route.status == 204:
+            return web.Response(status=204)
+        return web.json_response(result, status=route.status, dumps=_dumps)
+
+    handle.__name__ = route.operation_id
+    return handle
+
+
+async def _authenticate(request: web.Request) -> Principal:
+    given = access.credentials(request)
+    if given is None:
+        raise Unauthenticated("this call needs a user: send HTTP Basic credentials "
+                              "(the first start creates sluice/sluice)")
+    users = request.app[DEPS].broker.users
+    return await asyncio.get_running_loop().run_in_executor(None, users.authenticate, *given)
+
+
+def _dumps(value: Any) -> str:
+    return json.dumps(value, ensure_ascii=False)
+
+
+@web.middleware
+async def _errors_and_counts(request: web.Request,
+                             handler: Callable[[web.Request], Awaitable[web.StreamResponse]],
+                             ) -> web.StreamResponse:
+    try:
+        response = await handler(request)
+    except web.HTTPException as http:
+        response = _http_error(request, http)
+    except Exception as error:  # every error leaves as JSON; unexpected ones are logged too
+        if not isinstance(error, HttpProblem) and error_response(error).status == 500:
+            log.exception("admin API %s %s failed", request.method, request.path)
+        response = error_response(error)
+    resource = request.match_info.route.resource
+    route = resource.canonical if resource is not None else "unmatched"
+    request.app[METRICS].requests.labels(request.method, route, str(response.status)).inc()
+    return response
+
+
+def _http_error(request: web.Request, http: web.HTTPException) -> web.StreamResponse:
+    if http.status == 404:
+        message = (f"no such endpoint {request.path}; GET /openapi.json lists every endpoint")
+    elif http.status == 405:
+        message = (f"{request.method} is not allowed on {request.path}; allowed: "
+                   f"{', '.join(sorted(getattr(http, 'allowed_methods', ())))}")
+    else:
+        message = http.text or http.reason
+    return web.json_response({"error": http.reason.lower().replace(" ", "_"), "message": message},
+                             status=http.status)
+
+
+class AdminServer:
+    """A running admin HTTP server."""
+
+    def __init__(self, runner: web.AppRunner, host: str, port: int) -> None:
+        self._runner = runner
+        self.host = host
+        self.port = port
+
+    @property
+    def url(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}"
+
+    async def stop(self) -> None:
+        """Stop accepting, finish requests in progress, release the port."""
+        await self._runner.cleanup()
+
+
+async def start_admin_server(deps: AdminDeps, host: str, port: int) -> AdminServer:
+    """Serve the admin API on ``host:port`` (0 picks a free port); OSError if it cannot bind."""
+    runner = web.AppRunner(build_app(deps), access_log=None, handle_signals=False)
+    await runner.setup()
+    site = web.TCPSite(runner, host, port, reuse_address=True)
+    try:
+        await site.start()
+    except BaseException:
+        await runner.cleanup()
+        raise
+    return AdminServer(runner, host, runner.addresses[0][1])

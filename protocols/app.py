@@ -1,0 +1,228 @@
+"""The composition root: one store, one metadata repository, one Broker, every listener.
+
+``start(config)`` opens everything and returns a ``RunningBroker``; ``await running.stop()``
+shuts it down in order (stop accepting, stop servers, persist offsets, checkpoint and close the
+store, close metadata). ``serve(config)`` is `sluice serve`: it runs on uvloop, prints every
+endpoint, and stops on SIGTERM or SIGINT.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import logging
+import os
+import signal
+import socket
+import sys
+from dataclasses import dataclass, field
+from typing import Any, TextIO
+
+from core.metadata import MetadataRepository
+from core.service import Broker
+from store.errors import StoreLockedError
+from store.file_store import FileStore
+
+from .admin import AdminDeps, AdminServer, start_admin_server
+from .config import Config, env_name
+
+log = logging.getLogger("sluice")
+
+READY_LINE = "Sluice is ready."
+"""Printed after every endpoint; scripts and tests wait for it."""
+
+_PORT_FLAGS = {"native": ("native gRPC", "--native-port"), "admin": ("admin API", "--admin-port")}
+
+
+class StartupError(Exception):
+    """The broker cannot start; the message says why and what to change."""
+
+
+@dataclass
+class RunningBroker:
+    """Everything `sluice serve` started, in start order."""
+
+    config: Config
+    store: FileStore
+    metadata: MetadataRepository
+    broker: Broker
+    native: Any = None
+    admin: AdminServer | None = None
+    default_user_created: bool = False
+    _stopped: bool = field(default=False, repr=False)
+
+    @property
+    def native_address(self) -> str:
+        return _hostport(self.config.native.host, self.native.port)
+
+    @property
+    def admin_url(self) -> str:
+        return self.admin.url
+
+    def endpoints(self) -> list[tuple[str, str]]:
+        """(what, where) for every endpoint and the data directory, as `sluice serve` prints them."""
+        auth = self.config.auth
+        if self.default_user_created:
+            user = (f"{auth.default_user} / {auth.default_password} (admin, created now; change the "
+                    f"password with `sluice user passwd {auth.default_user}`)")
+        else:
+            user = "not created (users exist); log in as one of them"
+        return [
+            ("native gRPC", f"{self.native_address}  (sluice send/consume --server "
+                            f"{self.native_address})"),
+            ("admin API", f"{self.admin_url}  (sluice ... --admin {self.admin_url})"),
+            ("metrics", f"{self.admin_url}/metrics"),
+            ("OpenAPI", f"{self.admin_url}/openapi.json"),
+            ("health", f"{self.admin_url}/health"),
+            ("data dir", f"{os.path.abspath(self.config.data_dir)}  (flush={self.config.store.flush})"),
+            ("metadata", self.config.metadata_url or "SQLite in the data dir"),
+            ("anonymous", "allowed" if auth.allow_anonymous else "refused (log in with a user)"),
+            ("default user", user),
+        ]
+
+    async def stop(self) -> None:
+        """Stop accepting, stop servers, persist offsets, checkpoint and close store and metadata."""
+        if self._stopped:
+            return
+        self._stopped = True
+        grace = self.config.shutdown_grace_ms / 1000
+        if self.native is not None:
+            await self.native.stop(grace)
+        if self.admin is not None:
+            await self.admin.stop()
+        await self.broker.close()
+        await asyncio.to_thread(self.store.checkpoint)
+        await asyncio.to_thread(self.store.close)
+        await asyncio.to_thread(self.metadata.close)
+
+
+async def start(config: Config) -> RunningBroker:
+    """Open store, metadata and broker, ensure the default user, start the listeners.
+
+    Runs on the event loop that will serve. Raises StartupError with a message for the operator
+    (a port in use, a data dir locked by another broker); everything opened so far is closed.
+    """
+    for name, listener in config.listeners.items():
+        _check_port(name, listener.host, listener.port)
+    store = await asyncio.to_thread(_open_store, config)
+    running: RunningBroker | None = None
+    try:
+        metadata = await asyncio.to_thread(MetadataRepository.for_data_dir, config.data_dir,
+                                           config.metadata_url)
+        broker = Broker(store, metadata, config.data_dir, config.core, flush=config.store.flush)
+        running = RunningBroker(config, store, metadata, broker)
+        await broker.start()
+        if config.auth.create_default_user:
+            running.default_user_created = await asyncio.to_thread(
+                broker.users.ensure_default_user, config.auth.default_user,
+                config.auth.default_password)
+        running.native = await _listen("native", config.native.host, config.native.port,
+                                       _start_native(running))
+        running.admin = await _listen("admin", config.admin.host, config.admin.port,
+                                      start_admin_server(_admin_deps(running), config.admin.host,
+                                                         config.admin.port))
+        return running
+    except BaseException:
+        if running is not None:
+            await running.stop()
+        else:
+            await asyncio.to_thread(store.close)
+        raise
+
+
+def _open_store(config: Config) -> FileStore:
+    os.makedirs(config.data_dir, exist_ok=True)
+    try:
+        return FileStore(config.data_dir, config.store)
+    except StoreLockedError:
+        raise StartupError(f"data dir {os.path.abspath(config.data_dir)} is in use by another "
+                           "broker; stop it, or pass another directory with --data-dir") from None
+
+
+def _start_native(running: RunningBroker):
+    from .native.server import start_native_server
+
+    native = running.config.native
+    return start_native_server(running.broker, native.host, native.port,
+                               advertised_host=native.advertised_host,
+                               allow_anonymous=running.config.auth.allow_anonymous)
+
+
+def _admin_deps(running: RunningBroker) -> AdminDeps:
+    counter = getattr(running.native, "connection_count", None)
+    return AdminDeps(running.broker, running.store, running.metadata,
+                     connected_clients=counter if callable(counter) else None)
+
+
+async def _listen(name: str, host: str, port: int, starting: Any) -> Any:
+    """Await a server start; a port that turns out to be taken becomes a StartupError."""
+    try:
+        return await starting
+    except (OSError, RuntimeError) as error:
+        if port and _port_taken(host, port):
+            raise _port_error(name, host, port) from None
+        raise StartupError(f"cannot start the {_PORT_FLAGS[name][0]} listener on "
+                           f"{_hostport(host, port)}: {error}") from error
+
+
+def _check_port(name: str, host: str, port: int) -> None:
+    if port and _port_taken(host, port):
+        raise _port_error(name, host, port)
+
+
+def _port_taken(host: str, port: int) -> bool:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((host, port))
+        except OSError as error:
+            return error.errno == errno.EADDRINUSE
+    return False
+
+
+def _port_error(name: str, host: str, port: int) -> StartupError:
+    what, flag = _PORT_FLAGS[name]
+    return StartupError(f"port {port} on {host} ({what}) is already in use; stop whatever holds "
+                        f"it, or pick another port with {flag} N (or {env_name(name + '.port')}, "
+                        f"or [{name}] port in the config file)")
+
+
+def _hostport(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def print_endpoints(running: RunningBroker, out: TextIO = sys.stdout) -> None:
+    width = max(len(what) for what, _ in running.endpoints())
+    print(f"Sluice is running (pid {os.getpid()}):", file=out)
+    for what, where in running.endpoints():
+        print(f"  {what:<{width}}  {where}", file=out)
+    print(f"{READY_LINE} Stop it with Ctrl+C or SIGTERM.", file=out, flush=True)
+
+
+async def run_until_signalled(config: Config) -> None:
+    """Start, print the endpoints, wait for SIGTERM/SIGINT, stop gracefully."""
+    loop = asyncio.get_running_loop()
+    stopping = asyncio.Event()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stopping.set)
+    running = await start(config)
+    print_endpoints(running)
+    await stopping.wait()
+    log.info("stopping: closing listeners, saving offsets, checkpointing the store")
+    await running.stop()
+    print("Sluice stopped.", flush=True)
+
+
+def serve(config: Config) -> int:
+    """`sluice serve`: run until signalled on uvloop; 0 after a clean stop, 1 if it cannot start."""
+    import uvloop
+
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        uvloop.run(run_until_signalled(config))
+    except StartupError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 1
+    return 0

@@ -1,0 +1,378 @@
+"""`sluice topic|group|message|user ...`: admin commands that call a running broker's HTTP API.
+
+Each command is one or two requests to the admin API (``--admin URL``, default
+``http://127.0.0.1:8080``) with HTTP Basic credentials (``--user``/``--password``, default
+``SLUICE_USER``/``SLUICE_PASSWORD``, then sluice/sluice). Read commands print a table, or the
+API's JSON with ``--json``. Errors print the API's message, which says what to do next.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import getpass
+import json
+import os
+import sys
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Callable, Sequence
+from datetime import datetime
+from typing import Any
+
+DEFAULT_ADMIN_URL = "http://127.0.0.1:8080"
+START_HINT = "is `sluice serve` running? start it with `make run`"
+
+
+class CliError(Exception):
+    """A command failed; the message says what to do next. ``code`` is the exit status."""
+
+    def __init__(self, message: str, code: int = 1) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+class AdminClient:
+    """A blocking JSON client of the admin API."""
+
+    def __init__(self, url: str, user: str, password: str, timeout: float = 30.0) -> None:
+        self.url = url.rstrip("/")
+        self.timeout = timeout
+        token = base64.b64encode(f"{user}:{password}".encode()).decode()
+        self._headers = {"Authorization": f"Basic {token}", "Accept": "application/json"}
+
+    def call(self, method: str, path: str, body: Any = None,
+             query: dict[str, Any] | None = None) -> Any:
+        """The decoded JSON answer (None for 204); CliError for refusals and HTTP errors."""
+        target = self.url + urllib.parse.quote(path)
+        if query:
+            target += "?" + urllib.parse.urlencode({k: v for k, v in query.items() if v is not None})
+        data = None if body is None else json.dumps(body).encode()
+        headers = dict(self._headers, **({"Content-Type": "application/json"} if data else {}))
+        request = urllib.request.Request(target, data=data, method=method, headers=headers)
+        try:
+            with urllib.request.urlopen(request, timeout=self.timeout) as response:
+                raw = response.read()
+        except urllib.error.HTTPError as error:
+            raise _http_error(error) from None
+        except urllib.error.URLError as error:
+            raise CliError(f"cannot reach the admin API at {self.url} ({error.reason}); "
+                           f"{START_HINT}, or pass --admin URL") from None
+        except (ConnectionError, TimeoutError) as error:
+            raise CliError(f"the admin API at {self.url} did not answer ({error}); {START_HINT}") from None
+        return json.loads(raw) if raw else None
+
+
+def _http_error(error: urllib.error.HTTPError) -> CliError:
+    try:
+        message = json.loads(error.read())["message"]
+    except (ValueError, KeyError, TypeError):
+        message = error.reason
+    if error.code == 401:
+        message += " (admin credentials: --user/--password or SLUICE_USER/SLUICE_PASSWORD)"
+    return CliError(f"{error.code}: {message}")
+
+
+# --- output ---
+
+def table(rows: Sequence[Sequence[Any]], headers: Sequence[str]) -> str:
+    """Rows as left-aligned columns under ``headers``."""
+    cells = [list(map(str, headers))] + [["" if v is None else str(v) for v in row] for row in rows]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in cells)
+
+
+def show(args: argparse.Namespace, data: Any, render: Callable[[Any], str]) -> int:
+    print(json.dumps(data, indent=2, ensure_ascii=False) if args.json else render(data))
+    return 0
+
+
+# --- topics ---
+
+def topic_create(client: AdminClient, args: argparse.Namespace) -> int:
+    body = {"name": args.name, "queue_count": args.queues, "message_type": args.type,
+            "retention_ms": args.retention_ms, "compacted": args.compacted}
+    created = client.call("POST", "/topics", body)
+    print(f"created topic {created['name']} ({created['queue_count']} queues, "
+          f"{created['message_type']})")
+    return 0
+
+
+def topic_list(client: AdminClient, args: argparse.Namespace) -> int:
+    return show(args, client.call("GET", "/topics"), lambda topics: table(
+        [(t["name"], t["queue_count"], t["message_type"], t["retention_ms"] or "default",
+          "yes" if t["compacted"] else "no") for t in topics],
+        ["TOPIC", "QUEUES", "TYPE", "RETENTION_MS", "COMPACTED"]) if topics else "no topics")
+
+
+def topic_describe(client: AdminClient, args: argparse.Namespace) -> int:
+    def render(t: dict[str, Any]) -> str:
+        head = (f"topic {t['name']}: {t['queue_count']} queues, {t['message_type']}, "
+                f"{t['messages']} messages retained")
+        return head + "\n" + table([(q["queue_id"], q["min_offset"], q["max_offset"], q["messages"])
+                                    for q in t["queues"]], ["QUEUE", "MIN", "MAX", "MESSAGES"])
+    return show(args, client.call("GET", f"/topics/{args.name}"), render)
+
+
+def topic_delete(client: AdminClient, args: argparse.Namespace) -> int:
+    client.call("DELETE", f"/topics/{args.name}")
+    print(f"deleted topic {args.name}")
+    return 0
+
+
+# --- groups ---
+
+def group_create(client: AdminClient, args: argparse.Namespace) -> int:
+    body = {"name": args.name, "consume_mode": "broadcast" if args.broadcast else "clustering",
+            "fifo": args.fifo, "retry": {"max_attempts": args.max_attempts}}
+    created = client.call("POST", "/groups", body)
+    print(f"created group {created['name']} ({created['consume_mode']})")
+    return 0
+
+
+def group_list(client: AdminClient, args: argparse.Namespace) -> int:
+    return show(args, client.call("GET", "/groups"), lambda groups: table(
+        [(g["name"], g["consume_mode"], "yes" if g["fifo"] else "no", g["retry"]["max_attempts"])
+         for g in groups], ["GROUP", "MODE", "FIFO", "MAX_ATTEMPTS"]) if groups else "no groups")
+
+
+def group_describe(client: AdminClient, args: argparse.Namespace) -> int:
+    def render(g: dict[str, Any]) -> str:
+        parts = [f"group {g['name']}: {g['consume_mode']}, {len(g['members'])} live members, "
+                 f"total lag {g['total_lag']}"]
+        if g["members"]:
+            parts.append(table([(m["client_id"], " ".join(f"{t}/{q}" for t, q in m["queues"]))
+                                for m in g["members"]], ["MEMBER", "QUEUES"]))
+        if g["subscriptions"]:
+            parts.append(table([(s["topic"], s["expression"]) for s in g["subscriptions"]],
+                               ["SUBSCRIBED TOPIC", "FILTER"]))
+        parts.append(table([(q["topic"], q["queue_id"], q["committed"], q["max_offset"],
+                             q["inflight"], q["lag"]) for q in g["lag"]],
+                           ["TOPIC", "QUEUE", "COMMITTED", "MAX", "INFLIGHT", "LAG"])
+                     if g["lag"] else "no committed offsets yet")
+        return "\n".join(parts)
+    return show(args, client.call("GET", f"/groups/{args.name}"), render)
+
+
+def group_delete(client: AdminClient, args: argparse.Namespace) -> int:
+    client.call("DELETE", f"/groups/{args.name}")
+    print(f"deleted group {args.name}")
+    return 0
+
+
+def group_reset(client: AdminClient, args: argparse.Namespace) -> int:
+    body: dict[str, Any] = {"topic": args.topic}
+    if args.to:
+        body["to"] = args.to
+    else:
+        body["timestamp_ms"] = parse_time(args.time)
+    result = client.call("POST", f"/groups/{args.name}/reset-offset", body)
+    print(f"group {args.name} on topic {args.topic} now starts at:")
+    print(table(sorted(result["offsets"].items(), key=lambda kv: int(kv[0])), ["QUEUE", "OFFSET"]))
+    return 0
+
+
+def parse_time(text: str) -> int:
+    """Milliseconds since the epoch, or an ISO 8601 date/time (local time if no zone)."""
+    if text.isdigit():
+        return int(text)
+    try:
+        return int(datetime.fromisoformat(text).timestamp() * 1000)
+    except ValueError:
+        raise CliError(f"--time {text!r} is neither milliseconds since the epoch nor an ISO date "
+                       "such as 2024-05-01T12:00:00", code=2) from None
+
+
+# --- messages ---
+
+def message_get(client: AdminClient, args: argparse.Namespace) -> int:
+    if args.key:
+        if not args.topic:
+            raise CliError("a lookup by key needs the topic: sluice message get --topic T --key K", 2)
+        found = client.call("GET", f"/topics/{args.topic}/messages", query={"key": args.key,
+                                                                            "limit": args.limit})
+    elif args.msg_id:
+        found = [client.call("GET", f"/messages/{args.msg_id}")]
+    else:
+        raise CliError("pass a message id, or --topic T --key K", code=2)
+    if args.json:
+        print(json.dumps(found if args.key else found[0], indent=2, ensure_ascii=False))
+    elif not found:
+        print(f"no message on topic {args.topic} has key {args.key!r}")
+    for message in [] if args.json else found:
+        print(render_message(message))
+    return 0
+
+
+def render_message(m: dict[str, Any]) -> str:
+    body = m["body_text"] if m["body_text"] is not None else f"(binary, base64) {m['body_base64']}"
+    lines = [f"id {m['msg_id']}  topic {m['topic']}  queue {m['queue_id']}  offset {m['queue_offset']}",
+             f"  tag {m['tag'] or '-'}  keys {','.join(m['keys']) or '-'}  stored "
+             f"{datetime.fromtimestamp(m['store_ts'] / 1000).isoformat(timespec='milliseconds')}"
+             f"  size {m['size']}"]
+    lines += [f"  {k} = {v}" for k, v in sorted(m["properties"].items())]
+    return "\n".join(lines + [f"  body: {body}"])
+
+
+# --- users and permissions ---
+
+def new_password(args: argparse.Namespace) -> str:
+    if args.new_password is not None:
+        return args.new_password
+    if not sys.stdin.isatty():
+        raise CliError("pass the new user's password with --new-password (no terminal to ask on)", 2)
+    first = getpass.getpass(f"password for {args.name}: ")
+    if first != getpass.getpass("again: "):
+        raise CliError("the two passwords differ; run the command again", 2)
+    return first
+
+
+def user_create(client: AdminClient, args: argparse.Namespace) -> int:
+    user = client.call("POST", "/users", {"name": args.name, "password": new_password(args),
+                                          "admin": args.make_admin})
+    print(f"created user {user['name']}{' (admin)' if user['admin'] else ''}")
+    return 0
+
+
+def user_list(client: AdminClient, args: argparse.Namespace) -> int:
+    return show(args, client.call("GET", "/users"), lambda users: table(
+        [(u["name"], "yes" if u["admin"] else "no") for u in users], ["USER", "ADMIN"]))
+
+
+def user_delete(client: AdminClient, args: argparse.Namespace) -> int:
+    client.call("DELETE", f"/users/{args.name}")
+    print(f"deleted user {args.name}")
+    return 0
+
+
+def user_passwd(client: AdminClient, args: argparse.Namespace) -> int:
+    client.call("PUT", f"/users/{args.name}/password", {"password": new_password(args)})
+    print(f"password of {args.name} changed")
+    return 0
+
+
+def user_grant(client: AdminClient, args: argparse.Namespace) -> int:
+    granted = client.call("POST", f"/users/{args.name}/permissions",
+                          {"kind": args.kind, "pattern": args.pattern, "actions": args.actions})
+    print(f"granted {','.join(granted['actions'])} on {args.kind} {args.pattern} to {args.name}")
+    return 0
+
+
+def user_revoke(client: AdminClient, args: argparse.Namespace) -> int:
+    client.call("DELETE", f"/users/{args.name}/permissions",
+                query={"kind": args.kind, "pattern": args.pattern})
+    print(f"revoked {args.name}'s permission on {args.kind} {args.pattern}")
+    return 0
+
+
+def user_permissions(client: AdminClient, args: argparse.Namespace) -> int:
+    return show(args, client.call("GET", f"/users/{args.name}/permissions"), lambda perms: table(
+        [(p["kind"], p["pattern"], ",".join(p["actions"])) for p in perms],
+        ["KIND", "PATTERN", "ACTIONS"]) if perms else f"{args.name} has no permissions")
+
+
+# --- parser ---
+
+def admin_options() -> argparse.ArgumentParser:
+    """Options every admin command takes: where the API is and who is asking."""
+    common = argparse.ArgumentParser(add_help=False)
+    group = common.add_argument_group("admin API")
+    group.add_argument("--admin", metavar="URL",
+                       default=os.environ.get("SLUICE_ADMIN_URL", DEFAULT_ADMIN_URL),
+                       help="admin API base URL (default: $SLUICE_ADMIN_URL or %(default)s)")
+    group.add_argument("--user", default=os.environ.get("SLUICE_USER", "sluice"),
+                       help="admin API user (default: $SLUICE_USER or sluice)")
+    group.add_argument("--password", default=os.environ.get("SLUICE_PASSWORD", "sluice"),
+                       help="its password (default: $SLUICE_PASSWORD or sluice)")
+    group.add_argument("--json", action="store_true", help="print the API's JSON answer")
+    return common
+
+
+def add_admin_commands(commands: argparse._SubParsersAction) -> None:
+    """Register `topic`, `group`, `message` and `user` under ``commands``."""
+    common = admin_options()
+
+    def add(parent: argparse._SubParsersAction, name: str, text: str,
+            handler: Callable[[AdminClient, argparse.Namespace], int]) -> argparse.ArgumentParser:
+        sub = parent.add_parser(name, help=text, description=text, parents=[common])
+        sub.set_defaults(handler=lambda args: run(handler, args))
+        return sub
+
+    def section(name: str, text: str) -> argparse._SubParsersAction:
+        parser = commands.add_parser(name, help=text, description=text)
+        return parser.add_subparsers(dest=f"{name}_command", required=True, metavar="COMMAND")
+
+    topic = section("topic", "Create, list, describe and delete topics.")
+    sub = add(topic, "create", "Create a topic.", topic_create)
+    sub.add_argument("name", metavar="TOPIC")
+    sub.add_argument("--queues", type=int, default=8, help="number of queues (default: %(default)s)")
+    sub.add_argument("--type", default="normal", choices=["normal", "fifo", "delay", "transaction"],
+                     help="message type (default: %(default)s)")
+    sub.add_argument("--retention-ms", type=int, help="keep messages this long (default: store-wide)")
+    sub.add_argument("--compacted", action="store_true", help="keep the newest message per key")
+    add(topic, "list", "List topics.", topic_list)
+    add(topic, "describe", "Show a topic's queues and offsets.", topic_describe).add_argument(
+        "name", metavar="TOPIC")
+    add(topic, "delete", "Delete a topic.", topic_delete).add_argument("name", metavar="TOPIC")
+
+    group = section("group", "Create, list, describe and delete consumer groups; reset offsets.")
+    sub = add(group, "create", "Create a consumer group.", group_create)
+    sub.add_argument("name", metavar="GROUP")
+    sub.add_argument("--broadcast", action="store_true", help="every member gets every message")
+    sub.add_argument("--fifo", action="store_true", help="deliver each message group in order")
+    sub.add_argument("--max-attempts", type=int, default=16,
+                     help="deliveries before a message goes to the dead-letter topic")
+    add(group, "list", "List consumer groups.", group_list)
+    add(group, "describe", "Show a group's members, subscriptions and lag.",
+        group_describe).add_argument("name", metavar="GROUP")
+    add(group, "delete", "Delete a consumer group.", group_delete).add_argument("name", metavar="GROUP")
+    sub = add(group, "reset-offset", "Move a group's offsets on a topic to a point in time.",
+              group_reset)
+    sub.add_argument("name", metavar="GROUP")
+    sub.add_argument("--topic", required=True)
+    where = sub.add_mutually_exclusive_group(required=True)
+    where.add_argument("--time", help="ms since the epoch, or ISO 8601 (2024-05-01T12:00:00)")
+    where.add_argument("--to", choices=["earliest", "latest"], help="the first or the next message")
+
+    message = section("message", "Look up stored messages.")
+    sub = add(message, "get", "Show a message by id, or the messages of a topic with a key.",
+              message_get)
+    sub.add_argument("msg_id", nargs="?", metavar="MSG_ID")
+    sub.add_argument("--topic", help="topic to search by key")
+    sub.add_argument("--key", help="business key (needs --topic)")
+    sub.add_argument("--limit", type=int, default=32, help="at most this many (default: %(default)s)")
+
+    user = section("user", "Manage users and their permissions.")
+    for name, text, handler in [("create", "Create a user.", user_create),
+                                ("passwd", "Set a user's password.", user_passwd)]:
+        sub = add(user, name, text, handler)
+        sub.add_argument("name", metavar="NAME")
+        sub.add_argument("--new-password", metavar="PASSWORD",
+                         help="the user's password (asked for on a terminal when omitted)")
+        if name == "create":
+            sub.add_argument("--superuser", dest="make_admin", action="store_true",
+                             help="make the user an admin: it may do anything")
+    add(user, "list", "List users.", user_list)
+    add(user, "delete", "Delete a user and its permissions.", user_delete).add_argument("name", metavar="NAME")
+    add(user, "permissions", "List a user's permissions.", user_permissions).add_argument(
+        "name", metavar="NAME")
+    for name, text, handler in [("grant", "Grant actions on topics or groups matching a pattern.",
+                                 user_grant),
+                                ("revoke", "Revoke a user's permission on a pattern.", user_revoke)]:
+        sub = add(user, name, text, handler)
+        sub.add_argument("name", metavar="NAME")
+        sub.add_argument("kind", choices=["topic", "group"])
+        sub.add_argument("pattern", metavar="PATTERN", help="a name, or a pattern with * wildcards")
+        if name == "grant":
+            sub.add_argument("actions", nargs="+", choices=["publish", "subscribe", "admin"],
+                             metavar="ACTION", help="publish, subscribe and/or admin")
+
+
+def run(handler: Callable[[AdminClient, argparse.Namespace], int], args: argparse.Namespace) -> int:
+    """Run an admin command; print a CliError's message and return its code."""
+    try:
+        return handler(AdminClient(args.admin, args.user, args.password), args)
+    except CliError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return error.code
