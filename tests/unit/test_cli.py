@@ -52,3 +52,67 @@ def test_every_command_has_help(argv, capsys):
         main(argv)
     assert exit_info.value.code == 0
     assert "usage: sluice" in capsys.readouterr().out
+
+
+def leaf_commands(parser, prefix=()):
+    """Every runnable command path of the parser, e.g. ('topic', 'create')."""
+    import argparse
+
+    subparsers = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    if not subparsers:
+        yield prefix
+        return
+    for name, sub in subparsers[0].choices.items():
+        yield from leaf_commands(sub, (*prefix, name))
+
+
+def test_every_leaf_command_has_help(capsys):
+    from protocols.cli import build_parser
+
+    leaves = list(leaf_commands(build_parser()))
+    for expected in [("serve",), ("topic", "create"), ("group", "reset-offset"), ("message", "get"),
+                     ("user", "grant"), ("send",), ("consume",), ("store", "verify")]:
+        assert expected in leaves
+    for leaf in leaves:
+        with pytest.raises(SystemExit) as exit_info:
+            main([*leaf, "--help"])
+        assert exit_info.value.code == 0, leaf
+        assert f"usage: sluice {' '.join(leaf)}" in capsys.readouterr().out
+
+
+def test_admin_and_data_commands_default_to_local_endpoints_and_env_credentials(monkeypatch):
+    from protocols.cli import build_parser
+
+    monkeypatch.setenv("SLUICE_USER", "ops")
+    monkeypatch.delenv("SLUICE_PASSWORD", raising=False)
+    args = build_parser().parse_args(["topic", "list"])
+    assert (args.admin, args.user, args.password) == ("http://127.0.0.1:8080", "ops", "sluice")
+    args = build_parser().parse_args(["send", "orders", "hi", "--count", "5"])
+    assert (args.server, args.count, args.body) == ("127.0.0.1:8081", 5, "hi")
+
+
+def test_serve_flags_override_only_what_is_given(monkeypatch):
+    from protocols.cli import SERVE_FLAGS, build_parser
+    from protocols.config import load_config
+
+    args = build_parser().parse_args(["serve", "--native-port", "9999", "--flush", "async"])
+    config = load_config(None, {"SLUICE_NATIVE_PORT": "1", "SLUICE_ADMIN_PORT": "2"},
+                         {path: getattr(args, dest) for dest, path in SERVE_FLAGS.items()})
+    assert (config.native.port, config.admin.port, config.store.flush) == (9999, 2, "async")
+    assert config.auth.allow_anonymous is False
+
+
+def test_consume_needs_a_group_or_a_start_offset(capsys):
+    assert main(["consume", "orders"]) == 2
+    assert "--group G" in capsys.readouterr().err
+    assert main(["consume", "orders", "--group", "g", "--earliest"]) == 2
+    assert "pick one" in capsys.readouterr().err
+
+
+def test_a_bad_reset_time_is_a_usage_error():
+    from protocols.cli_admin import CliError, parse_time
+
+    assert parse_time("1700000000000") == 1_700_000_000_000
+    assert parse_time("2024-01-01T00:00:00+00:00") == 1_704_067_200_000
+    with pytest.raises(CliError, match="ISO"):
+        parse_time("yesterday")
