@@ -1,0 +1,306 @@
+"""MetadataRepository: topics, groups, subscriptions, users and permissions in SQL.
+
+Messages never live here; this is the small, slowly changing state the broker loads at start and
+the admin API edits.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from typing import Any
+
+from cryptography.fernet import Fernet, InvalidToken
+from sqlalchemy import Connection, Row, Table, exists, select
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.sql.dml import Insert
+
+from core.errors import (AlreadyExists, GroupNotFound, InvalidArgument, TopicNotFound,
+                         UserNotFound)
+from core.model import (Action, ConsumeMode, GroupConfig, MessageType, Permission,
+                        ResourceKind, RetryPolicy, Subscription, TopicConfig, User)
+
+from . import master_key
+from .engine import WRITE_OPTION, open_engine
+from .passwords import check_password, hash_password, waste_check
+from .schema import consumer_groups, current_version, migrate, subscriptions, topics, users
+from .schema import permissions as permission_table
+
+_MAX_USER_NAME = 127
+
+
+class MetadataRepository:
+    """Durable metadata in SQLite (default) or PostgreSQL; the schema is migrated on open.
+
+    Thread-safe: every call checks out its own pooled connection and runs in its own
+    transaction. Every call blocks on database I/O (user calls also on scrypt), so callers on an
+    event loop run them in an executor.
+    """
+
+    def __init__(self, url: str, secret_key: bytes) -> None:
+        """Open (creating or migrating) the database at ``url``; ``secret_key`` is the master key."""
+        try:
+            self._fernet = Fernet(secret_key)
+        except ValueError:
+            raise master_key.BadMasterKey("the master key is not a Fernet key "
+                                          "(32 url-safe base64-encoded bytes)") from None
+        self._engine = open_engine(url)
+        self._writer = self._engine.execution_options(**{WRITE_OPTION: True})
+        self._insert = postgresql.insert if self._engine.dialect.name == "postgresql" else sqlite.insert
+        try:
+            with self._writer.begin() as conn:
+                migrate(conn, self._engine.url.render_as_string(hide_password=True))
+        except BaseException:
+            self._engine.dispose()
+            raise
+
+    @classmethod
+    def for_data_dir(cls, data_dir: str, url: str | None = None) -> MetadataRepository:
+        """Open the repository of a data dir: its master key, and SQLite there unless ``url`` is given."""
+        os.makedirs(data_dir, exist_ok=True)
+        key = master_key.load_or_create(os.path.join(data_dir, "master.key"))
+        return cls(url or f"sqlite:///{os.path.join(os.path.abspath(data_dir), 'metadata.db')}", key)
+
+    def close(self) -> None:
+        """Close every pooled connection."""
+        self._engine.dispose()
+
+    def schema_version(self) -> int:
+        """The schema version of the open database."""
+        with self._engine.connect() as conn:
+            return current_version(conn)
+
+    # --- topics ---
+    def create_topic(self, config: TopicConfig) -> None:
+        """Store a new topic; AlreadyExists if the name is taken."""
+        self._insert_new(topics, _topic_row(config), f"topic {config.name!r}")
+
+    def update_topic(self, config: TopicConfig) -> None:
+        """Replace a topic's settings; TopicNotFound if it does not exist."""
+        if not self._update(topics, config.name, _topic_row(config)):
+            raise TopicNotFound(config.name)
+
+    def get_topic(self, name: str) -> TopicConfig | None:
+        """The topic's settings, None if it does not exist."""
+        row = self._get(topics, name)
+        return _topic(row) if row else None
+
+    def list_topics(self) -> list[TopicConfig]:
+        """Every topic, by name."""
+        return [_topic(row) for row in self._all(topics)]
+
+    def delete_topic(self, name: str) -> bool:
+        """Delete a topic's settings; whether it existed."""
+        return self._delete(topics, name)
+
+    # --- consumer groups ---
+    def create_group(self, config: GroupConfig) -> None:
+        """Store a new group; AlreadyExists if the name is taken."""
+        self._insert_new(consumer_groups, _group_row(config), f"consumer group {config.name!r}")
+
+    def update_group(self, config: GroupConfig) -> None:
+        """Replace a group's settings; GroupNotFound if it does not exist."""
+        if not self._update(consumer_groups, config.name, _group_row(config)):
+            raise GroupNotFound(config.name)
+
+    def get_group(self, name: str) -> GroupConfig | None:
+        """The group's settings, None if it does not exist."""
+        row = self._get(consumer_groups, name)
+        return _group(row) if row else None
+
+    def list_groups(self) -> list[GroupConfig]:
+        """Every group, by name."""
+        return [_group(row) for row in self._all(consumer_groups)]
+
+    def delete_group(self, name: str) -> bool:
+        """Delete a group and its subscriptions; whether it existed."""
+        return self._delete(consumer_groups, name)
+
+    # --- subscriptions ---
+    def put_subscription(self, subscription: Subscription) -> None:
+        """Store or replace the group's subscription to the topic; GroupNotFound without the group."""
+        row = {"group_name": subscription.group, "topic": subscription.topic,
+               "expression": subscription.expression,
+               "expression_type": subscription.expression_type}
+        try:
+            with self._writer.begin() as conn:
+                conn.execute(self._upsert(subscriptions, row, ("group_name", "topic")))
+        except IntegrityError:
+            raise GroupNotFound(subscription.group) from None
+
+    def list_subscriptions(self, group: str | None = None) -> list[Subscription]:
+        """Every subscription, or the group's, by group and topic."""
+        query = select(subscriptions).order_by(subscriptions.c.group_name, subscriptions.c.topic)
+        if group is not None:
+            query = query.where(subscriptions.c.group_name == group)
+        with self._engine.connect() as conn:
+            return [Subscription(row.group_name, row.topic, row.expression, row.expression_type)
+                    for row in conn.execute(query)]
+
+    def delete_subscription(self, group: str, topic: str) -> bool:
+        """Delete the group's subscription to the topic; whether it existed."""
+        with self._writer.begin() as conn:
+            return conn.execute(subscriptions.delete().where(
+                subscriptions.c.group_name == group, subscriptions.c.topic == topic)).rowcount > 0
+
+    # --- users ---
+    def create_user(self, name: str, password: str, admin: bool = False) -> User:
+        """Store a new user with a hashed password; AlreadyExists if the name is taken."""
+        _check_user_name(name)
+        self._insert_new(users, {"name": name, "admin": admin, **self._secrets(password)},
+                         f"user {name!r}")
+        return User(name, admin)
+
+    def set_password(self, name: str, password: str) -> None:
+        """Replace the user's password; UserNotFound if the user does not exist."""
+        if not self._update(users, name, self._secrets(password)):
+            raise _user_not_found(name)
+
+    def delete_user(self, name: str) -> bool:
+        """Delete a user and its permissions; whether it existed."""
+        return self._delete(users, name)
+
+    def get_user(self, name: str) -> User | None:
+        """The user, None if it does not exist."""
+        row = self._get(users, name)
+        return User(row.name, row.admin) if row else None
+
+    def list_users(self) -> list[User]:
+        """Every user, by name."""
+        return [User(row.name, row.admin) for row in self._all(users)]
+
+    def verify_password(self, name: str, password: str) -> User | None:
+        """The user if ``password`` is theirs, else None; an unknown name takes as long as a wrong password."""
+        with self._engine.connect() as conn:
+            row = conn.execute(select(users.c.admin, users.c.password_hash)
+                               .where(users.c.name == name)).first()
+        if row is None:
+            waste_check(password)
+            return None
+        return User(name, row.admin) if check_password(row.password_hash, password) else None
+
+    def signing_secret(self, name: str) -> bytes | None:
+        """The user's password as the key of HMAC signatures, None if the user does not exist."""
+        with self._engine.connect() as conn:
+            token = conn.execute(select(users.c.signing_secret)
+                                 .where(users.c.name == name)).scalar_one_or_none()
+        if token is None:
+            return None
+        try:
+            return self._fernet.decrypt(token.encode())
+        except InvalidToken:
+            raise master_key.BadMasterKey(
+                f"the signing secret of user {name!r} was encrypted under another master key: "
+                "restore the original master.key, or set the user's password again") from None
+
+    # --- permissions ---
+    def grant(self, permission: Permission) -> None:
+        """Store the permission, replacing the actions of the same user, kind and pattern."""
+        if not permission.pattern or not permission.actions:
+            raise InvalidArgument("a permission needs a non-empty pattern and at least one action")
+        row = {"user_name": permission.user, "kind": permission.kind.value,
+               "pattern": permission.pattern,
+               "actions": ",".join(sorted(a.value for a in permission.actions))}
+        try:
+            with self._writer.begin() as conn:
+                conn.execute(self._upsert(permission_table, row, ("user_name", "kind", "pattern")))
+        except IntegrityError:
+            raise _user_not_found(permission.user) from None
+
+    def revoke(self, user: str, kind: ResourceKind, pattern: str) -> bool:
+        """Delete the user's permission on ``kind``/``pattern``; whether it existed."""
+        with self._writer.begin() as conn:
+            deleted = conn.execute(permission_table.delete().where(
+                permission_table.c.user_name == user, permission_table.c.kind == kind.value,
+                permission_table.c.pattern == pattern)).rowcount > 0
+            if not deleted:
+                self._require_user(conn, user)
+        return deleted
+
+    def permissions(self, user: str) -> list[Permission]:
+        """The user's permissions, by kind and pattern; UserNotFound if the user does not exist."""
+        with self._engine.begin() as conn:
+            self._require_user(conn, user)
+            rows = conn.execute(select(permission_table).where(permission_table.c.user_name == user)
+                                .order_by(permission_table.c.kind, permission_table.c.pattern))
+            return [Permission(user, ResourceKind(row.kind), row.pattern,
+                               frozenset(Action(a) for a in row.actions.split(",")))
+                    for row in rows]
+
+    # --- helpers ---
+    def _secrets(self, password: str) -> dict[str, str]:
+        if not password:
+            raise InvalidArgument("the password is empty: choose a non-empty password")
+        return {"password_hash": hash_password(password),
+                "signing_secret": self._fernet.encrypt(password.encode()).decode()}
+
+    def _require_user(self, conn: Connection, name: str) -> None:
+        if not conn.execute(select(exists().where(users.c.name == name))).scalar_one():
+            raise _user_not_found(name)
+
+    def _upsert(self, table: Table, row: Mapping[str, Any], keys: tuple[str, ...]) -> Insert:
+        insert = self._insert(table).values(**row)
+        return insert.on_conflict_do_update(
+            index_elements=[table.c[k] for k in keys],
+            set_={k: insert.excluded[k] for k in row if k not in keys})
+
+    def _insert_new(self, table: Table, row: Mapping[str, Any], what: str) -> None:
+        # RETURNING, not rowcount: psycopg reports no rowcount for INSERT ... ON CONFLICT DO NOTHING.
+        statement = self._insert(table).values(**row).on_conflict_do_nothing().returning(table.c.name)
+        with self._writer.begin() as conn:
+            inserted = conn.execute(statement).first()
+        if inserted is None:
+            raise AlreadyExists(f"{what} exists already; update or delete it, or choose another name")
+
+    def _update(self, table: Table, name: str, values: Mapping[str, Any]) -> bool:
+        with self._writer.begin() as conn:
+            return conn.execute(table.update().where(table.c.name == name).values(**values)).rowcount > 0
+
+    def _get(self, table: Table, name: str) -> Row | None:
+        with self._engine.connect() as conn:
+            return conn.execute(select(table).where(table.c.name == name)).first()
+
+    def _all(self, table: Table) -> list[Row]:
+        with self._engine.connect() as conn:
+            return list(conn.execute(select(table).order_by(table.c.name)))
+
+    def _delete(self, table: Table, name: str) -> bool:
+        with self._writer.begin() as conn:
+            return conn.execute(table.delete().where(table.c.name == name)).rowcount > 0
+
+
+def _check_user_name(name: str) -> None:
+    if (not name or len(name) > _MAX_USER_NAME or name.startswith("$") or ":" in name
+            or not name.isprintable() or any(c.isspace() for c in name)):
+        raise InvalidArgument(
+            f"user name {name!r} is invalid: use 1-{_MAX_USER_NAME} printable characters without "
+            "spaces or ':', not starting with '$'")
+
+
+def _user_not_found(name: str) -> UserNotFound:
+    return UserNotFound(f"user {name!r} does not exist; check the name or create the user "
+                        f"(`sluice user create {name}`)")
+
+
+def _topic_row(config: TopicConfig) -> dict[str, Any]:
+    return {"name": config.name, "queue_count": config.queue_count,
+            "message_type": config.message_type.value, "retention_ms": config.retention_ms,
+            "compacted": config.compacted}
+
+
+def _topic(row: Row) -> TopicConfig:
+    return TopicConfig(row.name, row.queue_count, MessageType(row.message_type), row.retention_ms,
+                       row.compacted)
+
+
+def _group_row(config: GroupConfig) -> dict[str, Any]:
+    retry = config.retry
+    return {"name": config.name, "consume_mode": config.consume_mode.value, "fifo": config.fifo,
+            "max_attempts": retry.max_attempts, "initial_backoff_ms": retry.initial_backoff_ms,
+            "max_backoff_ms": retry.max_backoff_ms, "multiplier": retry.multiplier}
+
+
+def _group(row: Row) -> GroupConfig:
+    retry = RetryPolicy(row.max_attempts, row.initial_backoff_ms, row.max_backoff_ms, row.multiplier)
+    return GroupConfig(row.name, ConsumeMode(row.consume_mode), retry, row.fifo)

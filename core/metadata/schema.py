@@ -1,0 +1,110 @@
+"""The metadata tables and the ordered migrations that create and evolve them.
+
+``MIGRATIONS[i]`` brings a database from schema version ``i`` to ``i + 1``; ``schema_version``
+keeps one row per applied migration. A released migration never changes: when version 2 alters
+a table, version 1 keeps creating the version-1 shape (copy its definitions into ``_v1`` then).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from sqlalchemy import (BigInteger, Boolean, Column, Connection, Double, ForeignKey, Integer,
+                        MetaData, String, Table, func, select, text)
+
+from core.errors import SluiceError
+
+metadata = MetaData()
+
+schema_version = Table(
+    "schema_version", metadata,
+    Column("version", Integer, primary_key=True, autoincrement=False),
+    Column("applied_ms", BigInteger, nullable=False),
+)
+
+topics = Table(
+    "topics", metadata,
+    Column("name", String(127), primary_key=True),
+    Column("queue_count", Integer, nullable=False),
+    Column("message_type", String(16), nullable=False),
+    Column("retention_ms", BigInteger),
+    Column("compacted", Boolean, nullable=False),
+)
+
+consumer_groups = Table(
+    "consumer_groups", metadata,
+    Column("name", String(127), primary_key=True),
+    Column("consume_mode", String(16), nullable=False),
+    Column("fifo", Boolean, nullable=False),
+    Column("max_attempts", Integer, nullable=False),
+    Column("initial_backoff_ms", BigInteger, nullable=False),
+    Column("max_backoff_ms", BigInteger, nullable=False),
+    Column("multiplier", Double, nullable=False),
+)
+
+subscriptions = Table(
+    "subscriptions", metadata,
+    Column("group_name", String(127), ForeignKey(consumer_groups.c.name, ondelete="CASCADE"),
+           primary_key=True),
+    Column("topic", String(127), primary_key=True),
+    Column("expression", String, nullable=False),
+    Column("expression_type", String(16), nullable=False),
+)
+
+users = Table(
+    "users", metadata,
+    Column("name", String(127), primary_key=True),
+    Column("admin", Boolean, nullable=False),
+    Column("password_hash", String, nullable=False),
+    # The password encrypted under the master key (Fernet): HMAC signatures need it back.
+    Column("signing_secret", String, nullable=False),
+)
+
+permissions = Table(
+    "permissions", metadata,
+    Column("user_name", String(127), ForeignKey(users.c.name, ondelete="CASCADE"), primary_key=True),
+    Column("kind", String(16), primary_key=True),
+    Column("pattern", String(255), primary_key=True),
+    Column("actions", String(64), nullable=False),  # comma-separated Action values, sorted
+)
+
+
+def _v1(conn: Connection) -> None:
+    metadata.create_all(conn, tables=[topics, consumer_groups, subscriptions, users, permissions])
+
+
+MIGRATIONS: tuple[Callable[[Connection], None], ...] = (_v1,)
+LATEST_VERSION = len(MIGRATIONS)
+
+_PG_MIGRATION_LOCK = 0x51CE_0001
+"""pg_advisory_xact_lock key: brokers opening one database at once migrate it one at a time."""
+
+
+class SchemaTooNew(SluiceError):
+    """The database was written by a newer Sluice than this one."""
+
+
+def current_version(conn: Connection) -> int:
+    """The highest applied migration, 0 for an empty database."""
+    return conn.execute(select(func.coalesce(func.max(schema_version.c.version), 0))).scalar_one()
+
+
+def migrate(conn: Connection, where: str) -> int:
+    """Apply the missing migrations inside ``conn``'s transaction; return the schema version.
+
+    The caller holds the database's write lock (SQLite ``BEGIN IMMEDIATE``); on PostgreSQL an
+    advisory lock serializes concurrent openers. ``where`` names the database in errors.
+    """
+    if conn.dialect.name == "postgresql":
+        conn.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": _PG_MIGRATION_LOCK})
+    metadata.create_all(conn, tables=[schema_version])
+    version = current_version(conn)
+    if version > LATEST_VERSION:
+        raise SchemaTooNew(
+            f"the metadata database {where} has schema version {version}, but this Sluice knows "
+            f"versions up to {LATEST_VERSION} only: upgrade Sluice to open it")
+    for number in range(version + 1, LATEST_VERSION + 1):
+        MIGRATIONS[number - 1](conn)
+        conn.execute(schema_version.insert().values(version=number, applied_ms=int(time.time() * 1000)))
+    return LATEST_VERSION
