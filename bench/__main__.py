@@ -1,6 +1,8 @@
 """``python -m bench [SECTION ...]``: run benchmark sections and print a results table.
 
-Sections today: ``store``. With no section named, every section runs.
+Sections: ``store`` (the store beside the disk's raw limits) and ``native`` (Sluice beside
+RabbitMQ: durable sends and acked consumption, and Sluice's packed stream). With no section
+named, every section runs.
 """
 from __future__ import annotations
 
@@ -12,15 +14,23 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Protocol
 
-from . import store_bench
-from .report import Report
+from . import native_bench, store_bench
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-Section = Callable[[argparse.Namespace, Path, Callable[[str], None]], Report]
 
 
-def _store_section(options: argparse.Namespace, workdir: Path, log: Callable[[str], None]) -> Report:
+class Rendered(Protocol):
+    """A section's results: ``render()`` gives the text printed at the end."""
+
+    def render(self) -> str: ...
+
+
+Section = Callable[[argparse.Namespace, Path, Callable[[str], None]], Rendered]
+
+
+def _store_section(options: argparse.Namespace, workdir: Path, log: Callable[[str], None]) -> Rendered:
     settings = _store_settings(options)
     return store_bench.run_section(settings, workdir / "store", log)
 
@@ -33,7 +43,19 @@ def _store_settings(options: argparse.Namespace) -> store_bench.Settings:
     return store_bench.Settings(**{**settings.__dict__, **overrides})
 
 
-SECTIONS: dict[str, Section] = {"store": _store_section}
+def _native_section(options: argparse.Namespace, workdir: Path, log: Callable[[str], None]) -> Rendered:
+    return native_bench.run_section(_native_settings(options), workdir / "native", log)
+
+
+def _native_settings(options: argparse.Namespace) -> native_bench.Settings:
+    """Settings of the native section from the command line (``--quick`` shrinks every count)."""
+    settings = native_bench.Settings.smoke(options.messages) if options.quick else native_bench.Settings()
+    overrides = {name: value for name, value in (("messages", options.messages), ("rounds", options.repeats),
+                                                 ("window", options.window)) if value is not None}
+    return native_bench.Settings(**{**settings.__dict__, **overrides})
+
+
+SECTIONS: dict[str, Section] = {"store": _store_section, "native": _native_section}
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -51,7 +73,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--seconds", type=float, default=None,
                         help="time bound of each timed run (default 3; 0.25 with --quick)")
     parser.add_argument("--repeats", type=_positive_int, default=None,
-                        help="runs of each measurement, medians reported (default 3; 1 with --quick)")
+                        help="runs of each measurement, medians reported; the native section's rounds "
+                             "(default 3; 1 with --quick)")
+    parser.add_argument("--messages", type=_positive_int, default=None,
+                        help="native: messages per send/ack run (default 50,000; 1,000 with --quick)")
+    parser.add_argument("--window", type=_positive_int, default=None,
+                        help="native: sends in flight, RabbitMQ's unconfirmed publishes and Sluice's "
+                             "concurrent sends (default 128)")
     options = parser.parse_args(argv)
     unknown = [name for name in options.sections if name not in SECTIONS]
     if unknown:
@@ -98,7 +126,7 @@ def _log(line: str) -> None:
 def main(argv: list[str] | None = None) -> int:
     options = parse_args(argv)
     started = time.perf_counter()
-    reports: list[Report] = []
+    reports: list[Rendered] = []
     with bench_directory(options.data_dir) as workdir:
         for name in options.sections:
             _log(f"== {name} ==")
