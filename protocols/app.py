@@ -86,11 +86,15 @@ class RunningBroker:
             return
         self._stopped = True
         grace = self.config.shutdown_grace_ms / 1000
-        if self.native is not None:
-            await self.native.stop(grace)
-        if self.admin is not None:
-            await self.admin.stop()
+        servers = [self.native.stop(grace)] if self.native is not None else []
+        servers += [self.admin.stop()] if self.admin is not None else []
+        stopping = asyncio.gather(*servers)  # each stops accepting at once, then drains
+        await asyncio.sleep(0)
+        # Closing the broker now answers pending long polls at once, so the servers drain in
+        # milliseconds instead of waiting out the grace period for tailing consumers.
         await self.broker.close()
+        await stopping
+        await self.broker.close()  # again: persist the offsets of acks that landed while draining
         await asyncio.to_thread(self.store.checkpoint)
         await asyncio.to_thread(self.store.close)
         await asyncio.to_thread(self.metadata.close)
