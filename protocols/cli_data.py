@@ -16,7 +16,7 @@ import json
 import os
 import sys
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TextIO
 
 from .cli_admin import START_HINT, CliError
@@ -122,10 +122,11 @@ async def consume(args: argparse.Namespace) -> int:
     if not args.group and not args.earliest and args.from_offset is None:
         raise CliError("pass --group G to consume as a group member, or --earliest / "
                        "--from-offset N to read by offset without one", 2)
-    source = PopSource(args) if args.group else PullSource(args)
+    source = PopSource(args) if args.group else OffsetSource(args)
     received = 0
     try:
-        async with connected(source.client, args), contextlib.aclosing(source.messages()) as stream:
+        async with connected(source.client, args, source.open), \
+                contextlib.aclosing(source.messages()) as stream:
             async for message in stream:
                 print(render(message, args.json), flush=True)
                 await source.done(message)
@@ -149,6 +150,9 @@ class PopSource:
         self.client = SimpleConsumer(client_config(args), args.group, {args.topic: args.filter},
                                      await_duration=min(args.wait, 5.0) if args.wait else 5.0)
 
+    async def open(self) -> None:
+        await self.client.start()
+
     async def messages(self) -> AsyncIterator[Any]:
         idle_since = time.monotonic()
         while True:
@@ -165,24 +169,68 @@ class PopSource:
             await self.client.ack(message)
 
 
-class PullSource:
-    """Reads every queue (or ``--queue``) by offset, without a group; commits nothing."""
+class OffsetSource:
+    """Reads every queue (or ``--queue``) by offset with no group: nothing joins, nothing commits.
+
+    One fetch task per queue long-polls PullMessage and hands batches to ``messages()``, so a
+    busy queue never waits behind an idle one. It uses the pull consumer's PullMessage and
+    QueryOffset calls without ``start()``: starting would join the group (core ignores the
+    group of a pull, so the placeholder name below is never created).
+    """
+
+    GROUP = "sluice-cli-reader"
 
     def __init__(self, args: argparse.Namespace) -> None:
-        try:
-            from .native.sdk.pull_consumer import PullConsumer  # type: ignore[import-not-found]
-        except ImportError:
-            raise CliError("this version of the native SDK has no pull consumer; consume with "
-                           "--group G instead") from None
+        from .native.sdk.pull_consumer import PullConsumer
+
         self.args = args
         self.budget = 32
-        self.client = PullConsumer(client_config(args))
+        self.client = PullConsumer(client_config(args), self.GROUP, [args.topic],
+                                   auto_commit_interval=None, batch_size=64,
+                                   await_duration=min(args.wait, 5.0) if args.wait else 5.0)
+
+    async def open(self) -> None:
+        from .native.sdk.client import readable
+
+        queues = readable(await self.client.route(self.args.topic))
+        self.queues = [q for q in queues if self.args.queue in (None, q.id)]
+        if not self.queues:
+            raise CliError(f"topic {self.args.topic} has no queue {self.args.queue}; "
+                           f"`sluice topic describe {self.args.topic}` lists its queues", 2)
 
     async def messages(self) -> AsyncIterator[Any]:
-        start = "earliest" if self.args.earliest else self.args.from_offset
-        async for message in self.client.read(self.args.topic, start, queue_id=self.args.queue,
-                                              idle_timeout=self.args.wait or None):
-            yield message
+        inbox: asyncio.Queue[list[Any] | BaseException] = asyncio.Queue(maxsize=len(self.queues))
+        fetchers = [asyncio.create_task(self._fetch(queue, inbox)) for queue in self.queues]
+        try:
+            while True:
+                try:
+                    batch = await asyncio.wait_for(inbox.get(), self.args.wait)
+                except TimeoutError:
+                    return
+                if isinstance(batch, BaseException):
+                    raise batch
+                for message in batch:
+                    yield message
+        finally:
+            for task in fetchers:
+                task.cancel()
+            await asyncio.gather(*fetchers, return_exceptions=True)
+
+    async def _fetch(self, queue: Any, inbox: asyncio.Queue) -> None:
+        from rocketmq.grpc_protocol.definition_pb2 import QueryOffsetPolicy
+
+        try:
+            offset = self.args.from_offset
+            if offset is None:
+                offset = await self.client._query_offset(queue, QueryOffsetPolicy.BEGINNING)
+            while True:
+                messages, offset = await self.client._pull_once(queue, offset)
+                if messages:
+                    await inbox.put(messages)
+        except asyncio.CancelledError:
+            raise
+        except BaseException as error:  # hand it to the reader, which raises it
+            await inbox.put(error)
 
     async def done(self, message: Any) -> None:
         """Nothing to settle: reading by offset commits nothing."""
@@ -224,12 +272,14 @@ def client_config(args: argparse.Namespace) -> Any:
 class connected:
     """Start a client, turn SDK errors into CliErrors that say what to do, close it at the end."""
 
-    def __init__(self, client: Any, args: argparse.Namespace) -> None:
+    def __init__(self, client: Any, args: argparse.Namespace,
+                 opener: Callable[[], Awaitable[None]] | None = None) -> None:
         self.client, self.args = client, args
+        self.opener = opener or client.start
 
     async def __aenter__(self) -> Any:
         try:
-            await self.client.start()
+            await self.opener()
         except BaseException as error:
             await self.client.close()
             raise self.translate(error) from None

@@ -139,11 +139,15 @@ def test_serve_prints_every_endpoint_and_survives_a_restart(server, data_dir):
         assert "orders" in sluice("topic", "list", *admin).stdout
         topic = json.loads(sluice("topic", "describe", "orders", "--json", *admin).stdout)
         assert topic["messages"] == 101
+        read = sluice("consume", "orders", "--earliest", "--wait", "3", "--json", "--server", again.native)
+        assert sorted(json.loads(line)["body_text"] for line in read.stdout.splitlines()) == sorted(bodies)
         found = sluice("message", "get", "--topic", "orders", "--key", "order-7", *admin).stdout
         assert "body: the keyed one" in found
         described = json.loads(sluice("group", "describe", "billing", "--json", *admin).stdout)
         assert described["total_lag"] == 0, "committed offsets survive the restart"
         assert "not created (users exist)" in "".join(again.output)
+        groups = sluice("group", "list", *admin).stdout
+        assert "billing" in groups and "reader" not in groups, "reading by offset joins no group"
         assert again.stop() == 0
     finally:
         again.kill()
