@@ -12,15 +12,17 @@ import asyncio
 import errno
 import logging
 import os
+import re
 import signal
 import socket
 import sys
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
+from core.errors import SluiceError
 from core.metadata import MetadataRepository
 from core.service import Broker
-from store.errors import StoreLockedError
+from store.errors import StoreError, StoreLockedError
 from store.file_store import FileStore
 
 from .admin import AdminDeps, AdminServer, start_admin_server
@@ -75,7 +77,8 @@ class RunningBroker:
             ("OpenAPI", f"{self.admin_url}/openapi.json"),
             ("health", f"{self.admin_url}/health"),
             ("data dir", f"{os.path.abspath(self.config.data_dir)}  (flush={self.config.store.flush})"),
-            ("metadata", self.config.metadata_url or "SQLite in the data dir"),
+            ("metadata", masked(self.config.metadata_url) if self.config.metadata_url
+             else "SQLite in the data dir"),
             ("anonymous", "allowed" if auth.allow_anonymous else "refused (log in with a user)"),
             ("default user", user),
         ]
@@ -111,8 +114,7 @@ async def start(config: Config) -> RunningBroker:
     store = await asyncio.to_thread(_open_store, config)
     running: RunningBroker | None = None
     try:
-        metadata = await asyncio.to_thread(MetadataRepository.for_data_dir, config.data_dir,
-                                           config.metadata_url)
+        metadata = await asyncio.to_thread(_open_metadata, config)
         broker = Broker(store, metadata, config.data_dir, config.core, flush=config.store.flush)
         running = RunningBroker(config, store, metadata, broker)
         await broker.start()
@@ -141,6 +143,18 @@ def _open_store(config: Config) -> FileStore:
     except StoreLockedError:
         raise StartupError(f"data dir {os.path.abspath(config.data_dir)} is in use by another "
                            "broker; stop it, or pass another directory with --data-dir") from None
+
+
+def _open_metadata(config: Config) -> MetadataRepository:
+    try:
+        return MetadataRepository.for_data_dir(config.data_dir, config.metadata_url)
+    except SluiceError:
+        raise
+    except Exception as error:  # a driver's connection or URL error: name the setting to fix
+        where = masked(config.metadata_url) if config.metadata_url else "SQLite in the data dir"
+        raise StartupError(f"cannot open the metadata database ({where}): {error}; check "
+                           "--metadata-url (SLUICE_METADATA_URL) and that the database is "
+                           "reachable") from error
 
 
 def _start_native(running: RunningBroker):
@@ -192,6 +206,11 @@ def _port_error(name: str, host: str, port: int) -> StartupError:
                         f"or [{name}] port in the config file)")
 
 
+def masked(url: str) -> str:
+    """``url`` with its password replaced by ``***``, for printing."""
+    return re.sub(r"(://[^:/@]*:)[^@]*@", r"\1***@", url)
+
+
 def _hostport(host: str, port: int) -> str:
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
@@ -226,7 +245,7 @@ def serve(config: Config) -> int:
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         uvloop.run(run_until_signalled(config))
-    except StartupError as error:
+    except (StartupError, SluiceError, StoreError, OSError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 1
     return 0

@@ -116,3 +116,11 @@ def test_a_bad_reset_time_is_a_usage_error():
     assert parse_time("2024-01-01T00:00:00+00:00") == 1_704_067_200_000
     with pytest.raises(CliError, match="ISO"):
         parse_time("yesterday")
+
+
+def test_printed_metadata_urls_hide_the_password():
+    from protocols.app import masked
+
+    assert masked("postgresql+psycopg://sluice:s3cr3t@db:5432/sluice") == \
+        "postgresql+psycopg://sluice:***@db:5432/sluice"
+    assert masked("sqlite:////var/lib/sluice/metadata.db") == "sqlite:////var/lib/sluice/metadata.db"
