@@ -59,6 +59,7 @@ class RunningBroker:
 
     @property
     def admin_url(self) -> str:
+        assert self.admin is not None, "the admin server is not started"
         return self.admin.url
 
     def endpoints(self) -> list[tuple[str, str]]:

@@ -16,7 +16,7 @@ import json
 import os
 import sys
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from typing import Any, TextIO
 
 from .cli_admin import START_HINT, CliError
@@ -153,7 +153,7 @@ class PopSource:
     async def open(self) -> None:
         await self.client.start()
 
-    async def messages(self) -> AsyncIterator[Any]:
+    async def messages(self) -> AsyncGenerator[Any, None]:
         idle_since = time.monotonic()
         while True:
             batch = await self.client.receive(max_messages=max(1, min(self.budget, 32)))
@@ -198,7 +198,7 @@ class OffsetSource:
             raise CliError(f"topic {self.args.topic} has no queue {self.args.queue}; "
                            f"`sluice topic describe {self.args.topic}` lists its queues", 2)
 
-    async def messages(self) -> AsyncIterator[Any]:
+    async def messages(self) -> AsyncGenerator[Any, None]:
         inbox: asyncio.Queue[list[Any] | BaseException] = asyncio.Queue(maxsize=len(self.queues))
         fetchers = [asyncio.create_task(self._fetch(queue, inbox)) for queue in self.queues]
         try:

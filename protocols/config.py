@@ -109,7 +109,7 @@ def leaf_paths(cls: type = Config, prefix: str = "") -> dict[str, Any]:
     found: dict[str, Any] = {}
     for name, hint in _hints(cls).items():
         dotted = f"{prefix}{name}"
-        if dataclasses.is_dataclass(hint):
+        if _is_section(hint):
             found.update(leaf_paths(hint, dotted + "."))
         else:
             found[dotted] = hint
@@ -143,7 +143,7 @@ def _flatten(table: Mapping[str, Any], cls: type, prefix: str, source: str,
             raise ConfigError(f"{source}: unknown key {dotted!r}; known keys in {section}: "
                               f"{', '.join(sorted(hints))}")
         hint = hints[key]
-        if dataclasses.is_dataclass(hint):
+        if _is_section(hint):
             if not isinstance(value, dict):
                 raise ConfigError(f"{source}: {dotted!r} must be a table ([{dotted}])")
             _flatten(value, hint, dotted + ".", source, out)
@@ -180,6 +180,11 @@ def _set(values: dict[str, Any], paths: list[str], value: Any, source: str) -> N
 
 
 # --- typing ---
+
+def _is_section(hint: Any) -> bool:
+    """Whether a field's type is a nested dataclass (a TOML table), not a leaf value."""
+    return isinstance(hint, type) and dataclasses.is_dataclass(hint)
+
 
 def _hints(cls: type) -> dict[str, Any]:
     hints = typing.get_type_hints(cls)
@@ -261,7 +266,7 @@ def _build(cls: type, values: Mapping[str, Any], prefix: str) -> Any:
     kwargs: dict[str, Any] = {}
     for name, hint in _hints(cls).items():
         dotted = f"{prefix}{name}"
-        if dataclasses.is_dataclass(hint):
+        if _is_section(hint):
             kwargs[name] = _build(hint, values, dotted + ".")
         elif dotted in values:
             value, source = values[dotted]
