@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import secrets
 import threading
 
 from .errors import AccessDenied, AlreadyExists, Unauthenticated, UserNotFound
@@ -61,19 +62,47 @@ class Users:
         self._manage_lock = threading.Lock()   # orders management changes and their reloads
         self._principals: dict[str, Principal] = {}
         self._generation = 0
+        self._cache_key = secrets.token_bytes(32)
+        self._verified: dict[str, bytes] = {}  # user -> keyed digest of the last password verified
+        self._secrets: dict[str, bytes] = {}   # user -> signing secret, decrypted once
 
     # --- authentication ---
+    def credentials_cached(self, name: str) -> bool:
+        """Whether ``name``'s credentials are in memory, so authenticating needs no SQL or scrypt."""
+        with self._lock:
+            return name in self._verified or name in self._secrets
+
     def authenticate(self, username: str, password: str) -> Principal:
-        """The principal of ``username`` if ``password`` is theirs; Unauthenticated otherwise."""
-        if self._repository.verify_password(username, password) is None:
-            raise Unauthenticated(
-                f"user name or password is wrong for {username!r}: check both, or create the user "
-                f"with `sluice user create {username}`")
+        """The principal of ``username`` if ``password`` is theirs; Unauthenticated otherwise.
+
+        The first check of a password costs a scrypt hash; a password verified before is
+        recognised by a keyed digest kept in memory until the user changes.
+        """
+        digest = hmac.new(self._cache_key, password.encode("utf-8", "surrogatepass"), hashlib.sha256).digest()
+        with self._lock:
+            known = self._verified.get(username)
+            generation = self._generation
+        if known is None or not hmac.compare_digest(known, digest):
+            if self._repository.verify_password(username, password) is None:
+                raise Unauthenticated(
+                    f"user name or password is wrong for {username!r}: check both, or create the "
+                    f"user with `sluice user create {username}`")
+            with self._lock:
+                if self._generation == generation:
+                    self._verified[username] = digest
         return self._principal(username)
 
     def authenticate_signature(self, access_key: str, signed: bytes, signature_hex: str) -> Principal:
         """The principal of ``access_key`` if ``signature_hex`` is HMAC-SHA1(its secret, ``signed``)."""
-        secret = self._repository.signing_secret(access_key)
+        with self._lock:
+            secret = self._secrets.get(access_key)
+            generation = self._generation
+        if secret is None:
+            secret = self._repository.signing_secret(access_key)
+            if secret is not None:
+                with self._lock:
+                    if self._generation == generation:
+                        self._secrets[access_key] = secret
         expected = hmac.new(secret or _DECOY_SECRET, signed, hashlib.sha1).hexdigest().encode()
         given = signature_hex.strip().lower().encode("utf-8", "replace")
         if not hmac.compare_digest(expected, given) or secret is None:
@@ -168,6 +197,8 @@ class Users:
         principal = self._load(name)
         with self._lock:
             self._principals[name] = principal
+            self._verified.pop(name, None)
+            self._secrets.pop(name, None)
             self._generation += 1
 
     def _load(self, name: str) -> Principal:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import heapq
 import json
 import os
+import threading
 from dataclasses import dataclass, field
 
 from store.durable_files import replace_file
@@ -146,6 +147,9 @@ class CursorBook:
     def __init__(self, data_dir: str) -> None:
         self.path = os.path.join(data_dir, FILE_NAME)
         self.cursors: dict[CursorKey, Cursor] = {}
+        self._write_lock = threading.Lock()
+        self._taken = 0    # snapshots taken (on the loop)
+        self._written = 0  # newest snapshot written (under the write lock)
         self._load()
 
     def _load(self) -> None:
@@ -175,14 +179,21 @@ class CursorBook:
         for key in [key for key in self.cursors if key[0] == consumer or key[0].startswith(consumer + "@")]:
             del self.cursors[key]
 
-    def snapshot(self) -> bytes:
-        """The serialised book (taken on the loop, written elsewhere)."""
+    def snapshot(self) -> tuple[int, bytes]:
+        """The serialised book and its sequence number (taken on the loop, written elsewhere)."""
         consumers: dict[str, dict[str, dict[str, list]]] = {}
         for (consumer, topic, queue_id), cursor in self.cursors.items():
             consumers.setdefault(consumer, {}).setdefault(topic, {})[str(queue_id)] = cursor.to_json()
-        return json.dumps({"version": FORMAT_VERSION, "consumers": consumers},
-                          separators=(",", ":")).encode()
+        self._taken += 1
+        return self._taken, json.dumps({"version": FORMAT_VERSION, "consumers": consumers},
+                                       separators=(",", ":")).encode()
 
-    def write(self, snapshot: bytes) -> None:
-        """Durably replace the offsets file with ``snapshot``. Blocking: run it off the loop."""
-        replace_file(self.path, snapshot)
+    def write(self, snapshot: tuple[int, bytes]) -> None:
+        """Durably replace the offsets file with ``snapshot`` unless a newer one was written.
+
+        Blocking: run it off the loop. Thread-safe: writes are serialised, newest wins."""
+        sequence, data = snapshot
+        with self._write_lock:
+            if sequence > self._written:
+                replace_file(self.path, data)
+                self._written = sequence

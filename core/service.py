@@ -158,13 +158,19 @@ class Broker:
 
     # --- authentication ---
 
-    def authenticate(self, username: str, password: str) -> Principal:
-        """Principal for a username/password pair; raises Unauthenticated."""
-        return self.users.authenticate(username, password)
+    async def authenticate(self, username: str, password: str) -> Principal:
+        """Principal for a username/password pair; raises Unauthenticated.
 
-    def authenticate_signature(self, access_key: str, signed: bytes, signature_hex: str) -> Principal:
+        Credentials seen before are checked in memory; new ones off the loop (scrypt, SQL)."""
+        if self.users.credentials_cached(username):
+            return self.users.authenticate(username, password)
+        return await asyncio.to_thread(self.users.authenticate, username, password)
+
+    async def authenticate_signature(self, access_key: str, signed: bytes, signature_hex: str) -> Principal:
         """Principal for an HMAC-SHA1 signature of ``signed`` made with the user's secret."""
-        return self.users.authenticate_signature(access_key, signed, signature_hex)
+        if self.users.credentials_cached(access_key):
+            return self.users.authenticate_signature(access_key, signed, signature_hex)
+        return await asyncio.to_thread(self.users.authenticate_signature, access_key, signed, signature_hex)
 
     def _allow(self, principal: Principal, action: Action, kind: ResourceKind, name: str) -> None:
         self.users.authorize(principal, action, kind, name)

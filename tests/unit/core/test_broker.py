@@ -263,7 +263,7 @@ def test_permissions_are_checked_on_domain_names(tmp_path):
         await topic(broker, "audit", queues=1)
         broker.users.create_user("app", "secret")
         broker.users.grant(Permission("app", ResourceKind.TOPIC, "ord*", frozenset({Action.PUBLISH})))
-        app = broker.authenticate("app", "secret")
+        app = await broker.authenticate("app", "secret")
         await broker.send(app, [OutgoingMessage("orders", b"x")])
         with pytest.raises(AccessDenied):
             await broker.send(app, [OutgoingMessage("audit", b"x")])
