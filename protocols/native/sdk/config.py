@@ -1,0 +1,87 @@
+"""Client configuration: where the broker is, who the client is, and how long to wait.
+
+Plain data, no I/O: a config can be built on a Spark driver and shipped to executors.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import socket
+import time
+from dataclasses import dataclass
+from functools import cache
+from importlib import metadata
+
+_client_index = itertools.count()
+_BASE36 = "0123456789abcdefghijklmnopqrstuvwxyz"
+
+
+@cache
+def sdk_version() -> str:
+    """The installed Sluice version, sent to the broker as the client version."""
+    try:
+        return metadata.version("sluice")
+    except metadata.PackageNotFoundError:  # shipped as plain files, e.g. to Spark executors
+        return "unknown"
+
+
+def _base36(n: int) -> str:
+    digits = []
+    while True:
+        n, r = divmod(n, 36)
+        digits.append(_BASE36[r])
+        if not n:
+            return "".join(reversed(digits))
+
+
+def new_client_id() -> str:
+    """A fresh client id, ``hostname@pid@index@base36(time_ns)`` as the official clients make it."""
+    return f"{socket.gethostname()}@{os.getpid()}@{next(_client_index)}@{_base36(time.time_ns())}"
+
+
+def split_endpoint(endpoint: str) -> tuple[str, int]:
+    """``("host", port)`` from ``"host:port"`` or ``"[v6addr]:port"``; ValueError if malformed."""
+    host, sep, port = endpoint.rpartition(":")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"endpoint {endpoint!r} is not 'host:port' (IPv6 as '[addr]:port')")
+    return host, int(port)
+
+
+@dataclass(frozen=True)
+class ClientConfig:
+    """How a client reaches the broker. Durations are in seconds.
+
+    ``client_id`` empty (the default) gives every client built from this config its own id;
+    set it only to make one client recognisable across restarts.
+    """
+
+    endpoint: str = "127.0.0.1:8081"
+    access_key: str = ""
+    secret_key: str = ""
+    namespace: str = ""
+    request_timeout: float = 3.0
+    reconnect_timeout: float = 30.0
+    """How long a call keeps reconnecting while the broker is unreachable before it fails."""
+    heartbeat_interval: float = 10.0
+    client_id: str = ""
+
+    def __post_init__(self) -> None:
+        split_endpoint(self.endpoint)
+        if bool(self.access_key) != bool(self.secret_key):
+            raise ValueError("set both access_key and secret_key, or neither")
+        for name in ("request_timeout", "reconnect_timeout", "heartbeat_interval"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+
+    @property
+    def host(self) -> str:
+        """The broker's host name or address."""
+        return split_endpoint(self.endpoint)[0]
+
+    @property
+    def port(self) -> int:
+        """The broker's port."""
+        return split_endpoint(self.endpoint)[1]

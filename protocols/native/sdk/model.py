@@ -1,0 +1,65 @@
+"""The SDK's message types: what a producer sends and what a consumer receives. Plain data."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+
+@dataclass(frozen=True)
+class Message:
+    """A message to send.
+
+    ``message_group`` makes it a FIFO message (one group goes to one queue, in order);
+    ``delivery_timestamp`` (ms since the epoch) makes it a delayed message.
+    """
+
+    topic: str
+    body: bytes
+    tag: str = ""
+    keys: Sequence[str] = ()
+    properties: Mapping[str, str] = field(default_factory=dict)
+    message_group: str = ""
+    delivery_timestamp: int = 0
+
+
+@dataclass(frozen=True)
+class SendReceipt:
+    """Where the broker stored a sent message."""
+
+    message_id: str
+    queue_id: int
+    offset: int
+
+
+@dataclass(slots=True)
+class ReceivedMessage:
+    """A message as a consumer receives it. Timestamps are ms since the epoch.
+
+    ``receipt_handle`` is set for pop consumers (simple, push) and changes when the invisible
+    duration is changed. Bodies unpacked from one packed batch share the record's ``offset``,
+    ``message_id`` and ``properties`` (one dict) and differ by ``batch_index``.
+    """
+
+    topic: str
+    queue_id: int
+    offset: int
+    message_id: str
+    body: bytes
+    tag: str = ""
+    keys: tuple[str, ...] = ()
+    properties: Mapping[str, str] = field(default_factory=dict)
+    message_group: str = ""
+    born_timestamp: int = 0
+    store_timestamp: int = 0
+    delivery_attempt: int = 1
+    receipt_handle: str = ""
+    batch_index: int = 0
+
+
+class TopicQueue(NamedTuple):
+    """One queue of a topic."""
+
+    topic: str
+    queue_id: int
