@@ -91,6 +91,12 @@ class Row:
         return (statistics.median_low(run.p50 for run in self.runs),
                 statistics.median_low(run.p99 for run in self.runs))
 
+    def cpu(self) -> tuple[float | None, float]:
+        """Median over runs of broker and of client CPU microseconds per message."""
+        broker = [run.broker_us_per_msg for run in self.runs if run.broker_us_per_msg is not None]
+        return (statistics.median_low(broker) if broker else None,
+                statistics.median_low(run.client_us_per_msg for run in self.runs))
+
 
 @dataclass
 class NativeReport:
@@ -125,30 +131,37 @@ class NativeReport:
                 continue
             r, s = rabbit.median(), sluice.median()
             lines.append([size_label(size), f"{r.msg_per_s:,.0f}", f"{s.msg_per_s:,.0f}",
-                          f"{s.msg_per_s / r.msg_per_s:.2f}x", _latency_text(rabbit), _latency_text(sluice)])
+                          f"{s.msg_per_s / r.msg_per_s:.2f}x", _latency_text(rabbit), _latency_text(sluice),
+                          f"{_us(rabbit.cpu()[0])} / {_us(sluice.cpu()[0])}"])
         if not lines:
             return ""
         header = ["size", "RabbitMQ msg/s", "Sluice msg/s", "Sluice/RabbitMQ", "RabbitMQ send p50/p99",
-                  "Sluice send p50/p99"]
+                  "Sluice send p50/p99", "broker CPU/msg RabbitMQ / Sluice"]
         return _table(header, lines, right=lambda i: i >= 1)
 
 
 def _render_rows(rows: list[Row]) -> str:
     header = ["broker", "workload", "size", "runs", "msg/s", "msg/s min..max", "publish msg/s",
-              "send p50", "send p99"]
+              "send p50", "send p99", "broker CPU/msg", "clients CPU/msg"]
     lines = []
     for row in rows:
         median = row.median()
         rates = [run.msg_per_s for run in row.runs]
         p50, p99 = row.latency()
+        broker_cpu, client_cpu = row.cpu()
         lines.append([row.broker, row.workload, size_label(row.size), str(len(row.runs)),
                       f"{median.msg_per_s:,.0f}", f"{min(rates):,.0f}..{max(rates):,.0f}",
-                      f"{median.publish_msg_per_s:,.0f}", _ms(p50), _ms(p99)])
+                      f"{median.publish_msg_per_s:,.0f}", _ms(p50), _ms(p99), _us(broker_cpu),
+                      _us(client_cpu)])
     return _table(header, lines, right=lambda i: i >= 3)
 
 
 def _ms(seconds: float) -> str:
     return f"{seconds * 1e3:,.2f} ms"
+
+
+def _us(microseconds: float | None) -> str:
+    return "?" if microseconds is None else f"{microseconds:,.1f} us"
 
 
 def _latency_text(row: Row) -> str:
@@ -172,6 +185,8 @@ class _Broker:
     target: str
     publish: Child
     consume: Child
+    group: int | None = None
+    """The broker's process group, whose CPU time each run reports."""
     credentials: tuple[str, str] = ("", "")
     create: Callable[[str], None] = _nothing
     """Makes a run's destination before the clients start (RabbitMQ's clients declare it)."""
@@ -235,7 +250,7 @@ class NativeBench:
         """Runs on a worker thread; touches nothing but ``stack``."""
         from . import rabbit_clients
         node = stack.enter_context(rabbitmq.throwaway_node(self.workdir, self.log))
-        return (_Broker(RABBIT, node.url, rabbit_clients.publish, rabbit_clients.consume),
+        return (_Broker(RABBIT, node.url, rabbit_clients.publish, rabbit_clients.consume, node.pid),
                 f"RabbitMQ {node.version}: one classic durable queue per run, default exchange, no "
                 "plugins; client pika SelectConnection")
 
@@ -243,8 +258,8 @@ class NativeBench:
         """Runs on a worker thread; touches nothing but ``stack``."""
         server = stack.enter_context(sluice_server(self.workdir, self.log))
         clients = sluice_clients()
-        return (_Broker(SLUICE, server.endpoint, clients.publish, clients.consume, server.credentials,
-                        server.create_topic, server.delete_topic),
+        return (_Broker(SLUICE, server.endpoint, clients.publish, clients.consume, server.pid,
+                        server.credentials, server.create_topic, server.delete_topic),
                 "Sluice: sync flush (a send returns after fsync), one topic of one queue per run, "
                 "authenticated clients of the native SDK (gRPC)")
 
@@ -282,19 +297,21 @@ class NativeBench:
         row = self.report.rows[key]
         try:
             broker.create(job.destination)
-            run = run_pair(broker.publish, broker.consume, job)
+            run = run_pair(broker.publish, broker.consume, job, broker.group)
             broker.delete(job.destination)
         except (RuntimeError, OSError) as error:
             self.broken.add(broker.name)
             self.log(f"[native] {broker.name} run failed, no further {broker.name} runs: {error}")
-            self.report.notes.append(f"{broker.name} failed in round {index + 1}: "
-                                     f"{str(error).splitlines()[0]}")
+            lines = [line for line in str(error).splitlines() if line.strip()]
+            self.report.notes.append(f"{broker.name} failed in round {index + 1}: {lines[0]}"
+                                     + (f" ... {lines[-1].strip()}" if len(lines) > 1 else ""))
             return
         row.runs.append(run)
         elapsed = time.perf_counter() - self.started
         self.log(f"[native {elapsed:6.1f}s] round {index + 1}/{self.settings.rounds}  {row.broker} "
                  f"{row.workload} [{size_label(size)}]: {run.msg_per_s:,.0f} msg/s end to end, publish "
-                 f"{run.publish_msg_per_s:,.0f} msg/s, send p50 {_ms(run.p50)} p99 {_ms(run.p99)} "
+                 f"{run.publish_msg_per_s:,.0f} msg/s, send p50 {_ms(run.p50)} p99 {_ms(run.p99)}, "
+                 f"CPU/msg broker {_us(run.broker_us_per_msg)} clients {_us(run.client_us_per_msg)} "
                  f"({run.messages:,} in {run.seconds:.2f}s)")
 
     # -- targets ----------------------------------------------------------------------------
@@ -322,6 +339,8 @@ def _title(settings: Settings) -> str:
         f"{settings.messages:,} persistent messages, each confirmed durable, and a consumer acks each",
         "msg/s: end to end (first send to last ack); publish msg/s: first send to last confirm; "
         "send p50/p99: send call to its confirm",
+        "CPU/msg: CPU time (user + system, all threads) per message of the broker's processes and of "
+        "publisher + consumer; it moves less than msg/s when other work shares the machine",
     ])
 
 

@@ -7,8 +7,10 @@ own process (spawned, not forked: gRPC does not survive a fork). Both read ``tim
 which on Linux is one system-wide clock, so the end-to-end time spans the two processes.
 
 The client side of each broker lives in ``rabbit_clients`` and ``sluice_clients``: module-level
-``publish(job, results)`` and ``consume(job, results)`` functions that put one report (after a
-``READY`` from the consumer) on ``results``.
+``publish(job, results)`` and ``consume(job, results)`` functions that return their report (the
+consumer first puts ``READY`` on ``results`` once subscribed). CPU time is counted too: the
+broker's whole process group from /proc, each client's own process from ``time.process_time``,
+since on a shared machine CPU per message moves less than wall-clock rates do.
 """
 from __future__ import annotations
 
@@ -17,8 +19,10 @@ import queue
 import time
 import traceback
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
+
+from .processes import group_cpu_seconds
 
 READY = "ready"
 _SPAWN = multiprocessing.get_context("spawn")
@@ -60,6 +64,8 @@ class Published:
     p50: float
     p99: float
     """Send latency percentiles in seconds: from a send call until the broker confirmed it durable."""
+    cpu: float = 0.0
+    """CPU seconds the publisher process used for the run (filled in by ``run_pair``)."""
 
 
 @dataclass(frozen=True)
@@ -68,6 +74,7 @@ class Consumed:
 
     finished: float
     messages: int
+    cpu: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -81,6 +88,10 @@ class Run:
     """End to end: from the first send until the consumer acknowledged the last message."""
     p50: float
     p99: float
+    broker_cpu: float | None
+    """CPU seconds of the broker's processes during the run; None where it cannot be read."""
+    client_cpu: float
+    """CPU seconds of publisher and consumer together."""
 
     @property
     def msg_per_s(self) -> float:
@@ -89,6 +100,14 @@ class Run:
     @property
     def publish_msg_per_s(self) -> float:
         return self.messages / self.publish_seconds if self.publish_seconds > 0 else 0.0
+
+    @property
+    def broker_us_per_msg(self) -> float | None:
+        return None if self.broker_cpu is None else self.broker_cpu / self.messages * 1e6
+
+    @property
+    def client_us_per_msg(self) -> float:
+        return self.client_cpu / self.messages * 1e6
 
 
 def make_body(size: int) -> bytes:
@@ -105,11 +124,15 @@ def percentiles(latencies: list[float], points: Sequence[float] = (0.50, 0.99)) 
     return [latencies[min(last, int(point * len(latencies)))] for point in points]
 
 
-Child = Callable[[Job, Any], None]
+Child = Callable[[Job, Any], Published | Consumed]
 
 
-def run_pair(publish: Child, consume: Child, job: Job) -> Run:
-    """Run ``consume`` and, once it is subscribed, ``publish`` in two fresh processes."""
+def run_pair(publish: Child, consume: Child, job: Job, broker_group: int | None = None) -> Run:
+    """Run ``consume`` and, once it is subscribed, ``publish`` in two fresh processes.
+
+    ``broker_group`` is the broker's process group, whose CPU time the run reports.
+    """
+    cpu_before = group_cpu_seconds(broker_group) if broker_group else None
     results = _SPAWN.Queue()
     consumer = _SPAWN.Process(target=_child, args=(consume, job, results), name="bench-consumer")
     publisher = _SPAWN.Process(target=_child, args=(publish, job, results), name="bench-publisher")
@@ -129,18 +152,24 @@ def run_pair(publish: Child, consume: Child, job: Job) -> Run:
                 child.terminate()
                 child.join()
         results.close()
+    cpu_after = group_cpu_seconds(broker_group) if broker_group else None
     published = next(r for r in reports if isinstance(r, Published))
     consumed = next(r for r in reports if isinstance(r, Consumed))
     if consumed.messages != job.messages:
         raise RuntimeError(f"consumer received {consumed.messages} of {job.messages} messages")
+    broker_cpu = cpu_after - cpu_before if cpu_before is not None and cpu_after is not None else None
     return Run(consumed.messages, consumed.messages * job.size, published.finished - published.started,
-               consumed.finished - published.started, published.p50, published.p99)
+               consumed.finished - published.started, published.p50, published.p99, broker_cpu,
+               published.cpu + consumed.cpu)
 
 
 def _child(work: Child, job: Job, results: Any) -> None:
-    """Entry point of a spawned child: run ``work``; report a failure as its traceback."""
+    """Entry point of a spawned child: run ``work`` and put its report, with the CPU time it
+    took, on ``results``; report a failure as its traceback."""
     try:
-        work(job, results)
+        started = time.process_time()
+        report = work(job, results)
+        results.put(replace(report, cpu=time.process_time() - started))
     except BaseException:
         results.put(("error", getattr(work, "__module__", "?") + "." + work.__name__,
                      traceback.format_exc()))

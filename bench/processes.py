@@ -6,7 +6,6 @@ import signal
 import socket
 import subprocess
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 LOOPBACK = "127.0.0.1"
@@ -67,6 +66,26 @@ def stop_process_group(process: subprocess.Popen, grace: float = 30.0) -> None:
     process.wait()
 
 
+def group_cpu_seconds(pgid: int) -> float | None:
+    """User plus system CPU seconds used so far by the live processes of process group ``pgid``
+    (every thread of each), from /proc; None where there is no /proc."""
+    if not os.path.isdir("/proc"):
+        return None
+    ticks, total = os.sysconf("SC_CLK_TCK"), 0
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/stat", "rb") as stat:
+                data = stat.read()
+        except OSError:
+            continue
+        fields = data[data.rindex(b")") + 2:].split()  # fields[0] is field 3 of proc(5)
+        if int(fields[2]) == pgid:
+            total += int(fields[11]) + int(fields[12])
+    return total / ticks
+
+
 def tail(paths: list[Path], lines: int = 20) -> str:
     """The last ``lines`` of each file that exists, for error messages."""
     parts = []
@@ -78,12 +97,3 @@ def tail(paths: list[Path], lines: int = 20) -> str:
         if text:
             parts.append(f"--- {path.name}\n" + "\n".join(text))
     return "\n".join(parts)
-
-
-def when(condition: Callable[[], bool], deadline: float, interval: float = 0.05) -> bool:
-    """Poll ``condition`` until it holds (True) or ``deadline`` passes (False)."""
-    while not condition():
-        if time.monotonic() >= deadline:
-            return False
-        time.sleep(interval)
-    return True

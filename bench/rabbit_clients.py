@@ -147,15 +147,15 @@ class _Consumer(_Client):
             channel.queue_delete(self.job.destination, callback=lambda _: self.finish())
 
 
-def publish(job: Job, results: Any) -> None:
-    """Child process: publish ``job.messages`` persistent messages with confirms; report."""
+def publish(job: Job, _results: Any) -> Published:
+    """Child process: publish ``job.messages`` persistent messages with confirms."""
     publisher = _Publisher(job)
     publisher.run()
-    results.put(publisher.report())
+    return publisher.report()
 
 
-def consume(job: Job, results: Any) -> None:
-    """Child process: subscribe (then report READY), ack ``job.messages`` deliveries; report."""
+def consume(job: Job, results: Any) -> Consumed:
+    """Child process: subscribe (then put READY on ``results``), ack ``job.messages`` deliveries."""
     consumer = _Consumer(job, results)
     consumer.run()
-    results.put(Consumed(consumer.finished_at, consumer.received))
+    return Consumed(consumer.finished_at, consumer.received)

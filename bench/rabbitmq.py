@@ -39,6 +39,8 @@ class RabbitNode:
     node_name: str
     version: str
     directory: Path
+    pid: int
+    """Leader of the node's process group (a shell that runs beam.smp)."""
 
     @property
     def url(self) -> str:
@@ -81,7 +83,7 @@ def throwaway_node(parent: Path, log: Log, timeout: float = START_TIMEOUT) -> It
             wait_for_port(amqp_port, started + timeout, process, "rabbitmq-server")
         except ServerUnavailable as error:
             raise ServerUnavailable(f"RabbitMQ node did not start: {error}\n{_tail(directory)}") from None
-        node = RabbitNode(amqp_port, node_name, _version(script), directory)
+        node = RabbitNode(amqp_port, node_name, _version(script), directory, process.pid)
         log(f"RabbitMQ {node.version} node {node_name} up on {LOOPBACK}:{amqp_port} "
             f"after {time.monotonic() - started:.1f}s")
         yield node

@@ -114,21 +114,21 @@ async def _first(done: asyncio.Future, tasks: list[asyncio.Task]) -> float:
         await asyncio.gather(*tasks, return_exceptions=True)
 
 
-def publish(job: Job, results: Any) -> None:
-    """Child process: ``job.messages`` durable sends, ``job.window`` at a time; report."""
-    results.put(uvloop.run(_publish(job)))
+def publish(job: Job, _results: Any) -> Published:
+    """Child process: ``job.messages`` durable sends, ``job.window`` at a time."""
+    return uvloop.run(_publish(job))
 
 
-def consume(job: Job, results: Any) -> None:
-    """Child process: receive and ack ``job.messages`` messages; report."""
-    results.put(uvloop.run(_consume(job, results)))
+def consume(job: Job, results: Any) -> Consumed:
+    """Child process: subscribe (then put READY on ``results``), receive and ack ``job.messages``."""
+    return uvloop.run(_consume(job, results))
 
 
-def publish_packed(job: Job, results: Any) -> None:
-    """Child process: ``job.messages`` bodies in ``send_packed`` calls of ``job.pack``; report."""
-    results.put(uvloop.run(_publish_packed(job)))
+def publish_packed(job: Job, _results: Any) -> Published:
+    """Child process: ``job.messages`` bodies in ``send_packed`` calls of ``job.pack``."""
+    return uvloop.run(_publish_packed(job))
 
 
-def consume_packed(job: Job, results: Any) -> None:
-    """Child process: pull and unpack until ``job.messages`` bodies arrived; report."""
-    results.put(uvloop.run(_consume_packed(job, results)))
+def consume_packed(job: Job, results: Any) -> Consumed:
+    """Child process: pull until ``job.messages`` bodies arrived, unpacked."""
+    return uvloop.run(_consume_packed(job, results))
