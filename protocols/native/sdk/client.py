@@ -12,7 +12,7 @@ import logging
 import platform
 import socket
 from collections.abc import Coroutine, Mapping
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Self
 
 import grpc
 from rocketmq.grpc_protocol.definition_pb2 import (UA, ClientType, Language, MessageQueue,
@@ -93,7 +93,7 @@ class Client:
                 log.info("%s: termination notice not delivered: %s", self.client_id, error)
         await self._transport.close()
 
-    async def __aenter__(self) -> Client:
+    async def __aenter__(self) -> Self:
         await self.start()
         return self
 

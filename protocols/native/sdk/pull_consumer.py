@@ -29,6 +29,7 @@ from .model import ReceivedMessage, TopicQueue
 
 log = logging.getLogger(__name__)
 _MAX_FETCH_PAUSE = 10.0
+_POLICIES = {"earliest": QueryOffsetPolicy.BEGINNING, "latest": QueryOffsetPolicy.END}
 
 
 @dataclass(eq=False)
@@ -76,7 +77,7 @@ class PullConsumer(Client):
                  assignment_interval: float = 5.0) -> None:
         if not group:
             raise ValueError("a consumer needs a group name")
-        if start_from not in ("earliest", "latest") and not isinstance(start_from, int):
+        if start_from not in _POLICIES and not isinstance(start_from, int):
             raise ValueError(f"start_from must be 'earliest', 'latest' or a timestamp in ms, "
                              f"got {start_from!r}")
         if batch_size < 1 or prefetch < 1:
@@ -186,7 +187,7 @@ class PullConsumer(Client):
                 self._ready.popleft()
                 partition.position = fetched.next_offset
                 partition.credits.release()
-            else:  # part of a record's packed bodies may be returned again after a restart
+            else:  # a record whose bodies were partly returned is read again, whole, after a restart
                 partition.position = fetched.messages[fetched.taken].offset
         return taken
 
@@ -324,10 +325,8 @@ class PullConsumer(Client):
 
     async def _start_from(self, queue: MessageQueue) -> int:
         """The offset ``start_from`` names in ``queue``."""
-        if self.start_from == "earliest":
-            return await self._query_offset(queue, QueryOffsetPolicy.BEGINNING)
-        if self.start_from == "latest":
-            return await self._query_offset(queue, QueryOffsetPolicy.END)
+        if isinstance(self.start_from, str):
+            return await self._query_offset(queue, _POLICIES[self.start_from])
         return await self._query_offset(queue, QueryOffsetPolicy.TIMESTAMP, self.start_from)
 
     async def _query_offset(self, queue: MessageQueue, policy: QueryOffsetPolicy.ValueType,

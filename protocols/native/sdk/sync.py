@@ -9,14 +9,16 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence
-from typing import Any, Self, TypeVar
+from typing import Any, Generic, Self, TypeVar
 
+from .client import Client
 from .config import ClientConfig
 from .model import Message, ReceivedMessage, SendReceipt
 from .producer import Producer
 from .simple_consumer import SimpleConsumer
 
 T = TypeVar("T")
+C = TypeVar("C", bound=Client)
 
 
 class _LoopThread:
@@ -38,13 +40,13 @@ class _LoopThread:
         self.loop.close()
 
 
-class _SyncClient:
+class _SyncClient(Generic[C]):
     """Owns a loop thread and one async client made on it."""
 
-    def __init__(self, make: Callable[[], Any]) -> None:
+    def __init__(self, make: Callable[[], C]) -> None:
         self._loop = _LoopThread(f"sluice-{type(self).__name__}")
 
-        async def build() -> Any:  # made on its loop: asyncio objects bind to the loop using them
+        async def build() -> C:  # made on its loop: asyncio objects bind to the loop using them
             return make()
         try:
             self._client = self._loop.run(build())
@@ -82,7 +84,7 @@ class _SyncClient:
         self.close()
 
 
-class SyncProducer(_SyncClient):
+class SyncProducer(_SyncClient[Producer]):
     """A blocking ``Producer``: ``with SyncProducer(config) as p: p.send(Message(...))``."""
 
     def __init__(self, config: ClientConfig, topics: Iterable[str] = ()) -> None:
@@ -102,7 +104,7 @@ class SyncProducer(_SyncClient):
         return self._loop.run(self._client.send_packed(topic, bodies, tag, properties))
 
 
-class SyncSimpleConsumer(_SyncClient):
+class SyncSimpleConsumer(_SyncClient[SimpleConsumer]):
     """A blocking ``SimpleConsumer``."""
 
     def __init__(self, config: ClientConfig, group: str, subscriptions: Mapping[str, str],
