@@ -219,6 +219,8 @@ class ConsumeQueue:
     def advance_min(self, log_min: int) -> None:
         """Move ``min_offset`` past entries whose records lie below ``log_min`` (deleted by
         retention): on opening a store or reader, and after each retention pass."""
+        if self._bases and self.min_offset < self._bases[0]:
+            self.min_offset = self._bases[0]  # the files holding the oldest entries are gone
         first = self.read(self.min_offset, 1)
         if first and first[0][0] < log_min:
             self.min_offset = self._first_at_or_after(log_min)

@@ -283,3 +283,15 @@ def test_compacted_state_outlives_its_segments_across_restarts(config, data_dir)
         assert store.wait_visible(store.append("retained", b"v1-5", keys=["d5"]).end_offset, WAIT)
         assert {m.keys[0]: m.body for m in store.compacted("retained")} == {
             "d0": b"v3-0", "d1": b"v2-1", "d2": b"v1-2", "d4": b"v1-4", "d5": b"v1-5"}
+
+
+def test_retention_moves_the_earliest_offset_when_whole_queue_files_are_deleted(config, data_dir):
+    store = FileStore(data_dir, StoreConfig(**{**config.__dict__, "retention_max_bytes": 20_000}))
+    results = [store.append("bulk", bytes(900)) for _ in range(60)]
+    store.wait_visible(results[-1].end_offset, 60)
+    store.checkpoint()  # queue entries reach their files, so the oldest file can be deleted
+    report = store.apply_retention()
+    low, high = store.queue_range("bulk", 0)
+    assert low >= config.queue_entries_per_file and high == 60
+    assert store.read("bulk", 0, low, 1)[0].phys_offset >= report.log_min_offset
+    store.close()
