@@ -30,7 +30,7 @@ from types import ModuleType
 
 from . import rabbitmq
 from .native_workloads import Child, Job, Run, run_pair
-from .processes import ServerUnavailable
+from .processes import ServerUnavailable, tail
 from .report import Target, _render_targets, _table
 from .sluice_server import sluice_server
 
@@ -191,6 +191,8 @@ class _Broker:
     create: Callable[[str], None] = _nothing
     """Makes a run's destination before the clients start (RabbitMQ's clients declare it)."""
     delete: Callable[[str], None] = _nothing
+    output: Path | None = None
+    """The broker's console output, whose end is printed when a run fails."""
 
 
 class NativeBench:
@@ -250,7 +252,8 @@ class NativeBench:
         """Runs on a worker thread; touches nothing but ``stack``."""
         from . import rabbit_clients
         node = stack.enter_context(rabbitmq.throwaway_node(self.workdir, self.log))
-        return (_Broker(RABBIT, node.url, rabbit_clients.publish, rabbit_clients.consume, node.pid),
+        return (_Broker(RABBIT, node.url, rabbit_clients.publish, rabbit_clients.consume, node.pid,
+                        output=node.directory / "log" / f"{node.node_name}.log"),
                 f"RabbitMQ {node.version}: one classic durable queue per run, default exchange, no "
                 "plugins; client pika SelectConnection")
 
@@ -259,7 +262,8 @@ class NativeBench:
         server = stack.enter_context(sluice_server(self.workdir, self.log))
         clients = sluice_clients()
         return (_Broker(SLUICE, server.endpoint, clients.publish, clients.consume, server.pid,
-                        server.credentials, server.create_topic, server.delete_topic),
+                        server.credentials, server.create_topic, server.delete_topic,
+                        server.directory / "server-output.log"),
                 "Sluice: sync flush (a send returns after fsync), one topic of one queue per run, "
                 "authenticated clients of the native SDK (gRPC)")
 
@@ -302,6 +306,8 @@ class NativeBench:
         except (RuntimeError, OSError) as error:
             self.broken.add(broker.name)
             self.log(f"[native] {broker.name} run failed, no further {broker.name} runs: {error}")
+            if broker.output is not None:
+                self.log(f"[native] end of the {broker.name} broker's output:\n{tail([broker.output], 30)}")
             lines = [line for line in str(error).splitlines() if line.strip()]
             self.report.notes.append(f"{broker.name} failed in round {index + 1}: {lines[0]}"
                                      + (f" ... {lines[-1].strip()}" if len(lines) > 1 else ""))
