@@ -221,14 +221,18 @@ class Client:
         return [assignment.message_queue for assignment in response.assignments]
 
 
+_WRITABLE = frozenset({Permission.WRITE, Permission.READ_WRITE})
+_READABLE = frozenset({Permission.READ, Permission.READ_WRITE})
+
+
 def writable(queues: list[MessageQueue]) -> list[MessageQueue]:
     """The queues a producer may send to."""
-    return [q for q in queues if q.permission in (Permission.WRITE, Permission.READ_WRITE)]
+    return [q for q in queues if q.permission in _WRITABLE]
 
 
 def readable(queues: list[MessageQueue]) -> list[MessageQueue]:
     """The queues a consumer may read from."""
-    return [q for q in queues if q.permission in (Permission.READ, Permission.READ_WRITE)]
+    return [q for q in queues if q.permission in _READABLE]
 
 
 def describe_subscription(client: Client, settings: Settings, subscriptions: Mapping[str, str],
