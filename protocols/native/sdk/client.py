@@ -11,7 +11,7 @@ import asyncio
 import logging
 import platform
 import socket
-from collections.abc import Coroutine, Mapping
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from typing import Any, ClassVar, Self
 
 import grpc
@@ -211,6 +211,20 @@ class Client:
         queues = list(response.message_queues)
         self._routes[topic] = (now, queues)
         return queues
+
+    async def rebalance_loop(self, rebalance: Callable[[], Awaitable[None]], interval: float,
+                             wake: asyncio.Event) -> None:
+        """Run ``rebalance`` every ``interval`` seconds, and early whenever ``wake`` is set."""
+        while True:
+            wake.clear()
+            try:
+                await asyncio.wait_for(wake.wait(), interval)
+            except asyncio.TimeoutError:
+                pass
+            try:
+                await rebalance()
+            except SluiceClientError as error:
+                log.warning("%s: assignment in group %s failed: %s", self.client_id, self.group, error)
 
     async def assigned_queues(self, topic: str) -> list[MessageQueue]:
         """The queues of ``topic`` the broker assigns to this member of the group (QueryAssignment)."""

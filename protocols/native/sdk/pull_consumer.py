@@ -104,7 +104,7 @@ class PullConsumer(Client):
     async def on_start(self) -> None:
         """Take the first assignment; start fetching (and auto-committing)."""
         await self._rebalance()
-        self.spawn(self._assignment_loop())
+        self.spawn(self.rebalance_loop(self._rebalance, self.assignment_interval, self._reassign))
         if self.auto_commit_interval:
             self.spawn(self._auto_commit_loop(self.auto_commit_interval))
 
@@ -192,18 +192,6 @@ class PullConsumer(Client):
         return taken
 
     # --- ownership ---
-
-    async def _assignment_loop(self) -> None:
-        while True:
-            self._reassign.clear()
-            try:
-                await asyncio.wait_for(self._reassign.wait(), self.assignment_interval)
-            except asyncio.TimeoutError:
-                pass
-            try:
-                await self._rebalance()
-            except SluiceClientError as error:
-                log.warning("%s: assignment of group %s failed: %s", self.client_id, self.group, error)
 
     async def _rebalance(self) -> None:
         wanted: dict[TopicQueue, MessageQueue] = {}

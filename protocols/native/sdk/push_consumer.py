@@ -113,9 +113,11 @@ class PushConsumer(PopConsumer):
         return sorted(self._queues)
 
     async def on_start(self) -> None:
-        """Wait briefly for the broker's settings (retry policy), then start consuming."""
+        """Wait briefly for the broker's settings (retry policy), take the first assignment,
+        start consuming."""
         await self.server_settings(self.config.request_timeout)
-        self.spawn(self._assignment_loop())
+        await self._rebalance()
+        self.spawn(self.rebalance_loop(self._rebalance, self.assignment_interval, self._reassign))
 
     async def close(self) -> None:
         """Stop receiving, let running listeners finish (at most ``invisible_duration``, after
@@ -129,18 +131,6 @@ class PushConsumer(PopConsumer):
                 task.cancel()
             await asyncio.gather(*self._consuming, return_exceptions=True)
         await super().close()
-
-    async def _assignment_loop(self) -> None:
-        while True:
-            try:
-                await self._rebalance()
-            except SluiceClientError as error:
-                log.warning("%s: assignment of group %s failed: %s", self.client_id, self.group, error)
-            self._reassign.clear()
-            try:
-                await asyncio.wait_for(self._reassign.wait(), self.assignment_interval)
-            except asyncio.TimeoutError:
-                pass
 
     async def _rebalance(self) -> None:
         wanted: dict[TopicQueue, MessageQueue] = {}
