@@ -101,7 +101,8 @@ class Broker:
         self._tasks: list[asyncio.Task] = []
         self._closing = False
         self.counters: Counter[tuple[str, str]] = Counter()
-        """(metric, topic or group) -> count; sends add ``messages_in``/``bytes_in``."""
+        """(metric, topic or group) -> count: ``messages_in``, ``bytes_in``, ``messages_out``,
+        ``bytes_out`` per topic and ``dead_lettered`` per group."""
         self._producer: Producer | None = None
         self._reader: Reader | None = None
 
@@ -130,9 +131,14 @@ class Broker:
         return (self.metadata.list_topics(), self.metadata.list_groups(),
                 self.metadata.list_subscriptions())
 
+    def begin_shutdown(self) -> None:
+        """Answer every pending long poll at once and refuse new sends; acks still count."""
+        self._closing = True
+        self._signals.notify_all()
+
     async def close(self) -> None:
         """Stop timers, wake every long poll with an empty answer, persist offsets."""
-        self._closing = True
+        self.begin_shutdown()
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
@@ -347,7 +353,7 @@ class Broker:
                                     group_config.retry.max_attempts)
             now = _now_ms()
             if found or now >= deadline or self._closing or topic not in self._topics:
-                self.counters["messages_out", topic] += len(found)
+                self._count_out(topic, found)
                 return found
             wake = deadline
             for q in queues:
@@ -355,6 +361,11 @@ class Broker:
                 if cursor is not None and (due := cursor.next_deadline()) is not None:
                     wake = min(wake, due)
             await self._signals.wait((topic,), max(0.001, (wake - now) / 1000))
+
+    def _count_out(self, topic: str, deliveries: list[Delivery]) -> None:
+        if deliveries:
+            self.counters["messages_out", topic] += len(deliveries)
+            self.counters["bytes_out", topic] += sum(len(d.body) for d in deliveries)
 
     def _receive_queues(self, group: str, topic: str, client_id: str, config: TopicConfig,
                         queue_id: int | None) -> list[int]:
@@ -477,7 +488,7 @@ class Broker:
                                                               max_messages, tags)
             now = _now_ms()
             if messages or now >= deadline or self._closing:
-                self.counters["messages_out", topic] += len(messages)
+                self._count_out(topic, messages)
                 return PullResult(messages, next_offset, earliest, end)
             offset = next_offset
             await self._signals.wait((topic,), (deadline - now) / 1000)

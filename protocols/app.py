@@ -96,9 +96,9 @@ class RunningBroker:
         await asyncio.sleep(0)
         # Closing the broker now answers pending long polls at once, so the servers drain in
         # milliseconds instead of waiting out the grace period for tailing consumers.
-        await self.broker.close()
+        self.broker.begin_shutdown()
         await stopping
-        await self.broker.close()  # again: persist the offsets of acks that landed while draining
+        await self.broker.close()  # persists the offsets, including acks that landed while draining
         await asyncio.to_thread(self.store.checkpoint)
         await asyncio.to_thread(self.store.close)
         await asyncio.to_thread(self.metadata.close)

@@ -132,5 +132,6 @@ BROKER_COUNTERS = {
     "messages_in": ("topic", "Messages accepted from producers since the broker started"),
     "bytes_in": ("topic", "Body bytes accepted from producers since the broker started"),
     "messages_out": ("topic", "Messages delivered to consumers since the broker started"),
+    "bytes_out": ("topic", "Body bytes delivered to consumers since the broker started"),
     "dead_lettered": ("group", "Messages moved to a dead-letter topic since the broker started"),
 }
