@@ -76,10 +76,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="runs of each measurement, medians reported; the native section's rounds "
                              "(default 3; 1 with --quick)")
     parser.add_argument("--messages", type=_positive_int, default=None,
-                        help="native: messages per send/ack run (default 50,000; 1,000 with --quick)")
+                        help="native: messages per send/ack run (default 20,000; 1,000 with --quick)")
     parser.add_argument("--window", type=_positive_int, default=None,
                         help="native: sends in flight, RabbitMQ's unconfirmed publishes and Sluice's "
-                             "concurrent sends (default 128)")
+                             "concurrent sends (default 256)")
     options = parser.parse_args(argv)
     unknown = [name for name in options.sections if name not in SECTIONS]
     if unknown:

@@ -46,14 +46,14 @@ RABBIT, SLUICE, PACKED = "RabbitMQ", "Sluice", "Sluice packed"
 class Settings:
     """How much each run moves and how often it is repeated."""
 
-    messages: int = 50_000
+    messages: int = 20_000
     """Messages per run of the confirmed send/ack workload."""
     packed_messages: int = 5_000_000
     """Bodies per run of the packed stream workload."""
     pack: int = 5_000
     """Bodies per ``send_packed`` call."""
     rounds: int = 3
-    window: int = 128
+    window: int = 256
     """Sends in flight: unconfirmed publishes (RabbitMQ), concurrent awaited sends (Sluice)."""
     prefetch: int = 256
     """Unacknowledged deliveries the consumer may hold."""
@@ -324,10 +324,15 @@ class NativeBench:
 
     def _targets(self) -> list[Target]:
         targets = []
-        packed = self.report.median(_key(PACKED, PACKED_SIZE))
-        if packed:
-            targets.append(Target("Sluice send_packed 100 B, end to end msg/s", f"{packed.msg_per_s:,.0f}",
-                                  f">= {PACKED_TARGET:,}", packed.msg_per_s >= PACKED_TARGET))
+        row = self.report.rows.get(_key(PACKED, PACKED_SIZE))
+        if row and row.runs:
+            end_to_end = row.median().msg_per_s
+            publish = statistics.median_low(run.publish_msg_per_s for run in row.runs)
+            targets += [
+                Target("Sluice send_packed 100 B, end to end msg/s (PullConsumer)", f"{end_to_end:,.0f}",
+                       f">= {PACKED_TARGET:,}", end_to_end >= PACKED_TARGET),
+                Target("Sluice send_packed 100 B, publish msg/s (durable)", f"{publish:,.0f}",
+                       f">= {PACKED_TARGET:,}", publish >= PACKED_TARGET)]
         return targets
 
 

@@ -23,11 +23,15 @@ from protocols.native.sdk import ClientConfig, Message, Producer, PullConsumer, 
 from .native_workloads import READY, Consumed, Job, Published, make_body, percentiles
 
 RECEIVE_BATCH = 32
+REQUEST_TIMEOUT = 30.0
+"""Seconds a send or ack may take before it fails the run (the SDK default is 3): RabbitMQ's
+confirms have no deadline either, and a slow moment shows in p99 rather than ending the run."""
 
 
 def _config(job: Job) -> ClientConfig:
     access_key, secret_key = job.credentials
-    return ClientConfig(endpoint=job.target, access_key=access_key, secret_key=secret_key)
+    return ClientConfig(endpoint=job.target, access_key=access_key, secret_key=secret_key,
+                        request_timeout=REQUEST_TIMEOUT)
 
 
 async def _send_all(job: Job, send: Any, per_call: int) -> Published:
