@@ -8,21 +8,18 @@ from __future__ import annotations
 
 import json
 import os
-import queue
-import re
-import signal
 import socket
 import subprocess
 import sys
-import threading
 from pathlib import Path
 
 import pytest
 
-from protocols.app import READY_LINE
 
 ROOT = Path(__file__).resolve().parents[2]
 SLUICE = [sys.executable, "-m", "protocols.cli"]
+CLEAN_ENV = {k: v for k, v in os.environ.items() if not k.startswith("SLUICE_")}
+"""The commands' environment: no SLUICE_* settings leak in from the shell running the tests."""
 CONFIG = """
 [store]
 segment_size = 4_194_304
@@ -31,59 +28,9 @@ default_password = "sluice"
 """
 
 
-class Server:
-    """A `sluice serve` child process and the endpoints it printed."""
-
-    def __init__(self, data_dir: Path, *extra: str) -> None:
-        config = data_dir.parent / "sluice.toml"
-        config.write_text(CONFIG)
-        self.process = subprocess.Popen(
-            [*SLUICE, "serve", "--config", str(config), "--data-dir", str(data_dir),
-             "--native-port", "0", "--admin-port", "0", *extra],
-            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=clean_env())
-        self.lines: queue.Queue[str | None] = queue.Queue()
-        self.output: list[str] = []
-        threading.Thread(target=self._pump, daemon=True).start()
-
-    def _pump(self) -> None:
-        for line in self.process.stdout:
-            self.lines.put(line)
-        self.lines.put(None)
-
-    def wait_ready(self, timeout: float = 60) -> None:
-        """Read stdout until the ready line; fail with stderr if the process ends first."""
-        while True:
-            line = self.lines.get(timeout=timeout)
-            if line is None:
-                raise AssertionError(f"sluice serve exited early: {self.process.wait()}\n"
-                                     f"{''.join(self.output)}{self.process.stderr.read()}")
-            self.output.append(line)
-            if line.startswith(READY_LINE):
-                break
-        text = "".join(self.output)
-        self.native = re.search(r"native gRPC\s+(\S+)", text).group(1)
-        self.admin = re.search(r"admin API\s+(\S+)", text).group(1)
-
-    def stop(self) -> int:
-        self.process.send_signal(signal.SIGTERM)
-        code = self.process.wait(timeout=60)
-        while (line := self.lines.get(timeout=10)) is not None:
-            self.output.append(line)
-        return code
-
-    def kill(self) -> None:
-        if self.process.poll() is None:
-            self.process.kill()
-            self.process.wait()
-
-
-def clean_env() -> dict[str, str]:
-    return {k: v for k, v in os.environ.items() if not k.startswith("SLUICE_")}
-
-
 def sluice(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
     done = subprocess.run([*SLUICE, *args], cwd=ROOT, capture_output=True, text=True, timeout=120,
-                          env=clean_env())
+                          env=CLEAN_ENV)
     if check:
         assert done.returncode == 0, f"sluice {' '.join(args)}: {done.stdout}{done.stderr}"
     return done
@@ -95,13 +42,11 @@ def data_dir(tmp_path):
 
 
 @pytest.fixture
-def server(data_dir):
-    started = Server(data_dir)
-    yield started
-    started.kill()
+def server(sluice_server, data_dir):
+    return sluice_server(data_dir)
 
 
-def test_serve_prints_every_endpoint_and_survives_a_restart(server, data_dir):
+def test_serve_prints_every_endpoint_and_survives_a_restart(server, data_dir, sluice_server):
     server.wait_ready()
     printed = "".join(server.output)
     for what in ("native gRPC", "admin API", "metrics", "/metrics", "/openapi.json", "data dir",
@@ -132,7 +77,7 @@ def test_serve_prints_every_endpoint_and_survives_a_restart(server, data_dir):
     assert server.stop() == 0
     assert "Sluice stopped." in "".join(server.output)
 
-    again = Server(data_dir)
+    again = sluice_server(data_dir)
     try:
         again.wait_ready()
         admin = ["--admin", again.admin]
@@ -179,7 +124,7 @@ def test_a_taken_port_names_the_port_and_the_flag(data_dir):
         port = holder.getsockname()[1]
         done = subprocess.run([*SLUICE, "serve", "--data-dir", str(data_dir), "--native-port", "0",
                                "--admin-port", str(port)], cwd=ROOT, capture_output=True, text=True,
-                              timeout=60, env=clean_env())
+                              timeout=60, env=CLEAN_ENV)
     assert done.returncode == 1
     assert f"port {port}" in done.stderr and "--admin-port" in done.stderr
 
