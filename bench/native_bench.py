@@ -21,6 +21,7 @@ import os
 import platform
 import statistics
 import time
+from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
@@ -40,6 +41,8 @@ SIZES = (100, 1024)
 PACKED_SIZE = 100
 PACKED_TARGET = 1_000_000
 RABBIT, SLUICE, PACKED = "RabbitMQ", "Sluice", "Sluice packed"
+MAX_FAILURES = 2
+"""Failed runs after which a workload is not run again."""
 
 
 @dataclass(frozen=True)
@@ -204,7 +207,7 @@ class NativeBench:
         self.log = log
         self.started = time.perf_counter()
         self.report = NativeReport(_title(settings))
-        self.broken: set[str] = set()
+        self.failures: Counter[str] = Counter()
 
     def run(self) -> NativeReport:
         with ExitStack() as brokers:
@@ -285,27 +288,29 @@ class NativeBench:
     def _job(self, broker: _Broker, size: int, index: int) -> Job:
         s = self.settings
         return Job(broker.target, f"bench-{size}-{index}", size, s.messages, s.window, s.prefetch,
-                   credentials=broker.credentials)
+                   credentials=broker.credentials, timeout=_timeout(s.messages))
 
     def _packed_job(self, broker: _Broker, index: int) -> Job:
         s = self.settings
         messages = max(1, s.packed_messages // s.pack) * s.pack
         return Job(broker.target, f"bench-packed-{index}", PACKED_SIZE, messages, s.packed_window,
-                   s.prefetch, pack=s.pack, credentials=broker.credentials)
+                   s.prefetch, pack=s.pack, credentials=broker.credentials, timeout=_timeout(messages / 100))
 
     def _measure(self, broker: _Broker, size: int, index: int, job: Job) -> None:
-        """One run of ``broker``'s workload; a failure is logged and stops that broker's runs."""
-        if broker.name in self.broken:
-            return
+        """One run of ``broker``'s workload. A failure is logged and noted; after MAX_FAILURES
+        the workload is not run again (a broker that is down would only fail slowly each time)."""
         key = _key(broker.name, size)
+        if self.failures[key] >= MAX_FAILURES:
+            return
         row = self.report.rows[key]
         try:
             broker.create(job.destination)
             run = run_pair(broker.publish, broker.consume, job, broker.group)
             broker.delete(job.destination)
         except (RuntimeError, OSError) as error:
-            self.broken.add(broker.name)
-            self.log(f"[native] {broker.name} run failed, no further {broker.name} runs: {error}")
+            self.failures[key] += 1
+            more = "no further runs of it" if self.failures[key] >= MAX_FAILURES else "it runs again next round"
+            self.log(f"[native] {broker.name} [{size_label(size)}] run failed, {more}: {error}")
             if broker.output is not None:
                 self.log(f"[native] end of the {broker.name} broker's output:\n{tail([broker.output], 30)}")
             lines = [line for line in str(error).splitlines() if line.strip()]
@@ -334,6 +339,11 @@ class NativeBench:
                 Target("Sluice send_packed 100 B, publish msg/s (durable)", f"{publish:,.0f}",
                        f">= {PACKED_TARGET:,}", publish >= PACKED_TARGET)]
         return targets
+
+
+def _timeout(messages: float) -> float:
+    """Seconds before a run of ``messages`` is abandoned as stuck: 5 minutes, or 200 msg/s."""
+    return max(300.0, messages / 200)
 
 
 def sluice_clients() -> ModuleType:
