@@ -1,0 +1,133 @@
+"""Mapping between RocketMQ 5 protobuf messages and core's domain types. Pure functions."""
+
+from __future__ import annotations
+
+import ipaddress
+import time
+import zlib
+
+from google.protobuf.duration_pb2 import Duration
+from google.protobuf.timestamp_pb2 import Timestamp
+from rocketmq.grpc_protocol import definition_pb2 as pb
+
+from core.errors import InvalidArgument, NotSupported
+from core.model import Delivery, MessageType, OutgoingMessage, Subscription, TopicConfig
+from core.produce import MESSAGE_GROUP
+
+BROKER_NAME = "sluice"
+"""The one broker name every route and assignment names (Sluice is one broker process)."""
+
+MESSAGE_TYPES = {
+    MessageType.NORMAL: pb.MessageType.NORMAL,
+    MessageType.FIFO: pb.MessageType.FIFO,
+    MessageType.DELAY: pb.MessageType.DELAY,
+    MessageType.TRANSACTION: pb.MessageType.TRANSACTION,
+}
+
+
+def now_ms() -> int:
+    """Wall-clock milliseconds since the epoch."""
+    return time.time_ns() // 1_000_000
+
+
+def timestamp(ms: int) -> Timestamp:
+    """A protobuf Timestamp for ``ms`` milliseconds since the epoch."""
+    result = Timestamp()
+    result.FromMilliseconds(ms)
+    return result
+
+
+def duration(ms: int) -> Duration:
+    """A protobuf Duration of ``ms`` milliseconds."""
+    result = Duration()
+    result.FromMilliseconds(ms)
+    return result
+
+
+def name_of(resource: pb.Resource, kind: str) -> str:
+    """The name a Resource carries; raise InvalidArgument if it is empty."""
+    if not resource.name:
+        raise InvalidArgument(f"the request names no {kind}; set the {kind} name")
+    return resource.name
+
+
+def endpoints_for(host: str, port: int) -> pb.Endpoints:
+    """Endpoints naming ``host:port``, with the scheme the clients expect for that host."""
+    try:
+        version = ipaddress.ip_address(host).version
+        scheme = pb.AddressScheme.IPv4 if version == 4 else pb.AddressScheme.IPv6
+    except ValueError:
+        scheme = pb.AddressScheme.DOMAIN_NAME
+    return pb.Endpoints(scheme=scheme, addresses=[pb.Address(host=host, port=port)])
+
+
+def message_queue(topic: pb.Resource, config: TopicConfig, queue_id: int,
+                  endpoints: pb.Endpoints) -> pb.MessageQueue:
+    """The MessageQueue for one queue of a topic on this broker, readable and writable."""
+    return pb.MessageQueue(
+        topic=pb.Resource(name=config.name, resource_namespace=topic.resource_namespace),
+        id=queue_id, permission=pb.Permission.READ_WRITE,
+        broker=pb.Broker(name=BROKER_NAME, id=0, endpoints=endpoints),
+        accept_message_types=[MESSAGE_TYPES[config.message_type]])
+
+
+def filter_of(expression: pb.FilterExpression) -> tuple[str, str]:
+    """A request's filter as core's (expression, expression type); core refuses SQL92."""
+    kind = "SQL92" if expression.type == pb.FilterType.SQL else "TAG"
+    return expression.expression.strip() or "*", kind
+
+
+def subscription(group: str, entry: pb.SubscriptionEntry) -> Subscription:
+    """A core Subscription from a client's settings."""
+    expression, kind = filter_of(entry.expression)
+    return Subscription(group=group, topic=name_of(entry.topic, "topic"), expression=expression,
+                        expression_type=kind)
+
+
+def outgoing(message: pb.Message) -> OutgoingMessage:
+    """A core OutgoingMessage from a SendMessage entry; features Sluice lacks are refused
+    (core refuses a delivery time in the future: delayed messages)."""
+    props = message.system_properties
+    if props.message_type == pb.MessageType.TRANSACTION:
+        raise NotSupported("transactional messages are not supported in this version of Sluice; "
+                           "send the message without a transaction")
+    if props.HasField("lite_topic") or props.HasField("priority"):
+        raise NotSupported("lite topics and message priorities are not supported in this "
+                           "version of Sluice")
+    if props.body_encoding == pb.Encoding.GZIP:
+        raise NotSupported("GZIP-encoded bodies are not supported in this version of Sluice; "
+                           "send the body uncompressed")
+    return OutgoingMessage(
+        topic=name_of(message.topic, "topic"), body=message.body,
+        tag=props.tag if props.HasField("tag") else "", keys=tuple(props.keys),
+        properties=dict(message.user_properties),
+        message_group=props.message_group if props.HasField("message_group") else "",
+        msg_id=props.message_id,
+        born_ts=props.born_timestamp.ToMilliseconds() if props.HasField("born_timestamp") else 0,
+        delivery_ts=(props.delivery_timestamp.ToMilliseconds()
+                     if props.HasField("delivery_timestamp") else 0))
+
+
+def delivered(delivery: Delivery, topic: pb.Resource, message_type: MessageType,
+              store_host: str, now: int) -> pb.Message:
+    """The protobuf Message a consumer receives for ``delivery``."""
+    props = pb.SystemProperties(
+        keys=list(delivery.keys), message_id=delivery.msg_id,
+        body_digest=pb.Digest(type=pb.DigestType.CRC32,
+                              checksum=format(zlib.crc32(delivery.body) & 0xFFFFFFFF, "08X")),
+        body_encoding=pb.Encoding.IDENTITY, message_type=MESSAGE_TYPES[message_type],
+        born_timestamp=timestamp(delivery.born_ts), store_timestamp=timestamp(delivery.store_ts),
+        store_host=store_host, queue_id=delivery.queue_id, queue_offset=delivery.queue_offset,
+        delivery_attempt=delivery.attempt)
+    if delivery.tag:
+        props.tag = delivery.tag
+    properties = dict(delivery.properties)
+    group = properties.pop(MESSAGE_GROUP, "")
+    if group:
+        props.message_group = group
+    if delivery.receipt_handle:
+        props.receipt_handle = delivery.receipt_handle
+        props.invisible_duration.CopyFrom(duration(max(0, delivery.invisible_until_ms - now)))
+    return pb.Message(topic=pb.Resource(name=delivery.topic, resource_namespace=topic.resource_namespace),
+                      user_properties=properties, system_properties=props,
+                      body=delivery.body)

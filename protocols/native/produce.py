@@ -1,0 +1,61 @@
+"""SendMessage, and the producer RPCs this version refuses (EndTransaction, RecallMessage)."""
+
+from __future__ import annotations
+
+from rocketmq.grpc_protocol import service_pb2 as rpc
+
+from core.model import OutgoingMessage
+
+from .context import Call, Edge
+from .convert import outgoing
+from .errors import Code, Status, not_implemented, ok, overall, status_of
+
+
+async def send_message(edge: Edge, call: Call, request: rpc.SendMessageRequest) -> rpc.SendMessageResponse:
+    """Store every message of the request as one batch; one result entry per message.
+
+    A batch is all or nothing: if any entry is refused before storing (a delayed or
+    transactional message, say), none is stored, and each entry says why.
+    """
+    if not request.messages:
+        return rpc.SendMessageResponse(status=Status(code=Code.BAD_REQUEST,
+                                                     message="the request carries no message"))
+    converted: list[OutgoingMessage | Exception] = []
+    for message in request.messages:
+        try:
+            converted.append(outgoing(message))
+        except Exception as error:  # noqa: BLE001 - becomes this entry's status
+            converted.append(error)
+    ids = [m.system_properties.message_id for m in request.messages]
+    refused = [(i, item) for i, item in enumerate(converted) if isinstance(item, Exception)]
+    if refused:
+        first = refused[0][0]
+        entries = [_failed(ids[i], status_of(item) if isinstance(item, Exception) else Status(
+            code=Code.BAD_REQUEST, message=f"not stored: entry {first} of the batch was refused"))
+            for i, item in enumerate(converted)]
+    else:
+        try:
+            results = await edge.broker.send(call.principal, converted)  # type: ignore[arg-type]
+        except Exception as error:  # noqa: BLE001 - the whole batch failed alike
+            status = status_of(error)
+            entries = [_failed(msg_id, status) for msg_id in ids]
+        else:
+            entries = [rpc.SendResultEntry(status=ok(), message_id=result.msg_id,
+                                           offset=result.queue_offset) for result in results]
+    return rpc.SendMessageResponse(status=overall(entry.status for entry in entries), entries=entries)
+
+
+def _failed(message_id: str, status: Status) -> rpc.SendResultEntry:
+    return rpc.SendResultEntry(status=status, message_id=message_id)
+
+
+async def end_transaction(edge: Edge, call: Call,
+                          request: rpc.EndTransactionRequest) -> rpc.EndTransactionResponse:
+    """Refused: transactional messages are not supported in this version."""
+    return rpc.EndTransactionResponse(status=not_implemented("transactional messages (EndTransaction)"))
+
+
+async def recall_message(edge: Edge, call: Call,
+                         request: rpc.RecallMessageRequest) -> rpc.RecallMessageResponse:
+    """Refused: delayed messages, hence recalling them, are not supported in this version."""
+    return rpc.RecallMessageResponse(status=not_implemented("recalling delayed messages (RecallMessage)"))

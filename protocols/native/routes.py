@@ -1,0 +1,41 @@
+"""QueryRoute and QueryAssignment: which queues a topic has, and which of them a consumer owns.
+
+Sluice is one broker, so every route names this server's own endpoint and one MessageQueue per
+queue of the topic, readable and writable, accepting the topic's message type.
+"""
+
+from __future__ import annotations
+
+from rocketmq.grpc_protocol import definition_pb2 as pb
+from rocketmq.grpc_protocol import service_pb2 as rpc
+
+from .context import Call, Edge
+from .convert import message_queue, name_of
+from .errors import ok
+from .membership import refresh
+
+
+async def query_route(edge: Edge, call: Call, request: rpc.QueryRouteRequest) -> rpc.QueryRouteResponse:
+    """Every queue of the topic, on this broker."""
+    config = edge.broker.get_topic(name_of(request.topic, "topic"))
+    endpoints = edge.endpoints(request.endpoints)
+    queues = [message_queue(request.topic, config, queue_id, endpoints)
+              for queue_id in range(config.queue_count)]
+    return rpc.QueryRouteResponse(status=ok(), message_queues=queues)
+
+
+async def query_assignment(edge: Edge, call: Call,
+                           request: rpc.QueryAssignmentRequest) -> rpc.QueryAssignmentResponse:
+    """The queues of the topic this client owns in its group. Push consumers ask every 5 s,
+    which also counts as a heartbeat: a client asking is alive."""
+    group = name_of(request.group, "consumer group")
+    topic = name_of(request.topic, "topic")
+    client_id = call.require_client_id()
+    await refresh(edge, call, group, topic)
+    config = edge.broker.get_topic(topic)
+    queue_ids = edge.broker.assignment(call.principal, group, topic, client_id)
+    endpoints = edge.endpoints(request.endpoints)
+    assignments = [pb.Assignment(message_queue=message_queue(request.topic, config, queue_id, endpoints))
+                   for queue_id in queue_ids]
+    return rpc.QueryAssignmentResponse(status=ok(), assignments=assignments)
+

@@ -1,0 +1,414 @@
+"""The official RocketMQ 5 Python client (``rocketmq-python-client``) against Sluice, unchanged.
+
+Its timings set the pace: a push consumer asks for its assignment every 5 s, every client
+heartbeats every 10 s, and a simple consumer long polls for ``await_duration`` seconds. Tests
+wait on events with generous timeouts, never on fixed sleeps.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from contextlib import contextmanager
+
+import grpc
+import pytest
+from rocketmq import (ClientConfiguration, ConsumeResult, Credentials, FilterExpression, Message,
+                      MessageListener, Producer, PushConsumer, SimpleConsumer)
+from rocketmq.grpc_protocol import Code, FilterType
+from rocketmq.v5.exception import (BadRequestException, IllegalArgumentException,
+                                   PayloadTooLargeException, UnsupportedException)
+
+from core.model import MessageType
+
+WAIT = 60
+"""Seconds any single expected event may take (assignment scans run every 5 s)."""
+REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", ".."))
+
+
+def config(nb, user: str | None = None, password: str | None = None) -> ClientConfiguration:
+    return ClientConfiguration(nb.endpoint, Credentials(user or nb.user, password or nb.password))
+
+
+@contextmanager
+def started(client):
+    """Start a client; shut it down afterwards (NotifyClientTermination included)."""
+    client.startup()
+    try:
+        yield client
+    finally:
+        if client.is_running:
+            client.shutdown()
+
+
+def new_message(topic: str, body: bytes, tag: str | None = None, keys: tuple[str, ...] = (),
+                properties: dict[str, str] | None = None, group: str | None = None) -> Message:
+    message = Message()
+    message.topic = topic
+    message.body = body
+    if tag:
+        message.tag = tag
+    if keys:
+        Message.keys.fset(message, *keys)  # the setter takes the keys as separate arguments
+    for key, value in (properties or {}).items():
+        message.add_property(key, value)
+    if group:
+        message.message_group = group
+    return message
+
+
+def send_all(producer: Producer, topic: str, bodies: list[bytes], **kw) -> None:
+    for body in bodies:
+        producer.send(new_message(topic, body, **kw))
+
+
+def receive_until(consumer: SimpleConsumer, count: int, *, invisible_s: int = 30, ack: bool = True,
+                  timeout: float = WAIT) -> list:
+    """Receive until ``count`` messages arrived (acking them unless told not to)."""
+    got: list = []
+    deadline = time.monotonic() + timeout
+    while len(got) < count:
+        assert time.monotonic() < deadline, f"received {len(got)} of {count} messages in {timeout}s"
+        for message in consumer.receive(32, invisible_s):
+            got.append(message)
+            if ack:
+                consumer.ack(message)
+    return got
+
+
+def wait_for(predicate: Callable[[], object], timeout: float = WAIT, what: str = "condition"):
+    deadline = time.monotonic() + timeout
+    while not (result := predicate()):
+        assert time.monotonic() < deadline, f"{what} not met within {timeout}s"
+        time.sleep(0.1)
+    return result
+
+
+def once_reachable(action: Callable[[], object], timeout: float = WAIT):
+    """Run ``action`` until the client's channel has reconnected (it fails fast meanwhile)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return action()
+        except grpc.aio.AioRpcError as error:
+            if error.code() != grpc.StatusCode.UNAVAILABLE or time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
+
+
+class Recorder(MessageListener):
+    """A push listener that records every delivery and answers with ``decide(message)``."""
+
+    def __init__(self, decide: Callable[[Message], ConsumeResult] = lambda m: ConsumeResult.SUCCESS):
+        self.decide = decide
+        self.deliveries: list[Message] = []
+        self.lock = threading.Lock()
+        self.changed = threading.Condition(self.lock)
+
+    def consume(self, message: Message) -> ConsumeResult:
+        with self.lock:
+            self.deliveries.append(message)
+            self.changed.notify_all()
+        return self.decide(message)
+
+    def bodies(self) -> list[bytes]:
+        with self.lock:
+            return [m.body for m in self.deliveries]
+
+    def wait(self, predicate: Callable[[list[Message]], bool], timeout: float = WAIT) -> None:
+        with self.lock:
+            assert self.changed.wait_for(lambda: predicate(self.deliveries), timeout), \
+                f"push deliveries so far: {[(m.body, m.delivery_attempt) for m in self.deliveries]}"
+
+
+def assignment(nb, group: str) -> dict[str, list[int]]:
+    """client id -> queues core assigned, for the group's live members."""
+    def read(broker):
+        return {m.client_id: sorted(q for _, q in m.queues) for m in broker.describe_group(group).members}
+    try:
+        return nb.run(read)
+    except Exception:  # noqa: BLE001 - the group may not exist yet
+        return {}
+
+
+# --- produce and consume ---
+
+def test_send_receive_ack_with_a_simple_consumer(native_broker):
+    native_broker.create_topic("orders", queues=4)
+    with started(Producer(config(native_broker), ("orders",))) as producer:
+        receipt = producer.send(new_message("orders", b"first", tag="TagA", keys=("k1",),
+                                            properties={"color": "red"}))
+        assert receipt.message_id
+        send_all(producer, "orders", [f"m{i}".encode() for i in range(9)])
+    subscription = {"orders": FilterExpression()}
+    with started(SimpleConsumer(config(native_broker), "g", subscription, await_duration=2)) as consumer:
+        got = receive_until(consumer, 10)
+        assert sorted(m.body for m in got) == sorted([b"first"] + [f"m{i}".encode() for i in range(9)])
+        first = next(m for m in got if m.body == b"first")
+        assert (first.tag, first.keys, first.properties) == ("TagA", {"k1"}, {"color": "red"})
+        assert first.message_id == receipt.message_id and first.delivery_attempt == 1
+        assert consumer.receive(32, 30) == []  # all acked: nothing comes back
+
+
+def test_tag_filter(native_broker):
+    native_broker.create_topic("orders", queues=2)
+    with started(Producer(config(native_broker), ("orders",))) as producer:
+        for i in range(6):
+            producer.send(new_message("orders", f"m{i}".encode(), tag="TagA" if i % 2 else "TagB"))
+    subscription = {"orders": FilterExpression("TagA || TagC")}
+    with started(SimpleConsumer(config(native_broker), "g", subscription, await_duration=2)) as consumer:
+        got = receive_until(consumer, 3)
+        assert sorted(m.body for m in got) == [b"m1", b"m3", b"m5"]
+        assert consumer.receive(32, 30) == []
+
+
+def test_push_consumer_retries_a_failure_then_succeeds(native_broker):
+    native_broker.create_topic("orders", queues=2)
+    listener = Recorder(lambda m: ConsumeResult.FAILURE if m.delivery_attempt == 1 else ConsumeResult.SUCCESS)
+    consumer = PushConsumer(config(native_broker), "g", listener, {"orders": FilterExpression()})
+    with started(consumer), started(Producer(config(native_broker), ("orders",))) as producer:
+        producer.send(new_message("orders", b"flaky"))
+        listener.wait(lambda ds: len(ds) >= 2)
+        first_two = [(m.body, m.delivery_attempt) for m in listener.deliveries[:2]]
+        assert first_two == [(b"flaky", 1), (b"flaky", 2)]
+        producer.send(new_message("orders", b"marker"))  # delivered after any stray redelivery
+        listener.wait(lambda ds: b"marker" in [m.body for m in ds])
+    assert listener.bodies().count(b"flaky") == 2
+
+
+def test_push_consumer_exception_counts_as_failure(native_broker):
+    native_broker.create_topic("orders", queues=1)
+
+    def decide(message: Message) -> ConsumeResult:
+        if message.delivery_attempt == 1:
+            raise RuntimeError("listener bug")
+        return ConsumeResult.SUCCESS
+    listener = Recorder(decide)
+    with started(PushConsumer(config(native_broker), "g", listener, {"orders": FilterExpression()})), \
+            started(Producer(config(native_broker), ("orders",))) as producer:
+        producer.send(new_message("orders", b"x"))
+        listener.wait(lambda ds: [m.delivery_attempt for m in ds] == [1, 2])
+
+
+def test_dead_letter_after_max_attempts(native_broker):
+    native_broker.create_topic("orders", queues=1)
+    native_broker.create_group("fragile", max_attempts=2, initial_backoff_ms=100, max_backoff_ms=500)
+    listener = Recorder(lambda m: ConsumeResult.FAILURE)
+    with started(PushConsumer(config(native_broker), "fragile", listener, {"orders": FilterExpression()})), \
+            started(Producer(config(native_broker), ("orders",))) as producer:
+        producer.send(new_message("orders", b"poison", tag="T"))
+        listener.wait(lambda ds: len(ds) >= 2)
+        wait_for(lambda: "%DLQ%fragile" in {t.name for t in native_broker.run(lambda b: b.list_topics())},
+                 what="the dead-letter topic, made by the first dead letter")
+        dlq = {"%DLQ%fragile": FilterExpression()}
+        with started(SimpleConsumer(config(native_broker), "dlq-reader", dlq, await_duration=2)) as reader:
+            dead = receive_until(reader, 1)
+    assert [m.body for m in dead] == [b"poison"]
+    assert dead[0].properties["sluice.dlq.origin_topic"] == "orders"
+    assert [m.delivery_attempt for m in listener.deliveries] == [1, 2]
+
+
+def test_fifo_group_keeps_a_message_group_in_order(native_broker):
+    native_broker.create_topic("fifo", queues=4, message_type=MessageType.FIFO)
+    native_broker.create_group("ordered", fifo=True)
+    listener = Recorder()
+    with started(Producer(config(native_broker), ("fifo",))) as producer:
+        for i in range(10):
+            producer.send(new_message("fifo", f"{i}".encode(), group="order-1"))
+    consumer = PushConsumer(config(native_broker), "ordered", listener, {"fifo": FilterExpression()})
+    with started(consumer):
+        assert consumer.fifo
+        listener.wait(lambda ds: len(ds) >= 10)
+    assert listener.bodies()[:10] == [f"{i}".encode() for i in range(10)]
+    assert {m.message_group for m in listener.deliveries} == {"order-1"}
+
+
+# --- clustering ---
+
+def test_two_push_consumers_split_the_queues_and_one_takes_over_when_the_other_stops(native_broker):
+    native_broker.create_topic("orders", queues=4)
+    one, two = Recorder(), Recorder()
+    first = PushConsumer(config(native_broker), "g", one, {"orders": FilterExpression()})
+    second = PushConsumer(config(native_broker), "g", two, {"orders": FilterExpression()})
+    with started(Producer(config(native_broker), ("orders",))) as producer, started(first):
+        second.startup()
+        try:
+            wait_for(lambda: sorted(len(q) for q in assignment(native_broker, "g").values()) == [2, 2],
+                     what="two members with two queues each")
+            send_all(producer, "orders", [f"a{i}".encode() for i in range(20)])
+            wait_for(lambda: len(one.bodies()) + len(two.bodies()) >= 20, what="20 deliveries")
+            assert one.bodies() and two.bodies(), "both members should have received some"
+            assert sorted(one.bodies() + two.bodies()) == sorted(f"a{i}".encode() for i in range(20))
+        finally:
+            second.shutdown()
+        wait_for(lambda: assignment(native_broker, "g") == {first.client_id: [0, 1, 2, 3]},
+                 what="the remaining member owning every queue")
+        send_all(producer, "orders", [f"b{i}".encode() for i in range(20)])
+        one.wait(lambda ds: sum(m.body.startswith(b"b") for m in ds) >= 20)
+    assert not any(body.startswith(b"b") for body in two.bodies())
+
+
+def test_two_simple_consumers_share_messages_and_one_gets_everything_after_the_other_stops(native_broker):
+    native_broker.create_topic("orders", queues=4)
+    subscription = {"orders": FilterExpression()}
+    with started(Producer(config(native_broker), ("orders",))) as producer, \
+            started(SimpleConsumer(config(native_broker), "g", subscription, await_duration=1)) as one:
+        two = SimpleConsumer(config(native_broker), "g", subscription, await_duration=1)
+        with started(two):
+            send_all(producer, "orders", [f"a{i}".encode() for i in range(20)])
+            got: dict[SimpleConsumer, list] = {one: [], two: []}
+            deadline = time.monotonic() + WAIT
+            while len(got[one]) + len(got[two]) < 20:  # small batches, taking turns
+                assert time.monotonic() < deadline, f"received {len(got[one]) + len(got[two])} of 20"
+                for consumer in (one, two):
+                    for message in consumer.receive(2, 60):
+                        got[consumer].append(message.body)
+                        consumer.ack(message)
+            assert got[one] and got[two], "both consumers should have received some"
+            assert sorted(got[one] + got[two]) == sorted(f"a{i}".encode() for i in range(20))
+            send_all(producer, "orders", [b"held"])
+            held = receive_until(two, 1, invisible_s=2, ack=False)  # two stops holding it, unacked
+        send_all(producer, "orders", [f"b{i}".encode() for i in range(5)])
+        after = receive_until(one, 6)
+    assert held[0].body == b"held"
+    assert sorted(m.body for m in after) == sorted([b"held"] + [f"b{i}".encode() for i in range(5)])
+    assert next(m for m in after if m.body == b"held").delivery_attempt == 2
+
+
+CONSUMER_CHILD = """
+import sys, threading
+from rocketmq import (ClientConfiguration, ConsumeResult, Credentials, FilterExpression,
+                      MessageListener, PushConsumer)
+class Listener(MessageListener):
+    def consume(self, message):
+        print("GOT", message.body.decode(), flush=True)
+        return ConsumeResult.SUCCESS
+endpoint, user, password = sys.argv[1:4]
+consumer = PushConsumer(ClientConfiguration(endpoint, Credentials(user, password)), "g", Listener(),
+                        {"orders": FilterExpression()})
+consumer.startup()
+print("STARTED", consumer.client_id, flush=True)
+threading.Event().wait()
+"""
+
+
+def test_a_push_consumer_that_stops_heartbeating_loses_its_queues(native_broker_factory):
+    # Short long polls and invisibility, so nothing the frozen member asked for outlives its eviction.
+    nb = native_broker_factory(core={"max_long_poll_ms": 3_000, "default_invisible_ms": 5_000})
+    nb.create_topic("orders", queues=4)
+    child = subprocess.Popen([sys.executable, "-c", CONSUMER_CHILD, nb.endpoint, nb.user, nb.password],
+                             cwd=REPO, stdout=subprocess.PIPE, text=True)
+    survivor_listener = Recorder()
+    try:
+        line = child.stdout.readline()
+        assert line.startswith("STARTED"), line
+        child_id = line.split()[1]
+        survivor = PushConsumer(config(nb), "g", survivor_listener, {"orders": FilterExpression()})
+        with started(survivor), started(Producer(config(nb), ("orders",))) as producer:
+            wait_for(lambda: sorted(assignment(nb, "g")) == sorted([child_id, survivor.client_id])
+                     and all(assignment(nb, "g").values()), what="both members assigned")
+            child.send_signal(signal.SIGSTOP)  # alive as far as TCP knows, but silent
+            wait_for(lambda: assignment(nb, "g") == {survivor.client_id: [0, 1, 2, 3]},
+                     what="the frozen member evicted after the heartbeat timeout")
+            send_all(producer, "orders", [f"m{i}".encode() for i in range(12)])
+            survivor_listener.wait(lambda ds: {m.body for m in ds} >= {f"m{i}".encode() for i in range(12)})
+    finally:
+        child.kill()
+        child.wait(30)
+        child.stdout.close()
+
+
+# --- errors the client sees ---
+
+def test_wrong_credentials_are_refused(native_broker):
+    native_broker.create_topic("orders")
+    with started(Producer(config(native_broker, password="wrong"), ("orders",))) as producer:
+        with pytest.raises(Exception, match="route"):
+            producer.send(new_message("orders", b"x"))
+    consumer = SimpleConsumer(config(native_broker, user="nobody", password="x"), "g",
+                              {"orders": FilterExpression()}, await_duration=1)
+    with started(consumer):
+        with pytest.raises(Exception):
+            consumer.receive(1, 30)
+
+
+def test_unknown_topic_is_an_error(native_broker):
+    with started(Producer(config(native_broker))) as producer:
+        with pytest.raises(Exception, match="route"):
+            producer.send(new_message("no-such-topic", b"x"))
+
+
+def test_oversized_message_is_refused(native_broker_factory):
+    nb = native_broker_factory(core={"max_message_bytes": 1024})
+    nb.create_topic("orders", queues=1)
+    with started(Producer(config(nb), ("orders",))) as producer:
+        producer.send(new_message("orders", b"x" * 1024))
+        with pytest.raises((PayloadTooLargeException, IllegalArgumentException), match="1024"):
+            producer.send(new_message("orders", b"x" * 1025))
+
+
+@pytest.mark.parametrize(("expression", "error", "code"), [
+    (FilterExpression("TagA ||"), BadRequestException, Code.ILLEGAL_FILTER_EXPRESSION),
+    (FilterExpression("a > 1", FilterType.SQL), UnsupportedException, Code.UNSUPPORTED),
+])
+def test_malformed_and_sql92_filters_are_refused(native_broker, expression, error, code):
+    native_broker.create_topic("orders", queues=1)
+    consumer = SimpleConsumer(config(native_broker), "g", {"orders": expression}, await_duration=1)
+    with started(consumer):
+        with pytest.raises(error) as raised:
+            consumer.receive(1, 30)
+    assert raised.value.code == code
+
+
+def test_invalid_receipt_handle_is_refused(native_broker):
+    native_broker.create_topic("orders", queues=1)
+    with started(Producer(config(native_broker), ("orders",))) as producer:
+        producer.send(new_message("orders", b"x"))
+    with started(SimpleConsumer(config(native_broker), "g", {"orders": FilterExpression()},
+                                await_duration=2)) as consumer:
+        message = receive_until(consumer, 1, ack=False)[0]
+        real = message.receipt_handle
+        message.receipt_handle = f"bogus-{uuid.uuid4().hex}"
+        with pytest.raises(BadRequestException) as raised:
+            consumer.ack(message)
+        assert raised.value.code == Code.INVALID_RECEIPT_HANDLE
+        message.receipt_handle = real
+        consumer.ack(message)
+
+
+def test_change_invisible_duration_redelivers(native_broker):
+    native_broker.create_topic("orders", queues=1)
+    with started(Producer(config(native_broker), ("orders",))) as producer:
+        producer.send(new_message("orders", b"later"))
+    with started(SimpleConsumer(config(native_broker), "g", {"orders": FilterExpression()},
+                                await_duration=2)) as consumer:
+        message = receive_until(consumer, 1, ack=False)[0]
+        consumer.change_invisible_duration(message, 1)
+        again = receive_until(consumer, 1)[0]
+    assert (again.body, again.delivery_attempt) == (b"later", 2)
+
+
+
+# --- the broker killed and restarted ---
+
+def test_acknowledged_sends_survive_sigkill_and_old_receipts_expire(native_broker_process):
+    proc = native_broker_process(topics=[("orders", 2)])
+    bodies = [f"m{i}".encode() for i in range(20)]
+    with started(Producer(config(proc), ("orders",))) as producer:
+        send_all(producer, "orders", bodies)
+    consumer = SimpleConsumer(config(proc), "g", {"orders": FilterExpression()}, await_duration=2)
+    with started(consumer):
+        before = receive_until(consumer, 1, ack=False)[0]
+        proc.kill()
+        proc.start()  # same data directory, same port: the client's channel reconnects
+        with pytest.raises(BadRequestException) as raised:
+            once_reachable(lambda: consumer.ack(before))
+        assert raised.value.code == Code.INVALID_RECEIPT_HANDLE
+        assert "restarted" in str(raised.value)
+        after = receive_until(consumer, 20)
+    assert sorted(m.body for m in after) == sorted(bodies)
