@@ -66,12 +66,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help=f"sections to run, of: {', '.join(SECTIONS)} (default: all)")
     parser.add_argument("--data-dir", help="where benchmark files go; a fresh subdirectory is made in it "
                         "and removed afterwards (default: under the repo's bench-data/, else the temp dir)")
-    parser.add_argument("--quick", action="store_true", help="short smoke run with small counts")
+    parser.add_argument("--quick", action="store_true",
+                        help="short smoke run with small counts (native: 100-byte bodies only)")
     parser.add_argument("--records", type=_positive_int, default=None,
-                        help="records written and read back by the catch-up read (default 1,000,000; "
+                        help="store: records written and read back by the catch-up read (default 1,000,000; "
                              "20,000 with --quick)")
     parser.add_argument("--seconds", type=float, default=None,
-                        help="time bound of each timed run (default 3; 0.25 with --quick)")
+                        help="store: time bound of each timed run (default 3; 0.25 with --quick)")
     parser.add_argument("--repeats", type=_positive_int, default=None,
                         help="runs of each measurement, medians reported; the native section's rounds "
                              "(default 3; 1 with --quick)")

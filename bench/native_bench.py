@@ -12,8 +12,10 @@ Sluice alone also runs a batched stream: ``Producer.send_packed`` of ``pack`` 10
 per request, read back by a ``PullConsumer`` that unpacks every batch (target >= 1M msg/s).
 
 Rounds alternate RabbitMQ, then Sluice, ``rounds`` times, and the tables show medians, since a
-shared machine is noisy. Each broker is started once for the section, as a child process, on
-free loopback ports; publisher and consumer are two further processes per run.
+shared machine is noisy; CPU time per message, of the broker and of its clients, is shown too,
+as it moves less than rates do. Each broker is started once for the section, as a child process,
+on free loopback ports; publisher and consumer are two further processes per run. A broker that
+is not installed (or not built yet) is skipped with the reason in the notes.
 """
 from __future__ import annotations
 
