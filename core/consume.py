@@ -19,7 +19,7 @@ from typing import NamedTuple
 from store.api import Store
 from store.errors import StoreError
 
-from .cursors import Cursor, CursorBook
+from .cursors import Cursor
 from .delivery import RecentMessages
 from .errors import InvalidReceiptHandle, OffsetOutOfRange, ReceiptExpired
 from .filters import TagFilter

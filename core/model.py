@@ -140,6 +140,10 @@ SYSTEM = Principal("$system", admin=True)
 """The broker itself and its local administration tools."""
 
 
+MESSAGE_GROUP_PROPERTY = "sluice.message_group"
+"""Stored property carrying a FIFO message's group; ``Delivery.message_group`` reads it."""
+
+
 @dataclass(frozen=True)
 class OutgoingMessage:
     """A message as a producer sends it, before it is stored."""
@@ -187,6 +191,11 @@ class Delivery:
     attempt: int = 1
     receipt_handle: str = ""
     invisible_until_ms: int = 0
+
+    @property
+    def message_group(self) -> str:
+        """The FIFO message group the producer gave, or empty."""
+        return self.properties.get(MESSAGE_GROUP_PROPERTY, "")
 
 
 @dataclass(frozen=True)

@@ -21,11 +21,9 @@ from store.api import AppendResult, Message, Store
 from .delivery import RecentMessages, TopicSignals
 from .durable import BatchingAppender, DurableWaiters
 from .errors import InvalidArgument, MessageTooLarge, NotSupported
-from .model import Delivery, MessageType, OutgoingMessage, SendResult, TopicConfig
+from .model import (MESSAGE_GROUP_PROPERTY, Delivery, MessageType, OutgoingMessage, SendResult,
+                    TopicConfig)
 
-MESSAGE_GROUP = "sluice.message_group"
-"""Property carrying a FIFO message's group."""
-RESERVED_PREFIX = "sluice."
 MAX_PROPERTY_BYTES = 16 << 10
 
 
@@ -75,7 +73,7 @@ class Producer:
             raise InvalidArgument(f"message properties exceed {MAX_PROPERTY_BYTES} bytes; keep "
                                   "large data in the body")
         if message.message_group:
-            properties[MESSAGE_GROUP] = message.message_group
+            properties[MESSAGE_GROUP_PROPERTY] = message.message_group
         return Message(topic.name, message.body, self._queue_for(topic, message), message.tag,
                        tuple(message.keys), properties or None, message.msg_id,
                        message.born_ts or int(time.time() * 1000))

@@ -345,10 +345,10 @@ class Broker:
         if not MIN_INVISIBLE_MS <= invisible <= MAX_INVISIBLE_MS:
             raise InvalidArgument(f"invisible duration {invisible} ms is out of range: use "
                                   f"{MIN_INVISIBLE_MS} ms to 12 h")
-        queues = self._receive_queues(group, topic, client_id, config, queue_id)
         consumer = self._consumer(group, client_id)
         deadline = _now_ms() + min(max(0, wait_ms), self.config.max_long_poll_ms)
         while True:
+            queues = self._receive_queues(group, topic, client_id, config, queue_id)
             found = await self._pop(consumer, topic, queues, tags, invisible, max_messages,
                                     group_config.retry.max_attempts)
             now = _now_ms()
@@ -454,8 +454,7 @@ class Broker:
             raise InvalidArgument(f"invisible duration {invisible_ms} ms is out of range: use 0 to 12 h")
         consumer, cursor, offset = self._flight(principal, group, topic, receipt_handle)
         flight = cursor.extend(offset, _now_ms(), invisible_ms)
-        if invisible_ms == 0:
-            self._signals.notify(topic)
+        self._signals.notify(topic)  # long polls recompute when the next redelivery is due
         queue_id = parse_handle(receipt_handle, consumer, topic).queue_id
         return make_handle(consumer, topic, queue_id, offset, flight.version)
 

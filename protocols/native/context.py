@@ -62,7 +62,7 @@ class Edge:
         principal = await self.auth.principal(metadata)
         client_id = next((str(value) for key, value in metadata
                           if key.lower() == CLIENT_ID_HEADER), "")
-        return Call(principal, client_id, context)
+        return Call(principal, client_id, context, metadata)
 
 
 @dataclass(frozen=True)
@@ -72,6 +72,11 @@ class Call:
     principal: Principal
     client_id: str
     context: grpc.aio.ServicerContext
+    metadata: tuple = ()
+
+    def header(self, name: str) -> str | None:
+        """The value of request header ``name`` (lower case), if sent."""
+        return next((str(value) for key, value in self.metadata if key.lower() == name), None)
 
     def require_client_id(self) -> str:
         """The caller's client id; raises InvalidArgument if the client sent none."""

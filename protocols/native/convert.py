@@ -12,7 +12,7 @@ from rocketmq.grpc_protocol import definition_pb2 as pb
 
 from core.errors import InvalidArgument, NotSupported
 from core.model import Delivery, MessageType, OutgoingMessage, Subscription, TopicConfig
-from core.produce import MESSAGE_GROUP
+from core.model import MESSAGE_GROUP_PROPERTY
 
 BROKER_NAME = "sluice"
 """The one broker name every route and assignment names (Sluice is one broker process)."""
@@ -122,7 +122,7 @@ def delivered(delivery: Delivery, topic: pb.Resource, message_type: MessageType,
     if delivery.tag:
         props.tag = delivery.tag
     properties = dict(delivery.properties)
-    group = properties.pop(MESSAGE_GROUP, "")
+    group = properties.pop(MESSAGE_GROUP_PROPERTY, "")
     if group:
         props.message_group = group
     if delivery.receipt_handle:

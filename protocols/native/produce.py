@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 from rocketmq.grpc_protocol import service_pb2 as rpc
 
+from core.errors import InvalidArgument
 from core.model import OutgoingMessage
 
 from .context import Call, Edge
@@ -15,7 +18,10 @@ async def send_message(edge: Edge, call: Call, request: rpc.SendMessageRequest) 
     """Store every message of the request as one batch; one result entry per message.
 
     A batch is all or nothing: if any entry is refused before storing (a delayed or
-    transactional message, say), none is stored, and each entry says why.
+    transactional message, say), none is stored, and each entry says why. Sluice's SDK names
+    the queue for the request's messages without a message group in the ``x-sluice-queue-id``
+    header (SendResultEntry has no queue field, so the SDK picks it to report it); RocketMQ's
+    own clients leave the choice to the broker.
     """
     if not request.messages:
         return rpc.SendMessageResponse(status=Status(code=Code.BAD_REQUEST,
@@ -26,6 +32,14 @@ async def send_message(edge: Edge, call: Call, request: rpc.SendMessageRequest) 
             converted.append(outgoing(message))
         except Exception as error:  # noqa: BLE001 - becomes this entry's status
             converted.append(error)
+    try:
+        pinned = _pinned_queue(call)
+    except InvalidArgument as error:
+        converted = [error] * len(converted)
+    else:
+        if pinned is not None:
+            converted = [dataclasses.replace(m, queue_id=pinned)
+                         if isinstance(m, OutgoingMessage) and not m.message_group else m for m in converted]
     ids = [m.system_properties.message_id for m in request.messages]
     refused = [(i, item) for i, item in enumerate(converted) if isinstance(item, Exception)]
     if refused:
@@ -43,6 +57,18 @@ async def send_message(edge: Edge, call: Call, request: rpc.SendMessageRequest) 
             entries = [rpc.SendResultEntry(status=ok(), message_id=result.msg_id,
                                            offset=result.queue_offset) for result in results]
     return rpc.SendMessageResponse(status=overall(entry.status for entry in entries), entries=entries)
+
+
+QUEUE_HEADER = "x-sluice-queue-id"
+
+
+def _pinned_queue(call: Call) -> int | None:
+    value = call.header(QUEUE_HEADER)
+    if value is None:
+        return None
+    if not value.isdigit():
+        raise InvalidArgument(f"the {QUEUE_HEADER} header must be a queue number, not {value[:20]!r}")
+    return int(value)
 
 
 def _failed(message_id: str, status: Status) -> rpc.SendResultEntry:

@@ -17,7 +17,8 @@ from rocketmq.grpc_protocol.service_pb2 import (AckMessageEntry, AckMessageReque
 from .client import Client, describe_subscription
 from .config import ClientConfig
 from .convert import duration, message_from_proto, tag_filter
-from .errors import raise_for_status
+from .coalesce import Coalescer
+from .errors import OK_CODES, ServerError, SluiceClientError, error_from_status, raise_for_status
 from .model import ReceivedMessage
 
 
@@ -34,6 +35,7 @@ class PopConsumer(Client):
             raise ValueError("invisible_duration must be positive and await_duration not negative")
         super().__init__(config, group)
         self.subscriptions = dict(subscriptions)
+        self._ackers: dict[str, Coalescer[ReceivedMessage, None]] = {}
         self.invisible_duration = invisible_duration
         self.await_duration = await_duration
 
@@ -60,16 +62,28 @@ class PopConsumer(Client):
         return messages
 
     async def ack(self, message: ReceivedMessage) -> None:
-        """Acknowledge ``message``: the group will not receive it again."""
+        """Acknowledge ``message``: the group will not receive it again.
+
+        Acks from concurrent tasks share AckMessage requests (see ``coalesce``)."""
         self.check_running()
+        coalescer = self._ackers.get(message.topic)
+        if coalescer is None:
+            coalescer = self._ackers[message.topic] = Coalescer(self._ack_entries)
+        await coalescer.call(message)
+
+    async def _ack_entries(self, messages: list[ReceivedMessage]) -> list[None | SluiceClientError]:
+        """One AckMessage request for messages of one topic; None or the error for each."""
         request = AckMessageRequest(
-            group=self.resource(self.group), topic=self.resource(message.topic),
-            entries=[AckMessageEntry(message_id=message.message_id,
-                                     receipt_handle=message.receipt_handle)])
+            group=self.resource(self.group), topic=self.resource(messages[0].topic),
+            entries=[AckMessageEntry(message_id=m.message_id, receipt_handle=m.receipt_handle)
+                     for m in messages])
         response = await self._transport.unary("AckMessage", request)
         raise_for_status(response.status)
-        for entry in response.entries:
-            raise_for_status(entry.status)
+        if len(response.entries) != len(messages):
+            error = ServerError(f"the broker answered {len(response.entries)} results for "
+                                f"{len(messages)} acks")
+            return [error] * len(messages)
+        return [None if e.status.code in OK_CODES else error_from_status(e.status) for e in response.entries]
 
     async def change_invisible_duration(self, message: ReceivedMessage, seconds: float) -> None:
         """Make ``message`` invisible for ``seconds`` from now (0: redeliver at once).

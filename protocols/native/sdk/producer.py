@@ -16,17 +16,23 @@ from rocketmq.grpc_protocol.service_pb2 import SendMessageRequest
 from .client import Client, writable
 from .config import ClientConfig
 from .convert import message_to_proto, new_message_id
-from .errors import NotFoundError, ServerError, raise_for_status
+from .coalesce import Coalescer
+from .errors import (OK_CODES, NotFoundError, ServerError, SluiceClientError, error_from_status,
+                     raise_for_status)
 from .model import Message, SendReceipt
 from .packing import BATCH_PROPERTY, pack_bodies
+
+
+QUEUE_HEADER = "x-sluice-queue-id"
+"""Request header naming the queue for the request's messages without a message group."""
 
 
 class Producer(Client):
     """Sends messages. ``topics`` are routed at ``start()``; others on their first send.
 
-    Each message goes to a queue chosen here and named in its ``queue_id`` system property:
-    messages with a ``message_group`` to the queue the group hashes to (CRC32), the others of one
-    request to one queue, round-robin from request to request.
+    Each message goes to a queue chosen here: messages with a ``message_group`` to the queue the
+    group hashes to (CRC32, as the broker does), the others of one request to one queue,
+    round-robin from request to request, named in the ``x-sluice-queue-id`` request header.
     """
 
     client_type = ClientType.PRODUCER
@@ -35,6 +41,7 @@ class Producer(Client):
         super().__init__(config)
         self.topics = list(dict.fromkeys(topics))
         self._next_queue: dict[str, int] = {}
+        self._coalescers: dict[str, Coalescer[Message, SendReceipt]] = {}
 
     async def on_start(self) -> None:
         """Look up the routes of the declared topics."""
@@ -46,15 +53,34 @@ class Producer(Client):
         settings.publishing.CopyFrom(Publishing(topics=[self.resource(t) for t in self.topics]))
 
     async def send(self, message: Message) -> SendReceipt:
-        """Send one message; return where it was stored."""
-        return (await self.send_batch([message]))[0]
+        """Send one message; return where it was stored once the broker acknowledged it.
+
+        Sends from concurrent tasks share requests (see ``coalesce``): each still gets its
+        own receipt or error, and a busy producer pays gRPC's per-call cost once per request.
+        """
+        self.check_running()
+        coalescer = self._coalescers.get(message.topic)
+        if coalescer is None:
+            coalescer = self._coalescers[message.topic] = Coalescer(self._send_entries)
+        return await coalescer.call(message)
 
     async def send_batch(self, messages: Sequence[Message]) -> list[SendReceipt]:
-        """Send ``messages`` in one SendMessage request; receipts come back in the same order.
+        """Send ``messages`` (all of one topic) in one SendMessage request; receipts come back in
+        the same order.
 
         Raises the first failed entry's error if the broker refused any of them.
         """
         self.check_running()
+        if len({m.topic for m in messages}) > 1:
+            raise ValueError("a batch goes to one topic; send each topic's messages in a batch of its own")
+        results = await self._send_entries(messages)
+        for result in results:
+            if isinstance(result, BaseException):
+                raise result
+        return results
+
+    async def _send_entries(self, messages: Sequence[Message]) -> list[SendReceipt | SluiceClientError]:
+        """One SendMessage request; a receipt or the broker's error for each message."""
         if not messages:
             return []
         born_ms = time.time_ns() // 1_000_000
@@ -63,14 +89,14 @@ class Producer(Client):
         request = SendMessageRequest(messages=[
             message_to_proto(m, self.config.namespace, q, new_message_id(), born_ms)
             for m, q in zip(messages, queue_ids)])
-        response = await self._transport.unary("SendMessage", request)
+        headers = tuple((QUEUE_HEADER, str(q)) for q in chosen.values())
+        response = await self._transport.unary("SendMessage", request, headers=headers)
         raise_for_status(response.status)
         if len(response.entries) != len(messages):
             raise ServerError(f"the broker answered {len(response.entries)} results for "
                               f"{len(messages)} messages")
-        for entry in response.entries:
-            raise_for_status(entry.status)
-        return [SendReceipt(e.message_id, q, e.offset) for e, q in zip(response.entries, queue_ids)]
+        return [SendReceipt(e.message_id, q, e.offset) if e.status.code in OK_CODES
+                else error_from_status(e.status) for e, q in zip(response.entries, queue_ids)]
 
     async def send_packed(self, topic: str, bodies: Sequence[bytes], tag: str = "",
                           properties: Mapping[str, str] | None = None) -> SendReceipt:

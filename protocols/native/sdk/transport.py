@@ -75,12 +75,13 @@ class Transport:
         self._retiring.add(task)
         task.add_done_callback(self._retiring.discard)
 
-    async def unary(self, method: str, request: ProtoMessage, timeout: float | None = None) -> Any:
+    async def unary(self, method: str, request: ProtoMessage, timeout: float | None = None,
+                    headers: tuple[tuple[str, str], ...] = ()) -> Any:
         """Call unary RPC ``method`` (e.g. ``"SendMessage"``) and return its response."""
         deadline = timeout or self._config.request_timeout
 
         def call(stub: MessagingServiceStub) -> Awaitable[Any]:
-            return getattr(stub, method)(request, timeout=deadline, metadata=self.metadata())
+            return getattr(stub, method)(request, timeout=deadline, metadata=self.metadata() + headers)
         return await self._retrying(call, method)
 
     async def server_stream(self, method: str, request: ProtoMessage, timeout: float) -> list[Any]:

@@ -76,9 +76,6 @@ def test_sent_plain_batched_and_packed_messages_are_pulled_back(native_broker):
     run(test)
 
 
-@pytest.mark.xfail(strict=True, reason="the server stores a message where the broker chooses, not in "
-                   "the queue the SDK names in system_properties.queue_id; SendResultEntry has no "
-                   "queue field, so the receipt's queue_id is the one the SDK addressed")
 def test_receipt_names_the_queue_the_message_is_in(native_broker):
     native_broker.create_topic("orders", queues=4)
     native_broker.create_group("readers")
