@@ -299,3 +299,34 @@ def test_clients_survive_a_broker_restart(native_broker_process):
             assert [m.body for m in await pull_until(puller, 1)] == [b"after"]
             await asyncio.wait_for(pushed[b"after"].wait(), TIMEOUT)
     run(test)
+
+
+def test_a_broadcast_group_delivers_every_message_to_every_member(native_broker):
+    from core.model import SYSTEM, ConsumeMode, GroupConfig
+    native_broker.create_topic("alerts", queues=2)
+    native_broker.run(lambda broker: broker.create_group(
+        SYSTEM, GroupConfig("screens", consume_mode=ConsumeMode.BROADCAST)))
+
+    async def drain(consumer: SimpleConsumer, count: int) -> list[bytes]:
+        got: list[bytes] = []
+        deadline = time.monotonic() + TIMEOUT
+        while len(got) < count:
+            assert time.monotonic() < deadline, f"only {len(got)} of {count} messages arrived"
+            for message in await consumer.receive(16):
+                got.append(message.body)
+                await consumer.ack(message)
+        return got
+
+    async def test() -> None:
+        members = [SimpleConsumer(config_for(native_broker), "screens", {"alerts": "*"}, await_duration=1)
+                   for _ in range(3)]
+        for member in members:
+            await member.start()
+            assert await member.receive(16) == []  # joins at the end of the topic
+        async with Producer(config_for(native_broker), ["alerts"]) as producer:
+            await asyncio.gather(*(producer.send(Message("alerts", b"a%d" % i)) for i in range(10)))
+        expected = sorted(b"a%d" % i for i in range(10))
+        for member in members:
+            assert sorted(await drain(member, 10)) == expected
+            await member.close()
+    run(test)
