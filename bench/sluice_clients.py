@@ -22,7 +22,7 @@ from protocols.native.sdk import ClientConfig, Message, Producer, PullConsumer, 
 
 from .native_workloads import READY, Consumed, Job, Published, make_body, percentiles
 
-RECEIVE_BATCH = 32
+RECEIVE_BATCH = 128
 REQUEST_TIMEOUT = 30.0
 """Seconds a send or ack may take before it fails the run (the SDK default is 3): RabbitMQ's
 confirms have no deadline either, and a slow moment shows in p99 rather than ending the run."""
