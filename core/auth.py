@@ -179,6 +179,12 @@ class Users:
             return False
         return True
 
+    def principal(self, name: str) -> Principal:
+        """``name``'s principal with its current permissions, without checking credentials
+        (for calls that carry none, when anonymous access is on). A user that does not exist
+        gets no rights until it is created. Blocks on SQL the first time."""
+        return self._principal(name)
+
     # --- the principal cache ---
     def _principal(self, name: str) -> Principal:
         with self._lock:

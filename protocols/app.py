@@ -80,7 +80,8 @@ class RunningBroker:
             ("data dir", f"{os.path.abspath(self.config.data_dir)}  (flush={self.config.store.flush})"),
             ("metadata", masked(self.config.metadata_url) if self.config.metadata_url
              else "SQLite in the data dir"),
-            ("anonymous", "allowed" if auth.allow_anonymous else "refused (log in with a user)"),
+            ("anonymous", f"allowed, with the rights of user {ANONYMOUS_USER!r}" if auth.allow_anonymous
+             else "refused (log in with a user)"),
             ("default user", user),
         ]
 
@@ -158,13 +159,19 @@ def _open_metadata(config: Config) -> MetadataRepository:
                            "reachable") from error
 
 
+ANONYMOUS_USER = "anonymous"
+"""Calls without credentials act for this user when anonymous access is on: create it and grant
+it what anonymous clients may do (`sluice user create anonymous`, `sluice user grant ...`)."""
+
+
 def _start_native(running: RunningBroker):
     from .native.server import start_native_server
 
-    native = running.config.native
+    native, auth = running.config.native, running.config.auth
+    anonymous = running.broker.users.principal(ANONYMOUS_USER) if auth.allow_anonymous else None
     return start_native_server(running.broker, native.host, native.port,
                                advertised_host=native.advertised_host,
-                               allow_anonymous=running.config.auth.allow_anonymous)
+                               allow_anonymous=auth.allow_anonymous, anonymous_principal=anonymous)
 
 
 def _admin_deps(running: RunningBroker) -> AdminDeps:

@@ -143,3 +143,32 @@ def test_a_bad_config_file_names_the_key(tmp_path):
     config.write_text("[store]\nflsuh = 'sync'\n")
     done = sluice("serve", "--config", str(config), check=False)
     assert done.returncode == 2 and "unknown key 'store.flsuh'" in done.stderr
+
+
+def test_anonymous_clients_get_the_rights_of_the_anonymous_user(sluice_server, data_dir):
+    import asyncio
+
+    from protocols.native.sdk import (ClientConfig, ForbiddenError, Message, Producer, SimpleConsumer,
+                                      UnauthorizedError)
+    server = sluice_server(data_dir, "--allow-anonymous")
+    server.wait_ready()
+    assert "rights of user 'anonymous'" in "".join(server.output)
+    admin = ["--admin", server.admin]
+    sluice("topic", "create", "orders", *admin)
+    anonymous = ClientConfig(server.native, request_timeout=10)
+
+    async def send() -> None:
+        async with Producer(anonymous, ["orders"]) as producer:
+            await producer.send(Message("orders", b"hello"))
+
+    with pytest.raises(ForbiddenError):  # the user does not exist yet: no rights at all
+        asyncio.run(send())
+    sluice("user", "create", "anonymous", "--new-password", "unused", *admin)
+    sluice("user", "grant", "anonymous", "topic", "orders", "publish", *admin)
+    asyncio.run(send())
+
+    async def receive() -> None:
+        async with SimpleConsumer(anonymous, "g", {"orders": "*"}, await_duration=1) as consumer:
+            await consumer.receive(1)
+    with pytest.raises((ForbiddenError, UnauthorizedError)):
+        asyncio.run(receive())

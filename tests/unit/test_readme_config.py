@@ -1,0 +1,18 @@
+"""The configuration example in README.md loads: every key it shows exists, every value is valid."""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from protocols.config import load_config
+
+README = Path(__file__).resolve().parents[2] / "README.md"
+
+
+def test_the_readme_config_example_loads(tmp_path):
+    [example] = re.findall(r"```toml\n(.*?)```", README.read_text(), re.S)
+    path = tmp_path / "sluice.toml"
+    path.write_text(example)
+    config = load_config(path)
+    assert config.core.offset_commit_interval_ms == 1000 and config.native.port == 8081
+    assert config.store.flush == "sync" and config.auth.default_user == "sluice"
