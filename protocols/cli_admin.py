@@ -281,12 +281,17 @@ def admin_options() -> argparse.ArgumentParser:
     group.add_argument("--admin", metavar="URL",
                        default=os.environ.get("SLUICE_ADMIN_URL", DEFAULT_ADMIN_URL),
                        help="admin API base URL (default: $SLUICE_ADMIN_URL or %(default)s)")
-    group.add_argument("--user", default=os.environ.get("SLUICE_USER", "sluice"),
-                       help="admin API user (default: $SLUICE_USER or sluice)")
-    group.add_argument("--password", default=os.environ.get("SLUICE_PASSWORD", "sluice"),
-                       help="its password (default: $SLUICE_PASSWORD or sluice)")
+    add_credentials(group)
     group.add_argument("--json", action="store_true", help="print the API's JSON answer")
     return common
+
+
+def add_credentials(group: argparse._ArgumentGroup) -> None:
+    """``--user``/``--password``, defaulting to $SLUICE_USER/$SLUICE_PASSWORD, then sluice/sluice."""
+    group.add_argument("--user", default=os.environ.get("SLUICE_USER", "sluice"),
+                       help="user (default: $SLUICE_USER or sluice)")
+    group.add_argument("--password", default=os.environ.get("SLUICE_PASSWORD", "sluice"),
+                       help="its password (default: $SLUICE_PASSWORD or sluice)")
 
 
 def add_admin_commands(commands: argparse._SubParsersAction) -> None:

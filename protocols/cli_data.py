@@ -19,7 +19,7 @@ import time
 from collections.abc import AsyncGenerator, Awaitable, Callable
 from typing import Any, TextIO
 
-from .cli_admin import START_HINT, CliError
+from .cli_admin import START_HINT, CliError, add_credentials
 
 DEFAULT_SERVER = "127.0.0.1:8081"
 
@@ -313,10 +313,7 @@ def data_options() -> argparse.ArgumentParser:
     group.add_argument("--server", metavar="HOST:PORT",
                        default=os.environ.get("SLUICE_SERVER", DEFAULT_SERVER),
                        help="native gRPC endpoint (default: $SLUICE_SERVER or %(default)s)")
-    group.add_argument("--user", default=os.environ.get("SLUICE_USER", "sluice"),
-                       help="user (default: $SLUICE_USER or sluice)")
-    group.add_argument("--password", default=os.environ.get("SLUICE_PASSWORD", "sluice"),
-                       help="password (default: $SLUICE_PASSWORD or sluice)")
+    add_credentials(group)
     group.add_argument("--connect-timeout", type=float, default=5.0, metavar="SECONDS",
                        help="give up when the broker is unreachable this long (default: 5)")
     return common
