@@ -78,14 +78,19 @@ def to_delivery(stored) -> Delivery:
 class Reader:
     """Reads queues through the recent-message cache, falling back to the store."""
 
-    def __init__(self, store: Store, recent: RecentMessages, deliverable_end: Callable[[str, int], int]) -> None:
+    def __init__(self, store: Store, recent: RecentMessages, deliverable_end: Callable[[str, int], int],
+                 floors: dict[tuple[str, int], int]) -> None:
         self._store = store
         self._recent = recent
         self.deliverable_end = deliverable_end
+        self._floors = floors
 
     def range(self, topic: str, queue_id: int) -> tuple[int, int]:
-        """(earliest offset, deliverable end) of a queue."""
-        return self._store.queue_range(topic, queue_id)[0], self.deliverable_end(topic, queue_id)
+        """(earliest offset, deliverable end) of a queue; the earliest respects the topic's
+        own retention (``floors``) as well as the store's."""
+        end = self.deliverable_end(topic, queue_id)
+        earliest = max(self._store.queue_range(topic, queue_id)[0], self._floors.get((topic, queue_id), 0))
+        return min(earliest, end), end
 
     def read(self, topic: str, queue_id: int, offset: int, limit: int) -> list[Delivery]:
         """Up to ``limit`` deliverable messages from ``offset`` on."""

@@ -17,7 +17,7 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from store.api import Store
+from store.api import RetentionReport, Store
 
 from .auth import Users
 from .consume import Reader, make_handle, parse_handle, pop_queue, pull_queue, settle, to_delivery
@@ -47,6 +47,8 @@ class CoreConfig:
     default_invisible_ms: int = 30_000
     max_long_poll_ms: int = 30_000
     recent_cache_bytes: int = 64 << 20
+    retention_check_interval_ms: int = 60_000
+    """How often the store's retention runs and topics' own retention limits are applied."""
 
 
 @dataclass(frozen=True)
@@ -105,6 +107,8 @@ class Broker:
         ``bytes_out`` per topic and ``dead_lettered`` per group."""
         self._producer: Producer | None = None
         self._reader: Reader | None = None
+        self._retention_floors: dict[tuple[str, int], int] = {}
+        """(topic, queue) -> first offset within the topic's own retention limit."""
 
     # --- lifecycle ---
 
@@ -119,13 +123,14 @@ class Broker:
         self._producer = Producer(store, waiters, self._recent, self._signals,
                                   durable=self._durable_sends, max_message_bytes=self.config.max_message_bytes)
         self.counters = self._producer.counters
-        self._reader = Reader(store, self._recent, self._producer.deliverable_end)
+        self._reader = Reader(store, self._recent, self._producer.deliverable_end, self._retention_floors)
         topics, groups, subscriptions = await asyncio.to_thread(self._load_metadata)
         self._topics = {t.name: t for t in topics}
         self._groups = {g.name: g for g in groups}
         self._subscriptions = {(s.group, s.topic): s for s in subscriptions}
         self._tasks = [asyncio.create_task(self._expire_members()),
-                       asyncio.create_task(self._commit_offsets())]
+                       asyncio.create_task(self._commit_offsets()),
+                       asyncio.create_task(self._retain())]
 
     def _load_metadata(self):
         return (self.metadata.list_topics(), self.metadata.list_groups(),
@@ -161,6 +166,30 @@ class Broker:
                 await asyncio.to_thread(self._cursors.write, self._cursors.snapshot())
             except OSError:
                 log.exception("could not save consumer offsets; retrying next interval")
+
+    async def _retain(self) -> None:
+        period = self.config.retention_check_interval_ms / 1000
+        while True:
+            await asyncio.sleep(period)
+            try:
+                await self.apply_retention()
+            except Exception:  # noqa: BLE001 - the next interval tries again
+                log.exception("retention pass failed; retrying next interval")
+
+    async def apply_retention(self, now_ms: int | None = None) -> RetentionReport:
+        """Run the store's retention (whole segments, off the loop), then hide messages older
+        than each topic's own ``retention_ms`` from its consumers."""
+        now = _now_ms() if now_ms is None else now_ms
+        report = await asyncio.to_thread(self.store.apply_retention, now)
+        if report.deleted_segments:
+            log.info("retention deleted %d segments (%d bytes); the log now starts at offset %d",
+                     len(report.deleted_segments), report.deleted_bytes, report.log_min_offset)
+        for topic in list(self._topics.values()):
+            if topic.retention_ms is not None:
+                for q in range(topic.queue_count):
+                    floor = self.store.offset_for_time(topic.name, q, now - topic.retention_ms)
+                    self._retention_floors[(topic.name, q)] = floor
+        return report
 
     # --- authentication ---
 

@@ -270,3 +270,19 @@ def test_permissions_are_checked_on_domain_names(tmp_path):
         with pytest.raises(AccessDenied):
             await broker.receive(app, "g", "orders", "c1")
     run(tmp_path, scenario)
+
+
+def test_a_topic_retention_limit_hides_older_messages_from_consumers(tmp_path):
+    async def scenario(broker: Broker) -> None:
+        await broker.create_topic(SYSTEM, TopicConfig("short", queue_count=1, retention_ms=60_000))
+        await topic(broker, "long", queues=1)
+        await send(broker, 3, "short")
+        await send(broker, 3, "long")
+        stored = broker.describe_topic("short").queues[0]
+        assert (stored.min_offset, stored.max_offset) == (0, 3)
+        await broker.apply_retention(now_ms=int(time.time() * 1000) + 120_000)
+        assert broker.describe_topic("short").queues[0].min_offset == 3
+        assert (await broker.pull(SYSTEM, "g", "short", 0, 0)).messages == []
+        assert await broker.receive(SYSTEM, "g", "short", "c1") == []
+        assert len((await broker.pull(SYSTEM, "g", "long", 0, 0)).messages) == 3
+    run(tmp_path, scenario)
