@@ -222,9 +222,9 @@ class OffsetSource:
         try:
             offset = self.args.from_offset
             if offset is None:
-                offset = await self.client._query_offset(queue, QueryOffsetPolicy.BEGINNING)
+                offset = await self.client.query_offset(queue, QueryOffsetPolicy.BEGINNING)
             while True:
-                messages, offset = await self.client._pull_once(queue, offset)
+                messages, offset = await self.client.read_queue(queue, offset)
                 if messages:
                     await inbox.put(messages)
         except asyncio.CancelledError:

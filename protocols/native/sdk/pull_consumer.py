@@ -257,7 +257,7 @@ class PullConsumer(Client):
         await partition.credits.acquire()
         offset = partition.fetch_offset
         try:
-            messages, next_offset = await self._pull_once(partition.queue, offset)
+            messages, next_offset = await self.read_queue(partition.queue, offset)
         except SluiceClientError as error:
             partition.credits.release()
             if error.code != Code.ILLEGAL_OFFSET:
@@ -273,7 +273,10 @@ class PullConsumer(Client):
         self._ready.append(_Fetched(partition, messages, next_offset))
         self._has_data.set()
 
-    async def _pull_once(self, queue: MessageQueue, offset: int) -> tuple[list[ReceivedMessage], int]:
+    async def read_queue(self, queue: MessageQueue, offset: int) -> tuple[list[ReceivedMessage], int]:
+        """Read ``queue`` from ``offset`` (long-polling up to ``await_duration``) without touching
+        the group's position: the messages, packed batches unpacked, and the next offset.
+        Needs no ``start()``, so it reads without joining the group."""
         request = PullMessageRequest(
             group=self.resource(self.group), message_queue=queue, offset=offset,
             batch_size=self.batch_size, filter_expression=tag_filter("*"),
@@ -314,11 +317,12 @@ class PullConsumer(Client):
     async def _start_from(self, queue: MessageQueue) -> int:
         """The offset ``start_from`` names in ``queue``."""
         if isinstance(self.start_from, str):
-            return await self._query_offset(queue, _POLICIES[self.start_from])
-        return await self._query_offset(queue, QueryOffsetPolicy.TIMESTAMP, self.start_from)
+            return await self.query_offset(queue, _POLICIES[self.start_from])
+        return await self.query_offset(queue, QueryOffsetPolicy.TIMESTAMP, self.start_from)
 
-    async def _query_offset(self, queue: MessageQueue, policy: QueryOffsetPolicy.ValueType,
-                            timestamp_ms: int | None = None) -> int:
+    async def query_offset(self, queue: MessageQueue, policy: QueryOffsetPolicy.ValueType,
+                           timestamp_ms: int | None = None) -> int:
+        """The offset at the beginning or end of ``queue``, or the first at ``timestamp_ms``."""
         request = QueryOffsetRequest(message_queue=queue, query_offset_policy=policy)
         if timestamp_ms is not None:
             request.timestamp.FromMilliseconds(timestamp_ms)
@@ -328,8 +332,8 @@ class PullConsumer(Client):
 
     async def _clamp(self, queue: MessageQueue, offset: int) -> int:
         """``offset`` moved into the queue's current range (after retention or a wild seek)."""
-        low = await self._query_offset(queue, QueryOffsetPolicy.BEGINNING)
-        high = await self._query_offset(queue, QueryOffsetPolicy.END)
+        low = await self.query_offset(queue, QueryOffsetPolicy.BEGINNING)
+        high = await self.query_offset(queue, QueryOffsetPolicy.END)
         log.warning("%s: offset %d of %s/%d is outside [%d, %d]; moving into range",
                     self.client_id, offset, queue.topic.name, queue.id, low, high)
         return min(max(offset, low), high)
