@@ -7,8 +7,8 @@ Consumer: ``job.prefetch // RECEIVE_BATCH`` tasks each ``receive`` up to ``RECEI
 messages from a ``SimpleConsumer`` and ack every one (the acks of one batch concurrently).
 
 Packed stream: ``job.window`` tasks each ``await Producer.send_packed(topic, bodies)`` with
-``job.pack`` bodies; a ``PullConsumer`` pulls the topic's queues, and its ``pull()`` hands out
-every packed batch unpacked, one message per body.
+``job.pack`` bodies; a ``PullConsumer`` pulls the topic's queues whole records at a time
+(``unpack=False``) and splits each with ``unpack_bodies``, as a stream processor would.
 """
 from __future__ import annotations
 
@@ -18,7 +18,8 @@ from typing import Any
 
 import uvloop
 
-from protocols.native.sdk import ClientConfig, Message, Producer, PullConsumer, SimpleConsumer
+from protocols.native.sdk import (ClientConfig, Message, Producer, PullConsumer, SimpleConsumer,
+                                  unpack_bodies)
 
 from .native_workloads import READY, Consumed, Job, Published, make_body, percentiles
 
@@ -93,12 +94,14 @@ async def _consume(job: Job, results: Any) -> Consumed:
 
 async def _consume_packed(job: Job, results: Any) -> Consumed:
     consumer = PullConsumer(_config(job), f"{job.destination}-group", [job.destination],
-                            start_from="earliest", auto_commit_interval=None, await_duration=1.0)
+                            start_from="earliest", auto_commit_interval=None, await_duration=1.0,
+                            unpack=False)
     async with consumer:
         results.put(READY)
         received = 0
         while received < job.messages:
-            received += len(await consumer.pull(job.pack))
+            for record in await consumer.pull(16):
+                received += len(unpack_bodies(record.body))
         return Consumed(time.monotonic(), received)
 
 

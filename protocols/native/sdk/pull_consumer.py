@@ -74,7 +74,7 @@ class PullConsumer(Client):
     def __init__(self, config: ClientConfig, group: str, topics: Iterable[str], *,
                  start_from: str | int = "latest", auto_commit_interval: float | None = 5.0,
                  await_duration: float = 5.0, batch_size: int = 64, prefetch: int = 2,
-                 assignment_interval: float = 5.0) -> None:
+                 assignment_interval: float = 5.0, unpack: bool = True) -> None:
         if not group:
             raise ValueError("a consumer needs a group name")
         if start_from not in _POLICIES and not isinstance(start_from, int):
@@ -92,6 +92,9 @@ class PullConsumer(Client):
         self.batch_size = batch_size
         self.prefetch = prefetch
         self.assignment_interval = assignment_interval
+        self.unpack = unpack
+        """True: one message per packed body. False: packed records come whole, for callers
+        that split them with ``unpack_bodies`` (no message object per body: stream speed)."""
         self._partitions: dict[TopicQueue, _Partition] = {}
         self._ready: deque[_Fetched] = deque()
         self._has_data = asyncio.Event()
@@ -288,7 +291,8 @@ class PullConsumer(Client):
         for response in responses:
             content = response.WhichOneof("content")
             if content == "message":
-                messages += self._expand(message_from_proto(response.message))
+                message = message_from_proto(response.message)
+                messages += self._expand(message) if self.unpack else (message,)
             elif content == "next_offset":
                 next_offset = response.next_offset
             elif content == "status" and response.status.code not in (*OK_CODES, Code.MESSAGE_NOT_FOUND):

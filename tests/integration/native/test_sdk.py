@@ -330,3 +330,19 @@ def test_a_broadcast_group_delivers_every_message_to_every_member(native_broker)
             assert sorted(await drain(member, 10)) == expected
             await member.close()
     run(test)
+
+
+def test_a_pull_consumer_can_take_packed_records_whole(native_broker):
+    from protocols.native.sdk import BATCH_PROPERTY, unpack_bodies
+    native_broker.create_topic("stream", queues=1)
+
+    async def test() -> None:
+        async with Producer(config_for(native_broker), ["stream"]) as producer:
+            await producer.send_packed("stream", [b"a", b"b", b"c"])
+            await producer.send(Message("stream", b"plain"))
+        async with PullConsumer(config_for(native_broker), "whole", ["stream"], start_from="earliest",
+                                auto_commit_interval=None, unpack=False) as consumer:
+            records = await pull_until(consumer, 2)
+        assert [r.properties.get(BATCH_PROPERTY) for r in records] == ["3", None]
+        assert unpack_bodies(records[0].body) == [b"a", b"b", b"c"] and records[1].body == b"plain"
+    run(test)
