@@ -31,8 +31,14 @@ WAIT = 60
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", ".."))
 
 
+REQUEST_TIMEOUT_S = 10
+"""The client's RPC deadline (its default is 3 s): a loaded 2-core CI machine must not turn a
+slow answer into a failed call."""
+
+
 def config(nb, user: str | None = None, password: str | None = None) -> ClientConfiguration:
-    return ClientConfiguration(nb.endpoint, Credentials(user or nb.user, password or nb.password))
+    return ClientConfiguration(nb.endpoint, Credentials(user or nb.user, password or nb.password),
+                               request_timeout=REQUEST_TIMEOUT_S)
 
 
 @contextmanager
