@@ -29,8 +29,13 @@ SERVE_FLAGS = {  # flag destination -> config path it overrides
 def _serve(args: argparse.Namespace) -> int:
     """Run the broker until SIGTERM/SIGINT with the configuration from file, environment and flags."""
     from .app import serve
-    from .config import ConfigError, load_config
+    from .config import ConfigError, describe_sources, load_config
 
+    if args.settings:
+        print(f"{'config file key':<40} {'environment variable':<44} default")
+        for dotted, env, default in describe_sources():
+            print(f"{dotted:<40} {env:<44} {default}")
+        return 0
     try:
         config = load_config(args.config, os.environ,
                              {path: getattr(args, dest) for dest, path in SERVE_FLAGS.items()})
@@ -64,6 +69,8 @@ def _add_serve(commands: argparse._SubParsersAction) -> None:
                        help="SQLAlchemy URL of the metadata database (default: SQLite in the data dir)")
     serve.add_argument("--allow-anonymous", action="store_true", default=None,
                        help="let clients without credentials connect (default: refuse them)")
+    serve.add_argument("--settings", action="store_true",
+                       help="list every setting with its environment variable and default, and exit")
     serve.set_defaults(handler=_serve)
 
 

@@ -124,3 +124,12 @@ def test_printed_metadata_urls_hide_the_password():
     assert masked("postgresql+psycopg://sluice:s3cr3t@db:5432/sluice") == \
         "postgresql+psycopg://sluice:***@db:5432/sluice"
     assert masked("sqlite:////var/lib/sluice/metadata.db") == "sqlite:////var/lib/sluice/metadata.db"
+
+
+def test_serve_lists_every_setting_with_its_environment_variable(capsys):
+    from protocols.cli import main
+    from protocols.config import leaf_paths
+    assert main(["serve", "--settings"]) == 0
+    printed = capsys.readouterr().out
+    assert "SLUICE_NATIVE_PORT" in printed and "store.flush " in printed
+    assert all(path in printed for path in leaf_paths())
