@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from store.durable_files import replace_file
 
 FILE_NAME = "offsets.json"
+_HEAP_SLACK = 1024
 FORMAT_VERSION = 1
 
 
@@ -74,12 +75,20 @@ class Cursor:
         """Settle ``offset``: it will not be delivered again."""
         self.inflight.pop(offset, None)
         self.attempts.pop(offset, None)
+        if len(self.expiries) > 2 * len(self.inflight) + _HEAP_SLACK:
+            self._rebuild_expiries()
         if offset < self.committed:
             return
         self.acked.add(offset)
         while self.committed in self.acked:
             self.acked.discard(self.committed)
             self.committed += 1
+
+    def _rebuild_expiries(self) -> None:
+        """Drop deadlines of settled or superseded flights, so the heap stays proportional to
+        what is in flight even with long invisible durations."""
+        self.expiries = [(f.deadline_ms, o, f.version) for o, f in self.inflight.items()]
+        heapq.heapify(self.expiries)
 
     def skip_to(self, offset: int) -> None:
         """Settle everything below ``offset`` without delivering it."""

@@ -286,3 +286,13 @@ def test_a_topic_retention_limit_hides_older_messages_from_consumers(tmp_path):
         assert await broker.receive(SYSTEM, "g", "short", "c1") == []
         assert len((await broker.pull(SYSTEM, "g", "long", 0, 0)).messages) == 3
     run(tmp_path, scenario)
+
+
+def test_in_flight_bookkeeping_stays_proportional_to_what_is_unacked():
+    from core.cursors import Cursor
+    cursor = Cursor(committed=0, next=0)
+    for offset in range(50_000):
+        cursor.deliver(offset, now_ms=0, invisible_ms=12 * 3_600_000)
+        cursor.ack(offset)
+    assert cursor.committed == 50_000 and not cursor.inflight
+    assert len(cursor.expiries) <= 2_000
