@@ -39,6 +39,9 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+SENDS_BEFORE_KILL, ACKS_BEFORE_KILL = 3_000, 1_500
+
+
 class Observed:
     """What the clients saw before the kill."""
 
@@ -46,6 +49,12 @@ class Observed:
         self.acked_sends: set[bytes] = set()
         self.acked_at: dict[bytes, float] = {}
         """Body -> monotonic time the broker answered our ack."""
+        self.enough = asyncio.Event()
+        """Set once enough sends and acks happened to kill the broker mid-stream."""
+
+    def check(self) -> None:
+        if len(self.acked_sends) >= SENDS_BEFORE_KILL and len(self.acked_at) >= ACKS_BEFORE_KILL:
+            self.enough.set()
 
 
 async def produce(producer: Producer, index: int, seen: Observed) -> None:
@@ -57,6 +66,7 @@ async def produce(producer: Producer, index: int, seen: Observed) -> None:
         except SluiceClientError:
             return
         seen.acked_sends.add(body)
+        seen.check()
         sequence += 1
 
 
@@ -66,6 +76,7 @@ async def consume(consumer: SimpleConsumer, seen: Observed) -> None:
             for message in await consumer.receive(32):
                 await consumer.ack(message)
                 seen.acked_at[message.body] = time.monotonic()
+            seen.check()
         except SluiceClientError:
             return
 
@@ -77,10 +88,10 @@ async def before_kill(endpoint: str, server, seen: Observed) -> float:
             SimpleConsumer(config, GROUP, {TOPIC: "*"}, await_duration=1) as consumer:
         tasks = [asyncio.create_task(produce(producer, i, seen)) for i in range(PRODUCERS)]
         tasks.append(asyncio.create_task(consume(consumer, seen)))
-        deadline = time.monotonic() + 120
-        while len(seen.acked_sends) < 3_000 or len(seen.acked_at) < 1_500:
-            assert time.monotonic() < deadline, "the broker did not get through the load in time"
-            await asyncio.sleep(0.05)
+        try:
+            await asyncio.wait_for(seen.enough.wait(), 120)
+        except asyncio.TimeoutError:
+            raise AssertionError("the broker did not get through the load in time") from None
         server.kill()
         killed_at = time.monotonic()
         for task in tasks:
