@@ -1,8 +1,9 @@
 """``python -m bench [SECTION ...]``: run benchmark sections and print a results table.
 
-Sections: ``store`` (the store beside the disk's raw limits) and ``native`` (Sluice beside
-RabbitMQ: durable sends and acked consumption, and Sluice's packed stream). With no section
-named, every section runs.
+Sections: ``store`` (the store beside the disk's raw limits), ``native`` (Sluice beside
+RabbitMQ: durable sends and acked consumption, and Sluice's packed stream) and ``mqtt`` (Sluice's
+MQTT listener beside Mosquitto, with the load generator's own ceiling). With no section named,
+``store`` and ``native`` run; ``mqtt`` runs when named.
 """
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Protocol
 
-from . import native_bench, store_bench
+from . import mqtt_bench, native_bench, store_bench
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -55,7 +56,17 @@ def _native_settings(options: argparse.Namespace) -> native_bench.Settings:
     return native_bench.Settings(**{**settings.__dict__, **overrides})
 
 
-SECTIONS: dict[str, Section] = {"store": _store_section, "native": _native_section}
+def _mqtt_section(options: argparse.Namespace, workdir: Path, log: Callable[[str], None]) -> Rendered:
+    settings = mqtt_bench.Settings.smoke() if options.quick else mqtt_bench.Settings()
+    if options.repeats is not None:
+        settings = mqtt_bench.Settings(**{**settings.__dict__, "rounds": options.repeats})
+    return mqtt_bench.run_section(settings, workdir / "mqtt", log)
+
+
+SECTIONS: dict[str, Section] = {"store": _store_section, "native": _native_section, "mqtt": _mqtt_section}
+DEFAULT_SECTIONS = ("store", "native")
+"""Run when no section is named. ``mqtt`` runs by name: its Mosquitto half alone takes about
+1.5 minutes on a 2-core machine, so with Sluice's half it is expected to pass three."""
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -63,18 +74,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         prog="python -m bench",
         description="Sluice benchmarks. Prints progress as it goes and a results table at the end.")
     parser.add_argument("sections", nargs="*", metavar="SECTION",
-                        help=f"sections to run, of: {', '.join(SECTIONS)} (default: all)")
+                        help=f"sections to run, of: {', '.join(SECTIONS)} (default: {', '.join(DEFAULT_SECTIONS)})")
     parser.add_argument("--data-dir", help="where benchmark files go; a fresh subdirectory is made in it "
                         "and removed afterwards (default: under the repo's bench-data/, else the temp dir)")
     parser.add_argument("--quick", action="store_true",
-                        help="short smoke run with small counts (native: 100-byte bodies only)")
+                        help="short smoke run with small counts (native: 100-byte bodies only; mqtt: one round)")
     parser.add_argument("--records", type=_positive_int, default=None,
                         help="store: records written and read back by the catch-up read (default 1,000,000; "
                              "20,000 with --quick)")
     parser.add_argument("--seconds", type=float, default=None,
                         help="store: time bound of each timed run (default 3; 0.25 with --quick)")
     parser.add_argument("--repeats", type=_positive_int, default=None,
-                        help="runs of each measurement, medians reported; the native section's rounds "
+                        help="runs of each measurement, medians reported; the native and mqtt sections' rounds "
                              "(default 3; 1 with --quick)")
     parser.add_argument("--messages", type=_positive_int, default=None,
                         help="native: messages per send/ack run (default 20,000; 1,000 with --quick)")
@@ -85,7 +96,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     unknown = [name for name in options.sections if name not in SECTIONS]
     if unknown:
         parser.error(f"unknown section(s) {', '.join(unknown)}; choose from {', '.join(SECTIONS)}")
-    options.sections = list(dict.fromkeys(options.sections)) or list(SECTIONS)
+    options.sections = list(dict.fromkeys(options.sections)) or list(DEFAULT_SECTIONS)
     return options
 
 

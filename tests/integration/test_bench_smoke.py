@@ -1,4 +1,4 @@
-"""`make bench` keeps working: the store and native sections run end to end in their smoke modes."""
+"""`make bench` keeps working: the store, native and mqtt sections run end to end in their smoke modes."""
 from __future__ import annotations
 
 import subprocess
@@ -28,5 +28,22 @@ def test_native_bench_smoke_run_compares_or_says_why_not(tmp_path):
     assert "Sluice    " in out or "Sluice native server not available" in out, out
     if "RabbitMQ  confirm window" in out and "Sluice    " in out:
         assert "Sluice/RabbitMQ" in out, out
+    assert "failed in round" not in out, out
+    assert list(tmp_path.iterdir()) == [], "benchmark files are removed afterwards"
+
+
+def test_mqtt_bench_smoke_run_measures_the_generator_and_says_what_it_skipped(tmp_path):
+    """The mqtt section runs in its smoke mode with or without mosquitto installed, and before or
+    after Sluice has an MQTT listener; the generator's ceiling is always measured."""
+    done = subprocess.run([sys.executable, "-m", "bench", "mqtt", "--quick", "--data-dir", str(tmp_path)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    out = done.stdout
+    assert "generator ceiling (discard server)" in out, out
+    for scenario in ("QoS 0 fan-in 4 pub -> 1 sub", "QoS 1 fan-in 4 pub (window 64) -> 1 sub",
+                     "QoS 1 1,000 device topics -> devices/+/telemetry", "QoS 0 fan-out 1 pub -> 50 subs"):
+        assert scenario in out, scenario
+    assert "Mosquitto  latency QoS 0 at 1,000 msg/s" in out or "Mosquitto skipped:" in out, out
+    assert "Sluice     latency QoS 0" in out or "Sluice MQTT listener not available yet" in out, out
     assert "failed in round" not in out, out
     assert list(tmp_path.iterdir()) == [], "benchmark files are removed afterwards"
