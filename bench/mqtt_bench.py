@@ -376,7 +376,8 @@ class MqttBench:
             self.log(f"[mqtt] {first}")
             self.report.notes.append(first)
             return None
-        self.report.notes.append("Sluice: sluice serve --flush async (Mosquitto keeps nothing on disk either)")
+        self.report.notes.append("Sluice: sluice serve --flush sync (a PUBACK means on disk; "
+                                 "Mosquitto runs in memory)")
         return Server(SLUICE, server.port, server.pid, server.output)
 
     def _tag(self, scenario: Scenario, index: int) -> str:

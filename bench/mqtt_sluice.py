@@ -3,9 +3,10 @@
 Used once ``sluice serve --help`` lists ``--mqtt-port``; until then ``unavailable_reason`` says
 so and the benchmark reports Mosquitto and the generator ceiling only. Like the native
 benchmark's server, every ``--*-port`` flag gets a free loopback port and the data directory is
-fresh and deleted afterwards. Mosquitto runs in memory (``persistence false``), so Sluice runs
-with ``--flush async`` by default (``MqttSluice.flush``); ``--allow-anonymous`` is passed when
-offered, since the load generator sends no credentials.
+fresh and deleted afterwards. Sluice runs with ``--flush sync``: a PUBACK means the message is
+on disk, which Mosquitto (``persistence false``) does not promise, so the comparison favours
+Mosquitto. ``--allow-anonymous`` is passed when offered, since the load generator sends no
+credentials.
 """
 from __future__ import annotations
 
@@ -52,7 +53,7 @@ def unavailable_reason() -> str | None:
 
 
 @contextmanager
-def sluice_mqtt_server(parent: Path, log: Log, flush: str = "async",
+def sluice_mqtt_server(parent: Path, log: Log, flush: str = "sync",
                        timeout: float = START_TIMEOUT) -> Iterator[SluiceMqtt]:
     """Start ``sluice serve`` with its MQTT listener under ``parent``; stop it and delete its data on exit."""
     reason = unavailable_reason()
