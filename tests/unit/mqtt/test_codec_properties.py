@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -14,10 +15,17 @@ from protocols.mqtt.packets import (Auth, ConnAck, Connect, Disconnect, Packet, 
                                     PubAck, PubComp, Publish, PubRec, PubRel, SubAck, Subscribe,
                                     Subscription, UnsubAck, Unsubscribe, Will)
 from protocols.mqtt.properties import (MAX_VARINT, PROPERTIES, WILL, Context, DataType,
-                                       Properties)
+                                       Properties, Reader, decode_properties, encode_properties)
 from protocols.mqtt.reason_codes import (REASON_CODES_BY_PACKET, ConnectReturnCode, MqttError,
                                          PacketType, SubAckReturnCode)
 
+try:
+    from paho.mqtt import properties as paho
+    from paho.mqtt.packettypes import PacketTypes
+except ImportError:  # paho-mqtt is in the test extra; without it the cross-checks skip
+    paho = None
+
+needs_paho = pytest.mark.skipif(paho is None, reason="paho-mqtt is not installed")
 T = PacketType
 text = st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00"),
                max_size=12)
@@ -197,3 +205,39 @@ def test_corrupted_valid_streams_raise_only_mqtt_errors(
     wire[where % len(wire)] = byte
     whole = _outcome([bytes(wire)], version)
     assert whole == _outcome([bytes(wire[i : i + 1]) for i in range(len(wire))], version)
+
+
+CONTEXTS: list[Context] = [*(t for t in PacketType if t not in (T.PINGREQ, T.PINGRESP)), WILL]
+_PAHO_TYPES = {DataType.BYTE: "Byte", DataType.TWO_BYTE_INT: "Two Byte Integer",
+               DataType.FOUR_BYTE_INT: "Four Byte Integer",
+               DataType.VARINT: "Variable Byte Integer", DataType.BINARY: "Binary Data",
+               DataType.UTF8: "UTF-8 Encoded String", DataType.STRING_PAIR: "UTF-8 String Pair"}
+
+
+def _paho_context(context: Context) -> int:
+    return PacketTypes.WILLMESSAGE if context == WILL else int(context)
+
+
+@needs_paho
+def test_property_table_matches_paho() -> None:
+    ref = paho.Properties(PacketTypes.PUBLISH)
+    ours = {i: (_PAHO_TYPES[s.type], sorted(_paho_context(c) for c in s.packets))
+            for i, s in PROPERTIES.items()}
+    assert ours == {i: (ref.types[t], sorted(where)) for i, (t, where) in ref.properties.items()}
+
+
+@needs_paho
+@given(st.data(), st.sampled_from(CONTEXTS))
+def test_property_blocks_agree_with_paho(data: st.DataObject, context: Context) -> None:
+    props = data.draw(properties(context))
+    ref = paho.Properties(_paho_context(context))
+    names = {i: name.replace(" ", "") for name, i in ref.names.items()}
+    for spec in PROPERTIES.values():
+        value = getattr(props, spec.name)
+        repeated = spec.name in ("user_properties", "subscription_identifiers")
+        for item in value if repeated else () if value is None else (value,):
+            setattr(ref, names[spec.identifier], item)  # paho appends repeated properties
+    assert decode_properties(Reader(ref.pack()), context) == props
+    theirs = paho.Properties(_paho_context(context))
+    theirs.unpack(encode_properties(props, context))
+    assert theirs.json() == ref.json()
