@@ -39,6 +39,7 @@ _KNOWN_NAMES = frozenset({"MQTT", "MQIsdp"})
 _FIXED_FLAGS = {PacketType.PUBREL: 0b0010, PacketType.SUBSCRIBE: 0b0010,
                 PacketType.UNSUBSCRIBE: 0b0010}
 """Fixed-header flags of every packet but PUBLISH; absent means 0 (spec 2.1.3)."""
+_V311_CONNACK = frozenset(ConnectReturnCode)
 _V311_SUBACK = frozenset(SubAckReturnCode)
 
 
@@ -240,7 +241,7 @@ def _decode_connack(r: Reader, flags: int, version: int) -> ConnAck:
     if ack_flags & 0xFE:
         raise MalformedPacket("CONNACK reserved flags are set")
     if version == MQTT_311:
-        if value not in ConnectReturnCode._value2member_map_:
+        if value not in _V311_CONNACK:
             raise ProtocolError(f"unknown CONNACK return code {value}")
         return ConnAck(bool(ack_flags), ConnectReturnCode(value))
     code = _reason(value, PacketType.CONNACK)

@@ -18,6 +18,7 @@ Receive Maximum of 0, ...) is a Protocol Error (spec 2.2.2.2 and each property's
 from __future__ import annotations
 
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass, fields
 from enum import Enum
 from typing import Any, Final, Literal
@@ -138,7 +139,7 @@ def uint16(value: int) -> bytes:
     return struct.pack("!H", value)
 
 
-_READ = {
+_READ: dict[DataType, Callable[[Reader], Any]] = {
     DataType.BYTE: Reader.byte,
     DataType.TWO_BYTE_INT: Reader.uint16,
     DataType.FOUR_BYTE_INT: Reader.uint32,
@@ -147,7 +148,7 @@ _READ = {
     DataType.BINARY: Reader.binary,
     DataType.STRING_PAIR: Reader.string_pair,
 }
-_WRITE = {
+_WRITE: dict[DataType, Callable[[Any], bytes]] = {
     DataType.BYTE: lambda v: struct.pack("!B", v),
     DataType.TWO_BYTE_INT: uint16,
     DataType.FOUR_BYTE_INT: lambda v: struct.pack("!I", v),
