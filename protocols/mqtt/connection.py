@@ -1,0 +1,394 @@
+"""Sans-IO server side of one MQTT 3.1.1/5.0 connection: bytes in, events out (h11 style).
+
+The adapter owns the socket and the clock. Per read it calls `receive_data(data, now)`
+(`b""` means EOF), then `next_event()` until None, then writes `data_to_send()`: the answers
+the connection gives by itself (PINGRESP, PUBREL, PUBCOMP, a re-sent PUBREC, a DISCONNECT
+with the reason of a protocol error). The adapter's own decisions are methods that return the
+bytes to write (`accept`, `ack_publish`, `publish`, ...); write those first, then drain
+`data_to_send()`. A timer calls `check_keepalive(now)`.
+
+Nothing here imports asyncio or core; the state table is in `states.py`, the events in
+`events.py`. Not thread-safe: one connection is driven by one task.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import replace
+from typing import Final
+
+from .codec import MAX_PACKET_SIZE, MQTT_5, MQTT_311, Decoder, encode
+from .events import (ConnectionClosed, ConnectRequested, Event, MessagePublished,
+                     PublishAcknowledged, SubscribeRequested, UnsubscribeRequested)
+from .packets import (ConnAck, Connect, Disconnect, Packet, PingResp, PubAck, PubComp, Publish,
+                      PubRec, PubRel, SubAck, Subscribe, UnsubAck, Unsubscribe)
+from .properties import NO_PROPERTIES, Properties
+from .reason_codes import (REASON_CODES_BY_PACKET, V311_CONNACK_FOR, MqttError, PacketType,
+                           ProtocolError, ReasonCode)
+from .states import TRANSITIONS, Action, State
+
+__all__ = ["ConnectionStateError", "FlowControlFull", "ServerConnection"]
+
+DEFAULT_RECEIVE_MAXIMUM: Final = 65_535
+"""Receive Maximum when CONNECT/CONNACK do not say (spec 3.1.2.11.3)."""
+KEEPALIVE_GRACE: Final = 1.5
+"""A client is gone after 1.5 keep-alive periods without a packet (spec 3.1.2.10)."""
+
+
+class ConnectionStateError(RuntimeError):
+    """The adapter called a method the current state does not allow (a bug in the adapter,
+    like h11's LocalProtocolError): e.g. `publish` before `accept`, or acking an unknown id."""
+
+
+class FlowControlFull(Exception):
+    """`publish` at QoS 1/2 while the client's Receive Maximum window is full: queue the message
+    and retry after a `PublishAcknowledged`. `ServerConnection.send_quota` tells in advance."""
+
+
+class TopicAliasInvalid(MqttError):
+    """An inbound topic alias that is 0, above our Topic Alias Maximum, or unknown (0x94)."""
+
+    reason_code = ReasonCode.TopicAliasInvalid
+
+
+class ReceiveMaximumExceeded(MqttError):
+    """The client has more unacknowledged QoS 1/2 messages than our Receive Maximum (0x93)."""
+
+    reason_code = ReasonCode.ReceiveMaximumExceeded
+
+
+class ServerConnection:
+    """One client connection seen from the broker. Runs on the adapter's task; never blocks.
+
+    `receive_maximum`, `topic_alias_maximum` and `max_packet_size` are the limits we enforce
+    on the client and advertise in an MQTT 5 CONNACK.
+    """
+
+    def __init__(self, *, receive_maximum: int = DEFAULT_RECEIVE_MAXIMUM,
+                 topic_alias_maximum: int = 16, max_packet_size: int = MAX_PACKET_SIZE) -> None:
+        self.state = State.CONNECTING
+        self.version: int | None = None
+        self.receive_maximum = receive_maximum
+        self.topic_alias_maximum = topic_alias_maximum
+        self.max_packet_size = max_packet_size
+        self.keep_alive = 0
+        self._decoder = Decoder(max_packet_size=max_packet_size)
+        self._events: deque[Event] = deque()
+        self._outgoing = bytearray()
+        self._now = 0.0
+        self._last_packet_at = 0.0
+        # What the client told us in CONNECT.
+        self._client_receive_maximum = DEFAULT_RECEIVE_MAXIMUM
+        self._client_max_packet_size = MAX_PACKET_SIZE
+        # Inbound QoS 1/2: reported to the adapter, not yet acked; and QoS 2 after PUBREC.
+        self._unacked: dict[int, int] = {}
+        self._awaiting_pubrel: dict[int, ReasonCode] = {}
+        self._aliases: dict[int, str] = {}
+        # Outbound QoS 1/2 by packet id, in send order: the packet and the ack we expect.
+        self._inflight: dict[int, tuple[Publish, PacketType]] = {}
+        self._next_packet_id = 1
+
+    # ------------------------------------------------------------------------ bytes in
+
+    def receive_data(self, data: bytes, now: float) -> None:
+        """Feed bytes read from the socket; `b""` means the peer closed it."""
+        self._now = now
+        if self.state is State.CLOSED:
+            return
+        if not data:
+            self._close(ReasonCode.UnspecifiedError, will=True, send=False)
+            return
+        self._decoder.feed(data)
+        self._process()
+
+    def next_event(self) -> Event | None:
+        """The next event, or None when the bytes so far hold no more."""
+        return self._events.popleft() if self._events else None
+
+    def data_to_send(self) -> bytes:
+        """Bytes the connection answered by itself since the last call; write them out."""
+        out = bytes(self._outgoing)
+        self._outgoing.clear()
+        return out
+
+    def check_keepalive(self, now: float) -> None:
+        """Close with KeepAliveTimeout if the client has been silent for 1.5 keep-alives."""
+        self._now = now
+        if (self.state is State.CONNECTED and self.keep_alive > 0
+                and now - self._last_packet_at >= KEEPALIVE_GRACE * self.keep_alive):
+            self._close(ReasonCode.KeepAliveTimeout, will=True, send=True)
+
+    def _process(self) -> None:
+        # Only CONNECTING and CONNECTED read packets: after CONNECT the rest waits for accept().
+        while self.state in (State.CONNECTING, State.CONNECTED):
+            try:
+                packet = self._decoder.next_packet()
+                if packet is None:
+                    return
+                self._last_packet_at = self._now
+                self._handle(packet)
+            except MqttError as exc:
+                self._protocol_error(exc)
+
+    def _handle(self, packet: Packet) -> None:
+        after = TRANSITIONS.get((self.state, packet.type))
+        if after is None:
+            raise ProtocolError(f"{packet.type.name} is not allowed in {self.state.name}")
+        self._HANDLERS[packet.type](self, packet)
+        if self.state is not State.CLOSED:
+            self.state = after
+
+    def _protocol_error(self, exc: MqttError) -> None:
+        if self.state is State.CONNECTING and exc.v311_return_code is not None:
+            # Spec 3.1.1 3.1.2.2: an unsupported protocol level gets CONNACK 0x01; a CONNACK
+            # in 3.1.1 form is what any client can read.
+            self._outgoing += encode(ConnAck(False, exc.v311_return_code), MQTT_311)
+        self._close(exc.reason_code, will=True, send=True)
+
+    def _close(self, reason: ReasonCode, *, will: bool, send: bool) -> None:
+        """Report ConnectionClosed; in MQTT 5 after CONNACK also tell the client why."""
+        if send and self.state is State.CONNECTED and self.version == MQTT_5:
+            if reason not in REASON_CODES_BY_PACKET[PacketType.DISCONNECT]:
+                reason = ReasonCode.ProtocolError
+            self._outgoing += encode(Disconnect(reason), MQTT_5)
+        self.state = State.CLOSED
+        self._events.append(ConnectionClosed(reason, will))
+
+    # ------------------------------------------------------------------------ client packets
+
+    def _on_connect(self, p: Connect) -> None:
+        self.version = self._decoder.version
+        self.keep_alive = p.keep_alive
+        props = p.properties
+        if props.receive_maximum is not None:
+            self._client_receive_maximum = props.receive_maximum
+        if props.maximum_packet_size is not None:
+            self._client_max_packet_size = props.maximum_packet_size
+        assert self.version is not None
+        self._events.append(ConnectRequested(p.client_id, p.clean_start, p.keep_alive, p.username,
+                                             p.password, p.will, props, self.version))
+
+    def _on_publish(self, p: Publish) -> None:
+        topic, props = self._resolve_alias(p)
+        if p.qos and (p.packet_id in self._unacked or p.packet_id in self._awaiting_pubrel):
+            self._on_duplicate(p)
+            return
+        if p.qos and self.version == MQTT_5:
+            if len(self._unacked) + len(self._awaiting_pubrel) >= self.receive_maximum:
+                raise ReceiveMaximumExceeded(f"more than {self.receive_maximum} unacked messages")
+        if p.packet_id is not None:
+            self._unacked[p.packet_id] = p.qos
+        self._events.append(MessagePublished(topic, p.payload, p.qos, p.retain, p.packet_id,
+                                             props))
+
+    def _on_duplicate(self, p: Publish) -> None:
+        """A PUBLISH whose packet id we still hold: the adapter already has the message."""
+        assert p.packet_id is not None
+        if p.packet_id in self._awaiting_pubrel:  # our PUBREC was lost: send it again
+            code = self._awaiting_pubrel[p.packet_id]
+            self._outgoing += self._encode(PubRec(p.packet_id, code))
+
+    def _resolve_alias(self, p: Publish) -> tuple[str, Properties]:
+        alias = p.properties.topic_alias
+        if alias is None:
+            return p.topic, p.properties
+        if alias > self.topic_alias_maximum:
+            raise TopicAliasInvalid(f"topic alias {alias} > maximum {self.topic_alias_maximum}")
+        if p.topic:
+            self._aliases[alias] = p.topic
+        elif alias not in self._aliases:
+            raise TopicAliasInvalid(f"topic alias {alias} was never set")
+        return self._aliases[alias], replace(p.properties, topic_alias=None)
+
+    def _on_pubrel(self, p: PubRel) -> None:
+        if self._awaiting_pubrel.pop(p.packet_id, None) is not None or self.version == MQTT_311:
+            self._outgoing += self._encode(PubComp(p.packet_id))
+        else:
+            self._outgoing += self._encode(PubComp(p.packet_id,
+                                                   ReasonCode.PacketIdentifierNotFound))
+
+    def _on_puback(self, p: PubAck) -> None:
+        self._outbound_ack(p.packet_id, PacketType.PUBACK, p.reason_code)
+
+    def _on_pubrec(self, p: PubRec) -> None:
+        if p.packet_id not in self._inflight:
+            if self.version == MQTT_5:
+                self._outgoing += self._encode(PubRel(p.packet_id,
+                                                      ReasonCode.PacketIdentifierNotFound))
+            return
+        if p.reason_code >= 0x80:  # the client refused the message: the exchange ends here
+            self._outbound_ack(p.packet_id, PacketType.PUBREC, p.reason_code)
+        elif self._inflight[p.packet_id][1] in (PacketType.PUBREC, PacketType.PUBCOMP):
+            self._inflight[p.packet_id] = (self._inflight[p.packet_id][0], PacketType.PUBCOMP)
+            self._outgoing += self._encode(PubRel(p.packet_id))
+        else:
+            raise ProtocolError(f"PUBREC for QoS 1 message {p.packet_id}")
+
+    def _on_pubcomp(self, p: PubComp) -> None:
+        self._outbound_ack(p.packet_id, PacketType.PUBCOMP, p.reason_code)
+
+    def _outbound_ack(self, packet_id: int, kind: PacketType, reason: ReasonCode) -> None:
+        """PUBACK/PUBCOMP (or a refusing PUBREC) for a message we sent. An unknown id is
+        ignored: it is usually a late duplicate (spec 4.3 asks for nothing else)."""
+        entry = self._inflight.get(packet_id)
+        if entry is None:
+            return
+        if entry[1] is not kind and kind is not PacketType.PUBREC:
+            raise ProtocolError(f"{kind.name} for message {packet_id} awaiting {entry[1].name}")
+        del self._inflight[packet_id]
+        self._events.append(PublishAcknowledged(packet_id, reason))
+
+    def _on_subscribe(self, p: Subscribe) -> None:
+        self._events.append(SubscribeRequested(p.packet_id, p.subscriptions, p.properties))
+
+    def _on_unsubscribe(self, p: Unsubscribe) -> None:
+        self._events.append(UnsubscribeRequested(p.packet_id, p.topic_filters, p.properties))
+
+    def _on_pingreq(self, p: Packet) -> None:
+        self._outgoing += self._encode(PingResp())
+
+    def _on_disconnect(self, p: Disconnect) -> None:
+        self._close(p.reason_code, will=p.reason_code != ReasonCode.NormalDisconnection,
+                    send=False)
+
+    _HANDLERS = {
+        PacketType.CONNECT: _on_connect,
+        PacketType.PUBLISH: _on_publish,
+        PacketType.PUBACK: _on_puback,
+        PacketType.PUBREC: _on_pubrec,
+        PacketType.PUBREL: _on_pubrel,
+        PacketType.PUBCOMP: _on_pubcomp,
+        PacketType.SUBSCRIBE: _on_subscribe,
+        PacketType.UNSUBSCRIBE: _on_unsubscribe,
+        PacketType.PINGREQ: _on_pingreq,
+        PacketType.DISCONNECT: _on_disconnect,
+    }
+
+    # ------------------------------------------------------------------------ adapter actions
+
+    def _transition(self, action: Action) -> None:
+        after = TRANSITIONS.get((self.state, action))
+        if after is None:
+            raise ConnectionStateError(f"cannot {action.name.lower()} in state {self.state.name}")
+        self.state = after
+
+    def _encode(self, packet: Packet) -> bytes:
+        assert self.version is not None
+        return encode(packet, self.version)
+
+    def accept(self, session_present: bool = False, assigned_client_id: str | None = None,
+               properties: Properties = NO_PROPERTIES) -> bytes:
+        """CONNACK with success. In MQTT 5 it also advertises our limits, unless `properties`
+        set them. Packets the client sent after CONNECT are processed now: read events and
+        `data_to_send()` after writing the returned bytes."""
+        self._transition(Action.ACCEPT)
+        if self.version == MQTT_5:
+            properties = self._advertise(properties, assigned_client_id)
+        if properties.server_keep_alive is not None:
+            self.keep_alive = properties.server_keep_alive
+        self._last_packet_at = self._now
+        out = self._encode(ConnAck(session_present, ReasonCode.Success, properties))
+        self._process()
+        return out
+
+    def _advertise(self, props: Properties, assigned_client_id: str | None) -> Properties:
+        ours = {"assigned_client_identifier": assigned_client_id,
+                "receive_maximum": self.receive_maximum
+                if self.receive_maximum != DEFAULT_RECEIVE_MAXIMUM else None,
+                "topic_alias_maximum": self.topic_alias_maximum or None,
+                "maximum_packet_size": self.max_packet_size
+                if self.max_packet_size != MAX_PACKET_SIZE else None}
+        unset = {k: v for k, v in ours.items() if v is not None and getattr(props, k) is None}
+        if "topic_alias_maximum" not in unset and props.topic_alias_maximum is not None:
+            self.topic_alias_maximum = props.topic_alias_maximum
+        return replace(props, **unset)
+
+    def refuse(self, reason_code: ReasonCode) -> bytes:
+        """CONNACK with a failure; the connection is CLOSED. MQTT 3.1.1 has six return codes
+        (`V311_CONNACK_FOR`); for any other reason it just closes, so this returns b""."""
+        if reason_code < 0x80:
+            raise ValueError(f"refuse() needs a failure reason code, not {reason_code!r}")
+        self._transition(Action.REFUSE)
+        if self.version == MQTT_5:
+            return self._encode(ConnAck(False, reason_code))
+        v311 = V311_CONNACK_FOR.get(reason_code)
+        return b"" if v311 is None else self._encode(ConnAck(False, v311))
+
+    def disconnect(self, reason_code: ReasonCode = ReasonCode.NormalDisconnection,
+                   properties: Properties = NO_PROPERTIES) -> bytes:
+        """Close from our side (shutdown, session taken over, ...). MQTT 5 after CONNACK sends
+        DISCONNECT; otherwise there is nothing to send and this returns b"". No event."""
+        send = self.state is State.CONNECTED and self.version == MQTT_5
+        self._transition(Action.DISCONNECT)
+        return self._encode(Disconnect(reason_code, properties)) if send else b""
+
+    def ack_publish(self, packet_id: int, reason_code: ReasonCode = ReasonCode.Success) -> bytes:
+        """PUBACK for a QoS 1 message, PUBREC for QoS 2 (the client's PUBREL is then answered
+        by itself). MQTT 3.1.1 cannot carry `reason_code`; it is dropped there."""
+        self._transition(Action.SEND)
+        qos = self._unacked.pop(packet_id, None)
+        if qos is None:
+            raise ConnectionStateError(f"no unacknowledged inbound message {packet_id}")
+        code = reason_code if self.version == MQTT_5 else ReasonCode.Success
+        if qos == 1:
+            return self._encode(PubAck(packet_id, code))
+        if code < 0x80:
+            self._awaiting_pubrel[packet_id] = code
+        return self._encode(PubRec(packet_id, code))
+
+    def ack_subscribe(self, packet_id: int, granted: list[ReasonCode | int]) -> bytes:
+        """SUBACK: per filter the granted QoS (0/1/2) or a failure (3.1.1: any >= 0x80 is
+        sent as 0x80)."""
+        self._transition(Action.SEND)
+        codes = tuple(int(c) if self.version == MQTT_5 or c < 0x80 else 0x80 for c in granted)
+        return self._encode(SubAck(packet_id, codes))
+
+    def ack_unsubscribe(self, packet_id: int, reason_codes: list[ReasonCode] | None = None) -> bytes:
+        """UNSUBACK; MQTT 5 carries one reason code per filter (default: all Success)."""
+        self._transition(Action.SEND)
+        if self.version == MQTT_311:
+            return self._encode(UnsubAck(packet_id))
+        return self._encode(UnsubAck(packet_id, tuple(reason_codes or (ReasonCode.Success,))))
+
+    # ------------------------------------------------------------------------ outbound messages
+
+    @property
+    def send_quota(self) -> int:
+        """How many more QoS 1/2 messages the client's Receive Maximum allows now."""
+        return max(0, self._client_receive_maximum - len(self._inflight))
+
+    def publish(self, topic: str, payload: bytes, qos: int = 0, retain: bool = False,
+                properties: Properties = NO_PROPERTIES) -> tuple[int | None, bytes]:
+        """A PUBLISH to the client: (packet id or None for QoS 0, bytes to write). QoS 1/2
+        stay in flight until PUBACK/PUBCOMP; raises FlowControlFull when the window is full."""
+        self._transition(Action.SEND)
+        packet_id = None
+        if qos:
+            if not self.send_quota:
+                raise FlowControlFull(f"{len(self._inflight)} messages in flight")
+            packet_id = self._allocate_packet_id()
+        packet = Publish(topic, payload, qos, retain, False, packet_id, properties)
+        data = self._encode(packet)
+        if len(data) > self._client_max_packet_size:
+            raise ValueError(f"{len(data)}-byte PUBLISH exceeds the client's maximum packet size")
+        if packet_id is not None:
+            expect = PacketType.PUBACK if qos == 1 else PacketType.PUBREC
+            self._inflight[packet_id] = (packet, expect)
+        return packet_id, data
+
+    def _allocate_packet_id(self) -> int:
+        # send_quota <= 65535 guarantees a free id exists.
+        while self._next_packet_id in self._inflight:
+            self._next_packet_id = self._next_packet_id % 0xFFFF + 1
+        packet_id = self._next_packet_id
+        self._next_packet_id = packet_id % 0xFFFF + 1
+        return packet_id
+
+    def pending_resend(self) -> list[bytes]:
+        """In-flight messages to send again when a session resumes (spec 4.4): PUBLISH with
+        DUP set until its PUBACK/PUBREC, then the PUBREL."""
+        out = []
+        for packet_id, (packet, expect) in self._inflight.items():
+            again = PubRel(packet_id) if expect is PacketType.PUBCOMP else replace(packet, dup=True)
+            out.append(self._encode(again))
+        return out
