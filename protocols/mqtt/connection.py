@@ -15,7 +15,8 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import replace
-from typing import Final
+from collections.abc import Callable
+from typing import Any, Final
 
 from .codec import MAX_PACKET_SIZE, MQTT_5, MQTT_311, Decoder, encode
 from .events import (ConnectionClosed, ConnectRequested, Event, MessagePublished,
@@ -251,7 +252,7 @@ class ServerConnection:
         self._close(p.reason_code, will=p.reason_code != ReasonCode.NormalDisconnection,
                     send=False)
 
-    _HANDLERS = {
+    _HANDLERS: dict[PacketType, Callable[[Any, Any], None]] = {
         PacketType.CONNECT: _on_connect,
         PacketType.PUBLISH: _on_publish,
         PacketType.PUBACK: _on_puback,
@@ -292,7 +293,7 @@ class ServerConnection:
         return out
 
     def _advertise(self, props: Properties, assigned_client_id: str | None) -> Properties:
-        ours = {"assigned_client_identifier": assigned_client_id,
+        ours: dict[str, Any] = {"assigned_client_identifier": assigned_client_id,
                 "receive_maximum": self.receive_maximum
                 if self.receive_maximum != DEFAULT_RECEIVE_MAXIMUM else None,
                 "topic_alias_maximum": self.topic_alias_maximum or None,
