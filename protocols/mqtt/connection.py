@@ -14,7 +14,7 @@ Nothing here imports asyncio or core; the state table is in `states.py`, the eve
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from collections.abc import Callable
 from typing import Any, Final
 
@@ -28,7 +28,7 @@ from .reason_codes import (REASON_CODES_BY_PACKET, V311_CONNACK_FOR, MqttError, 
                            ProtocolError, ReasonCode)
 from .states import TRANSITIONS, Action, State
 
-__all__ = ["ConnectionStateError", "FlowControlFull", "ServerConnection"]
+__all__ = ["ConnectionStateError", "FlowControlFull", "Inflight", "ServerConnection"]
 
 DEFAULT_RECEIVE_MAXIMUM: Final = 65_535
 """Receive Maximum when CONNECT/CONNACK do not say (spec 3.1.2.11.3)."""
@@ -56,6 +56,30 @@ class ReceiveMaximumExceeded(MqttError):
     """The client has more unacknowledged QoS 1/2 messages than our Receive Maximum (0x93)."""
 
     reason_code = ReasonCode.ReceiveMaximumExceeded
+
+
+class QoSNotSupported(MqttError):
+    """A PUBLISH above the Maximum QoS we advertised in CONNACK (0x9B)."""
+
+    reason_code = ReasonCode.QoSNotSupported
+
+
+class RetainNotSupported(MqttError):
+    """A retained PUBLISH after we advertised Retain Available = 0 (0x9A)."""
+
+    reason_code = ReasonCode.RetainNotSupported
+
+
+@dataclass(frozen=True)
+class Inflight:
+    """The QoS 1/2 state a persistent session keeps across connections (spec 4.1): messages
+    we sent and await acks for, and inbound QoS 2 ids awaiting PUBREL. Take it with
+    `ServerConnection.inflight()` when a connection ends; pass it to `accept(resume=...)`,
+    then write `pending_resend()`."""
+
+    outbound: tuple[tuple[Publish, PacketType], ...] = ()
+    awaiting_pubrel: tuple[tuple[int, ReasonCode], ...] = ()
+    next_packet_id: int = 1
 
 
 class ServerConnection:
@@ -88,6 +112,10 @@ class ServerConnection:
         # Outbound QoS 1/2 by packet id, in send order: the packet and the ack we expect.
         self._inflight: dict[int, tuple[Publish, PacketType]] = {}
         self._next_packet_id = 1
+        # What our CONNACK promised (MQTT 5), checked on every PUBLISH.
+        self._maximum_qos = 2
+        self._retain_available = True
+        self._session_expiry = 0
 
     # ------------------------------------------------------------------------ bytes in
 
@@ -165,12 +193,17 @@ class ServerConnection:
             self._client_receive_maximum = props.receive_maximum
         if props.maximum_packet_size is not None:
             self._client_max_packet_size = props.maximum_packet_size
+        self._session_expiry = props.session_expiry_interval or 0
         assert self.version is not None
         self._events.append(ConnectRequested(p.client_id, p.clean_start, p.keep_alive, p.username,
                                              p.password, p.will, props, self.version))
 
     def _on_publish(self, p: Publish) -> None:
         topic, props = self._resolve_alias(p)
+        if p.qos > self._maximum_qos:
+            raise QoSNotSupported(f"QoS {p.qos} above the maximum QoS {self._maximum_qos}")
+        if p.retain and not self._retain_available:
+            raise RetainNotSupported("retain is not available")
         if p.qos and (p.packet_id in self._unacked or p.packet_id in self._awaiting_pubrel):
             self._on_duplicate(p)
             return
@@ -249,6 +282,8 @@ class ServerConnection:
         self._outgoing += self._encode(PingResp())
 
     def _on_disconnect(self, p: Disconnect) -> None:
+        if self._session_expiry == 0 and p.properties.session_expiry_interval:
+            raise ProtocolError("DISCONNECT sets a session expiry; CONNECT said 0 (3.14.2.2.2)")
         self._close(p.reason_code, will=p.reason_code != ReasonCode.NormalDisconnection,
                     send=False)
 
@@ -278,13 +313,20 @@ class ServerConnection:
         return encode(packet, self.version)
 
     def accept(self, session_present: bool = False, assigned_client_id: str | None = None,
-               properties: Properties = NO_PROPERTIES) -> bytes:
+               properties: Properties = NO_PROPERTIES, resume: Inflight | None = None) -> bytes:
         """CONNACK with success. In MQTT 5 it also advertises our limits, unless `properties`
-        set them. Packets the client sent after CONNECT are processed now: read events and
-        `data_to_send()` after writing the returned bytes."""
+        set them, and holds the client to the Maximum QoS / Retain Available it states.
+        `resume` restores a persistent session's in-flight state (see `Inflight`). Packets the
+        client sent after CONNECT are processed now: read events and `data_to_send()` after
+        writing the returned bytes."""
         self._transition(Action.ACCEPT)
+        if resume is not None:
+            self._restore(resume)
         if self.version == MQTT_5:
             properties = self._advertise(properties, assigned_client_id)
+            if properties.maximum_qos is not None:
+                self._maximum_qos = properties.maximum_qos
+            self._retain_available = properties.retain_available != 0
         if properties.server_keep_alive is not None:
             self.keep_alive = properties.server_keep_alive
         self._last_packet_at = self._now
@@ -344,7 +386,8 @@ class ServerConnection:
         codes = tuple(int(c) if self.version == MQTT_5 or c < 0x80 else 0x80 for c in granted)
         return self._encode(SubAck(packet_id, codes))
 
-    def ack_unsubscribe(self, packet_id: int, reason_codes: list[ReasonCode] | None = None) -> bytes:
+    def ack_unsubscribe(self, packet_id: int,
+                        reason_codes: list[ReasonCode] | None = None) -> bytes:
         """UNSUBACK; MQTT 5 carries one reason code per filter (default: all Success)."""
         self._transition(Action.SEND)
         if self.version == MQTT_311:
@@ -384,6 +427,17 @@ class ServerConnection:
         packet_id = self._next_packet_id
         self._next_packet_id = packet_id % 0xFFFF + 1
         return packet_id
+
+    def inflight(self) -> Inflight:
+        """The in-flight state a persistent session keeps when this connection ends."""
+        return Inflight(tuple(self._inflight.values()), tuple(self._awaiting_pubrel.items()),
+                        self._next_packet_id)
+
+    def _restore(self, state: Inflight) -> None:
+        self._inflight = {p.packet_id: (p, expect) for p, expect in state.outbound
+                          if p.packet_id is not None}
+        self._awaiting_pubrel = dict(state.awaiting_pubrel)
+        self._next_packet_id = state.next_packet_id
 
     def pending_resend(self) -> list[bytes]:
         """In-flight messages to send again when a session resumes (spec 4.4): PUBLISH with

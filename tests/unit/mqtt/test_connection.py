@@ -424,3 +424,57 @@ def test_one_byte_at_a_time_equals_whole(version: int) -> None:
     assert [type(e).__name__ for e in whole[0]] == [
         "ConnectRequested", "MessagePublished", "SubscribeRequested", "MessagePublished",
         "UnsubscribeRequested", "ConnectionClosed"]
+
+
+# ----------------------------------------------------------------------------- session resumption
+
+
+@BOTH
+def test_inflight_state_survives_a_reconnect(version: int) -> None:
+    old = connected(version)
+    p1, _ = old.publish("a", b"1", 1)
+    p2, _ = old.publish("b", b"2", 2)
+    send(old, version, PubRec(p2), Publish("in", b"q2", 2, packet_id=8))
+    old.ack_publish(8)
+    old.receive_data(b"", 1.0)  # connection lost
+    state = old.inflight()
+
+    new = ServerConnection()
+    send(new, version, Connect("c1", clean_start=False))
+    new.accept(session_present=True, resume=state)
+    assert [decode(version, d)[0] for d in new.pending_resend()] == [
+        Publish("a", b"1", 1, dup=True, packet_id=p1), PubRel(p2)]
+    # The inbound QoS 2 message is not delivered twice; its PUBREL completes it.
+    assert send(new, version, Publish("in", b"q2", 2, dup=True, packet_id=8), PubRel(8)) == []
+    assert decode(version, new.data_to_send()) == [PubRec(8), PubComp(8)]
+    assert send(new, version, PubAck(p1), PubComp(p2)) == [PublishAcknowledged(p1),
+                                                          PublishAcknowledged(p2)]
+    assert new.publish("c", b"3", 1)[0] == p2 + 1  # allocation continues where it stopped
+
+
+# ----------------------------------------------------------------------------- CONNACK promises
+
+
+@pytest.mark.parametrize(("accepted", "publish", "reason"), [
+    (Properties(maximum_qos=1), Publish("t", b"", 2, packet_id=1), ReasonCode.QoSNotSupported),
+    (Properties(retain_available=0), Publish("t", b"", retain=True), ReasonCode.RetainNotSupported),
+])
+def test_publish_breaking_what_connack_said_is_refused(accepted: Properties, publish: Publish,
+                                                       reason: ReasonCode) -> None:
+    conn = ServerConnection()
+    send(conn, V5, Connect("c"))
+    conn.accept(properties=accepted)
+    assert send(conn, V5, publish) == [ConnectionClosed(reason, True)]
+    assert decode(V5, conn.data_to_send()) == [Disconnect(reason)]
+
+
+def test_disconnect_may_not_set_session_expiry_after_connect_said_zero() -> None:
+    conn = connected(V5)
+    evs = send(conn, V5, Disconnect(properties=Properties(session_expiry_interval=60)))
+    assert evs == [ConnectionClosed(ReasonCode.ProtocolError, True)]
+
+
+def test_disconnect_may_change_a_nonzero_session_expiry() -> None:
+    conn = connected(V5, Connect("c", properties=Properties(session_expiry_interval=10)))
+    evs = send(conn, V5, Disconnect(properties=Properties(session_expiry_interval=60)))
+    assert evs == [ConnectionClosed(ReasonCode.NormalDisconnection, False)]
