@@ -109,6 +109,8 @@ class ServerConnection:
         self._unacked: dict[int, int] = {}
         self._awaiting_pubrel: dict[int, ReasonCode] = {}
         self._aliases: dict[int, str] = {}
+        self._outbound_aliases: dict[str, int] = {}
+        self._client_topic_alias_maximum = 0
         # Outbound QoS 1/2 by packet id, in send order: the packet and the ack we expect.
         self._inflight: dict[int, tuple[Publish, PacketType]] = {}
         self._next_packet_id = 1
@@ -194,6 +196,7 @@ class ServerConnection:
         if props.maximum_packet_size is not None:
             self._client_max_packet_size = props.maximum_packet_size
         self._session_expiry = props.session_expiry_interval or 0
+        self._client_topic_alias_maximum = props.topic_alias_maximum or 0
         assert self.version is not None
         self._events.append(ConnectRequested(p.client_id, p.clean_start, p.keep_alive, p.username,
                                              p.password, p.will, props, self.version))
@@ -367,17 +370,19 @@ class ServerConnection:
 
     def ack_publish(self, packet_id: int, reason_code: ReasonCode = ReasonCode.Success) -> bytes:
         """PUBACK for a QoS 1 message, PUBREC for QoS 2 (the client's PUBREL is then answered
-        by itself). MQTT 3.1.1 cannot carry `reason_code`; it is dropped there."""
-        self._transition(Action.SEND)
+        by itself). MQTT 3.1.1 cannot carry `reason_code`; it is dropped there. After the
+        connection closed it only records the ack (for `inflight()`) and returns b""."""
+        closed = self.state is State.CLOSED
+        self._transition(Action.ACK_PUBLISH)
         qos = self._unacked.pop(packet_id, None)
         if qos is None:
             raise ConnectionStateError(f"no unacknowledged inbound message {packet_id}")
         code = reason_code if self.version == MQTT_5 else ReasonCode.Success
-        if qos == 1:
-            return self._encode(PubAck(packet_id, code))
-        if code < 0x80:
+        if qos == 2 and code < 0x80:
             self._awaiting_pubrel[packet_id] = code
-        return self._encode(PubRec(packet_id, code))
+        if closed:
+            return b""
+        return self._encode((PubAck if qos == 1 else PubRec)(packet_id, code))
 
     def ack_subscribe(self, packet_id: int, granted: list[ReasonCode | int]) -> bytes:
         """SUBACK: per filter the granted QoS (0/1/2) or a failure (3.1.1: any >= 0x80 is
@@ -412,13 +417,30 @@ class ServerConnection:
                 raise FlowControlFull(f"{len(self._inflight)} messages in flight")
             packet_id = self._allocate_packet_id()
         packet = Publish(topic, payload, qos, retain, False, packet_id, properties)
-        data = self._encode(packet)
+        on_wire, new_alias = self._with_alias(packet)
+        data = self._encode(on_wire)
         if len(data) > self._client_max_packet_size:
             raise ValueError(f"{len(data)}-byte PUBLISH exceeds the client's maximum packet size")
+        if new_alias is not None:  # only now: the client learns an alias when it is sent
+            self._outbound_aliases[topic] = new_alias
         if packet_id is not None:
             expect = PacketType.PUBACK if qos == 1 else PacketType.PUBREC
             self._inflight[packet_id] = (packet, expect)
         return packet_id, data
+
+    def _with_alias(self, p: Publish) -> tuple[Publish, int | None]:
+        """Outbound topic aliases (MQTT 5): the first message to a topic carries the topic and
+        a new alias, later ones only the alias, until the client's Topic Alias Maximum is used
+        up. Aliases are per connection, so in-flight state and resends keep the full topic."""
+        if p.properties.topic_alias is not None:
+            return p, None
+        alias = self._outbound_aliases.get(p.topic)
+        if alias is not None:
+            return replace(p, topic="", properties=replace(p.properties, topic_alias=alias)), None
+        if len(self._outbound_aliases) >= self._client_topic_alias_maximum:
+            return p, None
+        alias = len(self._outbound_aliases) + 1
+        return replace(p, properties=replace(p.properties, topic_alias=alias)), alias
 
     def _allocate_packet_id(self) -> int:
         # send_quota <= 65535 guarantees a free id exists.

@@ -38,7 +38,10 @@ class Action(Enum):
     ACCEPT = auto()
     REFUSE = auto()
     SEND = auto()
-    """publish, ack_publish, ack_subscribe, ack_unsubscribe."""
+    """publish, ack_subscribe, ack_unsubscribe."""
+    ACK_PUBLISH = auto()
+    """ack_publish. Also allowed once CLOSED: a message stored after the client went away is
+    still acknowledged in the session's in-flight state, so QoS 2 stays exactly once."""
     DISCONNECT = auto()
 
 
@@ -53,6 +56,8 @@ TRANSITIONS: dict[tuple[State, P | Action], State] = {
     **{(S.CONNECTED, packet): S.CONNECTED for packet in _IN_SESSION},
     (S.CONNECTED, P.DISCONNECT): S.CLOSED,
     (S.CONNECTED, Action.SEND): S.CONNECTED,
+    (S.CONNECTED, Action.ACK_PUBLISH): S.CONNECTED,
+    (S.CLOSED, Action.ACK_PUBLISH): S.CLOSED,
     **{(state, Action.DISCONNECT): S.CLOSED for state in State},
 }
 """(state, input) -> next state. Closing on an error is not listed: it is allowed anywhere."""

@@ -478,3 +478,38 @@ def test_disconnect_may_change_a_nonzero_session_expiry() -> None:
     conn = connected(V5, Connect("c", properties=Properties(session_expiry_interval=10)))
     evs = send(conn, V5, Disconnect(properties=Properties(session_expiry_interval=60)))
     assert evs == [ConnectionClosed(ReasonCode.NormalDisconnection, False)]
+
+
+def test_late_ack_after_close_is_kept_for_the_session() -> None:
+    conn = connected(V5)
+    send(conn, V5, Publish("t", b"", 2, packet_id=4))
+    conn.receive_data(b"", 1.0)
+    assert conn.ack_publish(4) == b""  # the store finished after the client went away
+    assert conn.inflight().awaiting_pubrel == ((4, ReasonCode.Success),)
+
+
+# ----------------------------------------------------------------------------- outbound aliases
+
+
+def test_outbound_topic_aliases_up_to_the_clients_maximum() -> None:
+    conn = connected(V5, Connect("c", properties=Properties(topic_alias_maximum=1)))
+    wires = [decode(V5, conn.publish(t, b"", 1)[1])[0] for t in ("a/b", "a/b", "c")]
+    assert [(p.topic, p.properties.topic_alias) for p in wires] == [  # type: ignore[attr-defined]
+        ("a/b", 1), ("", 1), ("c", None)]
+    # Resends go to a new connection, where aliases start over: they keep the full topic.
+    assert {decode(V5, d)[0].topic for d in conn.pending_resend()} == {"a/b", "c"}  # type: ignore[attr-defined]
+
+
+def test_no_outbound_aliases_unless_the_client_allows_them() -> None:
+    conn = connected(V5)
+    first, second = (decode(V5, conn.publish("a", b"")[1])[0] for _ in range(2))
+    assert first == second == Publish("a", b"")
+
+
+def test_an_alias_is_not_taken_by_a_publish_that_was_too_large() -> None:
+    props = Properties(topic_alias_maximum=2, maximum_packet_size=40)
+    conn = connected(V5, Connect("c", properties=props))
+    with pytest.raises(ValueError):
+        conn.publish("t", b"x" * 100)
+    [p] = decode(V5, conn.publish("t", b"")[1])
+    assert p == Publish("t", b"", properties=Properties(topic_alias=1))

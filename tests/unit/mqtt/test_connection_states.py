@@ -157,10 +157,10 @@ class Driver:
             self.drain()
         elif kind == "publish" and connected:
             try:
-                self.write(conn.publish("out", b"m", arg)[1])
+                self.write(conn.publish(f"out/{self.now}", b"m", arg)[1])
             except FlowControlFull:
                 assert conn.send_quota == 0
-        elif kind == "ack" and connected and self.to_ack:
+        elif kind == "ack" and conn.state in (State.CONNECTED, State.CLOSED) and self.to_ack:
             self.write(conn.ack_publish(self.to_ack.pop(0), arg))
         elif kind == "refuse" and conn.state is State.CONNECT_RECEIVED:
             self.write(conn.refuse(ReasonCode.NotAuthorized))
@@ -174,7 +174,8 @@ class Driver:
 def test_random_runs_never_raise_and_close_at_most_once(run: tuple[int, bool, list[Any]]) -> None:
     version, one_byte, script = run
     driver = Driver(version, one_byte)
-    driver.feed(encode(Connect("c", keep_alive=10), version))
+    props = Properties(topic_alias_maximum=2, receive_maximum=2) if version == 5 else Properties()
+    driver.feed(encode(Connect("c", keep_alive=10, properties=props), version))
     for kind, arg in script:
         driver.step(kind, arg)  # any exception, ConnectionStateError included, fails the test
         assert driver.closed == 0 or driver.conn.state is State.CLOSED
