@@ -10,24 +10,17 @@ credentials.
 """
 from __future__ import annotations
 
-import os
-import secrets
-import shutil
-import subprocess
-import tempfile
 import time
 from collections.abc import Callable, Iterator
-from contextlib import ExitStack, contextmanager
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from .processes import LOOPBACK, ServerUnavailable, free_ports, stop_process_group, tail, wait_for_port
-from .sluice_server import _PORT_FLAG, REPO_ROOT, USER, _serve_command, _serve_flags
+from .processes import LOOPBACK, ServerUnavailable
+from .sluice_server import START_TIMEOUT, _serve_flags, serve_process
 
 Log = Callable[[str], None]
 
-START_TIMEOUT = 60.0
-STOP_TIMEOUT = 30.0
 NOT_YET = "Sluice MQTT listener not available yet"
 
 
@@ -61,32 +54,10 @@ def sluice_mqtt_server(parent: Path, log: Log, flush: str = "sync",
         raise ServerUnavailable(f"{NOT_YET}: {reason}")
     flags = _serve_flags()
     assert isinstance(flags, set)
-    port_flags = sorted(flag for flag in flags if _PORT_FLAG.fullmatch(flag))
-    ports = dict(zip(port_flags, free_ports(len(port_flags))))
-    parent.mkdir(parents=True, exist_ok=True)
-    directory = Path(tempfile.mkdtemp(prefix="sluice-mqtt-", dir=parent))
-    with ExitStack() as cleanup:
-        cleanup.callback(shutil.rmtree, directory, True)
-        output_path = directory / "server-output.log"
-        output = open(output_path, "wb")
-        cleanup.callback(output.close)
-        (directory / "data").mkdir()
-        command = [*_serve_command(), "--data-dir", str(directory / "data"), "--flush", flush]
-        if "--allow-anonymous" in flags:
-            command.append("--allow-anonymous")
-        for flag, port in ports.items():
-            command += [flag, str(port)]
-        env = {key: value for key, value in os.environ.items() if not key.startswith("SLUICE_")}
-        env.update(SLUICE_AUTH_DEFAULT_USER=USER, SLUICE_AUTH_DEFAULT_PASSWORD=secrets.token_hex(8))
-        started = time.monotonic()
-        process = subprocess.Popen(command, cwd=REPO_ROOT, env=env, stdin=subprocess.DEVNULL,
-                                   stdout=output, stderr=subprocess.STDOUT, start_new_session=True)
-        cleanup.callback(stop_process_group, process, STOP_TIMEOUT)
-        try:
-            wait_for_port(ports["--mqtt-port"], started + timeout, process, "sluice serve")
-        except ServerUnavailable as error:
-            raise ServerUnavailable(f"Sluice MQTT listener did not start: {error}\n{tail([output_path])}") from None
-        server = SluiceMqtt(ports["--mqtt-port"], directory, process.pid)
+    extra = ("--allow-anonymous",) if "--allow-anonymous" in flags else ()
+    with serve_process(parent, wait_for=("--mqtt-port",), extra=extra, flush=flush,
+                       prefix="sluice-mqtt-", timeout=timeout) as running:
+        server = SluiceMqtt(running.ports["--mqtt-port"], running.directory, running.pid)
         log(f"Sluice up with --flush {flush}, MQTT on {LOOPBACK}:{server.port} "
-            f"after {time.monotonic() - started:.1f}s")
+            f"after {time.monotonic() - running.started:.1f}s")
         yield server

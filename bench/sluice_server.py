@@ -113,25 +113,37 @@ def _serve_flags() -> set[str] | str:
     return set(re.findall(r"--[a-z0-9-]+", done.stdout))
 
 
+@dataclass(frozen=True)
+class ServeProcess:
+    """A running ``sluice serve`` child: its ports by flag, default user's password, data and pid."""
+
+    ports: dict[str, int]
+    password: str
+    directory: Path
+    pid: int
+    started: float
+
+
 @contextmanager
-def sluice_server(parent: Path, log: Log, timeout: float = START_TIMEOUT) -> Iterator[SluiceServer]:
-    """Start ``sluice serve --flush sync`` under ``parent``; stop it and delete its data on exit."""
-    reason = unavailable_reason()
-    if reason is not None:
-        raise ServerUnavailable(f"Sluice native server not available: {reason}")
+def serve_process(parent: Path, *, wait_for: tuple[str, ...], extra: tuple[str, ...] = (),
+                  flush: str = "sync", prefix: str = "sluice-",
+                  timeout: float = START_TIMEOUT) -> Iterator[ServeProcess]:
+    """Run ``sluice serve`` on a fresh data directory under ``parent``, every ``--*-port`` flag
+    on a free loopback port, until the ports named in ``wait_for`` accept connections; stop it
+    and delete its data on exit. Raises ServerUnavailable with the server's output if it fails."""
     flags = _serve_flags()
     assert isinstance(flags, set)
     port_flags = sorted(flag for flag in flags if _PORT_FLAG.fullmatch(flag))
     ports = dict(zip(port_flags, free_ports(len(port_flags))))
     parent.mkdir(parents=True, exist_ok=True)
-    directory = Path(tempfile.mkdtemp(prefix="sluice-", dir=parent))
+    directory = Path(tempfile.mkdtemp(prefix=prefix, dir=parent))
     with ExitStack() as cleanup:
         cleanup.callback(shutil.rmtree, directory, True)
         output_path = directory / "server-output.log"
         output = open(output_path, "wb")
         cleanup.callback(output.close)
         (directory / "data").mkdir()
-        command = [*_serve_command(), "--data-dir", str(directory / "data"), "--flush", "sync"]
+        command = [*_serve_command(), "--data-dir", str(directory / "data"), "--flush", flush, *extra]
         for flag, port in ports.items():
             command += [flag, str(port)]
         password = secrets.token_hex(8)
@@ -142,13 +154,22 @@ def sluice_server(parent: Path, log: Log, timeout: float = START_TIMEOUT) -> Ite
                                    stdout=output, stderr=subprocess.STDOUT, start_new_session=True)
         cleanup.callback(stop_process_group, process, STOP_TIMEOUT)
         try:
-            for flag in ("--native-port", "--admin-port"):
+            for flag in wait_for:
                 wait_for_port(ports[flag], started + timeout, process, "sluice serve")
         except ServerUnavailable as error:
-            raise ServerUnavailable(f"Sluice native server did not start: {error}\n"
-                                    f"{tail([output_path])}") from None
-        server = SluiceServer(ports["--native-port"], ports["--admin-port"], password, directory,
-                              process.pid)
+            raise ServerUnavailable(f"sluice serve did not start: {error}\n{tail([output_path])}") from None
+        yield ServeProcess(ports, password, directory, process.pid, started)
+
+
+@contextmanager
+def sluice_server(parent: Path, log: Log, timeout: float = START_TIMEOUT) -> Iterator[SluiceServer]:
+    """Start ``sluice serve --flush sync`` under ``parent``; stop it and delete its data on exit."""
+    reason = unavailable_reason()
+    if reason is not None:
+        raise ServerUnavailable(f"Sluice native server not available: {reason}")
+    with serve_process(parent, wait_for=("--native-port", "--admin-port"), timeout=timeout) as running:
+        server = SluiceServer(running.ports["--native-port"], running.ports["--admin-port"],
+                              running.password, running.directory, running.pid)
         log(f"Sluice up with sync flush, native gRPC on {server.endpoint} "
-            f"after {time.monotonic() - started:.1f}s")
+            f"after {time.monotonic() - running.started:.1f}s")
         yield server
