@@ -38,7 +38,8 @@ from pathlib import Path
 
 from . import mosquitto, mqtt_sluice
 from .mqtt_discard import flood_filter
-from .mqtt_load import LoadRun, PubSpec, SubSpec, percentiles, run_load
+from .mqtt_load import LoadRun, PubSpec, SubSpec, run_load
+from .native_workloads import percentiles
 from .processes import ServerUnavailable, free_ports, group_cpu_seconds, stop_process_group, tail, wait_for_port
 from .report import Target, _render_targets, _table
 

@@ -174,15 +174,6 @@ def run_load(port: int, publishers: list[PubSpec], subscribers: list[SubSpec], t
         client_cpu=sum(p.cpu for p in published) + sum(r.cpu for r in received))
 
 
-def percentiles(values: list[int], points: tuple[float, ...] = (0.50, 0.99)) -> list[float]:
-    """Nearest-rank percentiles of ``values`` (sorted in place); zeros when it is empty."""
-    if not values:
-        return [0.0 for _ in points]
-    values.sort()
-    last = len(values) - 1
-    return [float(values[min(last, int(point * len(values)))]) for point in points]
-
-
 # -- children ---------------------------------------------------------------------------------
 
 def _child(work: Any, port: int, spec: Any, results: Any, event: Any, grace: float) -> None:

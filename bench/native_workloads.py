@@ -115,13 +115,13 @@ def make_body(size: int) -> bytes:
     return bytes(i % 251 for i in range(size))
 
 
-def percentiles(latencies: list[float], points: Sequence[float] = (0.50, 0.99)) -> list[float]:
+def percentiles(latencies: list[float] | list[int], points: Sequence[float] = (0.50, 0.99)) -> list[float]:
     """Nearest-rank percentiles of ``latencies`` (sorted in place); zeros when it is empty."""
     if not latencies:
         return [0.0 for _ in points]
     latencies.sort()
     last = len(latencies) - 1
-    return [latencies[min(last, int(point * len(latencies)))] for point in points]
+    return [float(latencies[min(last, int(point * len(latencies)))]) for point in points]
 
 
 Child = Callable[[Job, Any], Published | Consumed]
