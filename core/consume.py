@@ -70,9 +70,16 @@ def parse_handle(handle: str, consumer: str, topic: str) -> Handle:
 
 
 def to_delivery(stored) -> Delivery:
-    """A consumer-facing view of a stored record."""
+    """A consumer-facing view of a stored record, at its home queue."""
     return Delivery(stored.topic, stored.queue_id, stored.queue_offset, stored.msg_id, stored.body,
                     stored.tag, stored.keys, stored.properties, stored.born_ts, stored.store_ts)
+
+
+def _queue_delivery(stored, topic: str, queue_id: int, offset: int) -> Delivery:
+    """A stored record as read from queue (``topic``, ``queue_id``) at ``offset``: its home
+    queue, or a queue it was fanned out to."""
+    return Delivery(topic, queue_id, offset, stored.msg_id, stored.body, stored.tag, stored.keys,
+                    stored.properties, stored.born_ts, stored.store_ts)
 
 
 class Reader:
@@ -101,9 +108,10 @@ class Reader:
         if cached:
             return cached
         try:
-            return [to_delivery(m) for m in self._store.read(topic, queue_id, offset, limit)]
+            stored = self._store.read(topic, queue_id, offset, limit)
         except StoreError:
             return []
+        return [_queue_delivery(m, topic, queue_id, offset + i) for i, m in enumerate(stored)]
 
     def read_one(self, topic: str, queue_id: int, offset: int) -> Delivery | None:
         """The message at ``offset``, or None if it is gone (retention) or unreadable."""

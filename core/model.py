@@ -141,6 +141,10 @@ SYSTEM = Principal("$system", admin=True)
 
 
 MESSAGE_GROUP_PROPERTY = "sluice.message_group"
+SUBJECT_PROPERTY = "sluice.subject"
+"""The full hierarchical subject of a message (an MQTT topic such as ``devices/d1/telemetry``),
+levels separated by ``/``. Fan-out matches subscriptions against it; without it the subject
+is the topic name."""
 """Stored property carrying a FIFO message's group; ``Delivery.message_group`` reads it."""
 
 
@@ -161,6 +165,9 @@ class OutgoingMessage:
     born_ts: int = 0
     delivery_ts: int = 0
     """Delay messages: when to deliver (ms since epoch); 0 for now."""
+    also_into: tuple[str, ...] = ()
+    """Internal named queues (compacted state) the message is also indexed into. Set by
+    adapters (MQTT retained messages), never taken from a client."""
 
 
 @dataclass(frozen=True)

@@ -21,8 +21,9 @@ from store.api import AppendResult, Message, Store
 from .delivery import RecentMessages, TopicSignals
 from .durable import BatchingAppender, DurableWaiters
 from .errors import InvalidArgument, MessageTooLarge, NotSupported
-from .model import (MESSAGE_GROUP_PROPERTY, Delivery, MessageType, OutgoingMessage, SendResult,
-                    TopicConfig)
+from .fanout import Fanout, Listener
+from .model import (MESSAGE_GROUP_PROPERTY, SUBJECT_PROPERTY, Delivery, MessageType,
+                    OutgoingMessage, SendResult, TopicConfig)
 
 MAX_PROPERTY_BYTES = 16 << 10
 
@@ -31,8 +32,12 @@ class Producer:
     """Appends messages for every adapter and tracks each queue's deliverable end."""
 
     def __init__(self, store: Store, waiters: DurableWaiters, recent: RecentMessages,
-                 signals: TopicSignals, *, durable: bool, max_message_bytes: int) -> None:
+                 signals: TopicSignals, fanout: Fanout, *, durable: bool,
+                 max_message_bytes: int) -> None:
         self._store = store
+        self._fanout = fanout
+        self._live: dict[int, tuple[Listener, ...]] = {}
+        """id(prepared message) -> the listeners its subject reached, until it is appended."""
         self._waiters = waiters
         self._recent = recent
         self._signals = signals
@@ -53,7 +58,12 @@ class Producer:
         """Store ``messages`` (validated first, all or none accepted); return where they landed."""
         prepared = [self._prepare(topics(m.topic), m) for m in messages]
         futures = [self._appender.append(message) for message in prepared]
-        results = await asyncio.gather(*futures)
+        try:
+            results = await asyncio.gather(*futures)
+        finally:
+            if self._live:
+                for message in prepared:
+                    self._live.pop(id(message), None)
         return [SendResult(r.msg_id, r.topic, r.queue_id, r.queue_offset, r.store_ts) for r in results]
 
     def _prepare(self, topic: TopicConfig, message: OutgoingMessage) -> Message:
@@ -74,9 +84,16 @@ class Producer:
                                   "large data in the body")
         if message.message_group:
             properties[MESSAGE_GROUP_PROPERTY] = message.message_group
-        return Message(topic.name, message.body, self._queue_for(topic, message), message.tag,
-                       tuple(message.keys), properties or None, message.msg_id,
-                       message.born_ts or int(time.time() * 1000))
+        route = self._fanout.route(properties.get(SUBJECT_PROPERTY) or topic.name)
+        extra = route.queues
+        if message.also_into:
+            extra += tuple((queue, 0) for queue in message.also_into)
+        prepared = Message(topic.name, message.body, self._queue_for(topic, message), message.tag,
+                           tuple(message.keys), properties or None, message.msg_id,
+                           message.born_ts or int(time.time() * 1000), extra)
+        if route.listeners:
+            self._live[id(prepared)] = route.listeners
+        return prepared
 
     def _queue_for(self, topic: TopicConfig, message: OutgoingMessage) -> int:
         if message.queue_id is not None:
@@ -95,20 +112,35 @@ class Producer:
         """On the loop, right after an append: cache the messages, publish once deliverable."""
         deliverable = self._deliverable
         touched: dict[tuple[str, int], int] = {}
+        live: list[tuple[tuple[Listener, ...], Delivery]] = []
+        recent = self._recent
         for message, result in zip(messages, results):
             key = (result.topic, result.queue_id)
             if key not in deliverable:
                 deliverable[key] = result.queue_offset
             touched[key] = result.queue_offset + 1
-            self._recent.add(Delivery(result.topic, result.queue_id, result.queue_offset, result.msg_id,
-                                      message.body, message.tag, tuple(message.keys),
-                                      message.properties or {}, message.born_ts, result.store_ts))
+            properties = message.properties or {}
+            delivery = Delivery(result.topic, result.queue_id, result.queue_offset, result.msg_id,
+                                message.body, message.tag, tuple(message.keys), properties,
+                                message.born_ts, result.store_ts)
+            recent.add(delivery)
+            for queue, queue_id, offset in result.extra:
+                key = (queue, queue_id)
+                if key not in deliverable:
+                    deliverable[key] = offset
+                touched[key] = offset + 1
+                recent.add(Delivery(queue, queue_id, offset, result.msg_id, message.body,
+                                    message.tag, delivery.keys, properties, message.born_ts,
+                                    result.store_ts))
+            if self._live and (listeners := self._live.pop(id(message), None)):
+                live.append((listeners, delivery))
             self.counters["messages_in", result.topic] += 1
             self.counters["bytes_in", result.topic] += len(message.body)
         publish = self._waiters.call_when_durable if self._durable else self._waiters.call_when_visible
-        publish(results[-1].end_offset, lambda: self._publish(touched))
+        publish(results[-1].end_offset, lambda: self._publish(touched, live))
 
-    def _publish(self, touched: dict[tuple[str, int], int]) -> None:
+    def _publish(self, touched: dict[tuple[str, int], int],
+                 live: list[tuple[tuple[Listener, ...], Delivery]]) -> None:
         topics = set()
         for key, end in touched.items():
             if end > self._deliverable[key]:
@@ -116,3 +148,6 @@ class Producer:
             topics.add(key[0])
         for topic in topics:
             self._signals.notify(topic)
+        for listeners, delivery in live:
+            for listener in listeners:
+                listener.deliver(delivery)

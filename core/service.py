@@ -24,8 +24,9 @@ from .consume import Reader, make_handle, parse_handle, pop_queue, pull_queue, s
 from .cursors import CursorBook
 from .delivery import RecentMessages, TopicSignals
 from .durable import DurableWaiters
-from .errors import (AlreadyExists, GroupNotFound, InvalidArgument, InvalidReceiptHandle,
-                     MessageNotFound, TopicNotFound, Unavailable)
+from .errors import (AccessDenied, AlreadyExists, GroupNotFound, InvalidArgument,
+                     InvalidReceiptHandle, MessageNotFound, TopicNotFound, Unavailable)
+from .fanout import Fanout, Listener, QueueTarget
 from .filters import parse_filter
 from .membership import Membership
 from .metadata import MetadataRepository
@@ -42,6 +43,9 @@ class CoreConfig:
 
     max_message_bytes: int = 4 << 20
     auto_create_groups: bool = True
+    auto_create_topics: bool = True
+    """A publish (MQTT) to a topic that does not exist creates it with ``auto_topic_queues``."""
+    auto_topic_queues: int = 4
     heartbeat_timeout_ms: int = 30_000
     offset_commit_interval_ms: int = 1_000
     default_invisible_ms: int = 30_000
@@ -96,6 +100,7 @@ class Broker:
         self._members = Membership(config.heartbeat_timeout_ms)
         self._recent = RecentMessages(config.recent_cache_bytes)
         self._signals = TopicSignals()
+        self._fanout = Fanout()
         self._topics: dict[str, TopicConfig] = {}
         self._groups: dict[str, GroupConfig] = {}
         self._subscriptions: dict[tuple[str, str], Subscription] = {}
@@ -120,7 +125,7 @@ class Broker:
         visible = getattr(store, "visible_offset", durable)
         waiters = DurableWaiters(loop, durable, visible)
         store.add_listener(waiters.listener)
-        self._producer = Producer(store, waiters, self._recent, self._signals,
+        self._producer = Producer(store, waiters, self._recent, self._signals, self._fanout,
                                   durable=self._durable_sends, max_message_bytes=self.config.max_message_bytes)
         self.counters = self._producer.counters
         self._reader = Reader(store, self._recent, self._producer.deliverable_end, self._retention_floors)
@@ -210,6 +215,15 @@ class Broker:
     def _allow(self, principal: Principal, action: Action, kind: ResourceKind, name: str) -> None:
         self.users.authorize(principal, action, kind, name)
 
+    def allowed(self, principal: Principal, action: Action, topic: str) -> bool:
+        """Whether ``principal`` may ``action`` on topic ``topic`` (for adapters that answer a
+        denial in-band, like an MQTT SUBACK)."""
+        try:
+            self._allow(principal, action, ResourceKind.TOPIC, topic)
+        except AccessDenied:
+            return False
+        return True
+
     # --- topics ---
 
     async def create_topic(self, principal: Principal, config: TopicConfig) -> TopicConfig:
@@ -222,6 +236,29 @@ class Broker:
         if config.compacted:
             self.store.enable_compaction(config.name)
         return config
+
+    async def ensure_topic(self, principal: Principal, name: str) -> TopicConfig:
+        """The topic ``name``, created with default settings if it does not exist and
+        ``auto_create_topics`` is on (a publish right on the name suffices)."""
+        if (config := self._topics.get(name)) is not None:
+            return config
+        self._allow(principal, Action.PUBLISH, ResourceKind.TOPIC, name)
+        if not self.config.auto_create_topics:
+            raise TopicNotFound(f"topic {name!r} does not exist and auto_create_topics is off; "
+                                f"create it with `sluice topic create {name}`")
+        return await self._create_internal_topic(TopicConfig(name, self.config.auto_topic_queues))
+
+    async def _create_internal_topic(self, config: TopicConfig) -> TopicConfig:
+        if config.name not in self._topics:
+            try:
+                await asyncio.to_thread(self.metadata.create_topic, config)
+            except AlreadyExists:
+                pass
+            self._topics.setdefault(config.name, config)
+            log.info("created topic %s", config.name)
+        if config.compacted:
+            self.store.enable_compaction(config.name)
+        return self._topics[config.name]
 
     def get_topic(self, name: str) -> TopicConfig:
         """The topic's settings; TopicNotFound if there is none."""
@@ -443,12 +480,7 @@ class Broker:
     async def _dead_letter_topic(self, group: str) -> str:
         name = DEAD_LETTER_PREFIX + group
         if name not in self._topics:
-            config = TopicConfig(name, queue_count=1)
-            try:
-                await asyncio.to_thread(self.metadata.create_topic, config)
-            except AlreadyExists:
-                pass
-            self._topics.setdefault(name, config)
+            await self._create_internal_topic(TopicConfig(name, queue_count=1))
         return name
 
     def _flight(self, principal: Principal, group: str, topic: str, receipt_handle: str):
@@ -599,6 +631,109 @@ class Broker:
         self._allow(principal, Action.SUBSCRIBE, ResourceKind.TOPIC, topic)
         self.get_topic(topic)
         return [to_delivery(m) for m in self.store.lookup_key(topic, key, limit)]
+
+
+
+    # --- subject fan-out: subscriptions to named queues and live listeners ---
+
+    def check_subject_filter(self, subject_filter: str) -> None:
+        """InvalidArgument unless ``subject_filter`` is a well-formed subject filter."""
+        self._fanout.check_filter(subject_filter)
+
+    def bind_queue(self, subject_filter: str, queue: str) -> bool:
+        """Index every message whose subject matches into named queue ``queue`` (queue id 0)
+        from now on. Bindings live in memory: adapters restore theirs before serving."""
+        return self._fanout.bind(subject_filter, QueueTarget(queue))
+
+    def unbind_queue(self, subject_filter: str, queue: str) -> bool:
+        """Undo ``bind_queue``."""
+        return self._fanout.unbind(subject_filter, QueueTarget(queue))
+
+    def add_listener(self, subject_filter: str, listener: Listener) -> bool:
+        """Hand ``listener`` every message whose subject matches, once deliverable."""
+        return self._fanout.bind(subject_filter, listener)
+
+    def remove_listener(self, subject_filter: str, listener: Listener) -> bool:
+        """Undo ``add_listener``."""
+        return self._fanout.unbind(subject_filter, listener)
+
+    def queue_bounds(self, queue: str) -> tuple[int, int]:
+        """(earliest, deliverable end) of named queue ``queue``."""
+        return self._reader.range(queue, 0)
+
+    def read_queue(self, queue: str, offset: int, max_messages: int) -> tuple[list[Delivery], int]:
+        """Up to ``max_messages`` of named queue ``queue`` from ``offset``: (messages, next
+        offset). Deliveries carry the queue's own offsets; a start below the earliest retained
+        message skips ahead."""
+        earliest, end = self._reader.range(queue, 0)
+        offset = max(offset, earliest)
+        messages = self._reader.read(queue, 0, offset, min(max_messages, end - offset))
+        return messages, (messages[-1].queue_offset + 1 if messages else offset)
+
+    async def wait_queues(self, queues: Sequence[str], timeout_s: float) -> None:
+        """Return when one of named ``queues`` gets messages, or after ``timeout_s``."""
+        if not self._closing:
+            await self._signals.wait(queues, timeout_s)
+
+    def pop_queue(self, queue: str, max_messages: int, invisible_ms: int) -> list[Delivery]:
+        """Message-level consumption of named queue ``queue`` shared by several consumers:
+        each message goes to one of them and comes back after ``invisible_ms`` unless settled."""
+        cursor = self._cursors.open((queue, queue, 0), self._reader.range(queue, 0)[0])
+        popped = pop_queue(self._reader, cursor, queue, queue, 0, parse_filter("*"), _now_ms(),
+                           invisible_ms, max_messages, 1 << 30)
+        return popped.deliveries
+
+    def next_redelivery_ms(self, queue: str) -> int | None:
+        """When the earliest popped, unsettled message of ``queue`` becomes visible again."""
+        cursor = self._cursors.get((queue, queue, 0))
+        return None if cursor is None else cursor.next_deadline()
+
+    def settle_popped(self, queue: str, offset: int) -> None:
+        """The popped message at ``offset`` of ``queue`` is done."""
+        cursor = self._cursors.get((queue, queue, 0))
+        if cursor is not None and offset in cursor.inflight:
+            cursor.ack(offset)
+
+    def release_popped(self, queue: str, offset: int) -> None:
+        """Make the popped message at ``offset`` of ``queue`` visible again now (its consumer
+        left), and wake those waiting on the queue."""
+        cursor = self._cursors.get((queue, queue, 0))
+        if cursor is not None and offset in cursor.inflight:
+            cursor.extend(offset, _now_ms(), 0)
+            self._signals.notify(queue)
+
+    def queue_position(self, queue: str) -> tuple[int, frozenset[int]]:
+        """Where the single consumer of named queue ``queue`` stands: (first offset not yet
+        acked, offsets above it acked out of order). A queue never acked starts at its earliest."""
+        cursor = self._cursors.get((queue, queue, 0))
+        if cursor is None:
+            return self._reader.range(queue, 0)[0], frozenset()
+        return cursor.committed, frozenset(cursor.acked)
+
+    def ack_queue(self, queue: str, offset: int) -> None:
+        """The single consumer of named queue ``queue`` is done with ``offset`` (saved with the
+        offsets every commit interval)."""
+        self._cursors.open((queue, queue, 0), self._reader.range(queue, 0)[0]).ack(offset)
+
+    def forget_queue(self, queue: str) -> None:
+        """Drop the consumption state of named queue ``queue`` (a session or group that ended)."""
+        self._cursors.drop_consumer(queue)
+
+    # --- compacted state (MQTT retained messages and sessions) ---
+
+    async def ensure_compacted(self, topic: str) -> None:
+        """Create internal compacted topic ``topic`` (one queue) if it does not exist."""
+        await self._create_internal_topic(TopicConfig(topic, queue_count=1, compacted=True))
+
+    async def put_state(self, topic: str, key: str, value: bytes) -> None:
+        """Store ``value`` under ``key`` in compacted topic ``topic``; empty deletes the key.
+        Returns once durable under ``sync`` flush."""
+        await self._producer.send(self.get_topic, [OutgoingMessage(topic, value, keys=(key,),
+                                                                   queue_id=0)])
+
+    def load_state(self, topic: str) -> list[Delivery]:
+        """The newest live message per key of compacted topic or queue ``topic``, oldest first."""
+        return [to_delivery(m) for m in self.store.compacted(topic)]
 
 
 DEAD_LETTER_PREFIX = "%DLQ%"

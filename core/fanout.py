@@ -1,0 +1,107 @@
+"""Fan-out by subject: which extra queues and live listeners a message reaches.
+
+Adapters bind subject filters (MQTT syntax: levels split on ``/``, ``+`` one level, ``#`` the
+rest; filters starting with a wildcard skip subjects starting with ``$``) to targets:
+
+- a ``QueueTarget``: the message is indexed into that named queue when it is appended (the
+  store's fan-out without copying; the routing decision is recorded in the log record, so
+  recovery rebuilds the queue even after the binding changed). Persistent MQTT sessions and
+  shared subscription groups read such queues.
+- a ``Listener``: an in-memory consumer (a connected, non-persistent MQTT session) handed each
+  message once it is deliverable. Nothing is stored for it.
+
+Routes are cached per subject until the bindings change, so a fleet of devices publishing to
+the same few thousand subjects pays for the trie walk once per subject.
+
+Runs on the event loop; not thread-safe.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable
+from dataclasses import dataclass
+from typing import Protocol
+
+from .model import Delivery
+from .routing import TopicTrie
+
+ROUTE_CACHE_SIZE = 65_536
+
+
+@dataclass(frozen=True)
+class QueueTarget:
+    """A named queue (queue id 0) that matching messages are indexed into."""
+
+    queue: str
+
+
+class Listener(Protocol):
+    """A live consumer of matching messages. Must be hashable (identity is fine)."""
+
+    def deliver(self, delivery: Delivery) -> None:
+        """A matching message, now deliverable. Must not block or raise."""
+
+
+@dataclass(frozen=True)
+class Route:
+    """Where one subject goes."""
+
+    queues: tuple[tuple[str, int], ...]
+    listeners: tuple[Listener, ...]
+
+
+NO_ROUTE = Route((), ())
+
+
+class Fanout:
+    """Subject filters bound to queue targets and listeners."""
+
+    def __init__(self) -> None:
+        self._trie = TopicTrie("+", "#", protect_dollar=True)
+        self._cache: dict[str, Route] = {}
+
+    def __len__(self) -> int:
+        return len(self._trie)
+
+    @staticmethod
+    def levels(subject_or_filter: str) -> list[str]:
+        """A subject or filter as trie levels."""
+        return subject_or_filter.split("/")
+
+    def check_filter(self, subject_filter: str) -> None:
+        """Raise InvalidArgument unless ``subject_filter`` is a well-formed filter."""
+        self._trie.check_filter(self.levels(subject_filter))
+
+    def bind(self, subject_filter: str, target: QueueTarget | Hashable) -> bool:
+        """Route subjects matching ``subject_filter`` to ``target``; False if bound already."""
+        added = self._trie.add(self.levels(subject_filter), target)
+        if added:
+            self._cache.clear()
+        return added
+
+    def unbind(self, subject_filter: str, target: QueueTarget | Hashable) -> bool:
+        """Undo ``bind``; False if it was not bound."""
+        removed = self._trie.remove(self.levels(subject_filter), target)
+        if removed:
+            self._cache.clear()
+        return removed
+
+    def route(self, subject: str) -> Route:
+        """The queues and listeners a message with ``subject`` reaches."""
+        route = self._cache.get(subject)
+        if route is not None:
+            return route
+        if not len(self._trie):
+            return NO_ROUTE
+        queues: list[tuple[str, int]] = []
+        listeners: list[Listener] = []
+        for target in self._trie.match(self.levels(subject)):
+            if isinstance(target, QueueTarget):
+                queues.append((target.queue, 0))
+            else:
+                listeners.append(target)
+        route = Route(tuple(sorted(queues)), tuple(listeners)) if queues or listeners else NO_ROUTE
+        if len(self._cache) >= ROUTE_CACHE_SIZE:
+            self._cache.clear()
+        self._cache[subject] = route
+        return route
