@@ -20,7 +20,8 @@ from typing import Any, Final
 
 from .codec import MAX_PACKET_SIZE, MQTT_5, MQTT_311, Decoder, encode
 from .events import (ConnectionClosed, ConnectRequested, Event, MessagePublished,
-                     PublishAcknowledged, SubscribeRequested, UnsubscribeRequested)
+                     PublishAcknowledged, PublishReceived, ReleaseRequested, SubscribeRequested,
+                     UnsubscribeRequested)
 from .packets import (ConnAck, Connect, Disconnect, Packet, PingResp, PubAck, PubComp, Publish,
                       PubRec, PubRel, SubAck, Subscribe, UnsubAck, Unsubscribe)
 from .properties import NO_PROPERTIES, Properties
@@ -90,13 +91,18 @@ class ServerConnection:
     """
 
     def __init__(self, *, receive_maximum: int = DEFAULT_RECEIVE_MAXIMUM,
-                 topic_alias_maximum: int = 16, max_packet_size: int = MAX_PACKET_SIZE) -> None:
+                 topic_alias_maximum: int = 16, max_packet_size: int = MAX_PACKET_SIZE,
+                 adapter_releases: bool = False) -> None:
+        """``adapter_releases``: QoS 2 handshakes wait for the adapter (so it can persist the
+        step first): a PUBREC from the client becomes a `PublishReceived` event answered with
+        `release()`, a PUBREL a `ReleaseRequested` event answered with `complete()`."""
         self.state = State.CONNECTING
         self.version: int | None = None
         self.receive_maximum = receive_maximum
         self.topic_alias_maximum = topic_alias_maximum
         self.max_packet_size = max_packet_size
         self.keep_alive = 0
+        self.adapter_releases = adapter_releases
         self._decoder = Decoder(max_packet_size=max_packet_size)
         self._events: deque[Event] = deque()
         self._outgoing = bytearray()
@@ -176,14 +182,15 @@ class ServerConnection:
             self._outgoing += encode(ConnAck(False, exc.v311_return_code), MQTT_311)
         self._close(exc.reason_code, will=True, send=True)
 
-    def _close(self, reason: ReasonCode, *, will: bool, send: bool) -> None:
+    def _close(self, reason: ReasonCode, *, will: bool, send: bool,
+               session_expiry: int | None = None) -> None:
         """Report ConnectionClosed; in MQTT 5 after CONNACK also tell the client why."""
         if send and self.state is State.CONNECTED and self.version == MQTT_5:
             if reason not in REASON_CODES_BY_PACKET[PacketType.DISCONNECT]:
                 reason = ReasonCode.ProtocolError
             self._outgoing += encode(Disconnect(reason), MQTT_5)
         self.state = State.CLOSED
-        self._events.append(ConnectionClosed(reason, will))
+        self._events.append(ConnectionClosed(reason, will, session_expiry))
 
     # ------------------------------------------------------------------------ client packets
 
@@ -238,6 +245,10 @@ class ServerConnection:
         return self._aliases[alias], replace(p.properties, topic_alias=None)
 
     def _on_pubrel(self, p: PubRel) -> None:
+        if self.adapter_releases and p.packet_id in self._awaiting_pubrel:
+            del self._awaiting_pubrel[p.packet_id]
+            self._events.append(ReleaseRequested(p.packet_id))
+            return
         if self._awaiting_pubrel.pop(p.packet_id, None) is not None or self.version == MQTT_311:
             self._outgoing += self._encode(PubComp(p.packet_id))
         else:
@@ -257,7 +268,10 @@ class ServerConnection:
             self._outbound_ack(p.packet_id, PacketType.PUBREC, p.reason_code)
         elif self._inflight[p.packet_id][1] in (PacketType.PUBREC, PacketType.PUBCOMP):
             self._inflight[p.packet_id] = (self._inflight[p.packet_id][0], PacketType.PUBCOMP)
-            self._outgoing += self._encode(PubRel(p.packet_id))
+            if self.adapter_releases:
+                self._events.append(PublishReceived(p.packet_id))
+            else:
+                self._outgoing += self._encode(PubRel(p.packet_id))
         else:
             raise ProtocolError(f"PUBREC for QoS 1 message {p.packet_id}")
 
@@ -288,7 +302,7 @@ class ServerConnection:
         if self._session_expiry == 0 and p.properties.session_expiry_interval:
             raise ProtocolError("DISCONNECT sets a session expiry; CONNECT said 0 (3.14.2.2.2)")
         self._close(p.reason_code, will=p.reason_code != ReasonCode.NormalDisconnection,
-                    send=False)
+                    send=False, session_expiry=p.properties.session_expiry_interval)
 
     _HANDLERS: dict[PacketType, Callable[[Any, Any], None]] = {
         PacketType.CONNECT: _on_connect,
@@ -399,6 +413,19 @@ class ServerConnection:
             return self._encode(UnsubAck(packet_id))
         return self._encode(UnsubAck(packet_id, tuple(reason_codes or (ReasonCode.Success,))))
 
+    def release(self, packet_id: int) -> bytes:
+        """PUBREL for an outbound QoS 2 message after its `PublishReceived` event."""
+        self._transition(Action.SEND)
+        entry = self._inflight.get(packet_id)
+        if entry is None or entry[1] is not PacketType.PUBCOMP:
+            raise ConnectionStateError(f"message {packet_id} is not awaiting PUBREL")
+        return self._encode(PubRel(packet_id))
+
+    def complete(self, packet_id: int) -> bytes:
+        """PUBCOMP for an inbound QoS 2 message after its `ReleaseRequested` event."""
+        self._transition(Action.SEND)
+        return self._encode(PubComp(packet_id))
+
     # ------------------------------------------------------------------------ outbound messages
 
     @property
@@ -407,16 +434,22 @@ class ServerConnection:
         return max(0, self._client_receive_maximum - len(self._inflight))
 
     def publish(self, topic: str, payload: bytes, qos: int = 0, retain: bool = False,
-                properties: Properties = NO_PROPERTIES) -> tuple[int | None, bytes]:
+                properties: Properties = NO_PROPERTIES, *, packet_id: int | None = None,
+                dup: bool = False) -> tuple[int | None, bytes]:
         """A PUBLISH to the client: (packet id or None for QoS 0, bytes to write). QoS 1/2
-        stay in flight until PUBACK/PUBCOMP; raises FlowControlFull when the window is full."""
+        stay in flight until PUBACK/PUBCOMP; raises FlowControlFull when the window is full.
+        ``packet_id`` picks the id (it must not be in flight); ``dup`` marks a redelivery."""
         self._transition(Action.SEND)
-        packet_id = None
         if qos:
             if not self.send_quota:
                 raise FlowControlFull(f"{len(self._inflight)} messages in flight")
-            packet_id = self._allocate_packet_id()
-        packet = Publish(topic, payload, qos, retain, False, packet_id, properties)
+            if packet_id is None:
+                packet_id = self._allocate_packet_id()
+            elif packet_id in self._inflight or not 0 < packet_id <= 0xFFFF:
+                raise ConnectionStateError(f"packet id {packet_id} is in flight or invalid")
+        else:
+            packet_id = None
+        packet = Publish(topic, payload, qos, retain, dup, packet_id, properties)
         on_wire, new_alias = self._with_alias(packet)
         data = self._encode(on_wire)
         if len(data) > self._client_max_packet_size:

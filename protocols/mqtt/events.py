@@ -67,6 +67,22 @@ class PublishAcknowledged:
 
 
 @dataclass(frozen=True)
+class PublishReceived:
+    """PUBREC for an outbound QoS 2 message (only with ``adapter_releases``): persist that
+    it arrived, then send `release(packet_id)`."""
+
+    packet_id: int
+
+
+@dataclass(frozen=True)
+class ReleaseRequested:
+    """PUBREL for an inbound QoS 2 message (only with ``adapter_releases``): persist that it
+    is released, then send `complete(packet_id)`."""
+
+    packet_id: int
+
+
+@dataclass(frozen=True)
 class ConnectionClosed:
     """The connection is over; the adapter writes out `data_to_send()` and closes the socket.
     `will_should_publish` is False only after a normal DISCONNECT from the client; it says the
@@ -74,8 +90,10 @@ class ConnectionClosed:
 
     reason_code: ReasonCode
     will_should_publish: bool
+    session_expiry_interval: int | None = None
+    """MQTT 5: the new session expiry a DISCONNECT set, if it set one."""
 
 
 Event = (ConnectRequested | MessagePublished | SubscribeRequested | UnsubscribeRequested
-         | PublishAcknowledged | ConnectionClosed)
+         | PublishAcknowledged | PublishReceived | ReleaseRequested | ConnectionClosed)
 """Anything `ServerConnection.next_event()` returns."""

@@ -8,6 +8,7 @@ import pytest
 from protocols.mqtt.codec import Decoder, encode
 from protocols.mqtt.connection import ConnectionStateError, FlowControlFull, ServerConnection
 from protocols.mqtt.events import (ConnectionClosed, ConnectRequested, MessagePublished,
+                                   PublishReceived, ReleaseRequested,
                                    PublishAcknowledged, SubscribeRequested, UnsubscribeRequested)
 from protocols.mqtt.packets import (Auth, ConnAck, Connect, Disconnect, PingReq, PingResp, PubAck,
                                     PubComp, Publish, PubRec, PubRel, SubAck, Subscribe,
@@ -477,7 +478,7 @@ def test_disconnect_may_not_set_session_expiry_after_connect_said_zero() -> None
 def test_disconnect_may_change_a_nonzero_session_expiry() -> None:
     conn = connected(V5, Connect("c", properties=Properties(session_expiry_interval=10)))
     evs = send(conn, V5, Disconnect(properties=Properties(session_expiry_interval=60)))
-    assert evs == [ConnectionClosed(ReasonCode.NormalDisconnection, False)]
+    assert evs == [ConnectionClosed(ReasonCode.NormalDisconnection, False, 60)]
 
 
 def test_late_ack_after_close_is_kept_for_the_session() -> None:
@@ -513,3 +514,38 @@ def test_an_alias_is_not_taken_by_a_publish_that_was_too_large() -> None:
         conn.publish("t", b"x" * 100)
     [p] = decode(V5, conn.publish("t", b"")[1])
     assert p == Publish("t", b"", properties=Properties(topic_alias=1))
+
+
+# ----------------------------------------------------------------------------- adapter releases
+
+
+@BOTH
+def test_adapter_releases_outbound_qos2_only_after_persisting(version: int) -> None:
+    conn = connected(version, adapter_releases=True)
+    packet_id, _ = conn.publish("t", b"x", qos=2, packet_id=77)
+    assert packet_id == 77
+    assert send(conn, version, PubRec(77)) == [PublishReceived(77)]
+    assert conn.data_to_send() == b""  # no PUBREL until the adapter says so
+    assert decode(version, conn.release(77)) == [PubRel(77)]
+    assert send(conn, version, PubComp(77)) == [PublishAcknowledged(77)]
+
+
+@BOTH
+def test_adapter_releases_inbound_qos2_only_after_persisting(version: int) -> None:
+    conn = connected(version, adapter_releases=True)
+    [published] = send(conn, version, Publish("t", b"x", 2, packet_id=9))
+    conn.ack_publish(9)
+    assert send(conn, version, PubRel(9)) == [ReleaseRequested(9)]
+    assert conn.data_to_send() == b""
+    assert decode(version, conn.complete(9)) == [PubComp(9)]
+    assert conn.inflight().awaiting_pubrel == ()
+
+
+def test_publish_with_a_chosen_packet_id_refuses_one_in_flight() -> None:
+    conn = connected(V5)
+    conn.publish("t", b"x", qos=1, packet_id=5)
+    with pytest.raises(ConnectionStateError):
+        conn.publish("t", b"y", qos=1, packet_id=5)
+    _, data = conn.publish("t", b"z", qos=1, packet_id=6, dup=True)
+    [packet] = decode(V5, data)
+    assert packet.dup and packet.packet_id == 6
