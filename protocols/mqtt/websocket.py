@@ -1,0 +1,219 @@
+"""MQTT over WebSocket (MQTT spec 6.0): an aiohttp server whose binary frames carry MQTT bytes.
+
+Each accepted upgrade becomes a `WebSocketWire` handed to the front end's connection factory.
+Frame boundaries mean nothing to MQTT: a packet may span frames and a frame may hold many
+packets, so frames go to `data_received` as they are. Writes are coalesced: one writer task per
+connection sends everything queued since its last send as one binary frame.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import ssl
+from collections.abc import Callable
+
+from aiohttp import WSCloseCode, WSMsgType, hdrs, web
+
+from protocols.mqtt.wire import ConnectionHandler, Wire
+
+log = logging.getLogger(__name__)
+
+SUBPROTOCOLS = ("mqtt", "mqttv3.1")
+"""Accepted Sec-WebSocket-Protocol values, preferred first (MQTT 6.0: the server selects "mqtt")."""
+MAX_MESSAGE_SIZE = 16 * 1024 * 1024
+"""Largest WebSocket message accepted; MQTT packets can be large."""
+HIGH_WATER = 64 * 1024
+"""Queued bytes above which the wire counts as full."""
+LOW_WATER = HIGH_WATER // 4
+"""A full wire calls `ConnectionHandler.writable` once its queue is back down to this."""
+CLOSE_TIMEOUT = 5.0
+"""Seconds to wait for the client's close frame after sending ours."""
+SHUTDOWN_TIMEOUT = 5.0
+"""Seconds `WebSocketListener.stop` lets connections finish closing before cancelling them."""
+
+
+class WebSocketWire:
+    """A `Wire` over one server-side WebSocket. Runs on the event loop; never blocks."""
+
+    def __init__(self, ws: web.WebSocketResponse, transport: asyncio.Transport, peer: str) -> None:
+        self.peer = peer
+        self._ws = ws
+        self._transport = transport
+        self._queue = bytearray()
+        self._sending = 0
+        self._full = False
+        self._closing = False
+        self._aborted = False
+        self._close_code = WSCloseCode.OK
+        self._wakeup = asyncio.Event()
+        self._reading = asyncio.Event()
+        self._reading.set()
+        self.finished = asyncio.Event()
+        """Set once `connection_lost` has been called."""
+
+    def write(self, data: bytes) -> None:
+        """Queue ``data``; the writer task sends it with whatever else is queued by then."""
+        if self._closing:
+            return
+        self._queue += data
+        self._full = self._full or self.buffered() > HIGH_WATER
+        self._wakeup.set()
+
+    def buffered(self) -> int:
+        """Bytes queued or still being sent."""
+        return len(self._queue) + self._sending
+
+    def close(self) -> None:
+        """Send what is queued, then close the WebSocket; stop delivering data at once."""
+        self._closing = True
+        self._wakeup.set()
+        self._reading.set()
+
+    def abort(self) -> None:
+        """Drop what is queued and close the TCP connection at once."""
+        self._closing = self._aborted = True
+        self._queue.clear()
+        self._transport.abort()
+        self._reading.set()
+
+    def pause_reading(self) -> None:
+        """Stop reading frames (the client's TCP window fills) until `resume_reading`."""
+        self._reading.clear()
+
+    def resume_reading(self) -> None:
+        """Read frames again."""
+        self._reading.set()
+
+    def shut_down(self) -> None:
+        """Close with 1001 (going away): the server is stopping."""
+        self._close_code = WSCloseCode.GOING_AWAY
+        self.close()
+
+    async def serve(self, handler: ConnectionHandler) -> None:
+        """Feed ``handler`` until the connection ends, then call its `connection_lost` once."""
+        writer = asyncio.create_task(self._write_loop(handler))
+        try:
+            await self._read_loop(handler)
+            if self._closing and not self._aborted:
+                await writer
+        finally:
+            writer.cancel()
+            handler.connection_lost()
+            self.finished.set()
+
+    async def _read_loop(self, handler: ConnectionHandler) -> None:
+        while not self._closing:
+            await self._reading.wait()
+            if self._closing:
+                return
+            msg = await self._ws.receive()
+            if msg.type is WSMsgType.BINARY:
+                if not self._closing:
+                    handler.data_received(msg.data)
+            elif msg.type is WSMsgType.TEXT:
+                log.info("MQTT over WebSocket from %s: text frame (MQTT needs binary frames); closing", self.peer)
+                await self._ws.close(code=WSCloseCode.UNSUPPORTED_DATA, message=b"MQTT needs binary frames")
+                return
+            else:
+                if msg.type is WSMsgType.ERROR:
+                    log.info("MQTT over WebSocket from %s: %s; closing", self.peer, msg.data)
+                return
+
+    async def _write_loop(self, handler: ConnectionHandler) -> None:
+        try:
+            while True:
+                await self._wakeup.wait()
+                self._wakeup.clear()
+                while self._queue:
+                    await self._send_queued(handler)
+                if self._closing:
+                    await self._ws.close(code=self._close_code)
+                    return
+        except ConnectionError as exc:
+            log.info("MQTT over WebSocket to %s: write failed: %s", self.peer, exc)
+            self._transport.abort()
+
+    async def _send_queued(self, handler: ConnectionHandler) -> None:
+        data = bytes(self._queue)
+        self._queue.clear()
+        self._sending = len(data)
+        try:
+            await self._ws.send_bytes(data)
+        finally:
+            self._sending = 0
+        if self._full and self.buffered() <= LOW_WATER:
+            self._full = False
+            handler.writable()
+
+
+class WebSocketListener:
+    """A running MQTT-over-WebSocket server; `port` is the bound port."""
+
+    def __init__(self, new_connection: Callable[[Wire], ConnectionHandler], path: str) -> None:
+        self._new_connection = new_connection
+        self._path = path
+        self._wires: set[WebSocketWire] = set()
+        app = web.Application()
+        app.router.add_route("*", "/{tail:.*}", self._on_request)
+        self._runner = web.AppRunner(app, handle_signals=False, access_log=None,
+                                     shutdown_timeout=SHUTDOWN_TIMEOUT)
+        self.port = 0
+
+    async def _start(self, host: str, port: int, ssl_context: ssl.SSLContext | None) -> None:
+        await self._runner.setup()
+        await web.TCPSite(self._runner, host, port, ssl_context=ssl_context).start()
+        self.port = self._runner.addresses[0][1]
+
+    async def stop(self) -> None:
+        """Stop accepting, close every connection with 1001 (going away), release the port.
+
+        Waits up to `SHUTDOWN_TIMEOUT` for the clients' closing handshakes, then drops the rest.
+        """
+        for site in self._runner.sites:
+            await site.stop()
+        for wire in self._wires:
+            wire.shut_down()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(asyncio.gather(*(wire.finished.wait() for wire in self._wires)),
+                                   SHUTDOWN_TIMEOUT)
+        await self._runner.cleanup()
+
+    async def _on_request(self, request: web.Request) -> web.StreamResponse:
+        if request.path != self._path:
+            return web.Response(status=404, text=f"MQTT over WebSocket is served on {self._path}\n")
+        offered = {p.strip() for h in request.headers.getall(hdrs.SEC_WEBSOCKET_PROTOCOL, ())
+                   for p in h.split(",")}
+        chosen = next((p for p in SUBPROTOCOLS if p in offered), None)
+        peer = _peer(request)
+        if chosen is None:
+            log.info("MQTT over WebSocket from %s: no acceptable subprotocol in %s", peer, sorted(offered))
+            return web.Response(status=400, text="MQTT over WebSocket needs the Sec-WebSocket-Protocol "
+                                                 "header to offer \"mqtt\" (or \"mqttv3.1\")\n")
+        ws = web.WebSocketResponse(protocols=(chosen,), max_msg_size=MAX_MESSAGE_SIZE, heartbeat=None,
+                                   compress=False, timeout=CLOSE_TIMEOUT)
+        await ws.prepare(request)
+        if request.transport is None:
+            return ws
+        wire = WebSocketWire(ws, request.transport, peer)
+        self._wires.add(wire)
+        try:
+            await wire.serve(self._new_connection(wire))
+        finally:
+            self._wires.discard(wire)
+        return ws
+
+
+def _peer(request: web.Request) -> str:
+    peername = request.transport.get_extra_info("peername") if request.transport else None
+    return f"{peername[0]}:{peername[1]}" if peername else str(request.remote)
+
+
+async def start_websocket_listener(new_connection: Callable[[Wire], ConnectionHandler], host: str, port: int,
+                                   *, path: str = "/mqtt",
+                                   ssl_context: ssl.SSLContext | None = None) -> WebSocketListener:
+    """Serve MQTT over WebSocket on ``host:port`` (0 picks a free port) at ``path``; wss with ``ssl_context``."""
+    listener = WebSocketListener(new_connection, path)
+    await listener._start(host, port, ssl_context)
+    return listener
