@@ -79,6 +79,12 @@ class TopicSignals:
         for topic in list(self._waiters):
             self.notify(topic)
 
+    def future(self, topic: str) -> asyncio.Future[None]:
+        """A future resolved at the next ``notify`` of ``topic`` (for callback-driven consumers)."""
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiters.setdefault(topic, set()).add(future)
+        return future
+
     async def wait(self, topics: Iterable[str], timeout_s: float) -> None:
         """Return when one of ``topics`` is notified or ``timeout_s`` passes."""
         if timeout_s <= 0:

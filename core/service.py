@@ -670,10 +670,10 @@ class Broker:
         messages = self._reader.read(queue, 0, offset, min(max_messages, end - offset))
         return messages, (messages[-1].queue_offset + 1 if messages else offset)
 
-    async def wait_queues(self, queues: Sequence[str], timeout_s: float) -> None:
-        """Return when one of named ``queues`` gets messages, or after ``timeout_s``."""
-        if not self._closing:
-            await self._signals.wait(queues, timeout_s)
+    def queue_signal(self, queue: str) -> asyncio.Future[None]:
+        """A future resolved when named queue ``queue`` next gets deliverable messages (or a
+        popped message of it becomes visible again through ``release_popped``)."""
+        return self._signals.future(queue)
 
     def pop_queue(self, queue: str, max_messages: int, invisible_ms: int) -> list[Delivery]:
         """Message-level consumption of named queue ``queue`` shared by several consumers:
@@ -724,6 +724,10 @@ class Broker:
     async def ensure_compacted(self, topic: str) -> None:
         """Create internal compacted topic ``topic`` (one queue) if it does not exist."""
         await self._create_internal_topic(TopicConfig(topic, queue_count=1, compacted=True))
+
+    def enable_compacted_queue(self, queue: str) -> None:
+        """Keep the newest message per key of named queue ``queue`` (see ``load_state``)."""
+        self.store.enable_compaction(queue)
 
     async def put_state(self, topic: str, key: str, value: bytes) -> None:
         """Store ``value`` under ``key`` in compacted topic ``topic``; empty deletes the key.

@@ -27,13 +27,16 @@ from store.file_store import FileStore
 
 from .admin import AdminDeps, AdminServer, start_admin_server
 from .config import Config, env_name
+from .mqtt.frontend import MqttFrontend
+from .mqtt.listeners import MqttListeners, start_mqtt_listeners
 
 log = logging.getLogger("sluice")
 
 READY_LINE = "Sluice is ready."
 """Printed after every endpoint; scripts and tests wait for it."""
 
-_PORT_FLAGS = {"native": ("native gRPC", "--native-port"), "admin": ("admin API", "--admin-port")}
+_PORT_FLAGS = {"native": ("native gRPC", "--native-port"), "admin": ("admin API", "--admin-port"),
+               "mqtt": ("MQTT", "--mqtt-port")}
 
 
 class StartupError(Exception):
@@ -50,6 +53,8 @@ class RunningBroker:
     broker: Broker
     native: Any = None
     admin: AdminServer | None = None
+    mqtt: MqttFrontend | None = None
+    mqtt_listeners: MqttListeners | None = None
     default_user_created: bool = False
     _stopped: bool = field(default=False, repr=False)
 
@@ -73,6 +78,7 @@ class RunningBroker:
         return [
             ("native gRPC", f"{self.native_address}  (sluice send/consume --server "
                             f"{self.native_address})"),
+            *self._mqtt_endpoints(),
             ("admin API", f"{self.admin_url}  (sluice ... --admin {self.admin_url})"),
             ("metrics", f"{self.admin_url}/metrics"),
             ("OpenAPI", f"{self.admin_url}/openapi.json"),
@@ -85,12 +91,25 @@ class RunningBroker:
             ("default user", user),
         ]
 
+    def _mqtt_endpoints(self) -> list[tuple[str, str]]:
+        if self.mqtt_listeners is None:
+            return []
+        host, path = self.config.mqtt.host, self.config.mqtt.ws_path
+        forms = {"tcp": ("MQTT TCP", "{}"), "ws": ("MQTT WS", "ws://{}" + path),
+                 "tls": ("MQTT TLS", "{}  (TLS)"), "wss": ("MQTT WSS", "wss://{}" + path)}
+        return [(forms[name][0], forms[name][1].format(_hostport(host, port)))
+                for name, port in self.mqtt_listeners.ports.items()]
+
     async def stop(self) -> None:
         """Stop accepting, stop servers, persist offsets, checkpoint and close store and metadata."""
         if self._stopped:
             return
         self._stopped = True
         grace = self.config.shutdown_grace_ms / 1000
+        if self.mqtt_listeners is not None:
+            await self.mqtt_listeners.stop()
+        if self.mqtt is not None:
+            await self.mqtt.stop()
         servers = [self.native.stop(grace)] if self.native is not None else []
         servers += [self.admin.stop()] if self.admin is not None else []
         stopping = asyncio.gather(*servers)  # each stops accepting at once, then drains
@@ -124,11 +143,18 @@ async def start(config: Config) -> RunningBroker:
             running.default_user_created = await asyncio.to_thread(
                 broker.users.ensure_default_user, config.auth.default_user,
                 config.auth.default_password)
+        anonymous = (broker.users.principal(ANONYMOUS_USER) if config.auth.allow_anonymous
+                     else None)
+        running.mqtt = MqttFrontend(broker, config.mqtt, allow_anonymous=config.auth.allow_anonymous,
+                                    anonymous_principal=anonymous)
+        await running.mqtt.start()  # sessions are bound before anything can publish
         running.native = await _listen("native", config.native.host, config.native.port,
                                        _start_native(running))
         running.admin = await _listen("admin", config.admin.host, config.admin.port,
                                       start_admin_server(_admin_deps(running), config.admin.host,
                                                          config.admin.port))
+        running.mqtt_listeners = await _listen("mqtt", config.mqtt.host, config.mqtt.port,
+                                               start_mqtt_listeners(running.mqtt, config.mqtt))
         return running
     except BaseException:
         if running is not None:
@@ -184,15 +210,15 @@ async def _listen(name: str, host: str, port: int, starting: Any) -> Any:
     """Await a server start; a port that turns out to be taken becomes a StartupError."""
     try:
         return await starting
-    except (OSError, RuntimeError) as error:
-        if port and _port_taken(host, port):
+    except (OSError, RuntimeError, ValueError) as error:
+        if port > 0 and _port_taken(host, port):
             raise _port_error(name, host, port) from None
         raise StartupError(f"cannot start the {_PORT_FLAGS[name][0]} listener on "
                            f"{_hostport(host, port)}: {error}") from error
 
 
 def _check_port(name: str, host: str, port: int) -> None:
-    if port and _port_taken(host, port):
+    if port > 0 and _port_taken(host, port):
         raise _port_error(name, host, port)
 
 

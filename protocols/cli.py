@@ -22,7 +22,9 @@ SERVE_FLAGS = {  # flag destination -> config path it overrides
     "data_dir": "data_dir", "flush": "store.flush", "flush_interval_ms": "store.flush_interval_ms",
     "host": "host", "native_port": "native.port", "admin_port": "admin.port",
     "advertised_host": "native.advertised_host", "metadata_url": "metadata_url",
-    "allow_anonymous": "auth.allow_anonymous",
+    "allow_anonymous": "auth.allow_anonymous", "mqtt_port": "mqtt.port",
+    "mqtt_ws_port": "mqtt.ws_port", "mqtt_tls_port": "mqtt.tls_port",
+    "mqtt_wss_port": "mqtt.wss_port", "tls_cert": "mqtt.tls_cert", "tls_key": "mqtt.tls_key",
 }
 
 
@@ -63,6 +65,17 @@ def _add_serve(commands: argparse._SubParsersAction) -> None:
                        help="native gRPC port (default: 8081; 0 picks a free one)")
     serve.add_argument("--admin-port", type=int, metavar="PORT",
                        help="admin API and metrics port (default: 8080; 0 picks a free one)")
+    serve.add_argument("--mqtt-port", type=int, metavar="PORT",
+                       help="MQTT over TCP port (default: 1883; 0 picks a free one, -1 turns it off)")
+    serve.add_argument("--mqtt-ws-port", type=int, metavar="PORT",
+                       help="MQTT over WebSocket port, path /mqtt (default: 8083; -1 turns it off)")
+    serve.add_argument("--mqtt-tls-port", type=int, metavar="PORT",
+                       help="MQTT over TLS port, opened with --tls-cert/--tls-key (default: 8883)")
+    serve.add_argument("--mqtt-wss-port", type=int, metavar="PORT",
+                       help="MQTT over secure WebSocket port, opened with --tls-cert/--tls-key "
+                       "(default: 8084)")
+    serve.add_argument("--tls-cert", metavar="PEM", help="certificate chain for the TLS listeners")
+    serve.add_argument("--tls-key", metavar="PEM", help="private key for --tls-cert")
     serve.add_argument("--advertised-host", metavar="HOST",
                        help="host native clients are told to connect to (default: the one they used)")
     serve.add_argument("--metadata-url", metavar="URL",

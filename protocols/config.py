@@ -25,6 +25,7 @@ from typing import Any
 
 from core.service import CoreConfig
 from store.api import StoreConfig
+from .mqtt.options import MqttOptions
 
 ENV_PREFIX = "SLUICE_"
 HOST_ALIAS = "host"
@@ -75,11 +76,12 @@ class Config:
     native: NativeListener = field(default_factory=NativeListener)
     admin: AdminListener = field(default_factory=AdminListener)
     auth: AuthConfig = field(default_factory=AuthConfig)
+    mqtt: MqttOptions = field(default_factory=MqttOptions)
 
     @property
-    def listeners(self) -> dict[str, NativeListener | AdminListener]:
-        """Every listener by section name."""
-        return {"native": self.native, "admin": self.admin}
+    def listeners(self) -> dict[str, NativeListener | AdminListener | MqttOptions]:
+        """Every listener section by name (the MQTT section's ``port`` is its TCP listener)."""
+        return {"native": self.native, "admin": self.admin, "mqtt": self.mqtt}
 
 
 def load_config(path: str | Path | None = None, env: Mapping[str, str] | None = None,
@@ -283,9 +285,16 @@ def _build(cls: type, values: Mapping[str, Any], prefix: str) -> Any:
 def _validate(config: Config) -> None:
     """Range checks the types alone do not express."""
     for name, listener in config.listeners.items():
-        if not 0 <= listener.port <= 65_535:
+        if name != "mqtt" and not 0 <= listener.port <= 65_535:
             raise ConfigError(f"{name}.port = {listener.port} is out of range: use 0-65535 "
                               "(0 picks a free port)")
+    mqtt = config.mqtt
+    for key in ("port", "ws_port", "tls_port", "wss_port"):
+        if not -1 <= getattr(mqtt, key) <= 65_535:
+            raise ConfigError(f"mqtt.{key} = {getattr(mqtt, key)} is out of range: use 0-65535 "
+                              "(0 picks a free port, -1 turns the listener off)")
+    if bool(mqtt.tls_cert) != bool(mqtt.tls_key):
+        raise ConfigError("mqtt.tls_cert and mqtt.tls_key must be set together")
     if config.native.port and config.native.port == config.admin.port \
             and config.native.host == config.admin.host:
         raise ConfigError(f"native.port and admin.port are both {config.native.port}; "

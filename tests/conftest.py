@@ -33,6 +33,8 @@ class Server:
         config_file = data_dir.parent / "sluice.toml"
         config_file.write_text(config)
         ports = [] if "--native-port" in extra else ["--native-port", "0", "--admin-port", "0"]
+        ports += [] if "--mqtt-port" in extra else ["--mqtt-port", "0"]
+        ports += [] if "--mqtt-ws-port" in extra else ["--mqtt-ws-port", "0"]
         self.process = subprocess.Popen(
             [*SLUICE, "serve", "--config", str(config_file), "--data-dir", str(data_dir), *ports, *extra],
             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=clean_env())
@@ -58,6 +60,10 @@ class Server:
         text = "".join(self.output)
         self.native = re.search(r"native gRPC\s+(\S+)", text).group(1)
         self.admin = re.search(r"admin API\s+(\S+)", text).group(1)
+        self.mqtt = re.search(r"MQTT TCP\s+(\S+)", text).group(1)
+        """host:port of the MQTT TCP listener."""
+        self.mqtt_ws = re.search(r"MQTT WS\s+(\S+)", text).group(1)
+        """ws:// URL of the MQTT WebSocket listener."""
 
     def stop(self) -> int:
         self.process.send_signal(signal.SIGTERM)

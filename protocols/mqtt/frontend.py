@@ -1,0 +1,309 @@
+"""The MQTT front end: sessions by client id, shared groups, retained messages, wills, keep alive.
+
+Listeners (TCP, TLS, WebSocket) hand every accepted wire to ``new_connection``. ``start``
+restores persistent sessions, their bindings and QoS 2 state, and the retained messages before
+any listener accepts, so nothing published after a restart misses a session's queue.
+
+Runs on the event loop; not thread-safe.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Sequence
+
+from core.errors import Unauthenticated
+from core.model import Action, Delivery, OutgoingMessage, Principal, SendResult
+from core.service import Broker
+
+from .connection import Inflight
+from .handler import MqttConnection, will_message
+from .mapping import Inbound, from_stored, native_topic, now_ms
+from .options import MqttOptions
+from .packets import Publish
+from .reason_codes import PacketType, ReasonCode
+from .retained import RetainedMessages
+from .session import Session
+from .shared import SharedGroup
+from .state import NEVER_EXPIRES, Qos2State, SessionRecord, SessionStore
+from .wire import Wire
+
+log = logging.getLogger(__name__)
+
+KEEPALIVE_SWEEP_S = 1.0
+COMPLETED_KEEP_MS = 10_000
+"""Completed QoS 2 offsets are kept this long in the saved state: longer than core takes to
+save consumer offsets, which then cover them."""
+
+
+class MqttFrontend:
+    """Everything MQTT that outlives a single connection."""
+
+    def __init__(self, broker: Broker, options: MqttOptions, *, allow_anonymous: bool = False,
+                 anonymous_principal: Principal | None = None) -> None:
+        self.broker = broker
+        self.options = options
+        self.allow_anonymous = allow_anonymous
+        self.anonymous_principal = anonymous_principal
+        self.retained = RetainedMessages()
+        self.sessions: dict[str, Session] = {}
+        self.links: set[MqttConnection] = set()
+        self._attached: dict[str, MqttConnection] = {}
+        self._groups: dict[tuple[str, str], SharedGroup] = {}
+        self._store = SessionStore(broker)
+        self._expiry_timers: dict[str, asyncio.TimerHandle] = {}
+        self._delayed_wills: dict[str, tuple[asyncio.TimerHandle, MqttConnection]] = {}
+        self._saving: set[str] = set()
+        self._tasks: set[asyncio.Task] = set()
+        self._sweeper: asyncio.Task | None = None
+        self._last_delivery: Delivery | None = None
+        self._last_inbound: Inbound | None = None
+
+    # ---------------------------------------------------------------- lifecycle
+
+    async def start(self) -> None:
+        """Restore persistent sessions and retained messages; start the keep-alive sweep."""
+        records, qos2 = await self._store.load()
+        self.retained.load(self.broker)
+        now = now_ms()
+        for client_id, record in records.items():
+            session = Session(self, client_id, record.expiry_s)
+            session.subscriptions = dict(record.subscriptions)
+            session.qos2 = qos2.get(client_id, Qos2State())
+            session.restore_bindings()
+            self.sessions[client_id] = session
+            self._schedule_expiry(session, record.disconnected_at_ms or now)
+        if records:
+            log.info("restored %d persistent MQTT sessions and %d retained messages",
+                     len(records), len(self.retained))
+        self._sweeper = asyncio.create_task(self._sweep_keepalives())
+
+    async def stop(self) -> None:
+        """Disconnect every client (MQTT 5: Server shutting down) and save session state."""
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+        for link in list(self.links):
+            link.kick(ReasonCode.ServerShuttingDown)
+        for timer in [*self._expiry_timers.values(), *(t for t, _ in self._delayed_wills.values())]:
+            timer.cancel()
+        if self._tasks:
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    def new_connection(self, wire: Wire) -> MqttConnection:
+        """The handler for a newly accepted wire."""
+        link = MqttConnection(self, wire)
+        self.links.add(link)
+        return link
+
+    async def _sweep_keepalives(self) -> None:
+        while True:
+            await asyncio.sleep(KEEPALIVE_SWEEP_S)
+            now = time.monotonic()
+            for link in list(self.links):
+                link.check_keepalive(now)
+
+    def _spawn(self, coroutine) -> None:
+        task = asyncio.get_running_loop().create_task(coroutine)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    # ---------------------------------------------------------------- connect / disconnect
+
+    async def authenticate(self, username: str | None, password: bytes | None) -> Principal:
+        """The principal for CONNECT credentials; Unauthenticated if refused."""
+        if username is None:
+            if self.allow_anonymous and self.anonymous_principal is not None:
+                return self.anonymous_principal
+            raise Unauthenticated("anonymous access is off: connect with a username and password")
+        secret = (password or b"").decode("utf-8", "replace")
+        return await self.broker.authenticate(username, secret)
+
+    def server_keep_alive(self, asked: int) -> int | None:
+        """The Server Keep Alive to announce, if ours overrides what the client asked."""
+        limit = self.options.max_keep_alive_s
+        if limit and (asked == 0 or asked > limit):
+            return limit
+        return None
+
+    async def open_session(self, link: MqttConnection, client_id: str, clean_start: bool,
+                           expiry_s: int) -> tuple[Session, bool]:
+        """The session for a new connection: take over an attached one, resume or start
+        fresh. Returns (session, session present)."""
+        previous = self._attached.pop(client_id, None)
+        if previous is not None and previous is not link:
+            log.info("client %s connected again; closing its previous connection", client_id)
+            previous.kick(ReasonCode.SessionTakenOver)
+        self._cancel_expiry(client_id)
+        session = self.sessions.get(client_id)
+        present = session is not None and not clean_start
+        if session is not None and not present:
+            await self._end_session(session)
+            session = None
+        if session is None:
+            session = Session(self, client_id, expiry_s)
+            self.sessions[client_id] = session
+        elif session.expiry_s != expiry_s:
+            session = self._change_expiry(session, expiry_s)
+        if present:
+            self._cancel_will(client_id)
+        self._attached[client_id] = link
+        if session.persistent:
+            await self._store.save(SessionRecord(client_id, session.expiry_s, session.subscriptions))
+        return session, present
+
+    def _change_expiry(self, session: Session, expiry_s: int) -> Session:
+        """A resumed session changing between persistent and not re-binds its subscriptions."""
+        if (expiry_s > 0) == session.persistent:
+            session.expiry_s = expiry_s
+            return session
+        subscriptions = list(session.subscriptions.values())
+        session.end()
+        replacement = Session(self, session.client_id, expiry_s)
+        for options in subscriptions:
+            replacement.subscribe(options)
+        self.sessions[session.client_id] = replacement
+        return replacement
+
+    def resume_state(self, session: Session) -> Inflight | None:
+        """In-flight QoS 2 state to restore into a resumed connection."""
+        qos2 = session.qos2
+        if not session.persistent or not (qos2.received or qos2.awaiting_release):
+            return None
+        outbound = tuple((Publish("", b"", 2, packet_id=pid), PacketType.PUBCOMP)
+                         for pid in qos2.received.values())
+        return Inflight(outbound, tuple((pid, ReasonCode.Success) for pid in qos2.awaiting_release))
+
+    def connection_closed(self, link: MqttConnection, publish_will: bool, expiry_s: int | None) -> None:
+        """A connection ended: detach its session, publish or schedule its will, start expiry."""
+        self.links.discard(link)
+        session = link.session
+        if session is None or self._attached.get(link.client_id) is not link:
+            if publish_will and link.will is not None and link.principal is not None:
+                self._spawn(self._publish_will(link))
+            return
+        del self._attached[link.client_id]
+        session.detach()
+        if expiry_s is not None and session.persistent:
+            session.expiry_s = min(expiry_s, self.options.max_session_expiry_s)
+        if publish_will and link.will is not None:
+            delay = link.will.properties.will_delay_interval or 0
+            if delay and session.persistent:
+                timer = asyncio.get_running_loop().call_later(
+                    min(delay, session.expiry_s), lambda: self._fire_will(link.client_id))
+                self._delayed_wills[link.client_id] = (timer, link)
+            else:
+                self._spawn(self._publish_will(link))
+        if not session.persistent or session.expiry_s == 0:
+            self._spawn(self._end_session(session))
+        else:
+            disconnected = now_ms()
+            self._spawn(self._store.save(SessionRecord(session.client_id, session.expiry_s,
+                                                       session.subscriptions, disconnected)))
+            self._schedule_expiry(session, disconnected)
+
+    def _fire_will(self, client_id: str) -> None:
+        """Publish a delayed will now (its delay passed, or its session ended first)."""
+        entry = self._delayed_wills.pop(client_id, None)
+        if entry is not None:
+            entry[0].cancel()
+            self._spawn(self._publish_will(entry[1]))
+
+    def _cancel_will(self, client_id: str) -> None:
+        entry = self._delayed_wills.pop(client_id, None)
+        if entry is not None:
+            entry[0].cancel()
+
+    async def _publish_will(self, link: MqttConnection) -> None:
+        will = link.will
+        assert will is not None and link.principal is not None
+        try:
+            message = will_message(will, link.client_id)
+            await self.publish(link.principal, [message])
+            if will.retain:
+                self.retained.update(will.topic, message.body, message.properties)
+        except Exception:  # noqa: BLE001 - a failed will is logged, the broker goes on
+            log.exception("will of client %s on %s not published", link.client_id, will.topic)
+
+    # ---------------------------------------------------------------- expiry
+
+    def _schedule_expiry(self, session: Session, disconnected_at_ms: int) -> None:
+        if session.expiry_s == NEVER_EXPIRES:
+            return
+        due = max(0.0, (disconnected_at_ms + session.expiry_s * 1000 - now_ms()) / 1000)
+        self._expiry_timers[session.client_id] = asyncio.get_running_loop().call_later(
+            due, lambda: self._expire(session))
+
+    def _cancel_expiry(self, client_id: str) -> None:
+        timer = self._expiry_timers.pop(client_id, None)
+        if timer is not None:
+            timer.cancel()
+
+    def _expire(self, session: Session) -> None:
+        self._expiry_timers.pop(session.client_id, None)
+        if self.sessions.get(session.client_id) is session and session.link is None:
+            log.info("session of client %s expired", session.client_id)
+            self._fire_will(session.client_id)
+            self._spawn(self._end_session(session))
+
+    async def _end_session(self, session: Session) -> None:
+        if self.sessions.get(session.client_id) is session:
+            del self.sessions[session.client_id]
+        persistent = session.persistent
+        session.end()
+        if persistent:
+            await self._store.delete(session.client_id)
+
+    # ---------------------------------------------------------------- state saving
+
+    def session_changed(self, session: Session) -> None:
+        """Subscriptions changed: save a persistent session."""
+        if session.persistent:
+            self._spawn(self._store.save(SessionRecord(session.client_id, session.expiry_s,
+                                                       session.subscriptions)))
+
+    async def save_qos2(self, session: Session) -> None:
+        """Save a persistent session's QoS 2 state (durable under ``sync`` flush)."""
+        completed = session.qos2.completed
+        if completed:
+            horizon = now_ms() - COMPLETED_KEEP_MS
+            for offset in [o for o, at in completed.items() if at < horizon]:
+                del completed[offset]
+        await self._store.save_qos2(session.client_id, session.qos2)
+
+    def save_qos2_soon(self, session: Session) -> None:
+        self._spawn(self.save_qos2(session))
+
+    # ---------------------------------------------------------------- messages
+
+    async def publish(self, principal: Principal | None, messages: Sequence[OutgoingMessage]) -> list[SendResult]:
+        """Store MQTT messages, creating their native topics on first use."""
+        assert principal is not None
+        broker = self.broker
+        for topic in {m.topic for m in messages}:
+            await broker.ensure_topic(principal, topic)
+        return await broker.send(principal, messages)
+
+    def may_subscribe(self, principal: Principal, topic_filter: str) -> bool:
+        """Subscribe rights on the native topic a filter reads (all topics for a leading wildcard)."""
+        first = topic_filter.split("/", 1)[0]
+        name = "*" if first in ("+", "#") else native_topic(first)
+        return self.broker.allowed(principal, Action.SUBSCRIBE, name)
+
+    def inbound(self, delivery: Delivery) -> Inbound:
+        """The MQTT view of a delivery, computed once when many sessions get the same one."""
+        if delivery is self._last_delivery:
+            assert self._last_inbound is not None
+            return self._last_inbound
+        inbound = from_stored(delivery.topic, delivery.body, delivery.properties)
+        self._last_delivery, self._last_inbound = delivery, inbound
+        return inbound
+
+    def shared_group(self, share: str, topic_filter: str) -> SharedGroup:
+        key = (share, topic_filter)
+        group = self._groups.get(key)
+        if group is None:
+            group = self._groups[key] = SharedGroup(self.broker, share, topic_filter,
+                                                    self.options.shared_invisible_ms)
+        return group

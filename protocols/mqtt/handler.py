@@ -1,0 +1,391 @@
+"""One client connection: drives the sans-IO `ServerConnection` over a `Wire` and acts on its
+events through the front end (authentication, sessions, publishing, subscribing).
+
+Inbound PUBLISHes read in one chunk are stored with one core send; their PUBACK/PUBREC go out
+once stored (durable under ``sync`` flush). Writes are collected and handed to the wire once
+per event-loop iteration. Only the CONNECT handshake and QoS 2 steps of persistent sessions
+(which wait for their state to be saved) run as tasks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from dataclasses import replace
+from typing import TYPE_CHECKING
+
+from core.errors import SluiceError, Unauthenticated
+from core.model import Action, OutgoingMessage, Principal
+
+from .codec import MQTT_5
+from .connection import ServerConnection
+from .events import (ConnectionClosed, ConnectRequested, MessagePublished, PublishAcknowledged,
+                     PublishReceived, ReleaseRequested, SubscribeRequested, UnsubscribeRequested)
+from .mapping import native_topic, now_ms, to_outgoing
+from .packets import Will
+from .properties import NO_PROPERTIES, Properties
+from .reason_codes import ReasonCode
+from .state import NEVER_EXPIRES, RETAINED_QUEUE, SubscriptionOptions
+from .topics import InvalidFilter, check_filter, split_shared
+from .wire import Wire
+
+if TYPE_CHECKING:
+    from .frontend import MqttFrontend
+    from .session import Session
+
+log = logging.getLogger(__name__)
+
+_ERROR_REASONS: dict[str, ReasonCode] = {
+    "AccessDenied": ReasonCode.NotAuthorized,
+    "MessageTooLarge": ReasonCode.PacketTooLarge,
+    "InvalidArgument": ReasonCode.TopicNameInvalid,
+    "Unavailable": ReasonCode.ServerUnavailable,
+}
+
+
+def reason_for(error: Exception) -> ReasonCode:
+    """The MQTT 5 reason code for a core error."""
+    return _ERROR_REASONS.get(type(error).__name__, ReasonCode.ImplementationSpecificError)
+
+
+class MqttConnection:
+    """The front end's handler for one wire; also the `Link` its session delivers through."""
+
+    def __init__(self, frontend: MqttFrontend, wire: Wire) -> None:
+        options = frontend.options
+        self.frontend = frontend
+        self.wire = wire
+        self.conn = ServerConnection(receive_maximum=options.receive_maximum,
+                                     topic_alias_maximum=options.topic_alias_maximum,
+                                     max_packet_size=options.max_packet_size)
+        self.loop = asyncio.get_running_loop()
+        self.principal: Principal | None = None
+        self.session: Session | None = None
+        self.client_id = ""
+        self.will: Will | None = None
+        self.closed = False
+        self._out = bytearray()
+        self._flush_scheduled = False
+        self._batch: list[tuple[MessagePublished, OutgoingMessage]] = []
+        self._previous: asyncio.Future | None = None
+        self._max_buffered = options.max_buffered_bytes
+
+    # ---------------------------------------------------------------- wire side
+
+    def data_received(self, data: bytes) -> None:
+        if self.closed:
+            return
+        self.conn.receive_data(data, time.monotonic())
+        self._drain_events()
+
+    def connection_lost(self) -> None:
+        if not self.closed:
+            self.conn.receive_data(b"", time.monotonic())
+            self._drain_events()
+
+    def writable(self) -> None:
+        if self.session is not None and self.session.link is self:
+            self.session.writable()
+
+    def check_keepalive(self, now: float) -> None:
+        self.conn.check_keepalive(now)
+        self._drain_events()
+
+    def _write(self, data: bytes) -> None:
+        if not data or self.closed:
+            return
+        self._out += data
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            self.loop.call_soon(self._flush)
+
+    def _flush(self) -> None:
+        self._flush_scheduled = False
+        if self._out and not self.closed:
+            self.wire.write(bytes(self._out))
+        self._out.clear()
+
+    # ---------------------------------------------------------------- Link for the session
+
+    @property
+    def send_quota(self) -> int:
+        return self.conn.send_quota if not self.closed else 0
+
+    @property
+    def congested(self) -> bool:
+        return len(self._out) + self.wire.buffered() > self._max_buffered
+
+    def publish(self, topic: str, payload: bytes, qos: int, retain: bool, properties: Properties,
+                packet_id: int | None = None, dup: bool = False) -> int | None:
+        try:
+            packet_id, data = self.conn.publish(topic, payload, qos, retain, properties,
+                                                packet_id=packet_id, dup=dup)
+        except ValueError as too_big:  # larger than the client's Maximum Packet Size
+            log.info("client %s: message on %s not sent: %s", self.client_id, topic, too_big)
+            return None
+        self._write(data)
+        return packet_id
+
+    def release(self, packet_id: int) -> None:
+        self._write(self.conn.release(packet_id))
+
+    def kick(self, reason: ReasonCode) -> None:
+        """Close from the broker's side (takeover, shutdown), telling an MQTT 5 client why."""
+        if self.closed:
+            return
+        self._write(self.conn.disconnect(reason))
+        self._closed(will=reason is not ReasonCode.NormalDisconnection, expiry=None)
+
+    # ---------------------------------------------------------------- events
+
+    def _drain_events(self) -> None:
+        conn = self.conn
+        while (event := conn.next_event()) is not None:
+            kind = type(event)
+            if kind is MessagePublished:
+                self._on_publish(event)
+            elif kind is PublishAcknowledged:
+                if self.session is not None:
+                    self.session.acknowledged(event.packet_id)
+            elif kind is SubscribeRequested:
+                self._flush_publishes()
+                self._on_subscribe(event)
+            elif kind is UnsubscribeRequested:
+                self._flush_publishes()
+                self._on_unsubscribe(event)
+            elif kind is PublishReceived:
+                self._on_publish_received(event.packet_id)
+            elif kind is ReleaseRequested:
+                self._on_release(event.packet_id)
+            elif kind is ConnectRequested:
+                self.loop.create_task(self._connect(event))
+            elif kind is ConnectionClosed:
+                self._flush_publishes()
+                self._write(conn.data_to_send())
+                self._closed(event.will_should_publish, event.session_expiry_interval)
+                return
+        self._flush_publishes()
+        self._write(conn.data_to_send())
+
+    def _closed(self, will: bool, expiry: int | None) -> None:
+        self.closed = True
+        self._flush()
+        self.wire.close()
+        self.frontend.connection_closed(self, will, expiry)
+
+    # ---------------------------------------------------------------- CONNECT
+
+    async def _connect(self, event: ConnectRequested) -> None:
+        try:
+            await self._handshake(event)
+        except Exception:  # noqa: BLE001 - one bad handshake must not take the listener down
+            log.exception("MQTT handshake from %s failed", self.wire.peer)
+            self._refuse(ReasonCode.UnspecifiedError)
+
+    async def _handshake(self, event: ConnectRequested) -> None:
+        frontend = self.frontend
+        v5 = event.version == MQTT_5
+        try:
+            self.principal = await frontend.authenticate(event.username, event.password)
+        except Unauthenticated as refused:
+            log.info("MQTT client %r from %s refused: %s", event.client_id, self.wire.peer, refused)
+            self._refuse(ReasonCode.BadUserNameOrPassword)
+            return
+        if self.closed:
+            return
+        client_id, assigned = event.client_id, None
+        if not client_id:
+            if not event.clean_start and not v5:
+                self._refuse(ReasonCode.ClientIdentifierNotValid)
+                return
+            client_id = assigned = f"sluice-{uuid.uuid4().hex}"
+        if v5:
+            expiry = event.properties.session_expiry_interval or 0
+        else:
+            expiry = 0 if event.clean_start else NEVER_EXPIRES
+        expiry = min(expiry, frontend.options.max_session_expiry_s)
+        if event.will is not None:
+            refusal = self._check_will(event.will)
+            if refusal is not None:
+                self._refuse(refusal)
+                return
+        self.client_id = client_id
+        self.will = event.will
+        session, present = await frontend.open_session(self, client_id, event.clean_start, expiry)
+        if self.closed:
+            frontend.connection_closed(self, False, None)
+            return
+        self.session = session
+        self.conn.adapter_releases = session.persistent
+        props = NO_PROPERTIES
+        if v5:
+            props = Properties(
+                session_expiry_interval=expiry if expiry != (event.properties.session_expiry_interval or 0) else None,
+                server_keep_alive=frontend.server_keep_alive(event.keep_alive))
+        self._write(self.conn.accept(session_present=present, assigned_client_id=assigned,
+                                     properties=props, resume=frontend.resume_state(session)))
+        for data in self.conn.pending_resend():
+            self._write(data)
+        session.attach(self)
+        self._drain_events()
+
+    def _check_will(self, will: Will) -> ReasonCode | None:
+        assert self.principal is not None
+        if not self.frontend.broker.allowed(self.principal, Action.PUBLISH, native_topic(will.topic)):
+            return ReasonCode.NotAuthorized
+        return None
+
+    def _refuse(self, reason: ReasonCode) -> None:
+        if self.closed:
+            return
+        self._write(self.conn.refuse(reason))
+        self.closed = True
+        self._flush()
+        self.wire.close()
+
+    # ---------------------------------------------------------------- PUBLISH in
+
+    def _on_publish(self, event: MessagePublished) -> None:
+        assert self.principal is not None
+        message = to_outgoing(event.topic, event.payload, event.qos, event.retain, self.client_id,
+                              event.properties, now_ms())
+        if not self.frontend.broker.allowed(self.principal, Action.PUBLISH, message.topic):
+            log.info("client %s may not publish to %s", self.client_id, event.topic)
+            self._answer_publish(event, ReasonCode.NotAuthorized)
+            return
+        if event.properties.payload_format_indicator == 1:
+            try:
+                event.payload.decode()
+            except UnicodeDecodeError:
+                self._answer_publish(event, ReasonCode.PayloadFormatInvalid)
+                return
+        if event.retain:
+            message = replace(message, keys=(event.topic,), also_into=(RETAINED_QUEUE,))
+        self._batch.append((event, message))
+
+    def _flush_publishes(self) -> None:
+        if not self._batch:
+            return
+        batch, self._batch = self._batch, []
+        previous = self._previous
+        self._previous = self.loop.create_task(self._store(batch, previous))
+
+    async def _store(self, batch: list[tuple[MessagePublished, OutgoingMessage]],
+                     previous: asyncio.Future | None) -> None:
+        frontend = self.frontend
+        if previous is not None and not previous.done():
+            await asyncio.shield(previous)
+        try:
+            await frontend.publish(self.principal, [message for _, message in batch])
+        except SluiceError as error:
+            log.info("client %s: %d messages not stored: %s", self.client_id, len(batch), error)
+            if self.conn.version != MQTT_5:
+                self.kick(ReasonCode.UnspecifiedError)
+                return
+            for event, _ in batch:
+                self._answer_publish(event, reason_for(error))
+            return
+        for event, message in batch:
+            if event.retain:
+                frontend.retained.update(event.topic, message.body, message.properties)
+            if event.qos:
+                await self._acknowledge(event)
+
+    async def _acknowledge(self, event: MessagePublished) -> None:
+        session = self.session
+        if event.qos == 2 and session is not None and session.persistent:
+            session.qos2.awaiting_release.add(event.packet_id)
+            await self.frontend.save_qos2(session)
+        self._write(self.conn.ack_publish(event.packet_id))
+
+    def _answer_publish(self, event: MessagePublished, reason: ReasonCode) -> None:
+        if event.qos:
+            self._write(self.conn.ack_publish(event.packet_id, reason))
+
+    # ---------------------------------------------------------------- QoS 2 of persistent sessions
+
+    def _on_publish_received(self, packet_id: int) -> None:
+        session = self.session
+        if session is None or not session.needs_persisted_release(packet_id):
+            self.release(packet_id)
+            return
+        session.record_received(packet_id)
+        self.loop.create_task(self._release_after_saving(session, packet_id))
+
+    async def _release_after_saving(self, session: Session, packet_id: int) -> None:
+        await self.frontend.save_qos2(session)
+        if not self.closed:
+            self.release(packet_id)
+
+    def _on_release(self, packet_id: int) -> None:
+        session = self.session
+        assert session is not None
+        session.qos2.awaiting_release.discard(packet_id)
+        self.loop.create_task(self._complete_after_saving(session, packet_id))
+
+    async def _complete_after_saving(self, session: Session, packet_id: int) -> None:
+        if self._previous is not None and not self._previous.done():
+            await asyncio.shield(self._previous)
+        await self.frontend.save_qos2(session)
+        if not self.closed:
+            self._write(self.conn.complete(packet_id))
+
+    # ---------------------------------------------------------------- SUBSCRIBE / UNSUBSCRIBE
+
+    def _on_subscribe(self, event: SubscribeRequested) -> None:
+        session = self.session
+        assert session is not None and self.principal is not None
+        v5 = self.conn.version == MQTT_5
+        identifier = event.properties.subscription_identifiers[0] \
+            if event.properties.subscription_identifiers else None
+        granted: list[ReasonCode | int] = []
+        new: list[tuple[SubscriptionOptions, bool]] = []
+        for sub in event.subscriptions:
+            try:
+                check_filter(sub.topic_filter)
+                share, topic_filter = split_shared(sub.topic_filter)
+                check_filter(topic_filter)
+            except InvalidFilter as bad:
+                log.info("client %s: %s", self.client_id, bad)
+                granted.append(ReasonCode.TopicFilterInvalid)
+                continue
+            if share is not None and sub.no_local and v5:
+                granted.append(ReasonCode.ProtocolError)
+                continue
+            if not self.frontend.may_subscribe(self.principal, topic_filter):
+                log.info("client %s may not subscribe to %s", self.client_id, sub.topic_filter)
+                granted.append(ReasonCode.NotAuthorized)
+                continue
+            options = SubscriptionOptions(topic_filter, sub.qos, sub.no_local,
+                                          sub.retain_as_published, sub.retain_handling,
+                                          identifier, share)
+            existed = session.subscribe(options)
+            new.append((options, existed))
+            granted.append(sub.qos)
+        self.frontend.session_changed(session)
+        self._write(self.conn.ack_subscribe(event.packet_id, granted))
+        for options, existed in new:
+            if options.share is None and (options.retain_handling == 0
+                                          or (options.retain_handling == 1 and not existed)):
+                for inbound in self.frontend.retained.matching(options.topic_filter):
+                    session.send_retained(inbound, options)
+
+    def _on_unsubscribe(self, event: UnsubscribeRequested) -> None:
+        session = self.session
+        assert session is not None
+        codes = [ReasonCode.Success if session.unsubscribe(f) else ReasonCode.NoSubscriptionExisted
+                 for f in event.filters]
+        self.frontend.session_changed(session)
+        self._write(self.conn.ack_unsubscribe(event.packet_id, codes))
+
+
+def will_message(will: Will, client_id: str) -> OutgoingMessage:
+    """The core message a will becomes."""
+    message = to_outgoing(will.topic, will.payload, will.qos, will.retain, client_id,
+                          will.properties, now_ms())
+    if will.retain:
+        message = replace(message, keys=(will.topic,), also_into=(RETAINED_QUEUE,))
+    return message
+

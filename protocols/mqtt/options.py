@@ -1,0 +1,41 @@
+"""The ``[mqtt]`` settings: listeners and the limits the MQTT front end enforces and advertises."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class MqttOptions:
+    """MQTT listeners and limits. TLS and WSS listen only when ``tls_cert`` and ``tls_key`` are
+    set; any port set to -1 is not opened (0 picks a free port)."""
+
+    host: str = "127.0.0.1"
+    port: int = 1883
+    ws_port: int = 8083
+    ws_path: str = "/mqtt"
+    tls_port: int = 8883
+    wss_port: int = 8084
+    tls_cert: str | None = None
+    """PEM certificate chain for the TLS and WSS listeners."""
+    tls_key: str | None = None
+    """PEM private key for ``tls_cert``."""
+    max_packet_size: int = 4 << 20
+    """Largest packet accepted (and advertised in MQTT 5 CONNACK)."""
+    receive_maximum: int = 1024
+    """Unacknowledged QoS 1/2 PUBLISHes a client may have towards us."""
+    topic_alias_maximum: int = 64
+    max_keep_alive_s: int = 0
+    """When > 0, a longer (or no) keep alive asked by an MQTT 5 client is lowered to this and
+    announced as Server Keep Alive."""
+    max_session_expiry_s: int = 0xFFFFFFFF
+    """Caps the session expiry interval clients ask for (0xFFFFFFFF: never expires)."""
+    max_queued_messages: int = 10_000
+    """QoS 1/2 messages a connected non-persistent session holds beyond its in-flight window;
+    more are dropped and logged. Persistent sessions read from their stored queue instead."""
+    max_buffered_bytes: int = 4 << 20
+    """A client whose unsent data exceeds this is slow: QoS 0 messages to it are dropped and
+    stored messages wait, so one stalled client never stalls the others."""
+    shared_invisible_ms: int = 60_000
+    """How long a message popped for one shared-subscription member stays reserved for it
+    before another member may get it."""

@@ -1,0 +1,387 @@
+"""One MQTT session: its subscriptions, and delivery to the connection attached to it.
+
+Three delivery paths, all callback-driven (no task per session or message):
+
+- A persistent session binds its filters to its own named queue in the store (fan-out without
+  copying), so messages for it are kept while it is offline and across restarts. While a
+  connection is attached, ``_fill`` reads the queue from the first unacknowledged offset as far
+  as the client's receive window allows; a PUBACK/PUBCOMP acks the offset in core. Packet ids
+  are derived from queue offsets (``offset % PID_SPAN + 1``), so a redelivery after a restart
+  carries the id the client saw before, which QoS 2 exactly-once relies on.
+- A non-persistent session is a live listener: core hands it matching messages once
+  deliverable; what does not fit the window waits in a bounded in-memory queue.
+- Shared subscriptions are delivered by their `SharedGroup`, which pops its own queue and
+  offers messages to members with room in their window.
+
+Runs on the event loop; not thread-safe.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import deque
+from typing import TYPE_CHECKING, NamedTuple, Protocol
+
+from core.model import Delivery
+
+from .mapping import Inbound, now_ms
+from .properties import Properties
+from .state import Qos2State, SubscriptionOptions
+from .topics import matches, session_queue
+
+if TYPE_CHECKING:
+    from .frontend import MqttFrontend
+    from .shared import SharedGroup
+
+log = logging.getLogger(__name__)
+
+PID_SPAN = 32_768
+"""Packet ids 1..PID_SPAN name queue offsets of persistent sessions; the rest name messages
+sent directly (retained, shared, live)."""
+MAX_ID = 0xFFFF
+READ_BATCH = 256
+
+
+class Link(Protocol):
+    """What a session needs from the connection attached to it."""
+
+    @property
+    def send_quota(self) -> int: ...
+
+    @property
+    def congested(self) -> bool: ...
+
+    def publish(self, topic: str, payload: bytes, qos: int, retain: bool, properties: Properties,
+                packet_id: int | None = None, dup: bool = False) -> int | None: ...
+
+    def release(self, packet_id: int) -> None: ...
+
+
+class Match(NamedTuple):
+    """How a message reaches a session through its (non-shared) subscriptions."""
+
+    qos: int
+    retain_as_published: bool
+    no_local: bool
+    identifiers: tuple[int, ...]
+
+
+class Session:
+    """An MQTT session, attached to at most one connection."""
+
+    def __init__(self, frontend: MqttFrontend, client_id: str, expiry_s: int) -> None:
+        self.frontend = frontend
+        self.broker = frontend.broker
+        self.client_id = client_id
+        self.expiry_s = expiry_s
+        self.queue = session_queue(client_id)
+        self.subscriptions: dict[str, SubscriptionOptions] = {}
+        self.qos2 = Qos2State()
+        self.link: Link | None = None
+        self.dropped = 0
+        self._matches: dict[str, Match | None] = {}
+        # persistent delivery
+        self._next = 0
+        self._skip: set[int] = set()
+        self._dup_below = 0
+        self._by_pid: dict[int, int] = {}
+        self._armed = False
+        # direct delivery: packet id -> (group, offset) for shared, None for live/retained
+        self._direct: dict[int, tuple[SharedGroup, int] | None] = {}
+        self._next_direct = 0
+        self._pending: deque[tuple[Inbound, int, bool, tuple[int, ...]]] = deque()
+
+    @property
+    def persistent(self) -> bool:
+        return self.expiry_s > 0
+
+    # ---------------------------------------------------------------- subscriptions
+
+    def subscribe(self, options: SubscriptionOptions) -> bool:
+        """Add or replace a subscription; True if one with this filter existed."""
+        key = options.key
+        existed = key in self.subscriptions
+        if existed:
+            self._unbind(self.subscriptions[key])
+        self.subscriptions[key] = options
+        self._bind(options)
+        return existed
+
+    def unsubscribe(self, key: str) -> bool:
+        """Remove a subscription; False if there was none."""
+        options = self.subscriptions.pop(key, None)
+        if options is None:
+            return False
+        self._unbind(options)
+        return True
+
+    def _bind(self, options: SubscriptionOptions) -> None:
+        self._matches.clear()
+        if options.share is not None:
+            self.frontend.shared_group(options.share, options.topic_filter).add_member(self, options)
+        elif self.persistent:
+            self.broker.bind_queue(options.topic_filter, self.queue)
+        else:
+            self.broker.add_listener(options.topic_filter, self)
+
+    def _unbind(self, options: SubscriptionOptions) -> None:
+        self._matches.clear()
+        if options.share is not None:
+            self.frontend.shared_group(options.share, options.topic_filter).remove_member(self)
+        elif self.persistent:
+            self.broker.unbind_queue(options.topic_filter, self.queue)
+        else:
+            self.broker.remove_listener(options.topic_filter, self)
+
+    def restore_bindings(self) -> None:
+        """Bind every subscription again (broker start)."""
+        for options in self.subscriptions.values():
+            self._bind(options)
+
+    def end(self) -> None:
+        """The session is over: unbind everything and drop its queue position."""
+        for options in list(self.subscriptions.values()):
+            self._unbind(options)
+        self.subscriptions.clear()
+        if self.persistent:
+            self.broker.forget_queue(self.queue)
+
+    def _match(self, topic: str) -> Match | None:
+        found = self._matches.get(topic, False)
+        if found is not False:
+            return found
+        qos, rap, no_local, ids, hit = -1, False, True, [], False
+        for options in self.subscriptions.values():
+            if options.share is None and matches(options.topic_filter, topic):
+                hit = True
+                qos = max(qos, options.qos)
+                rap = rap or options.retain_as_published
+                no_local = no_local and options.no_local
+                if options.identifier is not None:
+                    ids.append(options.identifier)
+        result = Match(qos, rap, no_local, tuple(ids)) if hit else None
+        if len(self._matches) > 4096:
+            self._matches.clear()
+        self._matches[topic] = result
+        return result
+
+    # ---------------------------------------------------------------- attach / detach
+
+    def attach(self, link: Link) -> None:
+        """A connection now serves this session; resend what is unacknowledged."""
+        self.link = link
+        if self.persistent:
+            committed, acked = self.broker.queue_position(self.queue)
+            self._next = committed
+            self._skip = set(acked) | set(self.qos2.completed)
+            self._dup_below = self.broker.queue_bounds(self.queue)[1]
+            self._by_pid = {pid: offset for offset, pid in self.qos2.received.items()}
+            self._fill()
+
+    def detach(self) -> None:
+        """The connection is gone: give back shared messages, stop delivering."""
+        self.link = None
+        self._armed = False
+        for entry in self._direct.values():
+            if entry is not None:
+                group, offset = entry
+                group.release(offset)
+        self._direct.clear()
+        self._pending.clear()
+        self._by_pid.clear()
+        for options in self.subscriptions.values():
+            if options.share is not None:
+                self.frontend.shared_group(options.share, options.topic_filter).dispatch()
+
+    # ---------------------------------------------------------------- sending
+
+    def _send(self, inbound: Inbound, qos: int, retain: bool, ids: tuple[int, ...],
+              packet_id: int | None = None, dup: bool = False) -> int | None:
+        assert self.link is not None
+        return self.link.publish(inbound.topic, inbound.payload, qos, retain,
+                                 inbound.properties_at(now_ms(), ids), packet_id, dup)
+
+    def _allocate_direct(self) -> int | None:
+        low = PID_SPAN + 1 if self.persistent else 1
+        for _ in range(MAX_ID - low + 1):
+            self._next_direct = max(low, self._next_direct % MAX_ID + 1)
+            if self._next_direct not in self._direct:
+                return self._next_direct
+        return None
+
+    def _send_direct(self, inbound: Inbound, qos: int, retain: bool, ids: tuple[int, ...],
+                     entry: tuple[SharedGroup, int] | None) -> bool:
+        """Send outside the session queue; False if the window (or id space) is full."""
+        if qos == 0:
+            self._send(inbound, 0, retain, ids)
+            return True
+        if self.link is None or self.link.send_quota <= 0:
+            return False
+        packet_id = self._allocate_direct()
+        if packet_id is None:
+            return False
+        self._direct[packet_id] = entry
+        self._send(inbound, qos, retain, ids, packet_id)
+        return True
+
+    def send_retained(self, inbound: Inbound, options: SubscriptionOptions) -> None:
+        """A retained message for a new subscription (retain flag set)."""
+        if self.link is None:
+            return
+        qos = min(inbound.qos, options.qos)
+        ids = (options.identifier,) if options.identifier is not None else ()
+        if not self._send_direct(inbound, qos, True, ids, None):
+            self._queue_pending(inbound, qos, True, ids)
+
+    # live delivery (core Listener) -----------------------------------------------
+
+    def deliver(self, delivery: Delivery) -> None:
+        """A message matching one of this non-persistent session's filters."""
+        link = self.link
+        if link is None:
+            return
+        inbound = self.frontend.inbound(delivery)
+        match = self._match(inbound.topic)
+        if match is None or (match.no_local and inbound.publisher == self.client_id):
+            return
+        if inbound.expiry_at_ms is not None and inbound.expired(now_ms()):
+            return
+        qos = min(inbound.qos, match.qos)
+        retain = inbound.retain and match.retain_as_published
+        if qos == 0:
+            if link.congested:
+                self.dropped += 1
+                return
+            self._send(inbound, 0, retain, match.identifiers)
+        elif self._pending or not self._send_direct(inbound, qos, retain, match.identifiers, None):
+            self._queue_pending(inbound, qos, retain, match.identifiers)
+
+    def _queue_pending(self, inbound: Inbound, qos: int, retain: bool, ids: tuple[int, ...]) -> None:
+        if len(self._pending) >= self.frontend.options.max_queued_messages:
+            self.dropped += 1
+            if self.dropped == 1 or self.dropped % 10_000 == 0:
+                log.warning("client %s is not keeping up: %d QoS 1/2 messages dropped (queue of "
+                            "%d full); use a persistent session to keep them", self.client_id,
+                            self.dropped, self.frontend.options.max_queued_messages)
+            return
+        self._pending.append((inbound, qos, retain, ids))
+
+    def _drain_pending(self) -> None:
+        pending = self._pending
+        while pending:
+            inbound, qos, retain, ids = pending[0]
+            if not self._send_direct(inbound, qos, retain, ids, None):
+                return
+            pending.popleft()
+
+    # shared delivery -------------------------------------------------------------
+
+    def shared_capacity(self) -> int:
+        """How many QoS 1/2 messages this session can take now (0 when offline or slow)."""
+        link = self.link
+        if link is None or link.congested or self._pending:
+            return 0
+        return link.send_quota
+
+    def send_shared(self, group: SharedGroup, delivery: Delivery, options: SubscriptionOptions) -> None:
+        """A message a shared group popped for this member."""
+        inbound = self.frontend.inbound(delivery)
+        offset = delivery.queue_offset
+        qos = min(inbound.qos, options.qos)
+        if self.link is None or inbound.expired(now_ms()):
+            group.settle(offset) if self.link is not None else group.release(offset)
+            return
+        ids = (options.identifier,) if options.identifier is not None else ()
+        retain = inbound.retain and options.retain_as_published
+        if qos == 0:
+            self._send(inbound, 0, retain, ids)
+            group.settle(offset)
+        elif not self._send_direct(inbound, qos, retain, ids, (group, offset)):
+            group.release(offset)
+
+    # persistent delivery -----------------------------------------------------------
+
+    def _fill(self) -> None:
+        """Send stored messages while the client's window has room."""
+        link = self.link
+        broker, queue, by_pid, skip = self.broker, self.queue, self._by_pid, self._skip
+        while link is not None and self.link is link:
+            quota = link.send_quota
+            if quota <= 0 or link.congested or self._pending:
+                return
+            if by_pid and self._next - min(by_pid.values()) >= PID_SPAN - READ_BATCH:
+                return
+            messages, _ = broker.read_queue(queue, self._next, min(quota, READ_BATCH))
+            if not messages:
+                self._arm()
+                return
+            now = now_ms()
+            for delivery in messages:
+                offset = delivery.queue_offset
+                self._next = offset + 1
+                if offset in skip:
+                    skip.discard(offset)
+                    continue
+                inbound = self.frontend.inbound(delivery)
+                match = self._match(inbound.topic)
+                if match is None or inbound.expired(now) or (
+                        match.no_local and inbound.publisher == self.client_id):
+                    broker.ack_queue(queue, offset)
+                    continue
+                qos = min(inbound.qos, match.qos)
+                retain = inbound.retain and match.retain_as_published
+                if qos == 0:
+                    self._send(inbound, 0, retain, match.identifiers)
+                    broker.ack_queue(queue, offset)
+                    continue
+                packet_id = offset % PID_SPAN + 1
+                by_pid[packet_id] = offset
+                self._send(inbound, qos, retain, match.identifiers, packet_id,
+                           dup=offset < self._dup_below)
+                if link.send_quota <= 0:
+                    break
+
+    def _arm(self) -> None:
+        if not self._armed:
+            self._armed = True
+            self.broker.queue_signal(self.queue).add_done_callback(self._signalled)
+
+    def _signalled(self, _: asyncio.Future[None]) -> None:
+        self._armed = False
+        self._fill()
+
+    # ---------------------------------------------------------------- acknowledgements
+
+    def writable(self) -> None:
+        """The connection's send buffer drained: continue where delivery stopped."""
+        self._resume()
+
+    def _resume(self) -> None:
+        self._drain_pending()
+        if self.persistent:
+            self._fill()
+        for options in self.subscriptions.values():
+            if options.share is not None:
+                self.frontend.shared_group(options.share, options.topic_filter).dispatch()
+
+    def acknowledged(self, packet_id: int) -> None:
+        """PUBACK or PUBCOMP (or a refusing PUBREC) for a message this session sent."""
+        if packet_id in self._direct:
+            entry = self._direct.pop(packet_id)
+            if entry is not None:
+                entry[0].settle(entry[1])
+        elif (offset := self._by_pid.pop(packet_id, None)) is not None:
+            self.broker.ack_queue(self.queue, offset)
+            if self.qos2.received.pop(offset, None) is not None:
+                self.qos2.completed[offset] = now_ms()
+                self.frontend.save_qos2_soon(self)
+        self._resume()
+
+    def needs_persisted_release(self, packet_id: int) -> bool:
+        """Whether a PUBREC for ``packet_id`` must be saved before the PUBREL goes out."""
+        return packet_id in self._by_pid
+
+    def record_received(self, packet_id: int) -> None:
+        """The client PUBREC'd a stored QoS 2 message: PUBREL, never PUBLISH, is due now."""
+        self.qos2.received[self._by_pid[packet_id]] = packet_id
