@@ -97,8 +97,18 @@ def test_an_unknown_key_is_named_with_the_known_ones(tmp_path):
     assert "sluice.toml" in message
     with pytest.raises(ConfigError, match="unknown key 'colour'.*top level"):
         load_config(write(tmp_path, "colour = 'blue'\n"))
-    with pytest.raises(ConfigError, match="unknown key 'mqtt'"):
-        load_config(write(tmp_path, "[mqtt]\nport = 1883\n"))
+    with pytest.raises(ConfigError, match="unknown key 'amqp'"):
+        load_config(write(tmp_path, "[amqp]\nport = 5672\n"))
+
+
+def test_mqtt_listeners_are_configured_in_their_own_section(tmp_path):
+    config = load_config(write(tmp_path, "[mqtt]\nport = 1884\nws_port = -1\n"),
+                         env={"SLUICE_MQTT_TLS_PORT": "0"})
+    assert (config.mqtt.port, config.mqtt.ws_port, config.mqtt.tls_port) == (1884, -1, 0)
+    with pytest.raises(ConfigError, match="mqtt.ws_port = -2 is out of range"):
+        load_config(overrides={"mqtt.ws_port": -2})
+    with pytest.raises(ConfigError, match="tls_cert and mqtt.tls_key must be set together"):
+        load_config(overrides={"mqtt.tls_cert": "cert.pem"})
 
 
 @pytest.mark.parametrize("text, fragment", [
