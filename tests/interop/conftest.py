@@ -76,8 +76,8 @@ def sluice_mqtt(module_sluice_server, tmp_path_factory: pytest.TempPathFactory) 
                                   "--mqtt-port", "0", "--mqtt-ws-port", "0")
     server.wait_ready()
     address = getattr(server, "mqtt", None)
-    if address is None:  # Server learns `.mqtt` with the MQTT listener; read the line meanwhile
-        found = re.search(r"^\s*MQTT\s+(\S+:\d+)", "".join(server.output), re.MULTILINE)
+    if address is None:  # until Server parses `.mqtt` itself: "MQTT  HOST:PORT" or "MQTT TCP  HOST:PORT"
+        found = re.search(r"^\s*MQTT(?:\s+TCP)?\s+([\w.\-]+:\d+)", "".join(server.output), re.MULTILINE)
         assert found, "sluice serve printed no `MQTT  HOST:PORT` line:\n" + "".join(server.output)
         address = found.group(1)
     host, _, port = address.rpartition(":")
