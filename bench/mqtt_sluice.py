@@ -5,8 +5,7 @@ so and the benchmark reports Mosquitto and the generator ceiling only. Like the 
 benchmark's server, every ``--*-port`` flag gets a free loopback port and the data directory is
 fresh and deleted afterwards. Sluice runs with ``--flush sync``: a PUBACK means the message is
 on disk, which Mosquitto (``persistence false``) does not promise, so the comparison favours
-Mosquitto. ``--allow-anonymous`` is passed when offered, since the load generator sends no
-credentials.
+Mosquitto. The load generator logs in as the default user sluice/sluice.
 """
 from __future__ import annotations
 
@@ -16,6 +15,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+from . import mqtt_wire as wire
 from .processes import LOOPBACK, ServerUnavailable
 from .sluice_server import START_TIMEOUT, _serve_flags, serve_process
 
@@ -52,10 +52,7 @@ def sluice_mqtt_server(parent: Path, log: Log, flush: str = "sync",
     reason = unavailable_reason()
     if reason is not None:
         raise ServerUnavailable(f"{NOT_YET}: {reason}")
-    flags = _serve_flags()
-    assert isinstance(flags, set)
-    extra = ("--allow-anonymous",) if "--allow-anonymous" in flags else ()
-    with serve_process(parent, wait_for=("--mqtt-port",), extra=extra, flush=flush,
+    with serve_process(parent, wait_for=("--mqtt-port",), flush=flush, password=wire.PASSWORD,
                        prefix="sluice-mqtt-", timeout=timeout) as running:
         server = SluiceMqtt(running.ports["--mqtt-port"], running.directory, running.pid)
         log(f"Sluice up with --flush {flush}, MQTT on {LOOPBACK}:{server.port} "

@@ -38,10 +38,17 @@ def _packet(first_byte: int, body: bytes) -> bytes:
     return bytes([first_byte]) + varint(len(body)) + body
 
 
+USERNAME, PASSWORD = "bench", "bench-mqtt"
+"""The default user ``bench/sluice_server.py`` makes Sluice create (given this password);
+Mosquitto (anonymous allowed) ignores the credentials."""
+
+
 def connect(client_id: str, keepalive: int = 0, clean: bool = True) -> bytes:
-    """CONNECT, protocol level 4 (3.1.1), no credentials; keepalive 0 turns keep-alive off."""
-    flags = 0x02 if clean else 0x00
-    return _packet(0x10, b"\x00\x04MQTT\x04" + bytes([flags]) + struct.pack(">H", keepalive) + utf8(client_id))
+    """CONNECT, protocol level 4 (3.1.1), with ``USERNAME``/``PASSWORD``; keepalive 0 turns
+    keep-alive off."""
+    flags = (0x02 if clean else 0x00) | 0xC0
+    return _packet(0x10, b"\x00\x04MQTT\x04" + bytes([flags]) + struct.pack(">H", keepalive)
+                   + utf8(client_id) + utf8(USERNAME) + utf8(PASSWORD))
 
 
 def subscribe(packet_id: int, filters: list[tuple[str, int]]) -> bytes:

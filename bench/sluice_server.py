@@ -126,11 +126,12 @@ class ServeProcess:
 
 @contextmanager
 def serve_process(parent: Path, *, wait_for: tuple[str, ...], extra: tuple[str, ...] = (),
-                  flush: str = "sync", prefix: str = "sluice-",
+                  flush: str = "sync", prefix: str = "sluice-", password: str | None = None,
                   timeout: float = START_TIMEOUT) -> Iterator[ServeProcess]:
     """Run ``sluice serve`` on a fresh data directory under ``parent``, every ``--*-port`` flag
     on a free loopback port, until the ports named in ``wait_for`` accept connections; stop it
-    and delete its data on exit. Raises ServerUnavailable with the server's output if it fails."""
+    and delete its data on exit. The default user gets ``password`` (a fresh random one if
+    None). Raises ServerUnavailable with the server's output if it fails."""
     flags = _serve_flags()
     assert isinstance(flags, set)
     port_flags = sorted(flag for flag in flags if _PORT_FLAG.fullmatch(flag))
@@ -146,7 +147,7 @@ def serve_process(parent: Path, *, wait_for: tuple[str, ...], extra: tuple[str, 
         command = [*_serve_command(), "--data-dir", str(directory / "data"), "--flush", flush, *extra]
         for flag, port in ports.items():
             command += [flag, str(port)]
-        password = secrets.token_hex(8)
+        password = password or secrets.token_hex(8)
         env = {key: value for key, value in os.environ.items() if not key.startswith("SLUICE_")}
         env.update(SLUICE_AUTH_DEFAULT_USER=USER, SLUICE_AUTH_DEFAULT_PASSWORD=password)
         started = time.monotonic()

@@ -154,8 +154,9 @@ class MqttFrontend:
         return session, present
 
     def _change_expiry(self, session: Session, expiry_s: int) -> Session:
-        """A resumed session changing between persistent and not re-binds its subscriptions."""
-        if (expiry_s > 0) == session.persistent:
+        """A new expiry for a resumed session. A session taken over from a connection that
+        kept it in memory becomes a stored one when the new connection asks for an expiry."""
+        if session.persistent or expiry_s == 0:
             session.expiry_s = expiry_s
             return session
         subscriptions = list(session.subscriptions.values())
@@ -189,7 +190,7 @@ class MqttFrontend:
             session.expiry_s = min(expiry_s, self.options.max_session_expiry_s)
         if publish_will and link.will is not None:
             delay = link.will.properties.will_delay_interval or 0
-            if delay and session.persistent:
+            if delay and session.expiry_s > 0:
                 timer = asyncio.get_running_loop().call_later(
                     min(delay, session.expiry_s), lambda: self._fire_will(link.client_id))
                 self._delayed_wills[link.client_id] = (timer, link)

@@ -170,8 +170,8 @@ class MqttConnection:
         self._write(conn.data_to_send())
 
     def _closed(self, will: bool, expiry: int | None) -> None:
-        self.closed = True
         self._flush()
+        self.closed = True
         self.wire.close()
         self.frontend.connection_closed(self, will, expiry)
 
@@ -241,8 +241,8 @@ class MqttConnection:
         if self.closed:
             return
         self._write(self.conn.refuse(reason))
-        self.closed = True
         self._flush()
+        self.closed = True
         self.wire.close()
 
     # ---------------------------------------------------------------- PUBLISH in

@@ -75,6 +75,10 @@ class Session:
         self.broker = frontend.broker
         self.client_id = client_id
         self.expiry_s = expiry_s
+        self.persistent = expiry_s > 0
+        """Whether messages for it are kept in its stored queue. Fixed for the session's life:
+        a resumed persistent session whose client now asks for expiry 0 keeps its queue and
+        ends when that connection closes."""
         self.queue = session_queue(client_id)
         self.subscriptions: dict[str, SubscriptionOptions] = {}
         self.qos2 = Qos2State()
@@ -91,10 +95,6 @@ class Session:
         self._direct: dict[int, tuple[SharedGroup, int] | None] = {}
         self._next_direct = 0
         self._pending: deque[tuple[Inbound, int, bool, tuple[int, ...]]] = deque()
-
-    @property
-    def persistent(self) -> bool:
-        return self.expiry_s > 0
 
     # ---------------------------------------------------------------- subscriptions
 

@@ -29,7 +29,7 @@ import pytest
 from bench import mosquitto as mosquitto_starter
 from tests.conftest import Server
 
-BROKERS = ["mosquitto"]
+BROKERS = ["mosquitto", "sluice"]
 """What ``broker`` runs each scenario against. "sluice" joins once `sluice serve` has its MQTT
 listener (``--mqtt-port``) and the suite passes against it."""
 USERNAME = "sluice"
