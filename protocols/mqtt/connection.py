@@ -92,10 +92,13 @@ class ServerConnection:
 
     def __init__(self, *, receive_maximum: int = DEFAULT_RECEIVE_MAXIMUM,
                  topic_alias_maximum: int = 16, max_packet_size: int = MAX_PACKET_SIZE,
-                 adapter_releases: bool = False) -> None:
+                 adapter_releases: bool = False,
+                 max_outbound_inflight: int = DEFAULT_RECEIVE_MAXIMUM) -> None:
         """``adapter_releases``: QoS 2 handshakes wait for the adapter (so it can persist the
         step first): a PUBREC from the client becomes a `PublishReceived` event answered with
-        `release()`, a PUBREL a `ReleaseRequested` event answered with `complete()`."""
+        `release()`, a PUBREL a `ReleaseRequested` event answered with `complete()`.
+        ``max_outbound_inflight`` caps our unacknowledged QoS 1/2 PUBLISHes below the client's
+        Receive Maximum (a 3.1.1 client announces none)."""
         self.state = State.CONNECTING
         self.version: int | None = None
         self.receive_maximum = receive_maximum
@@ -103,6 +106,7 @@ class ServerConnection:
         self.max_packet_size = max_packet_size
         self.keep_alive = 0
         self.adapter_releases = adapter_releases
+        self.max_outbound_inflight = max_outbound_inflight
         self._decoder = Decoder(max_packet_size=max_packet_size)
         self._events: deque[Event] = deque()
         self._outgoing = bytearray()
@@ -180,17 +184,17 @@ class ServerConnection:
             # Spec 3.1.1 3.1.2.2: an unsupported protocol level gets CONNACK 0x01; a CONNACK
             # in 3.1.1 form is what any client can read.
             self._outgoing += encode(ConnAck(False, exc.v311_return_code), MQTT_311)
-        self._close(exc.reason_code, will=True, send=True)
+        self._close(exc.reason_code, will=True, send=True, detail=str(exc))
 
     def _close(self, reason: ReasonCode, *, will: bool, send: bool,
-               session_expiry: int | None = None) -> None:
+               session_expiry: int | None = None, detail: str = "") -> None:
         """Report ConnectionClosed; in MQTT 5 after CONNACK also tell the client why."""
         if send and self.state is State.CONNECTED and self.version == MQTT_5:
             if reason not in REASON_CODES_BY_PACKET[PacketType.DISCONNECT]:
                 reason = ReasonCode.ProtocolError
             self._outgoing += encode(Disconnect(reason), MQTT_5)
         self.state = State.CLOSED
-        self._events.append(ConnectionClosed(reason, will, session_expiry))
+        self._events.append(ConnectionClosed(reason, will, session_expiry, detail))
 
     # ------------------------------------------------------------------------ client packets
 
@@ -431,7 +435,8 @@ class ServerConnection:
     @property
     def send_quota(self) -> int:
         """How many more QoS 1/2 messages the client's Receive Maximum allows now."""
-        return max(0, self._client_receive_maximum - len(self._inflight))
+        return max(0, min(self._client_receive_maximum, self.max_outbound_inflight)
+                   - len(self._inflight))
 
     def publish(self, topic: str, payload: bytes, qos: int = 0, retain: bool = False,
                 properties: Properties = NO_PROPERTIES, *, packet_id: int | None = None,

@@ -4,7 +4,7 @@ connection's methods (`accept`, `ack_publish`, ...); events never carry wire pac
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from .packets import Subscription, Will
 from .properties import NO_PROPERTIES, Properties
@@ -92,6 +92,8 @@ class ConnectionClosed:
     will_should_publish: bool
     session_expiry_interval: int | None = None
     """MQTT 5: the new session expiry a DISCONNECT set, if it set one."""
+    detail: str = field(default="", compare=False)
+    """What was wrong, for a protocol error (for logs; not part of equality)."""
 
 
 Event = (ConnectRequested | MessagePublished | SubscribeRequested | UnsubscribeRequested

@@ -59,7 +59,8 @@ class MqttConnection:
         self.wire = wire
         self.conn = ServerConnection(receive_maximum=options.receive_maximum,
                                      topic_alias_maximum=options.topic_alias_maximum,
-                                     max_packet_size=options.max_packet_size)
+                                     max_packet_size=options.max_packet_size,
+                                     max_outbound_inflight=options.max_inflight_messages)
         self.loop = asyncio.get_running_loop()
         self.principal: Principal | None = None
         self.session: Session | None = None
@@ -162,6 +163,10 @@ class MqttConnection:
             elif kind is ConnectRequested:
                 self.loop.create_task(self._connect(event))
             elif kind is ConnectionClosed:
+                if event.detail:  # a protocol error, not just a closed socket
+                    log.info("MQTT client %r from %s disconnected: %s%s", self.client_id,
+                             self.wire.peer, event.reason_code.name,
+                             f" ({event.detail})" if event.detail else "")
                 self._flush_publishes()
                 self._write(conn.data_to_send())
                 self._closed(event.will_should_publish, event.session_expiry_interval)

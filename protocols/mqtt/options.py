@@ -24,6 +24,9 @@ class MqttOptions:
     """Largest packet accepted (and advertised in MQTT 5 CONNACK)."""
     receive_maximum: int = 1024
     """Unacknowledged QoS 1/2 PUBLISHes a client may have towards us."""
+    max_inflight_messages: int = 1000
+    """Unacknowledged QoS 1/2 PUBLISHes we send a client at once (fewer if its Receive Maximum
+    says so)."""
     topic_alias_maximum: int = 64
     max_keep_alive_s: int = 0
     """When > 0, a longer (or no) keep alive asked by an MQTT 5 client is lowered to this and

@@ -216,7 +216,8 @@ class Session:
         if qos == 0:
             self._send(inbound, 0, retain, ids)
             return True
-        if self.link is None or self.link.send_quota <= 0:
+        link = self.link
+        if link is None or link.send_quota <= 0 or link.congested:
             return False
         packet_id = self._allocate_direct()
         if packet_id is None:

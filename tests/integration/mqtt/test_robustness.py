@@ -696,3 +696,41 @@ def test_mqtt5_clients_are_told_the_server_shuts_down(started):
     v5.close()
     v311.close()
     assert server.process.wait(30) == 0
+
+
+def test_protocol_errors_are_logged(started):
+    """The broker's log names a connection it closed for a protocol error (read after stop)."""
+    server = started(config=SMALL_PACKETS)
+    client = RawClient(server.mqtt, MQTT_5)
+    assert client.connect(client_id="logged-bad-client").reason_code == 0
+    client.send(encode(Publish("a/+/b", b"x"), MQTT_5))
+    assert client.read_until_closed() == [Disconnect(0x90)]
+    client.close()
+    assert server.stop() == 0
+    log = server.process.stderr.read()
+    assert "logged-bad-client" in log, \
+        f"no log line about the protocol error of logged-bad-client:\n{log[-3000:]}"
+
+
+def test_a_stalled_v311_qos1_subscriber_does_not_grow_broker_memory(started):
+    """A non-persistent MQTT 3.1.1 QoS 1 subscriber that never reads (3.1.1 has no Receive
+    Maximum): live QoS 1 messages stop at ``max_buffered_bytes`` of unsent data, then queue up
+    to ``max_queued_messages``; the rest are dropped and logged, so the broker holds at most
+    the kernel buffers + max_buffered_bytes + max_queued_messages for it."""
+    server = started("--flush", "async", config=SLOW_CONFIG)
+    topic, count = "slow311/t", 8_000
+    stalled = RawClient(server.mqtt, MQTT_311, rcvbuf=4096)
+    assert stalled.connect(client_id="stalled-v311-qos1").reason_code == 0
+    stalled.send(Subscribe(1, (Subscription(topic, 1),)))
+    assert stalled.expect(SubAck).reason_codes == (1,)
+    publisher = PahoClient(server.mqtt, "publisher-v311-qos1")
+    body = b"z" * 1024
+    infos = [publisher.publish(topic, struct.pack("!I", i) + body[4:], qos=1, wait=False)
+             for i in range(count)]
+    for info in infos:
+        info.wait_for_publish(30)
+    got = _drain_count(stalled, quiet=2.0)
+    bound = (_kernel_send_buffer_max() + 2 * 262144) // 1024 + 100
+    stalled.close()
+    publisher.stop()
+    assert got <= bound, f"broker kept {got} of {count} messages for a stalled client (bound {bound})"
