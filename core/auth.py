@@ -61,6 +61,9 @@ class Users:
         self._lock = threading.Lock()          # guards _principals and _generation
         self._manage_lock = threading.Lock()   # orders management changes and their reloads
         self._principals: dict[str, Principal] = {}
+        self._decisions: dict[tuple, tuple[int, bool]] = {}
+        """(user, action, kind, name) -> (generation, allowed), for users loaded in
+        ``_principals``; any reload bumps the generation and so invalidates every entry."""
         self._generation = 0
         self._cache_key = secrets.token_bytes(32)
         self._verified: dict[str, bytes] = {}  # user -> keyed digest of the last password verified
@@ -119,9 +122,22 @@ class Users:
         Admins and SYSTEM may do anything; ADMIN on a resource implies PUBLISH and SUBSCRIBE.
         Runs anywhere, including the event loop: no I/O.
         """
-        with self._lock:
-            current = self._principals.get(principal.user, principal)
-        if current.admin or any(_allows(p, action, kind, name) for p in current.permissions):
+        key = (principal.user, action, kind, name)
+        decided = self._decisions.get(key)
+        if decided is not None and decided[0] == self._generation:
+            allowed = decided[1]
+        else:
+            with self._lock:
+                generation = self._generation
+                current = self._principals.get(principal.user)
+            if current is None:
+                current = principal
+            allowed = current.admin or any(_allows(p, action, kind, name) for p in current.permissions)
+            if current is not principal or principal.user in self._principals:
+                if len(self._decisions) > 100_000:
+                    self._decisions.clear()
+                self._decisions[key] = (generation, allowed)
+        if allowed:
             return
         raise AccessDenied(
             f"user {principal.user!r} may not {action.value} on {kind.value} {name!r}; ask an "

@@ -98,9 +98,10 @@ class BatchingAppender:
     """Appends from many tasks, coalesced into one ``append_batch`` per loop iteration.
 
     Producers on one event loop hand over messages; one batch per iteration takes the store
-    lock once. Each producer's future resolves with its ``AppendResult`` once the record is
-    accepted (``durable=False``) or durable (``durable=True``). ``on_batch`` sees every
-    batch's results on the loop, right after the append.
+    lock once. Each call's future resolves with its ``AppendResult``s once its records are
+    accepted (``durable=False``) or durable (``durable=True``): one future and one durability
+    wait per call, however many messages it carries. ``on_batch`` sees every batch's results
+    on the loop, right after the append.
     """
 
     def __init__(self, store: Store, waiters: DurableWaiters, *, durable: bool = True,
@@ -111,20 +112,25 @@ class BatchingAppender:
         self._durable = durable
         self._on_batch = on_batch
         self._messages: list[Message] = []
-        self._futures: list[asyncio.Future[AppendResult]] = []
+        self._calls: list[tuple[asyncio.Future[list[AppendResult]], int]] = []
 
-    def append(self, message: Message) -> asyncio.Future[AppendResult]:
-        """On the loop: a future resolving once ``message`` is stored (and durable, if asked)."""
-        future: asyncio.Future[AppendResult] = self._loop.create_future()
+    async def append(self, message: Message) -> AppendResult:
+        """Store one message; see ``append_many``."""
+        return (await self.append_many([message]))[0]
+
+    def append_many(self, messages: list[Message]) -> asyncio.Future[list[AppendResult]]:
+        """On the loop: a future resolving once all ``messages`` are stored (and durable, if
+        asked), with their results in order."""
+        future: asyncio.Future[list[AppendResult]] = self._loop.create_future()
         if not self._messages:
             self._loop.call_soon(self._flush)
-        self._messages.append(message)
-        self._futures.append(future)
+        self._messages += messages
+        self._calls.append((future, len(messages)))
         return future
 
     def _flush(self) -> None:
-        messages, futures = self._messages, self._futures
-        self._messages, self._futures = [], []
+        messages, calls = self._messages, self._calls
+        self._messages, self._calls = [], []
         try:
             results = self._store.append_batch(messages)
             error: BaseException | None = None
@@ -134,10 +140,13 @@ class BatchingAppender:
             results, error = [], failed
         if self._on_batch is not None and results:
             self._on_batch(messages[:len(results)], results)
-        for future, result in zip(futures, results):
-            if self._durable:
-                self._waiters.resolve_when_durable(result.end_offset, future, result)
+        start = 0
+        for future, count in calls:
+            mine = results[start:start + count]
+            start += count
+            if len(mine) < count:
+                future.set_exception(error if error is not None else StoreError("append refused"))
+            elif self._durable:
+                self._waiters.resolve_when_durable(mine[-1].end_offset, future, mine)
             else:
-                future.set_result(result)
-        for future in futures[len(results):]:
-            future.set_exception(error if error is not None else StoreError("append refused"))
+                future.set_result(mine)

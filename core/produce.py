@@ -9,7 +9,6 @@ Runs on the event loop; not thread-safe.
 
 from __future__ import annotations
 
-import asyncio
 import itertools
 import time
 import zlib
@@ -57,9 +56,8 @@ class Producer:
     async def send(self, topics: Callable[[str], TopicConfig], messages: Sequence[OutgoingMessage]) -> list[SendResult]:
         """Store ``messages`` (validated first, all or none accepted); return where they landed."""
         prepared = [self._prepare(topics(m.topic), m) for m in messages]
-        futures = [self._appender.append(message) for message in prepared]
         try:
-            results = await asyncio.gather(*futures)
+            results = await self._appender.append_many(prepared)
         finally:
             if self._live:
                 for message in prepared:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import gc
 import logging
 import os
 import re
@@ -271,10 +272,20 @@ async def run_until_signalled(config: Config) -> None:
     print("Sluice stopped.", flush=True)
 
 
+def tune_garbage_collector() -> None:
+    """Collect young objects every 50,000 allocations instead of 700.
+
+    A broker keeps hundreds of thousands of small objects alive (recent messages, sessions);
+    at the default thresholds the collector rescans them so often that it costs a third of the
+    throughput, while message objects die young and are freed by reference counting anyway."""
+    gc.set_threshold(50_000, 50, 100)
+
+
 def serve(config: Config) -> int:
     """`sluice serve`: run until signalled on uvloop; 0 after a clean stop, 1 if it cannot start."""
     import uvloop
 
+    tune_garbage_collector()
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:

@@ -400,9 +400,51 @@ class Decoder:
             raise PacketTooLarge(f"{offset + length}-byte packet exceeds {self.max_packet_size}")
         if len(self._buffer) < offset + length:
             return None
+        if ptype is PacketType.PUBLISH:
+            return self._publish(flags, offset, offset + length)
         body = bytes(self._buffer[offset : offset + length])
         del self._buffer[: offset + length]
         return self._parse(ptype, flags, body)
+
+    def _publish(self, flags: int, start: int, end: int) -> Publish:
+        """PUBLISH, the hot path: parsed straight from the buffer (same checks as `Reader`)."""
+        buf = self._buffer
+        if end - start < 2:
+            raise MalformedPacket("packet ends inside a field")
+        pos = start + 2 + (buf[start] << 8 | buf[start + 1])
+        if pos > end:
+            raise MalformedPacket("packet ends inside a field")
+        try:
+            topic = buf[start + 2:pos].decode()
+        except UnicodeDecodeError as exc:
+            raise MalformedPacket(f"invalid UTF-8: {exc.reason}") from None
+        if "\x00" in topic:
+            raise MalformedPacket("U+0000 in a UTF-8 string")
+        _topic_name(topic)
+        qos = flags >> 1 & 3
+        packet_id = None
+        if qos:
+            if pos + 2 > end:
+                raise MalformedPacket("packet ends inside a field")
+            packet_id = buf[pos] << 8 | buf[pos + 1]
+            if packet_id == 0:
+                raise ProtocolError("packet identifier 0")
+            pos += 2
+        props = NO_PROPERTIES
+        if self.version == MQTT_5:
+            if pos < end and buf[pos] == 0:
+                pos += 1
+            else:
+                reader = Reader(bytes(buf[pos:end]))
+                props = decode_properties(reader, PacketType.PUBLISH)
+                pos = end - reader.remaining()
+            if not topic and props.topic_alias is None:
+                raise ProtocolError("empty topic name without a topic alias")
+        elif not topic:
+            raise ProtocolError("empty topic name without a topic alias")
+        payload = bytes(buf[pos:end])
+        del buf[:end]
+        return Publish(topic, payload, qos, bool(flags & 1), bool(flags & 8), packet_id, props)
 
     def _check_first_byte(self, first: int) -> tuple[PacketType, int]:
         value, flags = first >> 4, first & 0x0F

@@ -259,7 +259,7 @@ class Properties:
     shared_subscription_available: int | None = None
 
     def __bool__(self) -> bool:
-        return bool(self._present())
+        return self is not NO_PROPERTIES and bool(self._present())
 
     def __repr__(self) -> str:
         return f"Properties({', '.join(f'{k}={v!r}' for k, v in self._present().items())})"
