@@ -24,7 +24,7 @@ from .events import (ConnectionClosed, ConnectRequested, Event, MessagePublished
                      UnsubscribeRequested)
 from .packets import (ConnAck, Connect, Disconnect, Packet, PingResp, PubAck, PubComp, Publish,
                       PubRec, PubRel, SubAck, Subscribe, UnsubAck, Unsubscribe)
-from .properties import NO_PROPERTIES, Properties
+from .properties import NO_PROPERTIES, Properties, varint
 from .reason_codes import (REASON_CODES_BY_PACKET, V311_CONNACK_FOR, MqttError, PacketType,
                            ProtocolError, ReasonCode)
 from .states import TRANSITIONS, Action, State
@@ -400,6 +400,8 @@ class ServerConnection:
             self._awaiting_pubrel[packet_id] = code
         if closed:
             return b""
+        if code == ReasonCode.Success:  # the common case, without building a packet object
+            return (b"\x40\x02" if qos == 1 else b"\x50\x02") + packet_id.to_bytes(2, "big")
         return self._encode((PubAck if qos == 1 else PubRec)(packet_id, code))
 
     def ack_subscribe(self, packet_id: int, granted: list[ReasonCode | int]) -> bytes:
@@ -454,6 +456,15 @@ class ServerConnection:
                 raise ConnectionStateError(f"packet id {packet_id} is in flight or invalid")
         else:
             packet_id = None
+        if properties is NO_PROPERTIES and not self._client_topic_alias_maximum:
+            data = _publish_bytes(topic, payload, qos, retain, dup, packet_id, self.version)
+            if len(data) > self._client_max_packet_size:
+                raise ValueError(f"{len(data)}-byte PUBLISH exceeds the client's maximum packet size")
+            if packet_id is not None:
+                expect = PacketType.PUBACK if qos == 1 else PacketType.PUBREC
+                self._inflight[packet_id] = (Publish(topic, payload, qos, retain, dup, packet_id),
+                                             expect)
+            return packet_id, data
         packet = Publish(topic, payload, qos, retain, dup, packet_id, properties)
         on_wire, new_alias = self._with_alias(packet)
         data = self._encode(on_wire)
@@ -507,3 +518,15 @@ class ServerConnection:
             again = PubRel(packet_id) if expect is PacketType.PUBCOMP else replace(packet, dup=True)
             out.append(self._encode(again))
         return out
+
+
+def _publish_bytes(topic: str, payload: bytes, qos: int, retain: bool, dup: bool,
+                   packet_id: int | None, version: int | None) -> bytes:
+    """A PUBLISH without properties or alias, encoded directly (the delivery hot path)."""
+    name = topic.encode()
+    pid = packet_id.to_bytes(2, "big") if packet_id is not None else b""
+    props = b"\x00" if version == MQTT_5 else b""
+    size = 2 + len(name) + len(pid) + len(props) + len(payload)
+    first = 0x30 | qos << 1 | retain | dup << 3
+    header = bytes((first, size)) if size < 128 else bytes((first,)) + varint(size)
+    return b"".join((header, len(name).to_bytes(2, "big"), name, pid, props, payload))

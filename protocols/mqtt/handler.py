@@ -292,18 +292,15 @@ class MqttConnection:
             for event, _ in batch:
                 self._answer_publish(event, reason_for(error))
             return
+        session = self.session
         for event, message in batch:
             if event.retain:
                 frontend.retained.update(event.topic, message.body, message.properties)
+            if event.qos == 2 and session is not None and session.persistent:
+                session.qos2.awaiting_release.add(event.packet_id)
+                await frontend.save_qos2(session)  # PUBREC only once the id is saved
             if event.qos:
-                await self._acknowledge(event)
-
-    async def _acknowledge(self, event: MessagePublished) -> None:
-        session = self.session
-        if event.qos == 2 and session is not None and session.persistent:
-            session.qos2.awaiting_release.add(event.packet_id)
-            await self.frontend.save_qos2(session)
-        self._write(self.conn.ack_publish(event.packet_id))
+                self._write(self.conn.ack_publish(event.packet_id))
 
     def _answer_publish(self, event: MessagePublished, reason: ReasonCode) -> None:
         if event.qos:

@@ -4,6 +4,8 @@ the connection writes back is decoded with a client-side Decoder."""
 from __future__ import annotations
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from protocols.mqtt.codec import Decoder, encode
 from protocols.mqtt.connection import ConnectionStateError, FlowControlFull, ServerConnection
@@ -549,3 +551,14 @@ def test_publish_with_a_chosen_packet_id_refuses_one_in_flight() -> None:
     _, data = conn.publish("t", b"z", qos=1, packet_id=6, dup=True)
     [packet] = decode(V5, data)
     assert packet.dup and packet.packet_id == 6
+
+
+@given(topic=st.text(st.characters(blacklist_characters="\x00+#", blacklist_categories=("Cs",)),
+                     min_size=1, max_size=300),
+       payload=st.binary(max_size=300), qos=st.integers(0, 2), retain=st.booleans(),
+       dup=st.booleans(), version=st.sampled_from([V3, V5]))
+def test_fast_publish_encoding_equals_the_codec(topic: str, payload: bytes, qos: int, retain: bool,
+                                                dup: bool, version: int) -> None:
+    conn = connected(version)
+    packet_id, data = conn.publish(topic, payload, qos, retain, dup=dup and qos > 0)
+    assert data == encode(Publish(topic, payload, qos, retain, dup and qos > 0, packet_id), version)
