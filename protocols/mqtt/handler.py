@@ -37,6 +37,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+MAX_UNSTORED = 8192
+"""Messages of one connection read but not yet stored before reading from it pauses."""
+
 _ERROR_REASONS: dict[str, ReasonCode] = {
     "AccessDenied": ReasonCode.NotAuthorized,
     "MessageTooLarge": ReasonCode.PacketTooLarge,
@@ -71,6 +74,10 @@ class MqttConnection:
         self._flush_scheduled = False
         self._batch: list[tuple[MessagePublished, OutgoingMessage]] = []
         self._previous: asyncio.Future | None = None
+        self._unstored = 0
+        """Messages read from this client and not yet stored: reading pauses above
+        ``MAX_UNSTORED``, so a fast publisher waits for the store instead of filling memory."""
+        self._reading_paused = False
         self._max_buffered = options.max_buffered_bytes
 
     # ---------------------------------------------------------------- wire side
@@ -276,9 +283,26 @@ class MqttConnection:
         batch, self._batch = self._batch, []
         previous = self._previous
         self._previous = self.loop.create_task(self._store(batch, previous))
+        self._unstored += len(batch)
+        if self._unstored > MAX_UNSTORED and not self._reading_paused:
+            self._reading_paused = True
+            self.wire.pause_reading()
+
+    def _stored(self, count: int) -> None:
+        self._unstored -= count
+        if self._reading_paused and self._unstored <= MAX_UNSTORED // 2:
+            self._reading_paused = False
+            self.wire.resume_reading()
 
     async def _store(self, batch: list[tuple[MessagePublished, OutgoingMessage]],
                      previous: asyncio.Future | None) -> None:
+        try:
+            await self._store_batch(batch, previous)
+        finally:
+            self._stored(len(batch))
+
+    async def _store_batch(self, batch: list[tuple[MessagePublished, OutgoingMessage]],
+                           previous: asyncio.Future | None) -> None:
         frontend = self.frontend
         if previous is not None and not previous.done():
             await asyncio.shield(previous)
