@@ -39,6 +39,9 @@ _KNOWN_NAMES = frozenset({"MQTT", "MQIsdp"})
 _FIXED_FLAGS = {PacketType.PUBREL: 0b0010, PacketType.SUBSCRIBE: 0b0010,
                 PacketType.UNSUBSCRIBE: 0b0010}
 """Fixed-header flags of every packet but PUBLISH; absent means 0 (spec 2.1.3)."""
+_SHORT_ACKS: dict[PacketType, type[PubAck | PubRec | PubComp]] = {
+    PacketType.PUBACK: PubAck, PacketType.PUBREC: PubRec, PacketType.PUBCOMP: PubComp}
+"""Acknowledgements decoded without a `Reader` when they hold only a packet id."""
 _V311_CONNACK = frozenset(ConnectReturnCode)
 _V311_SUBACK = frozenset(SubAckReturnCode)
 
@@ -402,6 +405,13 @@ class Decoder:
             return None
         if ptype is PacketType.PUBLISH:
             return self._publish(flags, offset, offset + length)
+        if length == 2 and ptype in _SHORT_ACKS:  # a bare PUBACK/PUBREC/PUBCOMP: the hot path
+            buf = self._buffer
+            packet_id = buf[offset] << 8 | buf[offset + 1]
+            if packet_id == 0:
+                raise ProtocolError("packet identifier 0")
+            del buf[:offset + 2]
+            return _SHORT_ACKS[ptype](packet_id)
         body = bytes(self._buffer[offset : offset + length])
         del self._buffer[: offset + length]
         return self._parse(ptype, flags, body)

@@ -199,8 +199,10 @@ class Session:
     def _send(self, inbound: Inbound, qos: int, retain: bool, ids: tuple[int, ...],
               packet_id: int | None = None, dup: bool = False) -> int | None:
         assert self.link is not None
-        return self.link.publish(inbound.topic, inbound.payload, qos, retain,
-                                 inbound.properties_at(now_ms(), ids), packet_id, dup)
+        properties = inbound.properties if inbound.expiry_at_ms is None and not ids \
+            else inbound.properties_at(now_ms(), ids)
+        return self.link.publish(inbound.topic, inbound.payload, qos, retain, properties,
+                                 packet_id, dup)
 
     def _allocate_direct(self) -> int | None:
         low = PID_SPAN + 1 if self.persistent else 1
