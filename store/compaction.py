@@ -88,7 +88,8 @@ class CompactedTopics:
                         latest[key] = message
                     else:
                         latest.pop(key, None)
-                offset = batch[-1].queue_offset + 1
+                offset += len(batch)  # reads are contiguous; records of a queue a message
+                # was fanned out to carry their home queue's offsets, not this queue's
             self._cache[(topic, queue_id)] = (offset, latest)
             return offset, latest
 

@@ -96,11 +96,13 @@ class MemoryStore:
             self._queues.setdefault((topic, queue_id), _Queue()).entries.append(phys)
         for key in index_keys:
             self._keys.setdefault(key, []).append(phys)
-        latest = self._latest.get(m.topic)
-        if latest is not None:
-            latest.pop(m.keys[0], None)
-            if m.body:
-                latest[m.keys[0]] = phys
+        for topic in {target[0] for target in targets}:  # the home topic and fan-out queues
+            latest = self._latest.get(topic)
+            if latest is not None:
+                key = m.keys[0] if m.keys else ""
+                latest.pop(key, None)
+                if m.body:
+                    latest[key] = phys
         return result
 
     def wait_durable(self, end_offset: int, timeout: float | None = None) -> bool:

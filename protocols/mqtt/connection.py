@@ -33,6 +33,8 @@ __all__ = ["ConnectionStateError", "FlowControlFull", "Inflight", "ServerConnect
 
 DEFAULT_RECEIVE_MAXIMUM: Final = 65_535
 """Receive Maximum when CONNECT/CONNACK do not say (spec 3.1.2.11.3)."""
+MAX_REASON_STRING: Final = 256
+"""Reason strings we send are cut to this many characters."""
 KEEPALIVE_GRACE: Final = 1.5
 """A client is gone after 1.5 keep-alive periods without a packet (spec 3.1.2.10)."""
 
@@ -192,7 +194,8 @@ class ServerConnection:
         if send and self.state is State.CONNECTED and self.version == MQTT_5:
             if reason not in REASON_CODES_BY_PACKET[PacketType.DISCONNECT]:
                 reason = ReasonCode.ProtocolError
-            self._outgoing += encode(Disconnect(reason), MQTT_5)
+            props = Properties(reason_string=detail[:MAX_REASON_STRING]) if detail else NO_PROPERTIES
+            self._outgoing += encode(Disconnect(reason, props), MQTT_5)
         self.state = State.CLOSED
         self._events.append(ConnectionClosed(reason, will, session_expiry, detail))
 
@@ -367,14 +370,17 @@ class ServerConnection:
             self.topic_alias_maximum = props.topic_alias_maximum
         return replace(props, **unset)
 
-    def refuse(self, reason_code: ReasonCode) -> bytes:
+    def refuse(self, reason_code: ReasonCode, reason_string: str = "") -> bytes:
         """CONNACK with a failure; the connection is CLOSED. MQTT 3.1.1 has six return codes
-        (`V311_CONNACK_FOR`); for any other reason it just closes, so this returns b""."""
+        (`V311_CONNACK_FOR`); for any other reason it just closes, so this returns b"".
+        MQTT 5 carries ``reason_string`` to the client."""
         if reason_code < 0x80:
             raise ValueError(f"refuse() needs a failure reason code, not {reason_code!r}")
         self._transition(Action.REFUSE)
         if self.version == MQTT_5:
-            return self._encode(ConnAck(False, reason_code))
+            props = (Properties(reason_string=reason_string[:MAX_REASON_STRING]) if reason_string
+                     else NO_PROPERTIES)
+            return self._encode(ConnAck(False, reason_code, props))
         v311 = V311_CONNACK_FOR.get(reason_code)
         return b"" if v311 is None else self._encode(ConnAck(False, v311))
 

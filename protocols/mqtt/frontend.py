@@ -278,13 +278,17 @@ class MqttFrontend:
 
     # ---------------------------------------------------------------- messages
 
+    async def ensure_topics(self, principal: Principal | None,
+                            messages: Sequence[OutgoingMessage]) -> None:
+        """Create the native topics of ``messages`` that do not exist yet."""
+        assert principal is not None
+        for topic in {m.topic for m in messages}:
+            await self.broker.ensure_topic(principal, topic)
+
     async def publish(self, principal: Principal | None, messages: Sequence[OutgoingMessage]) -> list[SendResult]:
         """Store MQTT messages, creating their native topics on first use."""
-        assert principal is not None
-        broker = self.broker
-        for topic in {m.topic for m in messages}:
-            await broker.ensure_topic(principal, topic)
-        return await broker.send(principal, messages)
+        await self.ensure_topics(principal, messages)
+        return await self.broker.send(principal, messages)
 
     def may_subscribe(self, principal: Principal, topic_filter: str) -> bool:
         """Subscribe rights on the native topic a filter reads (all topics for a leading wildcard)."""

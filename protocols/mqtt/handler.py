@@ -28,6 +28,7 @@ from .packets import Will
 from .properties import NO_PROPERTIES, Properties
 from .reason_codes import ReasonCode
 from .state import NEVER_EXPIRES, RETAINED_QUEUE, SubscriptionOptions
+from .states import State
 from .topics import InvalidFilter, check_filter, split_shared
 from .wire import Wire
 
@@ -203,14 +204,15 @@ class MqttConnection:
             self.principal = await frontend.authenticate(event.username, event.password)
         except Unauthenticated as refused:
             log.info("MQTT client %r from %s refused: %s", event.client_id, self.wire.peer, refused)
-            self._refuse(ReasonCode.BadUserNameOrPassword)
+            self._refuse(ReasonCode.BadUserNameOrPassword, str(refused))
             return
         if self.closed:
             return
         client_id, assigned = event.client_id, None
         if not client_id:
             if not event.clean_start and not v5:
-                self._refuse(ReasonCode.ClientIdentifierNotValid)
+                self._refuse(ReasonCode.ClientIdentifierNotValid,
+                             "a persistent session needs a client identifier")
                 return
             client_id = assigned = f"sluice-{uuid.uuid4().hex}"
         if v5:
@@ -221,7 +223,7 @@ class MqttConnection:
         if event.will is not None:
             refusal = self._check_will(event.will)
             if refusal is not None:
-                self._refuse(refusal)
+                self._refuse(refusal, f"not authorized to publish the will on {event.will.topic}")
                 return
         self.client_id = client_id
         self.will = event.will
@@ -249,10 +251,13 @@ class MqttConnection:
             return ReasonCode.NotAuthorized
         return None
 
-    def _refuse(self, reason: ReasonCode) -> None:
+    def _refuse(self, reason: ReasonCode, reason_string: str = "") -> None:
         if self.closed:
             return
-        self._write(self.conn.refuse(reason))
+        if self.conn.state is State.CONNECTED:  # accepted already: disconnect instead
+            self.kick(reason)
+            return
+        self._write(self.conn.refuse(reason, reason_string))
         self._flush()
         self.closed = True
         self.wire.close()
@@ -303,26 +308,39 @@ class MqttConnection:
 
     async def _store_batch(self, batch: list[tuple[MessagePublished, OutgoingMessage]],
                            previous: asyncio.Future | None) -> None:
-        frontend = self.frontend
+        frontend, session = self.frontend, self.session
         if previous is not None and not previous.done():
             await asyncio.shield(previous)
+        messages = [message for _, message in batch]
+        exactly_once = [event.packet_id for event, _ in batch if event.qos == 2] \
+            if session is not None and session.persistent else []
         try:
-            await frontend.publish(self.principal, [message for _, message in batch])
+            await frontend.ensure_topics(self.principal, messages)
+            # The messages and, right behind them, the QoS 2 ids awaiting PUBREL go into the
+            # same append: the log is durable as a prefix, so a saved id implies its message
+            # is stored, and a restart in between cannot store a resent message twice.
+            stored = asyncio.ensure_future(frontend.broker.send(self.principal, messages))
+            saved = None
+            if exactly_once:
+                session.qos2.awaiting_release.update(exactly_once)
+                saved = asyncio.ensure_future(frontend.save_qos2(session))
+            await stored
+            if saved is not None:
+                await saved
         except SluiceError as error:
             log.info("client %s: %d messages not stored: %s", self.client_id, len(batch), error)
+            if exactly_once:
+                session.qos2.awaiting_release.difference_update(exactly_once)
+                frontend.save_qos2_soon(session)
             if self.conn.version != MQTT_5:
                 self.kick(ReasonCode.UnspecifiedError)
                 return
             for event, _ in batch:
                 self._answer_publish(event, reason_for(error))
             return
-        session = self.session
         for event, message in batch:
             if event.retain:
                 frontend.retained.update(event.topic, message.body, message.properties)
-            if event.qos == 2 and session is not None and session.persistent:
-                session.qos2.awaiting_release.add(event.packet_id)
-                await frontend.save_qos2(session)  # PUBREC only once the id is saved
             if event.qos:
                 self._write(self.conn.ack_publish(event.packet_id))
 

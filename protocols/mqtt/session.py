@@ -174,10 +174,10 @@ class Session:
         if self.persistent:
             committed, acked = self.broker.queue_position(self.queue)
             self._next = committed
-            self._skip = set(acked) | set(self.qos2.completed)
+            self._skip = set(acked) | set(self.qos2.completed) | set(self.qos2.received)
             self._dup_below = self.broker.queue_bounds(self.queue)[1]
             self._by_pid = {pid: offset for offset, pid in self.qos2.received.items()}
-            self._fill()
+        self._resume()
 
     def detach(self) -> None:
         """The connection is gone: give back shared messages, stop delivering."""

@@ -119,6 +119,19 @@ def test_compacted_topic_keeps_the_newest_value_per_key(store):
         store.append("retained", b"no key")
 
 
+def test_a_fanned_out_queue_can_be_compacted(store):
+    """Records indexed into a compacted named queue keep their home queue's offsets; the
+    compacted view of the named queue still sees each once (MQTT retained messages)."""
+    store.enable_compaction("%retained")
+    for topic, body in (("a", b"a1"), ("b", b"b1"), ("a", b"a2"), ("b", b"")):
+        last = store.append(topic, body, keys=[f"{topic}/x"], extra_queues=[("%retained", 0)])
+    store.append("a", b"not retained")
+    visible(store, last)
+    assert [(m.keys[0], m.body) for m in store.compacted("%retained")] == [("a/x", b"a2")]
+    assert store.compact("%retained") == 1
+    assert [(m.keys[0], m.body) for m in store.compacted("%retained")] == [("a/x", b"a2")]
+
+
 def test_retention_by_size_deletes_whole_oldest_segments(open_store):
     store = open_store(retention_max_bytes=20_000)
     store.enable_compaction("state")
