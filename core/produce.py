@@ -101,6 +101,9 @@ class Producer:
             return message.queue_id
         if message.message_group:
             return zlib.crc32(message.message_group.encode()) % topic.queue_count
+        subject = message.properties.get(SUBJECT_PROPERTY)
+        if subject:  # one subject stays in one queue, so readers of the queue see it in order
+            return zlib.crc32(subject.encode()) % topic.queue_count
         counter = self._round_robin.get(topic.name)
         if counter is None:
             counter = self._round_robin[topic.name] = itertools.count()

@@ -1,0 +1,119 @@
+"""Subject fan-out: messages reach bound named queues and live listeners by subject; named
+queues are read by offset, popped by several consumers, and compacted state is kept."""
+from __future__ import annotations
+
+import pytest
+
+from core.model import SUBJECT_PROPERTY, SYSTEM, OutgoingMessage
+from core.service import Broker
+
+from tests.unit.core.test_broker import run, topic
+
+
+def subject(name: str, body: bytes, subject_: str) -> OutgoingMessage:
+    return OutgoingMessage(name, body, properties={SUBJECT_PROPERTY: subject_})
+
+
+class Recorder:
+    """A live listener that keeps what it is handed."""
+
+    def __init__(self) -> None:
+        self.got: list[bytes] = []
+
+    def deliver(self, delivery) -> None:
+        self.got.append(delivery.body)
+
+
+def test_bound_queues_and_listeners_get_matching_subjects_only(tmp_path):
+    async def scenario(broker: Broker) -> None:
+        await topic(broker, "devices")
+        listener = Recorder()
+        broker.bind_queue("devices/+/telemetry", "session-a")
+        broker.add_listener("devices/#", listener)
+        await broker.send(SYSTEM, [subject("devices", b"t1", "devices/d1/telemetry"),
+                                   subject("devices", b"s1", "devices/d1/status"),
+                                   OutgoingMessage("devices", b"plain")])
+        messages, next_offset = broker.read_queue("session-a", 0, 10)
+        assert [m.body for m in messages] == [b"t1"] and next_offset == 1
+        assert [m.queue_offset for m in messages] == [0]
+        assert listener.got == [b"t1", b"s1", b"plain"]  # no subject: the topic name is the subject
+        broker.remove_listener("devices/#", listener)
+        broker.unbind_queue("devices/+/telemetry", "session-a")
+        await broker.send(SYSTEM, [subject("devices", b"t2", "devices/d2/telemetry")])
+        assert broker.read_queue("session-a", 1, 10)[0] == [] and listener.got[-1] == b"plain"
+    run(tmp_path, scenario, store="file")
+
+
+def test_wildcards_do_not_match_dollar_subjects(tmp_path):
+    async def scenario(broker: Broker) -> None:
+        await topic(broker, "%24SYS", queues=1)
+        listener = Recorder()
+        broker.add_listener("#", listener)
+        await broker.send(SYSTEM, [subject("%24SYS", b"x", "$SYS/uptime")])
+        assert listener.got == []
+    run(tmp_path, scenario)
+
+
+def test_one_subject_stays_in_one_queue(tmp_path):
+    async def scenario(broker: Broker) -> None:
+        await topic(broker, "devices", queues=4)
+        results = await broker.send(SYSTEM, [subject("devices", b"%d" % i, f"devices/d{i % 3}/t")
+                                             for i in range(30)])
+        queues: dict[bytes, set[int]] = {}
+        for message, result in zip(range(30), results):
+            queues.setdefault(b"d%d" % (message % 3), set()).add(result.queue_id)
+        assert all(len(used) == 1 for used in queues.values())
+    run(tmp_path, scenario)
+
+
+def test_acks_of_a_named_queue_move_its_position_and_survive_a_restart(tmp_path):
+    async def first(broker: Broker) -> None:
+        await topic(broker, "jobs")
+        broker.bind_queue("jobs/#", "session-b")
+        await broker.send(SYSTEM, [subject("jobs", b"%d" % i, "jobs/x") for i in range(4)])
+        broker.ack_queue("session-b", 0)
+        broker.ack_queue("session-b", 2)
+        assert broker.queue_position("session-b") == (1, frozenset({2}))
+
+    async def second(broker: Broker) -> None:
+        assert broker.queue_position("session-b") == (1, frozenset({2}))
+        messages, _ = broker.read_queue("session-b", 1, 10)
+        assert [m.body for m in messages] == [b"1", b"2", b"3"]
+    run(tmp_path, first, store="file")
+    run(tmp_path, second, store="file")
+
+
+def test_a_popped_message_goes_to_one_consumer_until_released(tmp_path):
+    async def scenario(broker: Broker) -> None:
+        await topic(broker, "work")
+        broker.bind_queue("work/#", "group-q")
+        await broker.send(SYSTEM, [subject("work", b"%d" % i, "work/x") for i in range(3)])
+        first = broker.pop_queue("group-q", 2, 60_000)
+        second = broker.pop_queue("group-q", 2, 60_000)
+        assert [m.body for m in first] == [b"0", b"1"] and [m.body for m in second] == [b"2"]
+        broker.settle_popped("group-q", first[0].queue_offset)
+        broker.release_popped("group-q", first[1].queue_offset)
+        again = broker.pop_queue("group-q", 5, 60_000)
+        assert [m.body for m in again] == [b"1"]
+        assert broker.next_redelivery_ms("group-q") is not None
+    run(tmp_path, scenario)
+
+
+@pytest.mark.parametrize("store", ["memory", "file"])
+def test_compacted_state_keeps_the_newest_value_per_key(tmp_path, store):
+    async def scenario(broker: Broker) -> None:
+        await broker.ensure_compacted("%SYS%state")
+        await broker.put_state("%SYS%state", "a", b"1")
+        await broker.put_state("%SYS%state", "b", b"1")
+        await broker.put_state("%SYS%state", "a", b"2")
+        await broker.put_state("%SYS%state", "b", b"")
+        assert [(m.keys[0], m.body) for m in broker.load_state("%SYS%state")] == [("a", b"2")]
+    run(tmp_path, scenario, store=store)
+
+
+def test_a_publish_creates_a_missing_topic(tmp_path):
+    async def scenario(broker: Broker) -> None:
+        config = await broker.ensure_topic(SYSTEM, "sensors")
+        assert config.queue_count == broker.config.auto_topic_queues
+        assert broker.get_topic("sensors") == config
+    run(tmp_path, scenario)
