@@ -148,9 +148,10 @@ is the topic name."""
 """Stored property carrying a FIFO message's group; ``Delivery.message_group`` reads it."""
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class OutgoingMessage:
-    """A message as a producer sends it, before it is stored."""
+    """A message as a producer sends it, before it is stored. Built per message, so slotted
+    rather than frozen (cheaper); treat it as a value."""
 
     topic: str
     body: bytes
@@ -181,9 +182,10 @@ class SendResult:
     store_ts: int
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class Delivery:
-    """A message handed to a consumer. ``receipt_handle`` is set for pop deliveries only."""
+    """A message handed to a consumer. ``receipt_handle`` is set for pop deliveries only.
+    Built per message, so slotted rather than frozen (cheaper); treat it as a value."""
 
     topic: str
     queue_id: int

@@ -26,7 +26,7 @@ class ConnectRequested:
     version: int
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class MessagePublished:
     """An application message from the client. QoS 1 and 2 need `ack_publish(packet_id)`.
     `topic` is resolved from a topic alias; `properties` no longer carry the alias."""
@@ -57,7 +57,7 @@ class UnsubscribeRequested:
     properties: Properties = NO_PROPERTIES
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class PublishAcknowledged:
     """The client finished a message we sent: PUBACK (QoS 1), PUBCOMP (QoS 2), or in MQTT 5 a
     PUBACK/PUBREC with a failure `reason_code` (>= 0x80), which also ends the exchange."""

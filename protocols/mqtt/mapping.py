@@ -74,7 +74,7 @@ def to_outgoing(topic: str, payload: bytes, qos: int, retain: bool, client_id: s
     return OutgoingMessage(native_topic(topic), payload, properties=props, born_ts=now_ms)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Inbound:
     """A stored message as an MQTT subscriber sees it, before per-subscription options."""
 
