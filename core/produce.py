@@ -76,12 +76,12 @@ class Producer:
         if topic.message_type is MessageType.TRANSACTION:
             raise NotSupported(f"topic {topic.name!r} is transactional; transactions are not "
                                "supported in this version")
-        properties = dict(message.properties)
-        if sum(len(k) + len(v) for k, v in properties.items()) > MAX_PROPERTY_BYTES:
+        properties = message.properties  # stored as given: senders hand over a fresh mapping
+        if sum(map(len, properties)) + sum(map(len, properties.values())) > MAX_PROPERTY_BYTES:
             raise InvalidArgument(f"message properties exceed {MAX_PROPERTY_BYTES} bytes; keep "
                                   "large data in the body")
         if message.message_group:
-            properties[MESSAGE_GROUP_PROPERTY] = message.message_group
+            properties = {**properties, MESSAGE_GROUP_PROPERTY: message.message_group}
         route = self._fanout.route(properties.get(SUBJECT_PROPERTY) or topic.name)
         extra = route.queues
         if message.also_into:
@@ -115,6 +115,8 @@ class Producer:
         touched: dict[tuple[str, int], int] = {}
         live: list[tuple[tuple[Listener, ...], Delivery]] = []
         recent = self._recent
+        counts: Counter[str] = Counter()
+        sizes: Counter[str] = Counter()
         for message, result in zip(messages, results):
             key = (result.topic, result.queue_id)
             if key not in deliverable:
@@ -135,8 +137,11 @@ class Producer:
                                     result.store_ts))
             if self._live and (listeners := self._live.pop(id(message), None)):
                 live.append((listeners, delivery))
-            self.counters["messages_in", result.topic] += 1
-            self.counters["bytes_in", result.topic] += len(message.body)
+            counts[result.topic] += 1
+            sizes[result.topic] += len(message.body)
+        for topic, count in counts.items():
+            self.counters["messages_in", topic] += count
+            self.counters["bytes_in", topic] += sizes[topic]
         publish = self._waiters.call_when_durable if self._durable else self._waiters.call_when_visible
         publish(results[-1].end_offset, lambda: self._publish(touched, live))
 

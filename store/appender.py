@@ -33,6 +33,9 @@ def generated_id_offset(msg_id: str) -> int | None:
     return None
 
 
+_PROPERTY_CACHE_SIZE = 4096
+
+
 class RecordBuilder:
     """Assigns queue offsets and encodes records. Runs under the owning store's append lock."""
 
@@ -41,6 +44,17 @@ class RecordBuilder:
         self.compacted_topics = compacted_topics
         self._topic_bytes: dict[str, bytes] = {}
         self._layouts: dict[str, struct.Struct] = {}
+        self._properties: dict[tuple, bytes] = {}
+        """Encoded property sections by their items: producers repeat the same few sets."""
+
+    def _encode_properties(self, properties: Mapping[str, str]) -> bytes:
+        key = tuple(properties.items())
+        encoded = self._properties.get(key)
+        if encoded is None:
+            if len(self._properties) >= _PROPERTY_CACHE_SIZE:
+                self._properties.clear()
+            encoded = self._properties[key] = record.encode_properties(properties)
+        return encoded
 
     def _topic(self, topic: str) -> bytes:
         encoded = self._topic_bytes.get(topic)
@@ -76,7 +90,7 @@ class RecordBuilder:
         id_bytes = msg_id.encode() if msg_id else b""
         if len(tag_bytes) > 0xFFFF or len(id_bytes) > 0xFFFF:
             raise InvalidRecordError("a tag and a message id have at most 65535 bytes")
-        props_bytes = record.encode_properties(properties) if properties else b""
+        props_bytes = self._encode_properties(properties) if properties else b""
         offsets = self.next_queue_offsets
         home = (topic, queue_id)
         queue_offset = offsets.get(home, 0)

@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import base64
+import functools
 import json
 import time
 from dataclasses import dataclass, replace
@@ -40,6 +41,7 @@ NATIVE_QOS: Final = 1
 _NAME_CHARS: Final = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_.|")
 
 
+@functools.lru_cache(maxsize=65_536)
 def native_topic(mqtt_topic: str) -> str:
     """The core topic an MQTT topic is stored in: its first level, escaped."""
     first = mqtt_topic.split("/", 1)[0]

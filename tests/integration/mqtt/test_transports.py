@@ -5,6 +5,7 @@ from __future__ import annotations
 import queue
 import re
 import ssl
+import time
 import uuid
 
 import paho.mqtt.client as mqtt
@@ -139,3 +140,60 @@ def test_a_shared_group_keeps_messages_while_every_member_is_offline(sluice_serv
     returning.stop()
     producer.stop()
 
+
+
+def test_connack_announces_server_keep_alive_and_an_assigned_client_id(sluice_server, tmp_path):
+    """MQTT 5: with ``max_keep_alive_s`` set, a client asking for a longer keep alive is told the
+    server's in CONNACK; a client without an id gets one assigned."""
+    config = '[auth]\ndefault_password = "sluice"\n[mqtt]\nmax_keep_alive_s = 5\n'
+    server = sluice_server(tmp_path / "data", config=config)
+    server.wait_ready()
+    answers: queue.Queue[Properties] = queue.Queue()
+    client = mqtt.Client(CallbackAPIVersion.VERSION2, client_id="", protocol=mqtt.MQTTv5)
+    client.username_pw_set("sluice", "sluice")
+    client.on_connect = lambda _c, _u, _flags, code, properties: answers.put(properties)
+    client.connect(*hostport(server.mqtt), keepalive=60)
+    client.loop_start()
+    properties = answers.get(timeout=TIMEOUT)
+    assert properties.ServerKeepAlive == 5
+    assert properties.AssignedClientIdentifier.startswith("sluice-")
+    client.disconnect()
+    client.loop_stop()
+
+
+def test_a_session_ends_when_its_expiry_interval_passes(sluice_server, tmp_path):
+    """MQTT 5 session expiry 1 s: reconnecting at once finds the session (and what was queued
+    for it); reconnecting after the interval finds none."""
+    server = sluice_server(tmp_path / "data")
+    server.wait_ready()
+    address = hostport(server.mqtt)
+    topic = f"expiry/{uuid.uuid4().hex}"
+
+    def connect() -> tuple[mqtt.Client, queue.Queue]:
+        answers: queue.Queue = queue.Queue()
+        client = mqtt.Client(CallbackAPIVersion.VERSION2, client_id="short-lived", protocol=mqtt.MQTTv5)
+        client.username_pw_set("sluice", "sluice")
+        client.on_connect = lambda _c, _u, flags, _code, _p: answers.put(flags.session_present)
+        client.on_message = lambda _c, _u, message: answers.put(message.payload)
+        properties = Properties(PacketTypes.CONNECT)
+        properties.SessionExpiryInterval = 1
+        client.connect(*address, clean_start=False, properties=properties)
+        client.loop_start()
+        return client, answers
+
+    client, answers = connect()
+    assert answers.get(timeout=TIMEOUT) is False
+    client.subscribe(topic, 1)
+    client.disconnect()
+    client.loop_stop()
+    Client(*address, "expiry-publisher").publish(topic, b"kept")
+    client, answers = connect()
+    assert answers.get(timeout=TIMEOUT) is True
+    assert answers.get(timeout=TIMEOUT) == b"kept"
+    client.disconnect()
+    client.loop_stop()
+    time.sleep(1.5)  # the session's expiry interval must pass: time is the subject here
+    client, answers = connect()
+    assert answers.get(timeout=TIMEOUT) is False
+    client.disconnect()
+    client.loop_stop()
