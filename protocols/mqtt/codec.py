@@ -39,6 +39,8 @@ _KNOWN_NAMES = frozenset({"MQTT", "MQIsdp"})
 _FIXED_FLAGS = {PacketType.PUBREL: 0b0010, PacketType.SUBSCRIBE: 0b0010,
                 PacketType.UNSUBSCRIBE: 0b0010}
 """Fixed-header flags of every packet but PUBLISH; absent means 0 (spec 2.1.3)."""
+_PACKET_TYPES: Final = tuple(PacketType(v) if v else None for v in range(16))
+"""PacketType by its value (0 is reserved), without the enum's slower constructor."""
 _SHORT_ACKS: dict[PacketType, type[PubAck | PubRec | PubComp]] = {
     PacketType.PUBACK: PubAck, PacketType.PUBREC: PubRec, PacketType.PUBCOMP: PubComp}
 """Acknowledgements decoded without a `Reader` when they hold only a packet id."""
@@ -460,7 +462,7 @@ class Decoder:
         value, flags = first >> 4, first & 0x0F
         if value == 0 or (value == PacketType.AUTH and self.version == MQTT_311):
             raise MalformedPacket(f"reserved packet type {value}")
-        ptype = PacketType(value)
+        ptype = _PACKET_TYPES[value]
         if self.version is None and ptype is not PacketType.CONNECT:
             raise ProtocolError(f"expected CONNECT first, got {ptype.name}")
         if ptype is PacketType.PUBLISH:

@@ -22,6 +22,8 @@ from .reason_codes import PacketType as P
 class State(Enum):
     """Where the connection is."""
 
+    __hash__ = object.__hash__  # members are singletons; Enum's own hash runs Python code
+
     CONNECTING = auto()
     """Waiting for CONNECT, the only packet allowed first."""
     CONNECT_RECEIVED = auto()
@@ -34,6 +36,8 @@ class State(Enum):
 
 class Action(Enum):
     """What the adapter can do to the connection."""
+
+    __hash__ = object.__hash__
 
     ACCEPT = auto()
     REFUSE = auto()
