@@ -39,6 +39,11 @@ class StoreReader(StoreView):
             queue.refresh()
         self.consume_queues.advance_min(self.log.min_offset)
 
+    def close(self) -> None:
+        """Close the segment and queue files it holds open."""
+        self.log.close()
+        self.consume_queues.close()
+
     def describe(self) -> dict:
         """A summary for operators: log extent, checkpoint, every queue's offset range."""
         point = checkpoint.load(os.path.join(self.directory, "checkpoint"))

@@ -1,0 +1,183 @@
+"""The ``sluice`` PySpark data source: topics of a Sluice data directory as a DataFrame.
+
+``spark.read.format("sluice").option("subscribe", "devices,alerts").load("/var/lib/sluice")``
+reads through the store reader (no broker needed; it may run beside one). Options follow
+Spark's Kafka source where one exists:
+
+- ``subscribe``: comma-separated topics (required).
+- ``startingOffsets`` / ``endingOffsets``: ``earliest``, ``latest``, or per-queue JSON such as
+  ``{"devices": {"0": 10, "1": -2}}`` (-2 earliest, -1 latest; queues left out use the default:
+  earliest for the start, latest for the end). The end is exclusive.
+- ``maxRecordsPerPartition``: records per partition (default 1,000,000): a large backfill of
+  one queue is split into several partitions that read in parallel.
+
+One partition per queue range; ``read`` opens the store lazily on the executor and yields Arrow
+record batches. Packed native batches (``sluice.batch``) become one row per body, with their
+index in ``batch_index``. Filters are options, never ``pushFilters``: PySpark 4.3 reuses pushed
+filters in later queries on the same DataFrame.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+
+import pyarrow as pa
+from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
+from pyspark.sql.types import StructType
+
+from protocols.native.sdk.packing import BATCH_PROPERTY, unpack_bodies
+
+SCHEMA = ("topic STRING, queue INT, offset BIGINT, batch_index INT, msg_id STRING, "
+          "keys ARRAY<STRING>, tag STRING, subject STRING, properties MAP<STRING, STRING>, "
+          "body BINARY, born_ts TIMESTAMP, store_ts TIMESTAMP")
+SUBJECT_PROPERTY = "sluice.subject"
+EARLIEST, LATEST = -2, -1
+DEFAULT_PARTITION_RECORDS = 1_000_000
+READ_BATCH = 4096
+ARROW_SCHEMA = pa.schema([
+    ("topic", pa.string()), ("queue", pa.int32()), ("offset", pa.int64()),
+    ("batch_index", pa.int32()), ("msg_id", pa.string()), ("keys", pa.list_(pa.field("element", pa.string()))),
+    ("tag", pa.string()), ("subject", pa.string()), ("properties", pa.map_(pa.string(), pa.string())),
+    ("body", pa.binary()), ("born_ts", pa.timestamp("us", tz="UTC")),
+    ("store_ts", pa.timestamp("us", tz="UTC")),
+])
+"""Exactly the Arrow types Spark expects for ``SCHEMA`` (it refuses any other)."""
+
+
+class SourceError(ValueError):
+    """Options that do not describe something readable; the message says what to change."""
+
+
+@dataclass(frozen=True)
+class QueueRange(InputPartition):
+    """Records ``[start, end)`` of one queue of one topic."""
+
+    topic: str
+    queue: int
+    start: int
+    end: int
+
+
+class SluiceDataSource(DataSource):
+    """``format("sluice")``: Sluice topics as rows."""
+
+    @classmethod
+    def name(cls) -> str:
+        return "sluice"
+
+    def schema(self) -> str:
+        return SCHEMA
+
+    def reader(self, schema: StructType) -> DataSourceReader:
+        return SluiceBatchReader(self.options)
+
+
+class SluiceBatchReader(DataSourceReader):
+    """Plans queue ranges on the driver; ``read`` runs on executors and holds no state."""
+
+    def __init__(self, given: Mapping[str, str]) -> None:
+        options = {key.lower(): value for key, value in given.items()}  # Spark's keys are case-blind
+        self.path = options.get("path") or ""
+        if not self.path:
+            raise SourceError("give the data directory: spark.read.format('sluice').load(PATH)")
+        self.topics = [t.strip() for t in options.get("subscribe", "").split(",") if t.strip()]
+        if not self.topics:
+            raise SourceError("option 'subscribe' names no topic: .option('subscribe', 'devices')")
+        self.starting = _offsets_option(options.get("startingoffsets", "earliest"), "startingOffsets")
+        self.ending = _offsets_option(options.get("endingoffsets", "latest"), "endingOffsets")
+        self.partition_records = int(options.get("maxrecordsperpartition", DEFAULT_PARTITION_RECORDS))
+
+    def partitions(self) -> list[QueueRange]:
+        from store.reader import StoreReader
+
+        reader = StoreReader(self.path)
+        try:
+            present: dict[str, list[int]] = {}
+            for topic, queue in reader.queues():
+                present.setdefault(topic, []).append(queue)
+            ranges = []
+            for topic in self.topics:
+                if topic not in present:
+                    raise SourceError(f"topic {topic!r} has no messages in {self.path}; topics "
+                                      f"there: {', '.join(sorted(present)) or 'none'}")
+                for queue in sorted(present[topic]):
+                    earliest, latest = reader.queue_range(topic, queue)
+                    start = _resolve(self.starting, topic, queue, EARLIEST, earliest, latest)
+                    end = _resolve(self.ending, topic, queue, LATEST, earliest, latest)
+                    for low in range(start, end, self.partition_records):
+                        ranges.append(QueueRange(topic, queue, low, min(end, low + self.partition_records)))
+            return ranges
+        finally:
+            reader.close()
+
+    def read(self, partition: QueueRange) -> Iterator[pa.RecordBatch]:
+        from store.reader import StoreReader
+
+        reader = StoreReader(self.path)
+        try:
+            offset = partition.start
+            while offset < partition.end:
+                messages = reader.read(partition.topic, partition.queue, offset,
+                                       min(READ_BATCH, partition.end - offset))
+                if not messages:
+                    break
+                yield _record_batch(partition, offset, messages)
+                offset += len(messages)
+        finally:
+            reader.close()
+
+
+def _record_batch(partition: QueueRange, first_offset: int, messages: list) -> pa.RecordBatch:
+    """One Arrow batch of rows; a packed record gives one row per body."""
+    columns: dict[str, list] = {name: [] for name in ARROW_SCHEMA.names}
+    for position, message in enumerate(messages):
+        properties = message.properties
+        count = properties.get(BATCH_PROPERTY)
+        bodies = unpack_bodies(message.body) if count else [message.body]
+        keys, subject = list(message.keys), properties.get(SUBJECT_PROPERTY)
+        pairs = list(properties.items())
+        for index, body in enumerate(bodies):
+            columns["topic"].append(partition.topic)
+            columns["queue"].append(partition.queue)
+            columns["offset"].append(first_offset + position)
+            columns["batch_index"].append(index if count else None)
+            columns["msg_id"].append(message.msg_id)
+            columns["keys"].append(keys)
+            columns["tag"].append(message.tag or None)
+            columns["subject"].append(subject)
+            columns["properties"].append(pairs)
+            columns["body"].append(body)
+            columns["born_ts"].append(message.born_ts * 1000)
+            columns["store_ts"].append(message.store_ts * 1000)
+    return pa.RecordBatch.from_arrays([pa.array(columns[field.name], type=field.type)
+                                       for field in ARROW_SCHEMA], schema=ARROW_SCHEMA)
+
+
+def _offsets_option(text: str, option: str) -> dict | int:
+    """``earliest``/``latest`` as a default for every queue, or the per-queue JSON object."""
+    value = text.strip()
+    if value == "earliest":
+        return EARLIEST
+    if value == "latest":
+        return LATEST
+    try:
+        parsed = json.loads(value)
+    except ValueError:
+        parsed = None
+    if not isinstance(parsed, dict) or not all(isinstance(q, dict) for q in parsed.values()):
+        raise SourceError(f"{option} must be 'earliest', 'latest' or JSON like "
+                          f'{{"devices": {{"0": 42}}}}, not {text!r}')
+    return {topic: {str(queue): int(offset) for queue, offset in queues.items()}
+            for topic, queues in parsed.items()}
+
+
+def _resolve(spec: dict | int, topic: str, queue: int, default: int, earliest: int, latest: int) -> int:
+    """A concrete offset in ``[earliest, latest]`` for one queue."""
+    wanted = spec if isinstance(spec, int) else spec.get(topic, {}).get(str(queue), default)
+    if wanted == EARLIEST:
+        return earliest
+    if wanted == LATEST:
+        return latest
+    return min(max(wanted, earliest), latest)

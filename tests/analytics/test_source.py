@@ -1,0 +1,88 @@
+"""The ``sluice`` data source reads a data directory in batch: what was stored, row for row."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from protocols.native.sdk.packing import BATCH_PROPERTY, pack_bodies
+from store import FileStore, StoreConfig
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory) -> dict:
+    """A store with telemetry on topic ``devices`` (4 queues, MQTT subjects), a packed batch on
+    ``bulk``, and noise on ``other``; returns what was appended."""
+    directory = tmp_path_factory.mktemp("store")
+    store = FileStore(str(directory), StoreConfig(segment_size=1 << 20))
+    appended = []
+    for i in range(600):
+        device = f"d{i % 7}"
+        body = json.dumps({"device": device, "temperature": 20 + i % 5}).encode()
+        result = store.append("devices", body, queue_id=i % 4, keys=[device], tag="telemetry",
+                              properties={"sluice.subject": f"devices/{device}/telemetry"})
+        appended.append((result.queue_id, result.queue_offset, body, device))
+    packed = store.append("bulk", pack_bodies([b"r0", b"r1", b"r2"]),
+                          properties={BATCH_PROPERTY: "3"})
+    store.append("other", b"not subscribed")
+    store.wait_durable(packed.end_offset)
+    store.checkpoint()
+    store.close()
+    return {"path": str(directory), "devices": appended}
+
+
+def load(spark, path: str, **options: str):
+    reader = spark.read.format("sluice")
+    for key, value in options.items():
+        reader = reader.option(key, value)
+    return reader.load(path)
+
+
+def test_a_batch_read_returns_every_stored_message_once(spark, data_dir):
+    rows = load(spark, data_dir["path"], subscribe="devices").collect()
+    got = sorted((r.queue, r.offset, bytes(r.body), r.keys[0]) for r in rows)
+    assert got == sorted(data_dir["devices"])
+    sample = next(r for r in rows if r.queue == 1 and r.offset == 0)
+    assert sample.topic == "devices" and sample.tag == "telemetry"
+    assert sample.subject == "devices/d1/telemetry"
+    assert sample.properties["sluice.subject"] == sample.subject
+    assert sample.batch_index is None and sample.born_ts is not None and sample.store_ts is not None
+
+
+def test_packed_records_become_one_row_per_body(spark, data_dir):
+    rows = load(spark, data_dir["path"], subscribe="bulk").orderBy("batch_index").collect()
+    assert [(r.offset, r.batch_index, bytes(r.body)) for r in rows] == [
+        (0, 0, b"r0"), (0, 1, b"r1"), (0, 2, b"r2")]
+
+
+def test_offset_options_select_a_range_per_queue(spark, data_dir):
+    starting = json.dumps({"devices": {"0": 100, "1": -1}})
+    ending = json.dumps({"devices": {"0": 110}})
+    rows = load(spark, data_dir["path"], subscribe="devices", startingOffsets=starting,
+                endingOffsets=ending).collect()
+    by_queue: dict[int, list[int]] = {}
+    for row in rows:
+        by_queue.setdefault(row.queue, []).append(row.offset)
+    assert sorted(by_queue[0]) == list(range(100, 110))
+    assert 1 not in by_queue                      # started at latest: nothing
+    assert sorted(by_queue[2]) == list(range(150))  # defaults: earliest to latest
+
+
+def test_large_queues_are_split_into_partitions_that_read_the_same_rows(spark, data_dir):
+    whole = load(spark, data_dir["path"], subscribe="devices")
+    split = load(spark, data_dir["path"], subscribe="devices", maxRecordsPerPartition="40")
+    assert split.rdd.getNumPartitions() == 4 * 4  # 150 records per queue, 40 per partition
+    assert sorted(split.select("queue", "offset").collect()) == sorted(whole.select("queue", "offset").collect())
+
+
+def test_an_unknown_topic_is_a_clear_error(spark, data_dir):
+    with pytest.raises(Exception, match="topic 'nope' has no messages") as error:
+        load(spark, data_dir["path"], subscribe="nope").collect()
+    assert "devices" in str(error.value)
+
+
+def test_explicit_registration_also_works(spark, data_dir):
+    from analytics import register
+
+    register(spark)
+    assert load(spark, data_dir["path"], subscribe="bulk").count() == 3
