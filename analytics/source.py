@@ -1,8 +1,9 @@
 """The ``sluice`` PySpark data source: topics of a Sluice data directory as a DataFrame.
 
 ``spark.read.format("sluice").option("subscribe", "devices,alerts").load("/var/lib/sluice")``
-reads through the store reader (no broker needed; it may run beside one). Options follow
-Spark's Kafka source where one exists:
+reads through the store reader (no broker needed; it may run beside one), and so does
+``spark.readStream`` with the same options. Options follow Spark's Kafka source where one
+exists:
 
 - ``subscribe``: comma-separated topics (required).
 - ``startingOffsets`` / ``endingOffsets``: ``earliest``, ``latest``, or per-queue JSON such as
@@ -10,6 +11,7 @@ Spark's Kafka source where one exists:
   earliest for the start, latest for the end). The end is exclusive.
 - ``maxRecordsPerPartition``: records per partition (default 1,000,000): a large backfill of
   one queue is split into several partitions that read in parallel.
+- ``maxOffsetsPerTrigger`` (streaming): at most this many records per micro-batch.
 
 One partition per queue range; ``read`` opens the store lazily on the executor and yields Arrow
 record batches. Packed native batches (``sluice.batch``) become one row per body, with their
@@ -24,7 +26,10 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
 import pyarrow as pa
-from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
+from pyspark.sql.datasource import (DataSource, DataSourceReader, DataSourceStreamReader,
+                                    InputPartition)
+from pyspark.sql.streaming.datasource import (ReadAllAvailable, ReadLimit, ReadMaxRows,
+                                              SupportsTriggerAvailableNow)
 from pyspark.sql.types import StructType
 
 from protocols.native.sdk.packing import BATCH_PROPERTY, unpack_bodies
@@ -73,6 +78,9 @@ class SluiceDataSource(DataSource):
     def reader(self, schema: StructType) -> DataSourceReader:
         return SluiceBatchReader(self.options)
 
+    def streamReader(self, schema: StructType) -> DataSourceStreamReader:
+        return SluiceStreamReader(self.options)
+
 
 class SluiceBatchReader(DataSourceReader):
     """Plans queue ranges on the driver; ``read`` runs on executors and holds no state."""
@@ -94,39 +102,148 @@ class SluiceBatchReader(DataSourceReader):
 
         reader = StoreReader(self.path)
         try:
-            present: dict[str, list[int]] = {}
-            for topic, queue in reader.queues():
-                present.setdefault(topic, []).append(queue)
             ranges = []
-            for topic in self.topics:
-                if topic not in present:
-                    raise SourceError(f"topic {topic!r} has no messages in {self.path}; topics "
-                                      f"there: {', '.join(sorted(present)) or 'none'}")
-                for queue in sorted(present[topic]):
-                    earliest, latest = reader.queue_range(topic, queue)
-                    start = _resolve(self.starting, topic, queue, EARLIEST, earliest, latest)
-                    end = _resolve(self.ending, topic, queue, LATEST, earliest, latest)
-                    for low in range(start, end, self.partition_records):
-                        ranges.append(QueueRange(topic, queue, low, min(end, low + self.partition_records)))
+            for (topic, queue), (earliest, latest) in _queue_ranges(reader, self.topics, self.path).items():
+                start = _resolve(self.starting, topic, queue, EARLIEST, earliest, latest)
+                end = _resolve(self.ending, topic, queue, LATEST, earliest, latest)
+                ranges += _split(topic, queue, start, end, self.partition_records)
             return ranges
         finally:
             reader.close()
 
     def read(self, partition: QueueRange) -> Iterator[pa.RecordBatch]:
+        return _read_range(self.path, partition)
+
+
+Offsets = dict[str, dict[str, int]]
+"""A streaming position: topic -> queue id (as text) -> next offset, keys in sorted order
+(Spark compares offsets as JSON text)."""
+
+
+class SluiceStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+    """Micro-batches of new messages. The driver opens the store once and asks it for each
+    queue's end on every trigger (a constant-time look, not a scan); ``read`` runs on
+    executors exactly like the batch reader's. Offsets are per queue, so a restart from a
+    checkpoint replays an uncommitted batch with the same bounds: nothing is read twice or
+    skipped (exactly once with an idempotent sink). ``maxOffsetsPerTrigger`` caps a batch."""
+
+    def __init__(self, given: Mapping[str, str]) -> None:
+        options = {key.lower(): value for key, value in given.items()}
+        self.batch = SluiceBatchReader(options)
+        self.max_per_trigger = int(options["maxoffsetspertrigger"]) \
+            if "maxoffsetspertrigger" in options else None
+        self._store = None
+        self._target: Offsets | None = None
+
+    def __getstate__(self) -> dict:
+        return {**self.__dict__, "_store": None}  # executors open their own
+
+    def _ranges(self) -> dict[tuple[str, int], tuple[int, int]]:
         from store.reader import StoreReader
 
-        reader = StoreReader(self.path)
-        try:
-            offset = partition.start
-            while offset < partition.end:
-                messages = reader.read(partition.topic, partition.queue, offset,
-                                       min(READ_BATCH, partition.end - offset))
-                if not messages:
-                    break
-                yield _record_batch(partition, offset, messages)
-                offset += len(messages)
-        finally:
-            reader.close()
+        if self._store is None:
+            self._store = StoreReader(self.batch.path)
+        else:
+            self._store.refresh()
+        return _queue_ranges(self._store, self.batch.topics, self.batch.path)
+
+    def initialOffset(self) -> Offsets:
+        offsets: Offsets = {}
+        for (topic, queue), (earliest, latest) in self._ranges().items():
+            offset = _resolve(self.batch.starting, topic, queue, EARLIEST, earliest, latest)
+            offsets.setdefault(topic, {})[str(queue)] = offset
+        return _ordered(offsets)
+
+    def getDefaultReadLimit(self) -> ReadLimit:
+        return ReadMaxRows(self.max_per_trigger) if self.max_per_trigger else ReadAllAvailable()
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        self._target = self._ends()
+
+    def _ends(self) -> Offsets:
+        ends: Offsets = {}
+        for (topic, queue), (_, latest) in self._ranges().items():
+            ends.setdefault(topic, {})[str(queue)] = latest
+        return ends
+
+    def latestOffset(self, start: Offsets, limit: ReadLimit) -> Offsets:
+        ends = self._target if self._target is not None else self._ends()
+        budget = limit.max_rows if isinstance(limit, ReadMaxRows) else None
+        latest: Offsets = {}
+        for topic, queues in ends.items():
+            for queue, end in sorted(queues.items(), key=lambda item: int(item[0])):
+                begin = start.get(topic, {}).get(queue, 0)
+                if budget is not None:
+                    take = max(0, min(end - begin, budget))
+                    budget -= take
+                    end = begin + take
+                latest.setdefault(topic, {})[queue] = max(begin, end)
+        for topic, queues in start.items():  # queues that vanished (retention) keep their place
+            for queue, offset in queues.items():
+                latest.setdefault(topic, {}).setdefault(queue, offset)
+        return _ordered(latest)
+
+    def partitions(self, start: Offsets, end: Offsets) -> list[QueueRange]:
+        ranges: list[QueueRange] = []
+        for topic, queues in end.items():
+            for queue, stop in queues.items():
+                begin = start.get(topic, {}).get(queue, 0)
+                ranges += _split(topic, int(queue), begin, stop, self.batch.partition_records)
+        return ranges
+
+    def read(self, partition: QueueRange) -> Iterator[pa.RecordBatch]:
+        return _read_range(self.batch.path, partition)
+
+    def commit(self, end: Offsets) -> None:
+        """Nothing to do: Spark's checkpoint holds the position."""
+
+    def stop(self) -> None:
+        if self._store is not None:
+            self._store.close()
+            self._store = None
+
+
+def _queue_ranges(reader, topics: list[str], path: str) -> dict[tuple[str, int], tuple[int, int]]:
+    """(topic, queue) -> (earliest, end) for every queue of ``topics``; SourceError for a topic
+    with no messages at all."""
+    present: dict[str, list[int]] = {}
+    for topic, queue in reader.queues():
+        present.setdefault(topic, []).append(queue)
+    ranges = {}
+    for topic in topics:
+        if topic not in present:
+            raise SourceError(f"topic {topic!r} has no messages in {path}; topics there: "
+                              f"{', '.join(sorted(present)) or 'none'}")
+        for queue in sorted(present[topic]):
+            ranges[(topic, queue)] = reader.queue_range(topic, queue)
+    return ranges
+
+
+def _split(topic: str, queue: int, start: int, end: int, size: int) -> list[QueueRange]:
+    return [QueueRange(topic, queue, low, min(end, low + size)) for low in range(start, end, size)]
+
+
+def _ordered(offsets: Offsets) -> Offsets:
+    return {topic: dict(sorted(queues.items(), key=lambda item: int(item[0])))
+            for topic, queues in sorted(offsets.items())}
+
+
+def _read_range(path: str, partition: QueueRange) -> Iterator[pa.RecordBatch]:
+    """The rows of one queue range, read on an executor with its own store reader."""
+    from store.reader import StoreReader
+
+    reader = StoreReader(path)
+    try:
+        offset = partition.start
+        while offset < partition.end:
+            messages = reader.read(partition.topic, partition.queue, offset,
+                                   min(READ_BATCH, partition.end - offset))
+            if not messages:
+                break
+            yield _record_batch(partition, offset, messages)
+            offset += len(messages)
+    finally:
+        reader.close()
 
 
 def _record_batch(partition: QueueRange, first_offset: int, messages: list) -> pa.RecordBatch:
