@@ -2,8 +2,9 @@
 
 ``spark.read.format("sluice").option("subscribe", "devices,alerts").load("/var/lib/sluice")``
 reads through the store reader (no broker needed; it may run beside one), and so does
-``spark.readStream`` with the same options. Options follow Spark's Kafka source where one
-exists:
+``spark.readStream`` with the same options. With ``option("endpoint", "host:8081")`` (and
+``user``/``password``, default sluice/sluice) and no path, it reads a running broker over the
+native pull API instead. Options follow Spark's Kafka source where one exists:
 
 - ``subscribe``: comma-separated topics (required).
 - ``startingOffsets`` / ``endingOffsets``: ``earliest``, ``latest``, or per-queue JSON such as
@@ -33,6 +34,10 @@ from pyspark.sql.streaming.datasource import (ReadAllAvailable, ReadLimit, ReadM
 from pyspark.sql.types import StructType
 
 from protocols.native.sdk.packing import BATCH_PROPERTY, unpack_bodies
+
+from .remote import RemoteTopicNotFound, Row, client_config
+from .remote import queue_ranges as remote_queue_ranges
+from .remote import read_range as remote_read_range
 
 SCHEMA = ("topic STRING, queue INT, offset BIGINT, batch_index INT, msg_id STRING, "
           "keys ARRAY<STRING>, tag STRING, subject STRING, properties MAP<STRING, STRING>, "
@@ -88,8 +93,10 @@ class SluiceBatchReader(DataSourceReader):
     def __init__(self, given: Mapping[str, str]) -> None:
         options = {key.lower(): value for key, value in given.items()}  # Spark's keys are case-blind
         self.path = options.get("path") or ""
-        if not self.path:
-            raise SourceError("give the data directory: spark.read.format('sluice').load(PATH)")
+        self.remote = client_config(options) if options.get("endpoint") else None
+        if not self.path and self.remote is None:
+            raise SourceError("give the data directory, spark.read.format('sluice').load(PATH), "
+                              "or a broker, .option('endpoint', 'host:8081')")
         self.topics = [t.strip() for t in options.get("subscribe", "").split(",") if t.strip()]
         if not self.topics:
             raise SourceError("option 'subscribe' names no topic: .option('subscribe', 'devices')")
@@ -98,21 +105,37 @@ class SluiceBatchReader(DataSourceReader):
         self.partition_records = int(options.get("maxrecordsperpartition", DEFAULT_PARTITION_RECORDS))
 
     def partitions(self) -> list[QueueRange]:
+        ranges = []
+        for (topic, queue), (earliest, latest) in self.queue_ranges().items():
+            start = _resolve(self.starting, topic, queue, EARLIEST, earliest, latest)
+            end = _resolve(self.ending, topic, queue, LATEST, earliest, latest)
+            ranges += _split(topic, queue, start, end, self.partition_records)
+        return ranges
+
+    def queue_ranges(self, store=None) -> dict[tuple[str, int], tuple[int, int]]:
+        """(topic, queue) -> (earliest, end) for every queue of the subscribed topics, from the
+        broker or from ``store`` (a StoreReader; one is opened for the call if None)."""
+        if self.remote is not None:
+            try:
+                return remote_queue_ranges(self.remote, self.topics)
+            except RemoteTopicNotFound as missing:
+                raise SourceError(f"topic {missing.args[0]!r} does not exist on the broker at "
+                                  f"{self.remote.endpoint}") from None
         from store.reader import StoreReader
 
-        reader = StoreReader(self.path)
+        reader = store if store is not None else StoreReader(self.path)
         try:
-            ranges = []
-            for (topic, queue), (earliest, latest) in _queue_ranges(reader, self.topics, self.path).items():
-                start = _resolve(self.starting, topic, queue, EARLIEST, earliest, latest)
-                end = _resolve(self.ending, topic, queue, LATEST, earliest, latest)
-                ranges += _split(topic, queue, start, end, self.partition_records)
-            return ranges
+            return _queue_ranges(reader, self.topics, self.path)
         finally:
-            reader.close()
+            if store is None:
+                reader.close()
 
     def read(self, partition: QueueRange) -> Iterator[pa.RecordBatch]:
-        return _read_range(self.path, partition)
+        rows = (remote_read_range(self.remote, partition.topic, partition.queue, partition.start,
+                                  partition.end, READ_BATCH)
+                if self.remote is not None else _local_rows(self.path, partition))
+        for chunk in rows:
+            yield _record_batch(partition, chunk)
 
 
 Offsets = dict[str, dict[str, int]]
@@ -139,13 +162,15 @@ class SluiceStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return {**self.__dict__, "_store": None}  # executors open their own
 
     def _ranges(self) -> dict[tuple[str, int], tuple[int, int]]:
+        if self.batch.remote is not None:
+            return self.batch.queue_ranges()
         from store.reader import StoreReader
 
         if self._store is None:
             self._store = StoreReader(self.batch.path)
         else:
             self._store.refresh()
-        return _queue_ranges(self._store, self.batch.topics, self.batch.path)
+        return self.batch.queue_ranges(self._store)
 
     def initialOffset(self) -> Offsets:
         offsets: Offsets = {}
@@ -192,7 +217,7 @@ class SluiceStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return ranges
 
     def read(self, partition: QueueRange) -> Iterator[pa.RecordBatch]:
-        return _read_range(self.batch.path, partition)
+        return self.batch.read(partition)
 
     def commit(self, end: Offsets) -> None:
         """Nothing to do: Spark's checkpoint holds the position."""
@@ -228,7 +253,7 @@ def _ordered(offsets: Offsets) -> Offsets:
             for topic, queues in sorted(offsets.items())}
 
 
-def _read_range(path: str, partition: QueueRange) -> Iterator[pa.RecordBatch]:
+def _local_rows(path: str, partition: QueueRange) -> Iterator[list[Row]]:
     """The rows of one queue range, read on an executor with its own store reader."""
     from store.reader import StoreReader
 
@@ -240,34 +265,33 @@ def _read_range(path: str, partition: QueueRange) -> Iterator[pa.RecordBatch]:
                                    min(READ_BATCH, partition.end - offset))
             if not messages:
                 break
-            yield _record_batch(partition, offset, messages)
+            yield [(offset + i, m.msg_id, list(m.keys), m.tag, m.properties, m.body, m.born_ts,
+                    m.store_ts) for i, m in enumerate(messages)]
             offset += len(messages)
     finally:
         reader.close()
 
 
-def _record_batch(partition: QueueRange, first_offset: int, messages: list) -> pa.RecordBatch:
-    """One Arrow batch of rows; a packed record gives one row per body."""
+def _record_batch(partition: QueueRange, rows: list[Row]) -> pa.RecordBatch:
+    """One Arrow batch; a packed record gives one row per body."""
     columns: dict[str, list] = {name: [] for name in ARROW_SCHEMA.names}
-    for position, message in enumerate(messages):
-        properties = message.properties
+    for offset, msg_id, keys, tag, properties, body, born_ms, store_ms in rows:
         count = properties.get(BATCH_PROPERTY)
-        bodies = unpack_bodies(message.body) if count else [message.body]
-        keys, subject = list(message.keys), properties.get(SUBJECT_PROPERTY)
-        pairs = list(properties.items())
-        for index, body in enumerate(bodies):
+        bodies = unpack_bodies(body) if count else [body]
+        subject, pairs = properties.get(SUBJECT_PROPERTY), list(properties.items())
+        for index, one in enumerate(bodies):
             columns["topic"].append(partition.topic)
             columns["queue"].append(partition.queue)
-            columns["offset"].append(first_offset + position)
+            columns["offset"].append(offset)
             columns["batch_index"].append(index if count else None)
-            columns["msg_id"].append(message.msg_id)
+            columns["msg_id"].append(msg_id)
             columns["keys"].append(keys)
-            columns["tag"].append(message.tag or None)
+            columns["tag"].append(tag or None)
             columns["subject"].append(subject)
             columns["properties"].append(pairs)
-            columns["body"].append(body)
-            columns["born_ts"].append(message.born_ts * 1000)
-            columns["store_ts"].append(message.store_ts * 1000)
+            columns["body"].append(one)
+            columns["born_ts"].append(born_ms * 1000)
+            columns["store_ts"].append(store_ms * 1000)
     return pa.RecordBatch.from_arrays([pa.array(columns[field.name], type=field.type)
                                        for field in ARROW_SCHEMA], schema=ARROW_SCHEMA)
 
