@@ -17,6 +17,7 @@ from pathlib import Path
 
 from .cli_admin import add_admin_commands
 from .cli_data import add_data_commands
+from .cli_simulate import add_simulate_command
 
 SERVE_FLAGS = {  # flag destination -> config path it overrides
     "data_dir": "data_dir", "flush": "store.flush", "flush_interval_ms": "store.flush_interval_ms",
@@ -139,6 +140,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_serve(commands)
     add_admin_commands(commands)
     add_data_commands(commands)
+    add_simulate_command(commands)
 
     store = commands.add_parser("store", help="Read an existing store offline.",
                                 description="Read an existing store offline (no broker needed).")

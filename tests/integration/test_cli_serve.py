@@ -172,3 +172,24 @@ def test_anonymous_clients_get_the_rights_of_the_anonymous_user(sluice_server, d
             await consumer.receive(1)
     with pytest.raises((ForbiddenError, UnauthorizedError)):
         asyncio.run(receive())
+
+
+def test_simulate_publishes_telemetry_that_lands_in_the_devices_topic(sluice_server, tmp_path):
+    from store.reader import StoreReader
+
+    server = sluice_server(tmp_path / "data")
+    server.wait_ready()
+    done = subprocess.run([*SLUICE, "simulate", "--mqtt", server.mqtt, "--devices", "20",
+                           "--count", "300", "--rate", "0", "--qos", "1"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert "300 readings from 20 devices" in done.stdout
+    assert server.stop() == 0
+    reader = StoreReader(str(tmp_path / "data"))
+    stored = [m for topic, queue in reader.queues() if topic == "devices"
+              for m in reader.read(topic, queue, 0, 1000)]
+    reader.close()
+    assert len(stored) == 300
+    for message in stored:
+        reading = json.loads(message.body)
+        assert message.properties["sluice.subject"] == f"devices/{reading['device']}/telemetry"
