@@ -16,6 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from .cli_admin import add_admin_commands
+from .cli_analytics import add_analytics_commands
 from .cli_data import add_data_commands
 from .cli_simulate import add_simulate_command
 
@@ -141,6 +142,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_admin_commands(commands)
     add_data_commands(commands)
     add_simulate_command(commands)
+    add_analytics_commands(commands)
 
     store = commands.add_parser("store", help="Read an existing store offline.",
                                 description="Read an existing store offline (no broker needed).")

@@ -1,0 +1,136 @@
+"""The telemetry job: device readings from the ``sluice`` source to per-device window aggregates.
+
+``parse`` turns message bodies into readings and sets aside what is not a reading (bad JSON, a
+missing field) with the reason; ``aggregate`` computes per-device tumbling windows (average,
+minimum, maximum, count) and flags a window whose extremes stray from its average by more than
+``anomaly_threshold``. Both work on batch and streaming DataFrames alike; ``start`` runs them as
+streaming queries writing Parquet (aggregates partitioned by date), a quarantine, and
+optionally the aggregates back into a Sluice topic, so MQTT, AMQP and native clients can
+subscribe to them.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from pyspark.sql import Column, DataFrame
+from pyspark.sql import functions as F
+
+READING_SCHEMA = "device STRING, ts BIGINT, temperature DOUBLE, humidity DOUBLE, battery DOUBLE"
+REQUIRED = ("device", "ts", "temperature")
+_CORRUPT = "_corrupt_record"
+
+
+@dataclass(frozen=True)
+class ResultsTopic:
+    """Where aggregates are also published, as JSON messages keyed ``<device>@<window start>``
+    (a replayed micro-batch publishes its windows again: consumers dedupe on the key)."""
+
+    endpoint: str
+    topic: str
+    user: str = "sluice"
+    password: str = "sluice"
+
+    def publish(self, batch: DataFrame, batch_id: int) -> None:
+        """``foreachBatch`` sink: runs on the driver, one request per 256 windows."""
+        from protocols.native.sdk import ClientConfig, Message, SyncProducer
+
+        rows = batch.drop("date").collect()
+        if not rows:
+            return
+        config = ClientConfig(self.endpoint, access_key=self.user, secret_key=self.password)
+        with SyncProducer(config, [self.topic]) as producer:
+            for first in range(0, len(rows), 256):
+                producer.send_batch([_result_message(Message, self.topic, row)
+                                     for row in rows[first:first + 256]])
+
+
+def _result_message(message_type: Any, topic: str, row: Any) -> Any:
+    window = row.window_start.isoformat()
+    body = {**row.asDict(), "window_start": window, "window_end": row.window_end.isoformat()}
+    return message_type(topic, json.dumps(body).encode(), tag="anomaly" if row.anomaly else "window",
+                        keys=[f"{row.device}@{window}"],
+                        properties={"sluice.subject": f"{topic}/{row.device}"})
+
+
+@dataclass(frozen=True)
+class JobSettings:
+    """Window length, how late a reading may arrive, and the anomaly threshold (degrees)."""
+
+    window: str = "1 minute"
+    watermark: str = "30 seconds"
+    anomaly_threshold: float = 10.0
+
+
+def parse(messages: DataFrame) -> tuple[DataFrame, DataFrame]:
+    """(readings, quarantine): readings with an ``event_time``; the rest of the messages with
+    a ``reason`` and their position (topic, queue, offset) and body as text."""
+    text = F.col("body").cast("string")
+    parsed = messages.select(
+        "topic", "queue", "offset", "store_ts", text.alias("text"),
+        F.from_json(text, f"{READING_SCHEMA}, {_CORRUPT} STRING",
+                    {"columnNameOfCorruptRecord": _CORRUPT}).alias("reading"))
+    malformed = F.col("reading").isNull() | F.col(f"reading.{_CORRUPT}").isNotNull()
+    missing = [F.when(F.col(f"reading.{name}").isNull(), F.lit(name)) for name in REQUIRED]
+    reason: Column = (F.when(malformed, F.lit("not a JSON object"))
+                      .otherwise(F.concat(F.lit("missing "), F.concat_ws(", ", *missing))))
+    complete = ~malformed
+    for name in REQUIRED:
+        complete = complete & F.col(f"reading.{name}").isNotNull()
+    readings = (parsed.where(complete).select("reading.*").drop(_CORRUPT)
+                .withColumn("event_time", F.timestamp_millis(F.col("ts"))))
+    quarantine = (parsed.where(~complete)
+                  .select("topic", "queue", "offset", "store_ts", "text", reason.alias("reason")))
+    return readings, quarantine
+
+
+def aggregate(readings: DataFrame, settings: JobSettings = JobSettings()) -> DataFrame:
+    """Per device and tumbling window: avg/min/max of temperature and humidity, the lowest
+    battery, the reading count, and ``anomaly``."""
+    windows = (readings.withWatermark("event_time", settings.watermark)
+               .groupBy(F.window("event_time", settings.window), "device")
+               .agg(F.avg("temperature").alias("avg_temperature"),
+                    F.min("temperature").alias("min_temperature"),
+                    F.max("temperature").alias("max_temperature"),
+                    F.avg("humidity").alias("avg_humidity"),
+                    F.min("battery").alias("min_battery"),
+                    F.count(F.lit(1)).alias("readings")))
+    threshold = settings.anomaly_threshold
+    return windows.select(
+        F.col("window.start").alias("window_start"), F.col("window.end").alias("window_end"),
+        "device", "avg_temperature", "min_temperature", "max_temperature", "avg_humidity",
+        "min_battery", "readings",
+        ((F.col("max_temperature") - F.col("avg_temperature") > threshold)
+         | (F.col("avg_temperature") - F.col("min_temperature") > threshold)).alias("anomaly"),
+        F.to_date("window.start").alias("date"))
+
+
+def start(spark: Any, source: dict[str, str], output: str, checkpoint: str,
+          settings: JobSettings = JobSettings(), available_now: bool = False,
+          results: ResultsTopic | None = None) -> list[Any]:
+    """Start the streaming queries: aggregates to ``output``/aggregates (Parquet, partitioned
+    by date, append mode), the quarantine to ``output``/quarantine, and with ``results`` the
+    aggregates published back into Sluice. Returns the queries."""
+    reader = spark.readStream.format("sluice")
+    for key, value in source.items():
+        reader = reader.option(key, value)
+    readings, quarantine = parse(reader.load())  # the data directory, if any, is option "path"
+    queries = []
+    for name, frame, partitioning in (("aggregates", aggregate(readings, settings), ["date"]),
+                                      ("quarantine", quarantine, [])):
+        writer = (frame.writeStream.format("parquet").outputMode("append")
+                  .option("path", f"{output}/{name}")
+                  .option("checkpointLocation", f"{checkpoint}/{name}"))
+        if partitioning:
+            writer = writer.partitionBy(*partitioning)
+        writer = writer.trigger(availableNow=True) if available_now else writer
+        queries.append(writer.queryName(f"telemetry-{name}").start())
+    if results is not None:
+        writer = (aggregate(readings, settings).writeStream.outputMode("append")
+                  .option("checkpointLocation", f"{checkpoint}/results")
+                  .foreachBatch(results.publish))
+        writer = writer.trigger(availableNow=True) if available_now else writer
+        queries.append(writer.queryName("telemetry-results").start())
+    return queries
