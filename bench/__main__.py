@@ -1,9 +1,9 @@
 """``python -m bench [SECTION ...]``: run benchmark sections and print a results table.
 
 Sections: ``store`` (the store beside the disk's raw limits), ``native`` (Sluice beside
-RabbitMQ: durable sends and acked consumption, and Sluice's packed stream) and ``mqtt`` (Sluice's
-MQTT listener beside Mosquitto, with the load generator's own ceiling). With no section named,
-``store`` and ``native`` run; ``mqtt`` runs when named.
+RabbitMQ: durable sends and acked consumption, and Sluice's packed stream), ``mqtt`` (Sluice's
+MQTT listener beside Mosquitto, with the load generator's own ceiling) and ``analytics`` (the
+Spark source beside ``spark.read.json``). With no section named, all of them run.
 """
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Protocol
 
-from . import mqtt_bench, native_bench, store_bench
+from . import analytics_bench, mqtt_bench, native_bench, store_bench
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -63,8 +63,16 @@ def _mqtt_section(options: argparse.Namespace, workdir: Path, log: Callable[[str
     return mqtt_bench.run_section(settings, workdir / "mqtt", log)
 
 
-SECTIONS: dict[str, Section] = {"store": _store_section, "native": _native_section, "mqtt": _mqtt_section}
-DEFAULT_SECTIONS = ("store", "native", "mqtt")
+def _analytics_section(options: argparse.Namespace, workdir: Path, log: Callable[[str], None]) -> Rendered:
+    settings = analytics_bench.Settings.smoke() if options.quick else analytics_bench.Settings()
+    if options.repeats is not None:
+        settings = analytics_bench.Settings(**{**settings.__dict__, "rounds": options.repeats})
+    return analytics_bench.run_section(settings, workdir / "analytics", log)
+
+
+SECTIONS: dict[str, Section] = {"store": _store_section, "native": _native_section, "mqtt": _mqtt_section,
+                                "analytics": _analytics_section}
+DEFAULT_SECTIONS = ("store", "native", "mqtt", "analytics")
 """Run when no section is named (``make bench``); the mqtt section takes about 3 minutes on a
 2-core machine."""
 

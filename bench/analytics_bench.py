@@ -1,0 +1,124 @@
+"""The ``analytics`` section: a batch read of telemetry through the ``sluice`` Spark source
+beside ``spark.read.json`` of the same readings as JSON lines (the ceiling to compare with).
+
+Both sides parse the readings into the same typed columns and run into Spark's ``noop`` sink,
+so what is timed is reading and parsing. The store is written directly (``append_batch``) with
+the simulator's fleet; the JSON lines file holds the same bodies. Runs alternate between the
+two and medians are reported.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import statistics
+import sys
+import time
+import zlib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from protocols.simulator import Fleet
+from store import FileStore, StoreConfig
+from store.api import Message
+
+Log = Callable[[str], None]
+READING = "device STRING, ts BIGINT, temperature DOUBLE, humidity DOUBLE, battery DOUBLE"
+TARGET_RATIO = 0.7
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@dataclass(frozen=True)
+class Settings:
+    records: int = 1_000_000
+    rounds: int = 3
+    devices: int = 1000
+
+    @classmethod
+    def smoke(cls) -> Settings:
+        return cls(records=20_000, rounds=1, devices=50)
+
+
+@dataclass
+class Report:
+    settings: Settings
+    sluice: list[float] = field(default_factory=list)
+    json: list[float] = field(default_factory=list)
+
+    def render(self) -> str:
+        sluice, json_rate = statistics.median(self.sluice), statistics.median(self.json)
+        ratio = sluice / json_rate
+        verdict = "PASS" if ratio >= TARGET_RATIO else "MISS"
+        return "\n".join([
+            f"analytics benchmark: batch read and parse of {self.settings.records:,} telemetry "
+            f"readings, local[2] Spark, medians of {self.settings.rounds} alternating runs",
+            f"  sluice source + from_json        {sluice:>12,.0f} rows/s",
+            f"  spark.read.json (JSON lines)     {json_rate:>12,.0f} rows/s",
+            f"  sluice / read.json               {ratio:>12.2f}x   target >= {TARGET_RATIO}x  {verdict}",
+        ])
+
+
+def run_section(settings: Settings, workdir: Path, log: Log) -> Report:
+    """Write the data, then time both readers in alternation."""
+    store_dir, lines = workdir / "store", workdir / "telemetry.jsonl"
+    workdir.mkdir(parents=True, exist_ok=True)
+    started = time.perf_counter()
+    _write(settings, store_dir, lines)
+    log(f"[analytics] wrote {settings.records:,} readings to the store and as JSON lines "
+        f"in {time.perf_counter() - started:.1f}s")
+    spark = _spark()
+    report = Report(settings)
+    try:
+        from pyspark.sql import functions as F
+
+        def sluice() -> None:
+            frame = (spark.read.format("sluice").option("subscribe", "devices").load(str(store_dir))
+                     .select(F.from_json(F.col("body").cast("string"), READING).alias("r")).select("r.*"))
+            frame.write.format("noop").mode("overwrite").save()
+
+        def json_lines() -> None:
+            spark.read.schema(READING).json(str(lines)).write.format("noop").mode("overwrite").save()
+
+        sluice()  # warm up both paths once (Python workers, JIT)
+        json_lines()
+        for round_number in range(1, settings.rounds + 1):
+            for name, run, rates in (("sluice", sluice, report.sluice), ("read.json", json_lines, report.json)):
+                began = time.perf_counter()
+                run()
+                rates.append(settings.records / (time.perf_counter() - began))
+                log(f"[analytics] round {round_number}/{settings.rounds} {name}: {rates[-1]:,.0f} rows/s")
+    finally:
+        spark.stop()
+    return report
+
+
+def _write(settings: Settings, store_dir: Path, lines: Path) -> None:
+    readings = Fleet(settings.devices, seed=7).readings(lambda: int(time.time() * 1000))
+    store = FileStore(str(store_dir), StoreConfig(flush="async"))
+    try:
+        with lines.open("wb") as out:
+            remaining = settings.records
+            while remaining:
+                chunk = list(itertools.islice(readings, min(10_000, remaining)))
+                remaining -= len(chunk)
+                results = store.append_batch([Message("devices", body, queue_id=zlib.crc32(topic.encode()) % 4,
+                                                      properties={"sluice.subject": topic})
+                                              for topic, body in chunk])
+                out.write(b"\n".join(body for _, body in chunk) + b"\n")
+            store.wait_durable(results[-1].end_offset)
+            store.checkpoint()
+    finally:
+        store.close()
+
+
+def _spark():
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
+    from pyspark.sql import SparkSession
+
+    spark = (SparkSession.builder.master("local[2]").appName("sluice-analytics-bench")
+             .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
+             .config("spark.driver.memory", "2g").getOrCreate())
+    spark.sparkContext.setLogLevel("ERROR")
+    return spark
