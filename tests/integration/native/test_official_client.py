@@ -6,6 +6,7 @@ wait on events with generous timeouts, never on fixed sleeps.
 """
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import subprocess
@@ -39,6 +40,19 @@ slow answer into a failed call."""
 def config(nb, user: str | None = None, password: str | None = None) -> ClientConfiguration:
     return ClientConfiguration(nb.endpoint, Credentials(user or nb.user, password or nb.password),
                                request_timeout=REQUEST_TIMEOUT_S)
+
+
+@pytest.fixture(autouse=True)
+def main_thread_event_loop():
+    """The official client builds gRPC objects on the calling thread, where grpc asks asyncio
+    for the current event loop. Once anything in this process has run ``asyncio.run`` (other
+    test modules do), that question raises instead of making a loop, and the client's
+    telemetry stream, then its route lookup, fail at random. Give the main thread a loop."""
+    loop = asyncio.new_event_loop()
+    asyncio.set_event_loop(loop)
+    yield
+    asyncio.set_event_loop(None)
+    loop.close()
 
 
 @contextmanager
