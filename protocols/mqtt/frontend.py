@@ -55,7 +55,6 @@ class MqttFrontend:
         self._store = SessionStore(broker)
         self._expiry_timers: dict[str, asyncio.TimerHandle] = {}
         self._delayed_wills: dict[str, tuple[asyncio.TimerHandle, MqttConnection]] = {}
-        self._saving: set[str] = set()
         self._tasks: set[asyncio.Task] = set()
         self._sweeper: asyncio.Task | None = None
         self._last_delivery: Delivery | None = None
