@@ -103,7 +103,8 @@ class MqttFrontend:
             for link in list(self.links):
                 link.check_keepalive(now)
 
-    def _spawn(self, coroutine) -> None:
+    def spawn(self, coroutine) -> None:
+        """Run ``coroutine`` as a task the front end keeps (and awaits at ``stop``)."""
         task = asyncio.get_running_loop().create_task(coroutine)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
@@ -181,7 +182,7 @@ class MqttFrontend:
         session = link.session
         if session is None or self._attached.get(link.client_id) is not link:
             if publish_will and link.will is not None and link.principal is not None:
-                self._spawn(self._publish_will(link))
+                self.spawn(self._publish_will(link))
             return
         del self._attached[link.client_id]
         session.detach()
@@ -194,12 +195,12 @@ class MqttFrontend:
                     min(delay, session.expiry_s), lambda: self._fire_will(link.client_id))
                 self._delayed_wills[link.client_id] = (timer, link)
             else:
-                self._spawn(self._publish_will(link))
+                self.spawn(self._publish_will(link))
         if not session.persistent or session.expiry_s == 0:
-            self._spawn(self._end_session(session))
+            self.spawn(self._end_session(session))
         else:
             disconnected = now_ms()
-            self._spawn(self._store.save(SessionRecord(session.client_id, session.expiry_s,
+            self.spawn(self._store.save(SessionRecord(session.client_id, session.expiry_s,
                                                        session.subscriptions, disconnected)))
             self._schedule_expiry(session, disconnected)
 
@@ -208,7 +209,7 @@ class MqttFrontend:
         entry = self._delayed_wills.pop(client_id, None)
         if entry is not None:
             entry[0].cancel()
-            self._spawn(self._publish_will(entry[1]))
+            self.spawn(self._publish_will(entry[1]))
 
     def _cancel_will(self, client_id: str) -> None:
         entry = self._delayed_wills.pop(client_id, None)
@@ -245,7 +246,7 @@ class MqttFrontend:
         if self.sessions.get(session.client_id) is session and session.link is None:
             log.info("session of client %s expired", session.client_id)
             self._fire_will(session.client_id)
-            self._spawn(self._end_session(session))
+            self.spawn(self._end_session(session))
 
     async def _end_session(self, session: Session) -> None:
         if self.sessions.get(session.client_id) is session:
@@ -260,7 +261,7 @@ class MqttFrontend:
     def session_changed(self, session: Session) -> None:
         """Subscriptions changed: save a persistent session."""
         if session.persistent:
-            self._spawn(self._store.save(SessionRecord(session.client_id, session.expiry_s,
+            self.spawn(self._store.save(SessionRecord(session.client_id, session.expiry_s,
                                                        session.subscriptions)))
 
     async def save_qos2(self, session: Session) -> None:
@@ -273,7 +274,7 @@ class MqttFrontend:
         await self._store.save_qos2(session.client_id, session.qos2)
 
     def save_qos2_soon(self, session: Session) -> None:
-        self._spawn(self.save_qos2(session))
+        self.spawn(self.save_qos2(session))
 
     # ---------------------------------------------------------------- messages
 

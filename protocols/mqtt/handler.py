@@ -169,7 +169,7 @@ class MqttConnection:
             elif kind is ReleaseRequested:
                 self._on_release(event.packet_id)
             elif kind is ConnectRequested:
-                self.loop.create_task(self._connect(event))
+                self.frontend.spawn(self._connect(event))
             elif kind is ConnectionClosed:
                 if event.detail:  # a protocol error, not just a closed socket
                     log.info("MQTT client %r from %s disconnected: %s%s", self.client_id,
@@ -356,7 +356,7 @@ class MqttConnection:
             self.release(packet_id)
             return
         session.record_received(packet_id)
-        self.loop.create_task(self._release_after_saving(session, packet_id))
+        self.frontend.spawn(self._release_after_saving(session, packet_id))
 
     async def _release_after_saving(self, session: Session, packet_id: int) -> None:
         await self.frontend.save_qos2(session)
@@ -367,7 +367,7 @@ class MqttConnection:
         session = self.session
         assert session is not None
         session.qos2.awaiting_release.discard(packet_id)
-        self.loop.create_task(self._complete_after_saving(session, packet_id))
+        self.frontend.spawn(self._complete_after_saving(session, packet_id))
 
     async def _complete_after_saving(self, session: Session, packet_id: int) -> None:
         if self._previous is not None and not self._previous.done():
