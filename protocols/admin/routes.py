@@ -15,8 +15,8 @@ from aiohttp import web
 
 from core.model import Principal
 
+from . import dashboard, metrics, tail
 from . import handlers as h
-from . import metrics
 from .access import Access
 
 Handler = Callable[[web.Request, Principal], Awaitable[Any]]
@@ -66,6 +66,11 @@ ROUTES: tuple[Route, ...] = (
       A.PUBLIC, response="Health"),
     R("GET", "/metrics", metrics.metrics, "Prometheus metrics (text exposition format)", "service",
       A.PUBLIC, response="text"),
+    R("GET", "/dashboard", dashboard.page,
+      "Live telemetry dashboard (HTML; ?topic=the results topic, default telemetry.results)",
+      "console", A.PUBLIC, response="html"),
+    R("GET", "/dashboard/{asset}", dashboard.asset, "The dashboard's script and style sheet",
+      "console", A.PUBLIC, response="asset"),
     R("GET", "/openapi.json", openapi, "This document", "service", A.PUBLIC, response="object"),
 
     R("GET", "/topics", h.list_topics, "List topics", "topics", A.USER, response="[Topic]"),
@@ -78,6 +83,11 @@ ROUTES: tuple[Route, ...] = (
       "messages", A.TOPIC, response="[Message]",
       query=(Query("key", "the business key the producer set", required=True),
              Query("limit", "at most this many messages (default 32)", type="integer"))),
+    R("GET", "/topics/{topic}/tail", tail.tail_topic,
+      "Stream a topic's recent messages, then new ones as they arrive (newline-delimited JSON)",
+      "messages", A.TOPIC, response="ndjson",
+      query=(Query("minutes", "send messages stored in the last MINUTES first (default 60)",
+                   type="integer"),)),
     R("GET", "/messages/{msg_id}", h.message_by_id, "Look up a message by id", "messages",
       A.USER, response="Message"),
 

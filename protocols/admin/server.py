@@ -23,6 +23,7 @@ from .errors import HttpProblem, error_response
 from .handlers import DEPS, AdminDeps
 from .metrics import METRICS, AdminMetrics
 from .routes import ROUTES, Route
+from .tail import TAILS, close_tails
 
 log = logging.getLogger(__name__)
 
@@ -32,6 +33,8 @@ def build_app(deps: AdminDeps) -> web.Application:
     app = web.Application(middlewares=[_errors_and_counts])
     app[DEPS] = deps
     app[METRICS] = AdminMetrics(deps)
+    app[TAILS] = set()
+    app.on_shutdown.append(close_tails)
     for route in ROUTES:
         app.router.add_route(route.method, route.path, _guarded(route), name=route.operation_id)
     return app
