@@ -25,8 +25,9 @@ _CORRUPT = "_corrupt_record"
 
 @dataclass(frozen=True)
 class ResultsTopic:
-    """Where aggregates are also published, as JSON messages keyed ``<device>@<window start>``
-    (a replayed micro-batch publishes its windows again: consumers dedupe on the key)."""
+    """Where aggregates are also published, as JSON messages keyed ``<device>@<window start>``.
+    A window is published again whenever a micro-batch changes it (and when a batch is
+    replayed after a restart): the newest message for a key is the window's value."""
 
     endpoint: str
     topic: str
@@ -49,10 +50,16 @@ class ResultsTopic:
 
 def _result_message(message_type: Any, topic: str, row: Any) -> Any:
     window = row.window_start.isoformat()
-    body = {**row.asDict(), "window_start": window, "window_end": row.window_end.isoformat()}
+    body = {**row.asDict(), "window_start": window, "window_end": row.window_end.isoformat(),
+            "window_start_ms": _epoch_ms(row.window_start), "window_end_ms": _epoch_ms(row.window_end)}
     return message_type(topic, json.dumps(body).encode(), tag="anomaly" if row.anomaly else "window",
                         keys=[f"{row.device}@{window}"],
                         properties={"sluice.subject": f"{topic}/{row.device}"})
+
+
+def _epoch_ms(moment: Any) -> int:
+    """Spark hands timestamps to Python as naive local datetimes; ``timestamp()`` reads them so."""
+    return round(moment.timestamp() * 1000)
 
 
 @dataclass(frozen=True)
@@ -88,7 +95,8 @@ def parse(messages: DataFrame) -> tuple[DataFrame, DataFrame]:
 
 def aggregate(readings: DataFrame, settings: JobSettings = JobSettings()) -> DataFrame:
     """Per device and tumbling window: avg/min/max of temperature and humidity, the lowest
-    battery, the reading count, and ``anomaly``."""
+    battery, the reading count, the newest reading's ``ts`` (``latest_ts``, for measuring how
+    long results take) and ``anomaly``."""
     windows = (readings.withWatermark("event_time", settings.watermark)
                .groupBy(F.window("event_time", settings.window), "device")
                .agg(F.avg("temperature").alias("avg_temperature"),
@@ -96,12 +104,13 @@ def aggregate(readings: DataFrame, settings: JobSettings = JobSettings()) -> Dat
                     F.max("temperature").alias("max_temperature"),
                     F.avg("humidity").alias("avg_humidity"),
                     F.min("battery").alias("min_battery"),
-                    F.count(F.lit(1)).alias("readings")))
+                    F.count(F.lit(1)).alias("readings"),
+                    F.max("ts").alias("latest_ts")))
     threshold = settings.anomaly_threshold
     return windows.select(
         F.col("window.start").alias("window_start"), F.col("window.end").alias("window_end"),
         "device", "avg_temperature", "min_temperature", "max_temperature", "avg_humidity",
-        "min_battery", "readings",
+        "min_battery", "readings", "latest_ts",
         ((F.col("max_temperature") - F.col("avg_temperature") > threshold)
          | (F.col("avg_temperature") - F.col("min_temperature") > threshold)).alias("anomaly"),
         F.to_date("window.start").alias("date"))
@@ -111,8 +120,10 @@ def start(spark: Any, source: dict[str, str], output: str, checkpoint: str,
           settings: JobSettings = JobSettings(), available_now: bool = False,
           results: ResultsTopic | None = None) -> list[Any]:
     """Start the streaming queries: aggregates to ``output``/aggregates (Parquet, partitioned
-    by date, append mode), the quarantine to ``output``/quarantine, and with ``results`` the
-    aggregates published back into Sluice. Returns the queries."""
+    by date, append mode: windows the watermark closed), the quarantine to
+    ``output``/quarantine, and with ``results`` the aggregates published back into Sluice in
+    update mode (every micro-batch republishes the windows it changed, open ones included, so
+    subscribers see live values). Returns the queries."""
     reader = spark.readStream.format("sluice")
     for key, value in source.items():
         reader = reader.option(key, value)
@@ -128,7 +139,7 @@ def start(spark: Any, source: dict[str, str], output: str, checkpoint: str,
         writer = writer.trigger(availableNow=True) if available_now else writer
         queries.append(writer.queryName(f"telemetry-{name}").start())
     if results is not None:
-        writer = (aggregate(readings, settings).writeStream.outputMode("append")
+        writer = (aggregate(readings, settings).writeStream.outputMode("update")
                   .option("checkpointLocation", f"{checkpoint}/results")
                   .foreachBatch(results.publish))
         writer = writer.trigger(availableNow=True) if available_now else writer

@@ -29,8 +29,11 @@ window.sluiceDashboard = { received: 0, latenciesMs: [], renders: 0 };
 const $ = (id) => document.getElementById(id);
 
 function credentials() {
+  // X-Requested-With: a 401 then comes without a Basic challenge, so the browser shows no prompt.
   const token = sessionStorage.getItem("sluice.auth");
-  return token ? { Authorization: "Basic " + token } : {};
+  const headers = { "X-Requested-With": "XMLHttpRequest" };
+  if (token) headers.Authorization = "Basic " + token;
+  return headers;
 }
 
 function setStatus(text, kind) {
@@ -253,6 +256,8 @@ $("device-choice").addEventListener("change", (event) => {
 // --- drawing ---
 
 function drawChart(canvas, xs, series, compact = false) {
+  const shown = Math.round(canvas.clientWidth);
+  if (shown && canvas.width !== shown) canvas.width = shown;   // one canvas pixel per screen pixel
   const ctx = canvas.getContext("2d");
   const { width, height } = canvas;
   ctx.clearRect(0, 0, width, height);
@@ -264,12 +269,14 @@ function drawChart(canvas, xs, series, compact = false) {
   let low = Math.min(...values);
   let high = Math.max(...values);
   if (high === low) { high += 1; low -= 1; }
-  const first = xs[0];
-  const span = Math.max(1, xs[xs.length - 1] - first);
-  const x = (t) => (xs.length > 1 ? pad.l + ((t - first) / span) * (width - pad.l - pad.r)
-                                    : (pad.l + width - pad.r) / 2);
+  // Half a window of room at each end, so that the first and last bars fit.
+  let step = 60000;
+  for (let i = 1; i < xs.length; i++) step = Math.min(step, Math.max(1, xs[i] - xs[i - 1]));
+  const first = xs[0] - step / 2;
+  const span = xs[xs.length - 1] + step / 2 - first;
+  const x = (t) => pad.l + ((t - first) / span) * (width - pad.l - pad.r);
   const y = (v) => height - pad.b - ((v - low) / (high - low)) * (height - pad.t - pad.b);
-  if (!compact) drawAxes(ctx, width, height, pad, low, high, first, xs[xs.length - 1]);
+  if (!compact) drawAxes(ctx, width, height, pad, low, high, xs[0], xs[xs.length - 1]);
   if (series.lo && series.hi) {
     ctx.fillStyle = COLOR.band;
     ctx.beginPath();
@@ -279,7 +286,7 @@ function drawChart(canvas, xs, series, compact = false) {
     ctx.fill();
   }
   if (series.bars) {
-    const barWidth = Math.max(2, (width - pad.l - pad.r) / xs.length - 2);
+    const barWidth = Math.max(2, 0.7 * (x(xs[0] + step) - x(xs[0])));
     ctx.fillStyle = COLOR.bars;
     xs.forEach((t, i) => ctx.fillRect(x(t) - barWidth / 2, y(series.bars[i]), barWidth, y(0) - y(series.bars[i])));
   }
@@ -336,9 +343,9 @@ function drawAxes(ctx, width, height, pad, low, high, first, last) {
   ctx.fillText(low.toFixed(1), pad.l - 4, height - pad.b);
   const time = (t) => new Date(t).toLocaleTimeString([], { hour: "2-digit", minute: "2-digit" });
   ctx.textAlign = "left";
-  ctx.fillText(time(first), pad.l, height - 6);
+  ctx.fillText(time(first), pad.l + 4, height - 6);
   ctx.textAlign = "right";
-  ctx.fillText(time(last), width - pad.r, height - 6);
+  ctx.fillText(time(last), width - pad.r - 4, height - 6);
 }
 
 connect();

@@ -81,7 +81,7 @@ async def _errors_and_counts(request: web.Request,
     except Exception as error:  # every error leaves as JSON; unexpected ones are logged too
         if not isinstance(error, HttpProblem) and error_response(error).status == 500:
             log.exception("admin API %s %s failed", request.method, request.path)
-        response = error_response(error)
+        response = error_response(error, request.headers.get("X-Requested-With") != "XMLHttpRequest")
     resource = request.match_info.route.resource
     route = resource.canonical if resource is not None else "unmatched"
     request.app[METRICS].requests.labels(request.method, route, str(response.status)).inc()
