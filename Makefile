@@ -3,7 +3,7 @@ VENV := .venv
 PYTHON := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: test bench run clean
+.PHONY: test bench run demo clean
 
 $(STAMP): pyproject.toml
 	test -d $(VENV) || python3 -m venv $(VENV)
@@ -18,6 +18,9 @@ bench: $(STAMP)
 
 run: $(STAMP)
 	$(VENV)/bin/sluice serve
+
+demo: $(STAMP)
+	$(VENV)/bin/sluice demo $(DEMO_ARGS)
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info .pytest_cache .hypothesis

@@ -12,6 +12,7 @@ subscribe to them.
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -64,11 +65,17 @@ def _epoch_ms(moment: Any) -> int:
 
 @dataclass(frozen=True)
 class JobSettings:
-    """Window length, how late a reading may arrive, and the anomaly threshold (degrees)."""
+    """Window length, how late a reading may arrive, the anomaly threshold (degrees), and how
+    often the Parquet queries run (the live results query runs as often as it can: on a small
+    machine, leaving it the cores is what keeps results fresh)."""
 
     window: str = "1 minute"
     watermark: str = "30 seconds"
     anomaly_threshold: float = 10.0
+    archive_every: str = "30 seconds"
+    state_partitions: int = max(1, (os.cpu_count() or 2) // 2)
+    """Partitions of the window state (``spark.sql.shuffle.partitions`` when a checkpoint is
+    new; a restart keeps the checkpoint's). Each costs a task per micro-batch."""
 
 
 def parse(messages: DataFrame) -> tuple[DataFrame, DataFrame]:
@@ -124,6 +131,7 @@ def start(spark: Any, source: dict[str, str], output: str, checkpoint: str,
     ``output``/quarantine, and with ``results`` the aggregates published back into Sluice in
     update mode (every micro-batch republishes the windows it changed, open ones included, so
     subscribers see live values). Returns the queries."""
+    spark.conf.set("spark.sql.shuffle.partitions", str(settings.state_partitions))
     reader = spark.readStream.format("sluice")
     for key, value in source.items():
         reader = reader.option(key, value)
@@ -136,7 +144,8 @@ def start(spark: Any, source: dict[str, str], output: str, checkpoint: str,
                   .option("checkpointLocation", f"{checkpoint}/{name}"))
         if partitioning:
             writer = writer.partitionBy(*partitioning)
-        writer = writer.trigger(availableNow=True) if available_now else writer
+        writer = writer.trigger(**({"availableNow": True} if available_now
+                                   else {"processingTime": settings.archive_every}))
         queries.append(writer.queryName(f"telemetry-{name}").start())
     if results is not None:
         writer = (aggregate(readings, settings).writeStream.outputMode("update")

@@ -2,8 +2,9 @@
 
 Sections: ``store`` (the store beside the disk's raw limits), ``native`` (Sluice beside
 RabbitMQ: durable sends and acked consumption, and Sluice's packed stream), ``mqtt`` (Sluice's
-MQTT listener beside Mosquitto, with the load generator's own ceiling) and ``analytics`` (the
-Spark source beside ``spark.read.json``). With no section named, all of them run.
+MQTT listener beside Mosquitto, with the load generator's own ceiling), ``analytics`` (the
+Spark source beside ``spark.read.json``) and ``latency`` (MQTT publish to a window aggregate on
+the dashboard stream, at 1,000 readings/s). With no section named, all of them run.
 """
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Protocol
 
-from . import analytics_bench, mqtt_bench, native_bench, store_bench
+from . import analytics_bench, latency_bench, mqtt_bench, native_bench, store_bench
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -70,9 +71,16 @@ def _analytics_section(options: argparse.Namespace, workdir: Path, log: Callable
     return analytics_bench.run_section(settings, workdir / "analytics", log)
 
 
+def _latency_section(options: argparse.Namespace, workdir: Path, log: Callable[[str], None]) -> Rendered:
+    settings = latency_bench.Settings.smoke() if options.quick else latency_bench.Settings()
+    if options.seconds is not None:
+        settings = latency_bench.Settings(**{**settings.__dict__, "seconds": int(options.seconds)})
+    return latency_bench.run_section(settings, workdir / "latency", log)
+
+
 SECTIONS: dict[str, Section] = {"store": _store_section, "native": _native_section, "mqtt": _mqtt_section,
-                                "analytics": _analytics_section}
-DEFAULT_SECTIONS = ("store", "native", "mqtt", "analytics")
+                                "analytics": _analytics_section, "latency": _latency_section}
+DEFAULT_SECTIONS = ("store", "native", "mqtt", "analytics", "latency")
 """Run when no section is named (``make bench``); the mqtt section takes about 3 minutes on a
 2-core machine."""
 
@@ -91,7 +99,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="store: records written and read back by the catch-up read (default 1,000,000; "
                              "20,000 with --quick)")
     parser.add_argument("--seconds", type=float, default=None,
-                        help="store: time bound of each timed run (default 3; 0.25 with --quick)")
+                        help="store: time bound of each timed run (default 3; 0.25 with --quick); "
+                             "latency: seconds measured after warm-up (default 60; 15 with --quick)")
     parser.add_argument("--repeats", type=_positive_int, default=None,
                         help="runs of each measurement, medians reported; the native and mqtt sections' rounds "
                              "(default 3; 1 with --quick)")

@@ -18,6 +18,7 @@ from pathlib import Path
 from .cli_admin import add_admin_commands
 from .cli_analytics import add_analytics_commands
 from .cli_data import add_data_commands
+from .cli_demo import add_demo_command
 from .cli_simulate import add_simulate_command
 
 SERVE_FLAGS = {  # flag destination -> config path it overrides
@@ -143,6 +144,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_data_commands(commands)
     add_simulate_command(commands)
     add_analytics_commands(commands)
+    add_demo_command(commands)
 
     store = commands.add_parser("store", help="Read an existing store offline.",
                                 description="Read an existing store offline (no broker needed).")

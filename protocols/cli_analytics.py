@@ -31,6 +31,9 @@ def add_analytics_commands(commands: argparse._SubParsersAction) -> None:
                      help="how late a reading may arrive (default: %(default)s)")
     job.add_argument("--anomaly-threshold", type=float, default=10.0, metavar="DEGREES",
                      help="window extremes this far from its average are an anomaly (default: %(default)s)")
+    job.add_argument("--archive-every", default="30 seconds", metavar="INTERVAL",
+                     help="how often the Parquet queries run; the results query runs as often "
+                     "as it can (default: %(default)s)")
     job.add_argument("--results-topic", metavar="TOPIC",
                      help="also publish aggregates to TOPIC (needs --endpoint or --results-endpoint)")
     job.add_argument("--results-endpoint", metavar="HOST:PORT", help="broker for --results-topic")
@@ -54,7 +57,7 @@ def _telemetry(args: argparse.Namespace) -> int:
     from analytics.telemetry import JobSettings, ResultsTopic, start
 
     spark = (SparkSession.builder.master("local[*]").appName("sluice-telemetry")
-             .config("spark.ui.enabled", "false").config("spark.sql.shuffle.partitions", "4")
+             .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
              .getOrCreate())
     spark.sparkContext.setLogLevel("WARN")
     source = {"subscribe": args.topic, "user": args.user, "password": args.password}
@@ -62,7 +65,7 @@ def _telemetry(args: argparse.Namespace) -> int:
     results = (ResultsTopic(results_endpoint, args.results_topic, args.user, args.password)
                if args.results_topic else None)
     queries = start(spark, source, args.output, args.checkpoint,
-                    JobSettings(args.window, args.watermark, args.anomaly_threshold),
+                    JobSettings(args.window, args.watermark, args.anomaly_threshold, args.archive_every),
                     available_now=args.available_now, results=results)
     print(f"telemetry job running: {len(queries)} queries, output in {args.output}", flush=True)
     try:

@@ -25,7 +25,8 @@ def add_simulate_command(commands: argparse._SubParsersAction) -> None:
     sub.add_argument("--password", default=os.environ.get("SLUICE_PASSWORD", "sluice"),
                      help="password (default: $SLUICE_PASSWORD, else sluice)")
     sub.add_argument("--devices", type=int, default=1000, help="fleet size (default: %(default)s)")
-    sub.add_argument("--count", type=int, default=10_000, help="readings to publish (default: %(default)s)")
+    sub.add_argument("--count", type=int, default=10_000,
+                     help="readings to publish, 0 for until Ctrl+C (default: %(default)s)")
     sub.add_argument("--rate", type=float, default=1000.0,
                      help="readings per second, 0 for as fast as acknowledged (default: %(default)s)")
     sub.add_argument("--qos", type=int, choices=(0, 1), default=1, help="MQTT QoS (default: %(default)s)")
@@ -51,6 +52,9 @@ def _simulate(args: argparse.Namespace) -> int:
         print(f"error: cannot publish to {args.mqtt}: {error}; is `sluice serve` running there?",
               file=sys.stderr)
         return 1
+    except KeyboardInterrupt:
+        print("simulator stopped", flush=True)
+        return 0
     elapsed = time.monotonic() - started
     print(f"{done:,} readings from {args.devices:,} devices in {elapsed:.1f} s "
           f"({done / elapsed:,.0f}/s)")

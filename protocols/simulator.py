@@ -10,6 +10,7 @@ Devices publish on ``devices/<id>/telemetry`` through one MQTT 3.1.1 connection,
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import random
 import time
@@ -84,7 +85,8 @@ class Fleet:
 async def simulate(host: str, port: int, username: str, password: str, *, devices: int,
                    count: int, rate: float, qos: int, seed: int = 1,
                    progress: Callable[[int], None] | None = None) -> int:
-    """Publish ``count`` readings; return how many were acknowledged (QoS 1) or sent (QoS 0)."""
+    """Publish ``count`` readings (0: until cancelled); return how many were acknowledged
+    (QoS 1) or sent (QoS 0)."""
     reader, writer = await asyncio.open_connection(host, port)
     decoder = Decoder(MQTT_311)
     writer.write(encode(Connect(f"sluice-simulator-{seed}", keep_alive=60, username=username,
@@ -97,7 +99,7 @@ async def simulate(host: str, port: int, username: str, password: str, *, device
     in_flight: set[int] = set()
     done = 0
     started = time.monotonic()
-    for number in range(count):
+    for number in range(count) if count else itertools.count():
         topic, payload = next(readings)
         packet_id = number % 0xFFFF + 1 if qos else None
         writer.write(encode(Publish(topic, payload, qos, packet_id=packet_id), MQTT_311))

@@ -1,0 +1,181 @@
+"""The ``latency`` section: from an MQTT publish to its window aggregate on the dashboard.
+
+What ``sluice demo`` runs, measured: a broker (``sluice serve``, sync flush), the simulator
+publishing ``rate`` readings per second over MQTT QoS 1, and the telemetry job
+(``analytics.telemetry.start``, the same queries as ``sluice analytics telemetry``) reading the
+broker over the native endpoint and publishing window aggregates back into a topic. The
+benchmark reads that topic exactly as the dashboard does (``GET /topics/{topic}/tail``), and
+each result carrying a newer reading than any before gives one sample: arrival time minus the
+reading's own timestamp (set by the simulator when it published). It also reports the results
+query's micro-batch durations from Spark's progress reports. Samples from the first
+``warmup_s`` seconds (Spark starting, the first batches catching up) are left out.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from http.client import HTTPConnection
+from pathlib import Path
+
+from .sluice_server import REPO_ROOT, serve_process
+from .processes import LOOPBACK, stop_process_group
+
+Log = Callable[[str], None]
+TARGET_P50_MS = 1000.0
+RESULTS = "telemetry.results"
+
+
+@dataclass(frozen=True)
+class Settings:
+    rate: int = 1000
+    devices: int = 1000
+    seconds: int = 60
+    warmup_s: int = 30
+    window: str = "10 seconds"
+    watermark: str = "10 seconds"
+
+    @classmethod
+    def smoke(cls) -> Settings:
+        return cls(rate=200, devices=50, seconds=15, warmup_s=25)
+
+
+@dataclass
+class Report:
+    settings: Settings
+    latencies_ms: list[float] = field(default_factory=list)
+    batch_ms: list[float] = field(default_factory=list)
+    input_rows: int = 0
+
+    def render(self) -> str:
+        s = self.settings
+        lines = [f"latency benchmark: MQTT publish -> window aggregate on the dashboard stream, "
+                 f"{s.rate:,} readings/s from {s.devices:,} devices for {s.seconds} s "
+                 f"(after {s.warmup_s} s of warm-up), {s.window} windows, local[2] Spark"]
+        if not self.latencies_ms or not self.batch_ms:
+            return "\n".join(lines + ["  no results reached the dashboard stream: MISS"])
+        p50 = statistics.median(self.latencies_ms)
+        batch_p50 = statistics.median(self.batch_ms)
+        verdict = "PASS" if batch_p50 < TARGET_P50_MS else "MISS"
+        lines += [
+            f"  publish -> dashboard   p50 {p50:>7,.0f} ms   p90 {_quantile(self.latencies_ms, 0.9):>7,.0f} ms"
+            f"   max {max(self.latencies_ms):>7,.0f} ms   ({len(self.latencies_ms)} samples)",
+            f"  results micro-batch    p50 {batch_p50:>7,.0f} ms   p90 {_quantile(self.batch_ms, 0.9):>7,.0f} ms"
+            f"   ({len(self.batch_ms)} batches, {self.input_rows:,} rows)   target p50 < "
+            f"{TARGET_P50_MS:,.0f} ms  {verdict}",
+        ]
+        return "\n".join(lines)
+
+
+def _quantile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+class DashboardStream:
+    """Reads the results topic's tail stream in a thread; one latency sample per newer reading."""
+
+    def __init__(self, admin_port: int, user: str, password: str) -> None:
+        import base64
+
+        self.samples: list[tuple[float, float]] = []  # (arrival, latency ms)
+        self._newest = 0
+        self._connection = HTTPConnection(LOOPBACK, admin_port, timeout=60)
+        token = base64.b64encode(f"{user}:{password}".encode()).decode()
+        self._connection.request("GET", f"/topics/{RESULTS}/tail?minutes=0",
+                                 headers={"Authorization": f"Basic {token}"})
+        self._response = self._connection.getresponse()
+        if self._response.status != 200:
+            raise RuntimeError(f"tail stream refused: {self._response.status} {self._response.read()!r}")
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        try:
+            while line := self._response.readline():
+                now = time.time() * 1000
+                message = json.loads(line)
+                if "body" not in message:
+                    continue
+                newest = json.loads(message["body"]).get("latest_ts", 0)
+                if newest > self._newest:
+                    self._newest = newest
+                    self.samples.append((now, now - newest))
+        except (OSError, ValueError, AttributeError):
+            pass  # http.client's ways of saying the connection was closed at the end of the run
+
+    def close(self) -> None:
+        self._connection.close()
+
+
+def run_section(settings: Settings, workdir: Path, log: Log) -> Report:
+    """Broker, job and simulator up; measure; everything stopped again."""
+    from .analytics_bench import _spark
+
+    workdir.mkdir(parents=True, exist_ok=True)
+    report = Report(settings)
+    with serve_process(workdir, wait_for=("--native-port", "--admin-port", "--mqtt-port"),
+                       extra=("--mqtt-ws-port", "-1"), password="bench") as broker:
+        from .sluice_server import SluiceServer
+
+        server = SluiceServer(broker.ports["--native-port"], broker.ports["--admin-port"],
+                              broker.password, broker.directory, broker.pid)
+        server.create_topic("devices", 4)
+        server.create_topic(RESULTS, 4)
+        spark = _spark()
+                queries = []
+        simulator = None
+        stream = None
+        try:
+            from analytics.telemetry import JobSettings, ResultsTopic, start
+
+            user, password = server.credentials
+            queries = start(spark, {"endpoint": server.endpoint, "subscribe": "devices",
+                                    "user": user, "password": password},
+                            str(workdir / "out"), str(workdir / "checkpoint"),
+                            JobSettings(settings.window, settings.watermark),
+                            results=ResultsTopic(server.endpoint, RESULTS, user, password))
+            results_query = queries[-1]
+            stream = DashboardStream(server.admin_port, user, password)
+            total = settings.rate * (settings.warmup_s + settings.seconds)
+            simulator = subprocess.Popen(
+                [sys.executable, "-m", "protocols.cli", "simulate", "--mqtt",
+                 f"{LOOPBACK}:{broker.ports['--mqtt-port']}", "--user", user, "--password", password,
+                 "--devices", str(settings.devices), "--rate", str(settings.rate), "--count", str(total)],
+                cwd=REPO_ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
+            started = time.time() * 1000
+            log(f"[latency] simulator publishing {settings.rate:,}/s for "
+                f"{settings.warmup_s + settings.seconds} s; the first {settings.warmup_s} s are warm-up")
+            if simulator.wait(settings.warmup_s + settings.seconds + 120) != 0:
+                raise RuntimeError(f"the simulator failed: {simulator.stderr.read().decode()[-2000:]}")
+            measured_from = started + settings.warmup_s * 1000
+            report.latencies_ms = [latency for arrival, latency in stream.samples if arrival >= measured_from]
+            for progress in results_query.recentProgress:
+                if os.environ.get("SLUICE_BENCH_PROGRESS"):
+                    log(f"[latency] {progress['batchId']}: {progress['numInputRows']} rows "
+                        f"{json.dumps(progress['durationMs'])}")
+                if _epoch_ms(progress["timestamp"]) >= measured_from and progress["numInputRows"]:
+                    report.batch_ms.append(progress["durationMs"]["triggerExecution"])
+                    report.input_rows += progress["numInputRows"]
+            log(f"[latency] {len(report.latencies_ms)} samples, {len(report.batch_ms)} micro-batches")
+        finally:
+            if simulator is not None and simulator.poll() is None:
+                stop_process_group(simulator, 10)
+            if stream is not None:
+                stream.close()
+            for query in queries:
+                query.stop()
+            spark.stop()
+    return report
+
+
+def _epoch_ms(timestamp: str) -> float:
+    from datetime import datetime
+
+    return datetime.fromisoformat(timestamp.replace("Z", "+00:00")).timestamp() * 1000
