@@ -1,9 +1,16 @@
-"""The read side of a file store: queue reads, offset lookups, message lookups by id and key.
+"""The read side of a file store: queue reads, offset lookups, message lookups by id and key,
+and undecoded runs of records for readers that decode many at once (the Spark source).
 
 Shared by ``FileStore`` (the writer) and ``StoreReader`` (read-only, no broker running).
 Every method may run on any thread; records are validated (CRC32C, offset) as they are read.
 """
 from __future__ import annotations
+
+import struct
+from array import array
+from typing import NamedTuple
+
+from crc32c import crc32c
 
 from .commit_log import CommitLog
 from .consume_queue import ConsumeQueue, ConsumeQueues, Entry
@@ -11,7 +18,7 @@ from .appender import generated_id_offset
 from .dispatcher import business_key, id_key
 from .errors import CorruptRecordError, OffsetOutOfRangeError
 from .key_index import KeyIndex
-from .record import HEADER_SIZE, StoredMessage, decode
+from .record import HEADER_SIZE, MAGIC_BYTES, StoredMessage, decode
 
 _MAX_GAP = 64 << 10  # read neighbouring records with one pread when at most this far apart
 _MAX_SPAN = 4 << 20
@@ -26,6 +33,23 @@ def _span_end(entries: list[Entry], index: int) -> int:
             break
         end, stop = phys + size, stop + 1
     return stop
+
+
+_PREFIX = struct.Struct("<I4sIQ")  # total_size, magic + version + flags, crc32c, phys_offset
+_MARK = MAGIC_BYTES + b"\0"  # flags must be 0
+
+
+class RecordRun(NamedTuple):
+    """Validated records of one queue read with one pread of the log (``StoreView.read_runs``)."""
+
+    data: bytes
+    """The log bytes from ``base``: the records, and whatever lies between them."""
+    base: int
+    """Commit-log offset of ``data[0]``."""
+    positions: array
+    """``array("q")``: where each record starts in ``data``, in queue order."""
+    segment: str
+    """Name of the segment file the bytes came from (for error messages)."""
 
 
 class StoreView:
@@ -106,6 +130,73 @@ class StoreView:
                 budget -= size
                 index += 1
         return out
+
+    def read_runs(self, topic: str, queue_id: int, queue_offset: int, max_count: int,
+                  max_bytes: int = 16 << 20) -> list[RecordRun]:
+        """Up to ``max_count`` records of a queue from ``queue_offset``, not decoded: the log bytes
+        around them (one pread per run of neighbours) and where each record starts. For readers
+        that decode many records at once; empty at the end of the queue. No run starts once
+        ``max_bytes`` have been read (the first always does).
+
+        Every record is checked as ``read`` checks it (magic, version, flags, CRC32C, offset) and
+        against its queue entry's size; the section lengths inside are the decoder's to check.
+        Like ``read``: stops before a corrupt record, raises CorruptRecordError if the first one
+        is corrupt and OffsetOutOfRangeError below the earliest retained offset.
+        """
+        queue = self.consume_queues.get(topic, queue_id, create=False)
+        if queue is None:
+            return []
+        self._check_range(queue, queue_offset)
+        entries = queue.read(queue_offset, max_count)
+        runs: list[RecordRun] = []
+        index = 0
+        while index < len(entries) and max_bytes > 0:
+            run, intact = self._run(entries, index, _span_end(entries, index))
+            if run.positions:
+                runs.append(run)
+            elif index == 0:
+                raise self._corruption(run, entries[0], queue_offset)
+            index += len(run.positions)
+            max_bytes -= len(run.data)
+            if not intact:
+                break
+        return runs
+
+    def _run(self, entries: list[Entry], index: int, stop: int) -> tuple[RecordRun, bool]:
+        """The records of ``entries[index:stop]`` that one pread holds, and False if a corrupt
+        one cut the run short (the pread ending at a segment's end is not corruption)."""
+        base, (last, last_size, _) = entries[index][0], entries[stop - 1]
+        try:
+            data, segment = self.log.read(base, last + last_size - base)
+            name = segment.name
+        except FileNotFoundError:
+            data, name = b"", ""
+        view, positions, unpack = memoryview(data), array("q"), _PREFIX.unpack_from
+        for phys, size, _ in entries[index:stop]:
+            pos = phys - base
+            if pos and pos + size > len(data):
+                break  # the span crosses into the next segment: the next run starts here
+            # record.check's tests (whole, magic, version, flags, CRC32C, offset) and the entry's
+            # size, as one tuple compare: a third of check's cost, which counts over thousands
+            if not (HEADER_SIZE <= size and pos + size <= len(data)
+                    and unpack(data, pos) == (size, _MARK, crc32c(view[pos + 12:pos + size]), phys)):
+                return RecordRun(data, base, positions, name), False
+            positions.append(pos)
+        return RecordRun(data, base, positions, name), True
+
+    @staticmethod
+    def _corruption(run: RecordRun, entry: Entry, queue_offset: int) -> CorruptRecordError:
+        """The error for the first record of ``run`` (``entry``), which failed ``_run``'s checks:
+        ``decode`` says what is wrong with it."""
+        phys, size, _ = entry
+        if size == 0:
+            return CorruptRecordError(phys, f"queue offset {queue_offset} was lost to corruption")
+        try:
+            found = decode(run.data, 0, phys, run.segment).size
+        except CorruptRecordError as error:
+            return error
+        return CorruptRecordError(phys, f"its queue entry says {size} bytes, the record has {found}",
+                                  run.segment)
 
     def read_at(self, phys_offset: int) -> StoredMessage:
         """The record at a commit-log offset (from a message id, key lookup or a queue entry)."""
