@@ -131,11 +131,11 @@ class SluiceBatchReader(DataSourceReader):
                 reader.close()
 
     def read(self, partition: QueueRange) -> Iterator[pa.RecordBatch]:
-        rows = (remote_read_range(self.remote, partition.topic, partition.queue, partition.start,
-                                  partition.end, READ_BATCH)
-                if self.remote is not None else _local_rows(self.path, partition))
-        for chunk in rows:
-            yield _record_batch(partition, chunk)
+        if self.remote is None:
+            return _local_batches(self.path, partition)
+        rows = remote_read_range(self.remote, partition.topic, partition.queue, partition.start,
+                                 partition.end, READ_BATCH)
+        return (_record_batch(partition, chunk) for chunk in rows)
 
 
 Offsets = dict[str, dict[str, int]]
@@ -253,27 +253,30 @@ def _ordered(offsets: Offsets) -> Offsets:
             for topic, queues in sorted(offsets.items())}
 
 
-def _local_rows(path: str, partition: QueueRange) -> Iterator[list[Row]]:
-    """The rows of one queue range, read on an executor with its own store reader."""
+def _local_batches(path: str, partition: QueueRange) -> Iterator[pa.RecordBatch]:
+    """The rows of one queue range, read on an executor with its own store reader and decoded
+    a run of records at a time (columnar.py)."""
     from store.reader import StoreReader
+
+    from .columnar import record_batch  # imports this module, and numpy: executors only
 
     reader = StoreReader(path)
     try:
         offset = partition.start
         while offset < partition.end:
-            messages = reader.read(partition.topic, partition.queue, offset,
-                                   min(READ_BATCH, partition.end - offset))
-            if not messages:
+            runs = reader.read_runs(partition.topic, partition.queue, offset,
+                                    min(READ_BATCH, partition.end - offset))
+            if not runs:
                 break
-            yield [(offset + i, m.msg_id, list(m.keys), m.tag, m.properties, m.body, m.born_ts,
-                    m.store_ts) for i, m in enumerate(messages)]
-            offset += len(messages)
+            for run in runs:
+                yield record_batch(run, partition.topic, partition.queue, offset)
+                offset += len(run.positions)
     finally:
         reader.close()
 
 
 def _record_batch(partition: QueueRange, rows: list[Row]) -> pa.RecordBatch:
-    """One Arrow batch; a packed record gives one row per body."""
+    """One Arrow batch of rows read from a broker; a packed record gives one row per body."""
     columns: dict[str, list] = {name: [] for name in ARROW_SCHEMA.names}
     for offset, msg_id, keys, tag, properties, body, born_ms, store_ms in rows:
         count = properties.get(BATCH_PROPERTY)
