@@ -25,8 +25,8 @@ from dataclasses import dataclass, field
 from http.client import HTTPConnection
 from pathlib import Path
 
-from .sluice_server import REPO_ROOT, serve_process
 from .processes import LOOPBACK, stop_process_group
+from .sluice_server import REPO_ROOT, SluiceServer, serve_process
 
 Log = Callable[[str], None]
 TARGET_P50_MS = 1000.0
@@ -122,14 +122,12 @@ def run_section(settings: Settings, workdir: Path, log: Log) -> Report:
     report = Report(settings)
     with serve_process(workdir, wait_for=("--native-port", "--admin-port", "--mqtt-port"),
                        extra=("--mqtt-ws-port", "-1"), password="bench") as broker:
-        from .sluice_server import SluiceServer
-
         server = SluiceServer(broker.ports["--native-port"], broker.ports["--admin-port"],
                               broker.password, broker.directory, broker.pid)
         server.create_topic("devices", 4)
         server.create_topic(RESULTS, 4)
         spark = _spark()
-                queries = []
+        queries = []
         simulator = None
         stream = None
         try:

@@ -116,7 +116,7 @@ def _operation(route: Any) -> dict[str, Any]:
     return operation
 
 
-_MEDIA_TYPES = {"text": "text/plain", "html": "text/html", "asset": "text/plain",
+MEDIA_TYPES = {"text": "text/plain", "html": "text/html", "asset": "text/plain",
                 "ndjson": "application/x-ndjson"}
 """Responses that are not JSON documents, by the route table's ``response`` name."""
 
@@ -124,8 +124,8 @@ _MEDIA_TYPES = {"text": "text/plain", "html": "text/html", "asset": "text/plain"
 def _success(route: Any) -> dict[str, Any]:
     if route.status == 204 or route.response is None:
         return {"description": "done"}
-    if route.response in _MEDIA_TYPES:
-        return {"description": "ok", "content": {_MEDIA_TYPES[route.response]: {"schema": _STR}}}
+    if route.response in MEDIA_TYPES:
+        return {"description": "ok", "content": {MEDIA_TYPES[route.response]: {"schema": _STR}}}
     if route.response == "object":
         schema: dict[str, Any] = {"type": "object"}
     elif route.response.startswith("["):

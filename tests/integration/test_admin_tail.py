@@ -113,3 +113,15 @@ def test_stopping_the_server_ends_open_tails(tmp_path):
             assert "heartbeat" in json.loads(line)
     finally:
         tail.close()
+
+
+def test_the_dashboard_page_and_its_files_are_served_without_credentials(http):
+    anonymous = Http(http.url, user=None)
+    status, page, headers = anonymous("GET", "/dashboard")
+    assert status == 200 and headers["Content-Type"].startswith("text/html")
+    assert '<script src="/dashboard/dashboard.js">' in page
+    status, script, headers = anonymous("GET", "/dashboard/dashboard.js")
+    assert status == 200 and headers["Content-Type"].startswith("text/javascript")
+    assert "/tail?minutes=" in script
+    status, body, _ = anonymous("GET", "/dashboard/secrets.txt")
+    assert status == 404 and "dashboard.css" in body["message"]

@@ -12,7 +12,7 @@ from protocols.admin import AdminDeps, build_app
 from protocols.admin.access import Access, check, credentials, may_read
 from protocols.admin.errors import STATUS, HttpProblem, error_response, status_for
 from protocols.admin.handlers import message_json
-from protocols.admin.openapi import SCHEMAS, document
+from protocols.admin.openapi import MEDIA_TYPES, SCHEMAS, document
 from protocols.admin.routes import ROUTES
 
 
@@ -28,16 +28,16 @@ def test_every_served_route_is_documented_and_every_documented_route_is_served()
 def test_every_schema_a_route_names_exists():
     for route in ROUTES:
         for name in (route.body, route.response):
-            if name and name not in ("text", "object"):
+            if name and name not in (*MEDIA_TYPES, "object"):
                 assert name.strip("[]") in SCHEMAS, (route.path, name)
 
 
-def test_writes_need_an_admin_and_only_probes_are_public():
+def test_writes_need_an_admin_and_only_probes_and_the_dashboard_page_are_public():
     for route in ROUTES:
         if route.method != "GET":
             assert route.access is Access.ADMIN, (route.method, route.path)
     public = {r.path for r in ROUTES if r.access is Access.PUBLIC}
-    assert public == {"/health", "/metrics", "/openapi.json"}
+    assert public == {"/health", "/metrics", "/openapi.json", "/dashboard", "/dashboard/{asset}"}
     doc = document(ROUTES)
     assert doc["paths"]["/health"]["get"]["security"] == []
     assert "401" in doc["paths"]["/topics"]["get"]["responses"]
@@ -62,6 +62,11 @@ def test_error_responses_are_json_and_401_asks_for_basic():
     assert response.status == 401 and response.headers["WWW-Authenticate"].startswith("Basic")
     assert b'"message": "who are you"' in response.body
     assert b"broker's log" in error_response(KeyError("x")).body
+
+
+def test_a_401_for_a_page_script_carries_no_challenge_so_browsers_do_not_prompt():
+    response = error_response(errors.Unauthenticated("who are you"), ask_credentials=False)
+    assert response.status == 401 and "WWW-Authenticate" not in response.headers
 
 
 def request_with(header: str | None, path: str = "/topics/orders"):
