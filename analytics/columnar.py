@@ -20,7 +20,7 @@ from store.errors import CorruptRecordError
 from store.reading import RecordRun
 from store.record import HEADER, HEADER_SIZE
 
-from .source import ARROW_SCHEMA, SUBJECT_PROPERTY
+from .schema import ARROW_SCHEMA, SUBJECT_PROPERTY
 
 _HEADER = np.dtype({
     "names": ["size", "magic", "version", "flags", "crc", "phys", "queue_id", "queue_offset",

@@ -54,6 +54,28 @@ async def _queue_ranges(config: ClientConfig, topics: list[str]) -> dict[tuple[s
         await consumer.close()
 
 
+def offsets_for_time(config: ClientConfig, queues: list[tuple[str, int]],
+                     timestamp_ms: int) -> dict[tuple[str, int], int]:
+    """(topic, queue) -> the first offset stored at or after ``timestamp_ms``, for ``queues``."""
+    return asyncio.run(_offsets_for_time(config, queues, timestamp_ms))
+
+
+async def _offsets_for_time(config: ClientConfig, queues: list[tuple[str, int]],
+                            timestamp_ms: int) -> dict[tuple[str, int], int]:
+    topics = sorted({topic for topic, _ in queues})
+    consumer = PullConsumer(config, READER_GROUP, topics, unpack=False, auto_commit_interval=None)
+    try:
+        offsets = {}
+        for topic in topics:
+            for queue in await consumer.route(topic):
+                if (topic, queue.id) in queues:
+                    offsets[(topic, queue.id)] = await consumer.query_offset(
+                        queue, QueryOffsetPolicy.TIMESTAMP, timestamp_ms)
+        return offsets
+    finally:
+        await consumer.close()
+
+
 def read_range(config: ClientConfig, topic: str, queue_id: int, start: int, end: int,
                batch: int) -> Iterator[list[Row]]:
     """Rows of ``[start, end)`` of one queue, ``batch`` records per pull."""

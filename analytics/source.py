@@ -10,23 +10,32 @@ native pull API instead. Options follow Spark's Kafka source where one exists:
 - ``startingOffsets`` / ``endingOffsets``: ``earliest``, ``latest``, or per-queue JSON such as
   ``{"devices": {"0": 10, "1": -2}}`` (-2 earliest, -1 latest; queues left out use the default:
   earliest for the start, latest for the end). The end is exclusive.
+- ``startingTimestamp`` / ``endingTimestamp`` (ms since the epoch): each queue from (or up to)
+  its first message stored at or after that time; they take precedence over the offsets.
+  ``endingTimestamp`` is for batch reads.
+- ``queues``: comma-separated queue ids (default: every queue of each topic).
+- ``subjectPattern``: only rows whose subject matches this MQTT-style filter
+  (``devices/+/telemetry``, ``devices/#``).
 - ``maxRecordsPerPartition``: records per partition (default 1,000,000): a large backfill of
   one queue is split into several partitions that read in parallel.
 - ``maxOffsetsPerTrigger`` (streaming): at most this many records per micro-batch.
 
-One partition per queue range; ``read`` opens the store lazily on the executor and yields Arrow
-record batches. Packed native batches (``sluice.batch``) become one row per body, with their
-index in ``batch_index``. Filters are options, never ``pushFilters``: PySpark 4.3 reuses pushed
-filters in later queries on the same DataFrame.
+A schema given with ``.schema("subject STRING, body BINARY")`` picks a subset of the columns
+(by name, with the source's types): Spark then converts only those. One partition per queue
+range, and short ranges share one (a micro-batch is then one task, not one per queue);
+``read`` opens the store lazily on the executor and yields Arrow record batches. Packed native
+batches (``sluice.batch``) become one row per body, with their index in ``batch_index``.
+Filters are options, never ``pushFilters``: PySpark 4.3 reuses pushed filters in later queries
+on the same DataFrame.
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
 import pyarrow as pa
+import pyarrow.compute as pc
 from pyspark.sql.datasource import (DataSource, DataSourceReader, DataSourceStreamReader,
                                     InputPartition)
 from pyspark.sql.streaming.datasource import (ReadAllAvailable, ReadLimit, ReadMaxRows,
@@ -35,29 +44,19 @@ from pyspark.sql.types import StructType
 
 from protocols.native.sdk.packing import BATCH_PROPERTY, unpack_bodies
 
-from .remote import RemoteTopicNotFound, Row, client_config
+from .options import EARLIEST, LATEST, SourceError, SourceOptions, parse_options
+from .remote import RemoteTopicNotFound, Row
+from .remote import offsets_for_time as remote_offsets_for_time
 from .remote import queue_ranges as remote_queue_ranges
 from .remote import read_range as remote_read_range
+from .schema import ARROW_SCHEMA, SCHEMA, SUBJECT_PROPERTY
 
-SCHEMA = ("topic STRING, queue INT, offset BIGINT, batch_index INT, msg_id STRING, "
-          "keys ARRAY<STRING>, tag STRING, subject STRING, properties MAP<STRING, STRING>, "
-          "body BINARY, born_ts TIMESTAMP, store_ts TIMESTAMP")
-SUBJECT_PROPERTY = "sluice.subject"
-EARLIEST, LATEST = -2, -1
-DEFAULT_PARTITION_RECORDS = 1_000_000
+__all__ = ["ARROW_SCHEMA", "SCHEMA", "SUBJECT_PROPERTY", "QueueRange", "SharedRanges",
+           "SluiceBatchReader", "SluiceDataSource", "SluiceStreamReader", "SourceError"]
+
 READ_BATCH = 4096
-ARROW_SCHEMA = pa.schema([
-    ("topic", pa.string()), ("queue", pa.int32()), ("offset", pa.int64()),
-    ("batch_index", pa.int32()), ("msg_id", pa.string()), ("keys", pa.list_(pa.field("element", pa.string()))),
-    ("tag", pa.string()), ("subject", pa.string()), ("properties", pa.map_(pa.string(), pa.string())),
-    ("body", pa.binary()), ("born_ts", pa.timestamp("us", tz="UTC")),
-    ("store_ts", pa.timestamp("us", tz="UTC")),
-])
-"""Exactly the Arrow types Spark expects for ``SCHEMA`` (it refuses any other)."""
-
-
-class SourceError(ValueError):
-    """Options that do not describe something readable; the message says what to change."""
+SHARE_BELOW = 16_384
+"""Queue ranges shorter than this share a partition, up to this many records in all."""
 
 
 @dataclass(frozen=True)
@@ -68,6 +67,17 @@ class QueueRange(InputPartition):
     queue: int
     start: int
     end: int
+
+
+@dataclass(frozen=True)
+class SharedRanges(InputPartition):
+    """Several short queue ranges read by one task, in order."""
+
+    ranges: tuple[QueueRange, ...]
+
+
+Partition = QueueRange | SharedRanges
+QueueKey = tuple[str, int]
 
 
 class SluiceDataSource(DataSource):
@@ -81,61 +91,99 @@ class SluiceDataSource(DataSource):
         return SCHEMA
 
     def reader(self, schema: StructType) -> DataSourceReader:
-        return SluiceBatchReader(self.options)
+        return SluiceBatchReader(self.options, schema)
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
-        return SluiceStreamReader(self.options)
+        return SluiceStreamReader(self.options, schema)
 
 
 class SluiceBatchReader(DataSourceReader):
     """Plans queue ranges on the driver; ``read`` runs on executors and holds no state."""
 
-    def __init__(self, given: Mapping[str, str]) -> None:
-        options = {key.lower(): value for key, value in given.items()}  # Spark's keys are case-blind
-        self.path = options.get("path") or ""
-        self.remote = client_config(options) if options.get("endpoint") else None
-        if not self.path and self.remote is None:
-            raise SourceError("give the data directory, spark.read.format('sluice').load(PATH), "
-                              "or a broker, .option('endpoint', 'host:8081')")
-        self.topics = [t.strip() for t in options.get("subscribe", "").split(",") if t.strip()]
-        if not self.topics:
-            raise SourceError("option 'subscribe' names no topic: .option('subscribe', 'devices')")
-        self.starting = _offsets_option(options.get("startingoffsets", "earliest"), "startingOffsets")
-        self.ending = _offsets_option(options.get("endingoffsets", "latest"), "endingOffsets")
-        self.partition_records = int(options.get("maxrecordsperpartition", DEFAULT_PARTITION_RECORDS))
+    def __init__(self, given: Mapping[str, str], schema: StructType | None = None) -> None:
+        self.options: SourceOptions = parse_options(given, schema)
 
-    def partitions(self) -> list[QueueRange]:
-        ranges = []
-        for (topic, queue), (earliest, latest) in self.queue_ranges().items():
-            start = _resolve(self.starting, topic, queue, EARLIEST, earliest, latest)
-            end = _resolve(self.ending, topic, queue, LATEST, earliest, latest)
-            ranges += _split(topic, queue, start, end, self.partition_records)
-        return ranges
+    def partitions(self) -> list[Partition]:
+        ranges = self.queue_ranges()
+        starts = self.offsets_at(self.options.starting_ms, ranges)
+        ends = self.offsets_at(self.options.ending_ms, ranges)
+        split = []
+        for (topic, queue), (earliest, latest) in ranges.items():
+            start = starts[(topic, queue)] if starts else _resolve(
+                self.options.starting, topic, queue, EARLIEST, earliest, latest)
+            end = ends[(topic, queue)] if ends else _resolve(
+                self.options.ending, topic, queue, LATEST, earliest, latest)
+            split += _split(topic, queue, start, end, self.options.partition_records)
+        return _share(split, self.options.partition_records)
 
-    def queue_ranges(self, store=None) -> dict[tuple[str, int], tuple[int, int]]:
-        """(topic, queue) -> (earliest, end) for every queue of the subscribed topics, from the
-        broker or from ``store`` (a StoreReader; one is opened for the call if None)."""
-        if self.remote is not None:
+    def queue_ranges(self, store=None) -> dict[QueueKey, tuple[int, int]]:
+        """(topic, queue) -> (earliest, end) for every selected queue of the subscribed topics,
+        from the broker or from ``store`` (a StoreReader; one is opened for the call if None)."""
+        options = self.options
+        if options.remote is not None:
             try:
-                return remote_queue_ranges(self.remote, self.topics)
+                ranges = remote_queue_ranges(options.remote, list(options.topics))
             except RemoteTopicNotFound as missing:
                 raise SourceError(f"topic {missing.args[0]!r} does not exist on the broker at "
-                                  f"{self.remote.endpoint}") from None
+                                  f"{options.remote.endpoint}") from None
+        else:
+            with _opened(options.path, store) as reader:
+                ranges = _queue_ranges(reader, options.topics, options.path)
+        if options.queues is None:
+            return ranges
+        chosen = {key: span for key, span in ranges.items() if key[1] in options.queues}
+        for topic in options.topics:
+            if not any(key[0] == topic for key in chosen):
+                present = sorted(queue for name, queue in ranges if name == topic)
+                raise SourceError(f"topic {topic!r} has none of the queues {sorted(options.queues)}; "
+                                  f"its queues are {present}")
+        return chosen
+
+    def offsets_at(self, timestamp_ms: int | None, ranges: Mapping[QueueKey, tuple[int, int]],
+                   store=None) -> dict[QueueKey, int]:
+        """Each queue's first offset stored at or after ``timestamp_ms`` (empty for None)."""
+        if timestamp_ms is None:
+            return {}
+        if self.options.remote is not None:
+            return remote_offsets_for_time(self.options.remote, list(ranges), timestamp_ms)
+        with _opened(self.options.path, store) as reader:
+            return {key: reader.offset_for_time(*key, timestamp_ms) for key in ranges}
+
+    def read(self, partition: Partition) -> Iterator[pa.RecordBatch]:
+        ranges = partition.ranges if isinstance(partition, SharedRanges) else (partition,)
+        options = self.options
+        for one in ranges:
+            if options.remote is None:
+                batches = _local_batches(options.path, one)
+            else:
+                rows = remote_read_range(options.remote, one.topic, one.queue, one.start, one.end,
+                                         READ_BATCH)
+                batches = (_record_batch(one, chunk) for chunk in rows)
+            for batch in batches:
+                if options.subject_regex is not None:
+                    batch = batch.filter(pc.fill_null(
+                        pc.match_substring_regex(batch.column("subject"), options.subject_regex), False))
+                yield batch if len(options.columns) == len(ARROW_SCHEMA) else batch.select(options.columns)
+
+
+class _opened:
+    """``with _opened(path, store) as reader``: ``store`` if given, else a StoreReader on
+    ``path`` closed afterwards."""
+
+    def __init__(self, path: str, store) -> None:
+        self.path, self.store, self.own = path, store, None
+
+    def __enter__(self):
+        if self.store is not None:
+            return self.store
         from store.reader import StoreReader
 
-        reader = store if store is not None else StoreReader(self.path)
-        try:
-            return _queue_ranges(reader, self.topics, self.path)
-        finally:
-            if store is None:
-                reader.close()
+        self.own = StoreReader(self.path)
+        return self.own
 
-    def read(self, partition: QueueRange) -> Iterator[pa.RecordBatch]:
-        if self.remote is None:
-            return _local_batches(self.path, partition)
-        rows = remote_read_range(self.remote, partition.topic, partition.queue, partition.start,
-                                 partition.end, READ_BATCH)
-        return (_record_batch(partition, chunk) for chunk in rows)
+    def __exit__(self, *exc: object) -> None:
+        if self.own is not None:
+            self.own.close()
 
 
 Offsets = dict[str, dict[str, int]]
@@ -150,37 +198,40 @@ class SluiceStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     checkpoint replays an uncommitted batch with the same bounds: nothing is read twice or
     skipped (exactly once with an idempotent sink). ``maxOffsetsPerTrigger`` caps a batch."""
 
-    def __init__(self, given: Mapping[str, str]) -> None:
-        options = {key.lower(): value for key, value in given.items()}
-        self.batch = SluiceBatchReader(options)
-        self.max_per_trigger = int(options["maxoffsetspertrigger"]) \
-            if "maxoffsetspertrigger" in options else None
+    def __init__(self, given: Mapping[str, str], schema: StructType | None = None) -> None:
+        self.batch = SluiceBatchReader(given, schema)
+        if self.batch.options.ending_ms is not None:
+            raise SourceError("endingTimestamp is for batch reads; a stream has no end")
         self._store = None
         self._target: Offsets | None = None
 
     def __getstate__(self) -> dict:
         return {**self.__dict__, "_store": None}  # executors open their own
 
-    def _ranges(self) -> dict[tuple[str, int], tuple[int, int]]:
-        if self.batch.remote is not None:
+    def _ranges(self) -> dict[QueueKey, tuple[int, int]]:
+        if self.batch.options.remote is not None:
             return self.batch.queue_ranges()
         from store.reader import StoreReader
 
         if self._store is None:
-            self._store = StoreReader(self.batch.path)
+            self._store = StoreReader(self.batch.options.path)
         else:
             self._store.refresh()
         return self.batch.queue_ranges(self._store)
 
     def initialOffset(self) -> Offsets:
+        ranges = self._ranges()
+        starts = self.batch.offsets_at(self.batch.options.starting_ms, ranges, self._store)
         offsets: Offsets = {}
-        for (topic, queue), (earliest, latest) in self._ranges().items():
-            offset = _resolve(self.batch.starting, topic, queue, EARLIEST, earliest, latest)
+        for (topic, queue), (earliest, latest) in ranges.items():
+            offset = starts[(topic, queue)] if starts else _resolve(
+                self.batch.options.starting, topic, queue, EARLIEST, earliest, latest)
             offsets.setdefault(topic, {})[str(queue)] = offset
         return _ordered(offsets)
 
     def getDefaultReadLimit(self) -> ReadLimit:
-        return ReadMaxRows(self.max_per_trigger) if self.max_per_trigger else ReadAllAvailable()
+        limit = self.batch.options.max_per_trigger
+        return ReadMaxRows(limit) if limit else ReadAllAvailable()
 
     def prepareForTriggerAvailableNow(self) -> None:
         self._target = self._ends()
@@ -208,15 +259,16 @@ class SluiceStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 latest.setdefault(topic, {}).setdefault(queue, offset)
         return _ordered(latest)
 
-    def partitions(self, start: Offsets, end: Offsets) -> list[QueueRange]:
+    def partitions(self, start: Offsets, end: Offsets) -> list[Partition]:
         ranges: list[QueueRange] = []
+        size = self.batch.options.partition_records
         for topic, queues in end.items():
             for queue, stop in queues.items():
                 begin = start.get(topic, {}).get(queue, 0)
-                ranges += _split(topic, int(queue), begin, stop, self.batch.partition_records)
-        return ranges
+                ranges += _split(topic, int(queue), begin, stop, size)
+        return _share(ranges, size)
 
-    def read(self, partition: QueueRange) -> Iterator[pa.RecordBatch]:
+    def read(self, partition: Partition) -> Iterator[pa.RecordBatch]:
         return self.batch.read(partition)
 
     def commit(self, end: Offsets) -> None:
@@ -228,7 +280,7 @@ class SluiceStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             self._store = None
 
 
-def _queue_ranges(reader, topics: list[str], path: str) -> dict[tuple[str, int], tuple[int, int]]:
+def _queue_ranges(reader, topics: tuple[str, ...], path: str) -> dict[QueueKey, tuple[int, int]]:
     """(topic, queue) -> (earliest, end) for every queue of ``topics``; SourceError for a topic
     with no messages at all."""
     present: dict[str, list[int]] = {}
@@ -248,6 +300,26 @@ def _split(topic: str, queue: int, start: int, end: int, size: int) -> list[Queu
     return [QueueRange(topic, queue, low, min(end, low + size)) for low in range(start, end, size)]
 
 
+def _share(ranges: list[QueueRange], partition_records: int) -> list[Partition]:
+    """Ranges shorter than ``SHARE_BELOW`` (and than ``partition_records``) grouped into
+    partitions of at most that many records; longer ones keep a partition each."""
+    limit = min(SHARE_BELOW, partition_records)
+    partitions: list[Partition] = []
+    group: list[QueueRange] = []
+    for one in ranges:
+        size = one.end - one.start
+        if size >= limit:
+            partitions.append(one)
+            continue
+        if group and sum(r.end - r.start for r in group) + size > limit:
+            partitions.append(group[0] if len(group) == 1 else SharedRanges(tuple(group)))
+            group = []
+        group.append(one)
+    if group:
+        partitions.append(group[0] if len(group) == 1 else SharedRanges(tuple(group)))
+    return partitions
+
+
 def _ordered(offsets: Offsets) -> Offsets:
     return {topic: dict(sorted(queues.items(), key=lambda item: int(item[0])))
             for topic, queues in sorted(offsets.items())}
@@ -258,7 +330,7 @@ def _local_batches(path: str, partition: QueueRange) -> Iterator[pa.RecordBatch]
     a run of records at a time (columnar.py)."""
     from store.reader import StoreReader
 
-    from .columnar import record_batch  # imports this module, and numpy: executors only
+    from .columnar import record_batch  # numpy: loaded on executors only
 
     reader = StoreReader(path)
     try:
@@ -297,24 +369,6 @@ def _record_batch(partition: QueueRange, rows: list[Row]) -> pa.RecordBatch:
             columns["store_ts"].append(store_ms * 1000)
     return pa.RecordBatch.from_arrays([pa.array(columns[field.name], type=field.type)
                                        for field in ARROW_SCHEMA], schema=ARROW_SCHEMA)
-
-
-def _offsets_option(text: str, option: str) -> dict | int:
-    """``earliest``/``latest`` as a default for every queue, or the per-queue JSON object."""
-    value = text.strip()
-    if value == "earliest":
-        return EARLIEST
-    if value == "latest":
-        return LATEST
-    try:
-        parsed = json.loads(value)
-    except ValueError:
-        parsed = None
-    if not isinstance(parsed, dict) or not all(isinstance(q, dict) for q in parsed.values()):
-        raise SourceError(f"{option} must be 'earliest', 'latest' or JSON like "
-                          f'{{"devices": {{"0": 42}}}}, not {text!r}')
-    return {topic: {str(queue): int(offset) for queue, offset in queues.items()}
-            for topic, queues in parsed.items()}
 
 
 def _resolve(spec: dict | int, topic: str, queue: int, default: int, earliest: int, latest: int) -> int:

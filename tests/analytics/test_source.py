@@ -86,3 +86,65 @@ def test_explicit_registration_also_works(spark, data_dir):
 
     register(spark)
     assert load(spark, data_dir["path"], subscribe="bulk").count() == 3
+
+
+@pytest.fixture(scope="module")
+def two_eras(tmp_path_factory) -> dict:
+    """Topic ``eras`` (2 queues): 20 messages, then, stored at least a millisecond later, 10 more."""
+    import time
+
+    directory = tmp_path_factory.mktemp("eras")
+    store = FileStore(str(directory), StoreConfig(segment_size=1 << 20))
+    last = None
+    for i in range(20):
+        last = store.append("eras", b"old %d" % i, queue_id=i % 2)
+    store.wait_durable(last.end_offset)
+    boundary = store.read("eras", 0, 9, 1)[0].store_ts + 1
+    while int(time.time() * 1000) < boundary:  # the clock must pass the boundary first
+        pass
+    for i in range(10):
+        last = store.append("eras", b"new %d" % i, queue_id=i % 2)
+    store.wait_durable(last.end_offset)
+    store.checkpoint()
+    store.close()
+    return {"path": str(directory), "boundary": boundary}
+
+
+def test_timestamps_choose_where_each_queue_starts_and_ends(spark, two_eras):
+    after = load(spark, two_eras["path"], subscribe="eras", startingTimestamp=str(two_eras["boundary"]))
+    assert sorted(bytes(r.body) for r in after.collect()) == sorted(b"new %d" % i for i in range(10))
+    before = load(spark, two_eras["path"], subscribe="eras", endingTimestamp=str(two_eras["boundary"]))
+    assert sorted(bytes(r.body) for r in before.collect()) == sorted(b"old %d" % i for i in range(20))
+    with pytest.raises(Exception, match="startingTimestamp is milliseconds"):
+        load(spark, two_eras["path"], subscribe="eras", startingTimestamp="yesterday").collect()
+
+
+def test_queues_and_subject_pattern_select_rows(spark, data_dir):
+    rows = load(spark, data_dir["path"], subscribe="devices", queues="1,3").collect()
+    assert sorted((r.queue, r.offset) for r in rows) == sorted(
+        (q, o) for q, o, _, _ in data_dir["devices"] if q in (1, 3))
+    one_device = load(spark, data_dir["path"], subscribe="devices", subjectPattern="devices/d1/#").collect()
+    assert {r.subject for r in one_device} == {"devices/d1/telemetry"}
+    assert len(one_device) == sum(1 for *_, device in data_dir["devices"] if device == "d1")
+    every = load(spark, data_dir["path"], subscribe="devices", subjectPattern="devices/+/telemetry")
+    assert every.count() == len(data_dir["devices"])
+    assert load(spark, data_dir["path"], subscribe="devices", subjectPattern="devices/+").count() == 0
+    with pytest.raises(Exception, match="has none of the queues"):
+        load(spark, data_dir["path"], subscribe="devices", queues="9").collect()
+    with pytest.raises(Exception, match="is not a subject filter"):
+        load(spark, data_dir["path"], subscribe="devices", subjectPattern="devices/d#").collect()
+
+
+def test_a_declared_schema_reads_only_those_columns(spark, data_dir):
+    frame = (spark.read.format("sluice").schema("subject STRING, body BINARY")
+             .option("subscribe", "devices").load(data_dir["path"]))
+    assert frame.columns == ["subject", "body"]
+    got = sorted((r.subject, bytes(r.body)) for r in frame.collect())
+    assert got == sorted((f"devices/{device}/telemetry", body) for _, _, body, device in data_dir["devices"])
+    wrong = spark.read.format("sluice").schema("body STRING").option("subscribe", "devices")
+    with pytest.raises(Exception, match="declare a subset of"):
+        wrong.load(data_dir["path"]).collect()
+
+
+def test_short_queue_ranges_share_one_partition(spark, data_dir):
+    assert load(spark, data_dir["path"], subscribe="devices").rdd.getNumPartitions() == 1

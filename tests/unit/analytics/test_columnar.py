@@ -10,7 +10,7 @@ import pyarrow as pa
 import pytest
 
 from analytics.columnar import record_batch
-from analytics.source import ARROW_SCHEMA, QueueRange, SluiceBatchReader, _record_batch
+from analytics.source import ARROW_SCHEMA, QueueRange, SharedRanges, SluiceBatchReader, _record_batch
 from protocols.native.sdk.packing import BATCH_PROPERTY, pack_bodies
 from store import FileStore, StoreConfig, record
 from store.errors import CorruptRecordError
@@ -61,8 +61,13 @@ def test_every_queue_reads_as_decoding_record_by_record_does(data_dir):
     reader = StoreReader(data_dir)
     source = SluiceBatchReader({"path": data_dir, "subscribe": "mixed", "maxRecordsPerPartition": "70"})
     partitions = source.partitions()
-    assert len(partitions) == 3 + 3 and len(reader.log.segments()) >= 4
-    for partition in partitions:
+    ranges = [one for p in partitions for one in (p.ranges if isinstance(p, SharedRanges) else (p,))]
+    assert len(ranges) == 3 + 3 and len(reader.log.segments()) >= 4
+    assert len(partitions) == 5, "the two short tails share a partition"
+    shared = next(p for p in partitions if isinstance(p, SharedRanges))
+    assert pa.Table.from_batches(list(source.read(shared))).num_rows == sum(
+        row_by_row(reader, one).num_rows for one in shared.ranges)
+    for partition in ranges:
         batches = list(source.read(partition))
         assert all(batch.schema == ARROW_SCHEMA for batch in batches)
         got, expected = pa.Table.from_batches(batches, ARROW_SCHEMA), row_by_row(reader, partition)
