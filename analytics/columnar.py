@@ -11,6 +11,8 @@ record, are walked one item per step for all records together. Records carrying 
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
+
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -39,39 +41,65 @@ _MICROS = ARROW_SCHEMA.field("born_ts").type
 _EMPTY = np.zeros(0, np.int64)  # np.concatenate needs at least one array
 _NO_TAG = pa.scalar(None, pa.binary())
 _SUBJECT, _PACKED = (pa.scalar(name.encode(), pa.binary()) for name in (SUBJECT_PROPERTY, BATCH_PROPERTY))
+_PACKED_NAME = BATCH_PROPERTY.encode()
 """Typed scalars: pyarrow spends ~100 us guessing the type of a bare Python value."""
 
 
-def record_batch(run: RecordRun, topic: str, queue: int, first_offset: int) -> pa.RecordBatch:
+def record_batch(run: RecordRun, topic: str, queue: int, first_offset: int,
+                 columns: Sequence[str] = tuple(ARROW_SCHEMA.names)) -> pa.RecordBatch:
     """The rows of ``run``, whose first record has queue offset ``first_offset`` in ``queue`` of
-    ``topic``, as a batch of ``ARROW_SCHEMA``. Raises CorruptRecordError for a record whose
-    sections do not add up (the store checked its CRC, so only a writer bug makes one)."""
+    ``topic``, as a batch of ``columns`` of ``ARROW_SCHEMA`` (only those are decoded). Raises
+    CorruptRecordError for a record whose sections do not add up (the store checked its CRC, so
+    only a writer bug makes one)."""
     if len(run.data) >= 1 << 31:  # Arrow's binary offsets are int32; a run is a few MB
         raise ValueError(f"a run of {len(run.data)} bytes is too large for one Arrow batch")
     data = pa.py_buffer(run.data)
     head, edges = _headers(run, data)
     count = len(head)
-    key_offsets, (keys,) = _items(run, data, edges[_KEYS], edges[_KEYS + 1], (2,))
-    prop_offsets, (names, values) = _items(run, data, edges[_PROPS], edges[_PROPS + 1], (2, 4))
-    columns = {
-        "topic": pa.repeat(pa.scalar(topic, pa.string()), count),
-        "queue": pa.repeat(pa.scalar(queue, pa.int32()), count),
-        "offset": pa.array(np.arange(first_offset, first_offset + count)),
-        "batch_index": pa.nulls(count, pa.int32()),
-        "msg_id": _slices(data, edges[_MSG_ID], edges[_MSG_ID + 1]).cast(pa.string()),
-        "keys": pa.ListArray.from_arrays(key_offsets, keys.cast(pa.string()), type=_KEYS_TYPE),
-        "tag": _tags(data, edges[_TAG], edges[_TAG + 1]),
-        "subject": _property(prop_offsets, names, values, _SUBJECT).cast(pa.string()),
-        "properties": pa.MapArray.from_arrays(prop_offsets, names.cast(pa.string()),
-                                              values.cast(pa.string()), type=_PROPS_TYPE),
-        "body": _slices(data, edges[_BODY], edges[_BODY + 1]),
-        "born_ts": pa.array(head["born_ts"] * 1000).view(_MICROS),
-        "store_ts": pa.array(head["store_ts"] * 1000).view(_MICROS),
+    # A packed record names the batch property in its properties section, so a run without
+    # those bytes anywhere has none: its properties need no decoding unless asked for.
+    packed = _PACKED_NAME in run.data
+    build = ARROW_SCHEMA.names if packed else columns
+    properties = _Properties(run, data, edges) if packed or {"subject", "properties"} & set(build) else None
+    builders: dict[str, Callable[[], pa.Array]] = {
+        "topic": lambda: pa.repeat(pa.scalar(topic, pa.string()), count),
+        "queue": lambda: pa.repeat(pa.scalar(queue, pa.int32()), count),
+        "offset": lambda: pa.array(np.arange(first_offset, first_offset + count)),
+        "batch_index": lambda: pa.nulls(count, pa.int32()),
+        "msg_id": lambda: _slices(data, edges[_MSG_ID], edges[_MSG_ID + 1]).cast(pa.string()),
+        "keys": lambda: _keys(run, data, edges),
+        "tag": lambda: _tags(data, edges[_TAG], edges[_TAG + 1]),
+        "subject": lambda: properties.value(_SUBJECT).cast(pa.string()),
+        "properties": lambda: properties.map(),
+        "body": lambda: _slices(data, edges[_BODY], edges[_BODY + 1]),
+        "born_ts": lambda: pa.array(head["born_ts"] * 1000).view(_MICROS),
+        "store_ts": lambda: pa.array(head["store_ts"] * 1000).view(_MICROS),
     }
-    batch = pa.RecordBatch.from_arrays([columns[name] for name in ARROW_SCHEMA.names], schema=ARROW_SCHEMA)
-    if pc.any(pc.equal(names, _PACKED)).as_py():
-        return _unpacked(batch, _property(prop_offsets, names, values, _PACKED))
-    return batch
+    batch = pa.RecordBatch.from_arrays([builders[name]() for name in build],
+                                       schema=pa.schema([ARROW_SCHEMA.field(name) for name in build]))
+    if packed and pc.any(pc.equal(properties.names, _PACKED)).as_py():
+        batch = _unpacked(batch, properties.value(_PACKED))
+    return batch if len(build) == len(columns) else batch.select(list(columns))
+
+
+class _Properties:
+    """The properties sections of a run, decoded once for every column that needs them."""
+
+    def __init__(self, run: RecordRun, data: pa.Buffer, edges: np.ndarray) -> None:
+        self.offsets, (self.names, self.values) = _items(run, data, edges[_PROPS], edges[_PROPS + 1], (2, 4))
+
+    def value(self, name: pa.Scalar) -> pa.BinaryArray:
+        """Each record's value of property ``name``, null where it has none."""
+        return _property(self.offsets, self.names, self.values, name)
+
+    def map(self) -> pa.MapArray:
+        return pa.MapArray.from_arrays(self.offsets, self.names.cast(pa.string()),
+                                       self.values.cast(pa.string()), type=_PROPS_TYPE)
+
+
+def _keys(run: RecordRun, data: pa.Buffer, edges: np.ndarray) -> pa.ListArray:
+    offsets, (keys,) = _items(run, data, edges[_KEYS], edges[_KEYS + 1], (2,))
+    return pa.ListArray.from_arrays(offsets, keys.cast(pa.string()), type=_KEYS_TYPE)
 
 
 def _headers(run: RecordRun, data: pa.Buffer) -> tuple[np.ndarray, np.ndarray]:

@@ -152,18 +152,21 @@ class SluiceBatchReader(DataSourceReader):
     def read(self, partition: Partition) -> Iterator[pa.RecordBatch]:
         ranges = partition.ranges if isinstance(partition, SharedRanges) else (partition,)
         options = self.options
+        build = options.columns  # plus the subject, when rows are filtered on it
+        if options.subject_regex is not None and "subject" not in build:
+            build = (*build, "subject")
         for one in ranges:
             if options.remote is None:
-                batches = _local_batches(options.path, one)
+                batches = _local_batches(options.path, one, build)
             else:
                 rows = remote_read_range(options.remote, one.topic, one.queue, one.start, one.end,
                                          READ_BATCH)
-                batches = (_record_batch(one, chunk) for chunk in rows)
+                batches = (_record_batch(one, chunk).select(build) for chunk in rows)
             for batch in batches:
                 if options.subject_regex is not None:
                     batch = batch.filter(pc.fill_null(
                         pc.match_substring_regex(batch.column("subject"), options.subject_regex), False))
-                yield batch if len(options.columns) == len(ARROW_SCHEMA) else batch.select(options.columns)
+                yield batch if build == options.columns else batch.select(options.columns)
 
 
 class _opened:
@@ -325,7 +328,7 @@ def _ordered(offsets: Offsets) -> Offsets:
             for topic, queues in sorted(offsets.items())}
 
 
-def _local_batches(path: str, partition: QueueRange) -> Iterator[pa.RecordBatch]:
+def _local_batches(path: str, partition: QueueRange, columns: tuple[str, ...]) -> Iterator[pa.RecordBatch]:
     """The rows of one queue range, read on an executor with its own store reader and decoded
     a run of records at a time (columnar.py)."""
     from store.reader import StoreReader
@@ -341,7 +344,7 @@ def _local_batches(path: str, partition: QueueRange) -> Iterator[pa.RecordBatch]
             if not runs:
                 break
             for run in runs:
-                yield record_batch(run, partition.topic, partition.queue, offset)
+                yield record_batch(run, partition.topic, partition.queue, offset, columns)
                 offset += len(run.positions)
     finally:
         reader.close()

@@ -134,3 +134,16 @@ def test_records_whose_lengths_do_not_add_up_are_an_error_not_garbage():
     long_name = resealed(good, record.HEADER_SIZE + 3, 5, width=2)  # the property name's length
     with pytest.raises(CorruptRecordError, match="overrun"):
         record_batch(RecordRun(long_name, 0, array("q", [0]), ""), "t", 0, 0)
+
+
+@pytest.mark.parametrize("columns", [("body",), ("subject", "body"), ("keys", "offset", "store_ts"),
+                                     ("properties", "batch_index", "tag", "msg_id")])
+def test_a_subset_of_columns_decodes_to_those_columns_of_the_whole_batch(data_dir, columns):
+    reader = StoreReader(data_dir)
+    for topic in ("mixed", "noise"):  # with packed records, and with no properties at all
+        for run in reader.read_runs(topic, 0, 0, 60):
+            whole = record_batch(run, topic, 0, 0)
+            part = record_batch(run, topic, 0, 0, columns)
+            assert part.schema.names == list(columns)
+            assert part.equals(whole.select(list(columns)))
+    reader.close()
