@@ -74,7 +74,7 @@ class JobSettings:
     window: str = "1 minute"
     watermark: str = "30 seconds"
     anomaly_threshold: float = 10.0
-    archive_every: str = "30 seconds"
+    archive_every: str = "1 minute"
     state_partitions: int = max(1, (os.cpu_count() or 2) // 2)
     """Partitions of the window state (``spark.sql.shuffle.partitions`` when a checkpoint is
     new; a restart keeps the checkpoint's). Each costs a task per micro-batch."""

@@ -31,7 +31,7 @@ def add_analytics_commands(commands: argparse._SubParsersAction) -> None:
                      help="how late a reading may arrive (default: %(default)s)")
     job.add_argument("--anomaly-threshold", type=float, default=10.0, metavar="DEGREES",
                      help="window extremes this far from its average are an anomaly (default: %(default)s)")
-    job.add_argument("--archive-every", default="30 seconds", metavar="INTERVAL",
+    job.add_argument("--archive-every", default="1 minute", metavar="INTERVAL",
                      help="how often the Parquet queries run; the results query runs as often "
                      "as it can (default: %(default)s)")
     job.add_argument("--results-topic", metavar="TOPIC",

@@ -2,8 +2,10 @@
 
 Three child processes, each in its own session so that Ctrl+C reaches only the demo, which
 then stops them in order (simulator, job, broker). Their output is echoed with a prefix. The
-data directory keeps the store, the job's Parquet output and its checkpoint: running the demo
-again resumes where it stopped.
+job reads the broker's data directory, as Spark beside a broker does; the broker writes its
+queue entries out every ``CHECKPOINT_INTERVAL_MS`` so that the job sees readings that soon.
+The data directory keeps the store, the job's Parquet output and its checkpoint: running the
+demo again resumes where it stopped.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -27,13 +30,14 @@ RESULTS_TOPIC = "telemetry.results"
 TELEMETRY_TOPIC = "devices"
 START_TIMEOUT_S = 60
 STOP_TIMEOUT_S = 30
+CHECKPOINT_INTERVAL_MS = 250
 
 
 def add_demo_command(commands: argparse._SubParsersAction) -> None:
     """Register `demo` under ``commands``."""
     text = ("Run the whole telemetry pipeline on this machine: `sluice serve` on DIR/broker, "
             "`sluice simulate` publishing device readings over MQTT to topic devices, and "
-            "`sluice analytics telemetry` aggregating them with Spark into DIR/analytics and "
+            "`sluice analytics telemetry` reading DIR/broker with Spark, aggregating into DIR/analytics and "
             f"back into topic {RESULTS_TOPIC}, shown live at http://127.0.0.1:ADMIN_PORT/dashboard "
             "(user sluice, password sluice). Stop with Ctrl+C; running it again resumes.")
     demo = commands.add_parser("demo", help="Broker, simulator, Spark job and dashboard together.",
@@ -89,8 +93,10 @@ def _demo(args: argparse.Namespace) -> int:
     sluice = [sys.executable, "-m", "protocols.cli"]
     events: queue.Queue = queue.Queue()
     children: list[Child] = []
+    config = root / "sluice.toml"
+    config.write_text(f"[store]\ncheckpoint_interval_ms = {CHECKPOINT_INTERVAL_MS}\n")
     try:
-        broker = Child("broker", [*sluice, "serve", "--data-dir", str(root / "broker"),
+        broker = Child("broker", [*sluice, "serve", "--config", str(config), "--data-dir", str(root / "broker"),
                                   "--admin-port", str(args.admin_port), "--native-port",
                                   str(args.native_port), "--mqtt-port", str(args.mqtt_port),
                                   "--mqtt-ws-port", "-1"], events)
@@ -104,8 +110,13 @@ def _demo(args: argparse.Namespace) -> int:
         children.append(Child("simulator", [
             *sluice, "simulate", "--mqtt", f"127.0.0.1:{args.mqtt_port}", "--devices", str(args.devices),
             "--rate", str(args.rate), "--count", "0"], events))
+        if not _wait_for_messages(root / "broker", TELEMETRY_TOPIC):
+            print(f"[demo] error: no telemetry reached topic {TELEMETRY_TOPIC} in {START_TIMEOUT_S} s "
+                  "(the simulator's output is above)", file=sys.stderr)
+            return 1
         children.append(Child("job", [
-            *sluice, "analytics", "telemetry", "--endpoint", f"127.0.0.1:{args.native_port}",
+            *sluice, "analytics", "telemetry", "--data-dir", str(root / "broker"),
+            "--results-endpoint", f"127.0.0.1:{args.native_port}",
             "--topic", TELEMETRY_TOPIC, "--results-topic", RESULTS_TOPIC,
             "--output", str(root / "analytics"), "--checkpoint", str(root / "checkpoint"),
             "--window", args.window, "--watermark", args.watermark], events))
@@ -139,6 +150,23 @@ def _wait_ready(events: queue.Queue) -> bool:
             return False
         if line.startswith(READY_LINE):
             return True
+
+
+def _wait_for_messages(data_dir: Path, topic: str) -> bool:
+    """Whether ``topic`` has stored messages in ``data_dir`` within ``START_TIMEOUT_S`` (the job
+    refuses a topic with none). Looks every 100 ms: the broker is another process."""
+    from store.reader import StoreReader
+
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while time.monotonic() < deadline:
+        reader = StoreReader(str(data_dir))
+        try:
+            if any(name == topic for name, _ in reader.queues()):
+                return True
+        finally:
+            reader.close()
+        time.sleep(0.1)
+    return False
 
 
 def _create_topic(admin: str, name: str) -> None:
