@@ -55,5 +55,15 @@ def test_analytics_bench_smoke_run_compares_the_source_with_read_json(tmp_path):
     done = subprocess.run([sys.executable, "-m", "bench", "analytics", "--quick", "--data-dir", str(tmp_path)],
                           cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
-    assert "sluice / read.json" in done.stdout, done.stdout
+    for line in ("sluice source, .schema(body)", "a Python source decoding nothing", "spark.read.json"):
+        assert line in done.stdout, done.stdout
+    assert list(tmp_path.iterdir()) == [], "benchmark files are removed afterwards"
+
+
+def test_latency_bench_smoke_run_measures_publish_to_dashboard(tmp_path):
+    done = subprocess.run([sys.executable, "-m", "bench", "latency", "--quick", "--data-dir", str(tmp_path)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "publish -> dashboard   p50" in done.stdout, done.stdout
+    assert "results micro-batch    p50" in done.stdout, done.stdout
     assert list(tmp_path.iterdir()) == [], "benchmark files are removed afterwards"
