@@ -134,13 +134,19 @@ def start(spark: Any, source: dict[str, str], output: str, checkpoint: str,
     update mode (every micro-batch republishes the windows it changed, open ones included, so
     subscribers see live values). Returns the queries."""
     spark.conf.set("spark.sql.shuffle.partitions", str(settings.state_partitions))
-    reader = spark.readStream.format("sluice").schema(SOURCE_COLUMNS)
-    for key, value in source.items():
-        reader = reader.option(key, value)
-    readings, quarantine = parse(reader.load())  # the data directory, if any, is option "path"
+
+    def parsed() -> tuple[DataFrame, DataFrame]:
+        # A plan of its own for every query: queries started from one DataFrame share plan
+        # objects, and Spark 4.3 then now and then fails to serialize a task ("Illegal size 5
+        # of collection, expected 6") while another query's batch is being planned.
+        reader = spark.readStream.format("sluice").schema(SOURCE_COLUMNS)
+        for key, value in source.items():  # the data directory, if any, is option "path"
+            reader = reader.option(key, value)
+        return parse(reader.load())
+
     queries = []
-    for name, frame, partitioning in (("aggregates", aggregate(readings, settings), ["date"]),
-                                      ("quarantine", quarantine, [])):
+    for name, frame, partitioning in (("aggregates", aggregate(parsed()[0], settings), ["date"]),
+                                      ("quarantine", parsed()[1], [])):
         writer = (frame.writeStream.format("parquet").outputMode("append")
                   .option("path", f"{output}/{name}")
                   .option("checkpointLocation", f"{checkpoint}/{name}"))
@@ -150,7 +156,7 @@ def start(spark: Any, source: dict[str, str], output: str, checkpoint: str,
                                    else {"processingTime": settings.archive_every}))
         queries.append(writer.queryName(f"telemetry-{name}").start())
     if results is not None:
-        writer = (aggregate(readings, settings).writeStream.outputMode("update")
+        writer = (aggregate(parsed()[0], settings).writeStream.outputMode("update")
                   .option("checkpointLocation", f"{checkpoint}/results")
                   .foreachBatch(results.publish))
         writer = writer.trigger(availableNow=True) if available_now else writer
