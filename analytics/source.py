@@ -32,6 +32,7 @@ on the same DataFrame.
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import pyarrow as pa
@@ -169,24 +170,19 @@ class SluiceBatchReader(DataSourceReader):
                 yield batch if build == options.columns else batch.select(options.columns)
 
 
-class _opened:
-    """``with _opened(path, store) as reader``: ``store`` if given, else a StoreReader on
-    ``path`` closed afterwards."""
+@contextmanager
+def _opened(path: str, store=None) -> Iterator:
+    """``store`` if given, else a StoreReader on ``path`` closed afterwards."""
+    if store is not None:
+        yield store
+        return
+    from store.reader import StoreReader
 
-    def __init__(self, path: str, store) -> None:
-        self.path, self.store, self.own = path, store, None
-
-    def __enter__(self):
-        if self.store is not None:
-            return self.store
-        from store.reader import StoreReader
-
-        self.own = StoreReader(self.path)
-        return self.own
-
-    def __exit__(self, *exc: object) -> None:
-        if self.own is not None:
-            self.own.close()
+    reader = StoreReader(path)
+    try:
+        yield reader
+    finally:
+        reader.close()
 
 
 Offsets = dict[str, dict[str, int]]
