@@ -303,6 +303,10 @@ class MqttConnection:
                      previous: asyncio.Future | None) -> None:
         try:
             await self._store_batch(batch, previous)
+        except Exception:  # unexpected: the client resends what was not acknowledged
+            log.exception("client %s: storing %d messages failed; closing the connection",
+                          self.client_id, len(batch))
+            self.kick(ReasonCode.UnspecifiedError)
         finally:
             self._stored(len(batch))
 
@@ -310,7 +314,7 @@ class MqttConnection:
                            previous: asyncio.Future | None) -> None:
         frontend, session = self.frontend, self.session
         if previous is not None and not previous.done():
-            await asyncio.shield(previous)
+            await asyncio.wait([previous])  # for order only: how it ended is its own business
         messages = [message for _, message in batch]
         exactly_once = [event.packet_id for event, _ in batch if event.qos == 2] \
             if session is not None and session.persistent else []
@@ -371,7 +375,7 @@ class MqttConnection:
 
     async def _complete_after_saving(self, session: Session, packet_id: int) -> None:
         if self._previous is not None and not self._previous.done():
-            await asyncio.shield(self._previous)
+            await asyncio.wait([self._previous])
         await self.frontend.save_qos2(session)
         if not self.closed:
             self._write(self.conn.complete(packet_id))
