@@ -19,6 +19,8 @@ from typing import Any
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
+from .schema import SUBJECT_PROPERTY
+
 READING_SCHEMA = "device STRING, ts BIGINT, temperature DOUBLE, humidity DOUBLE, battery DOUBLE"
 SOURCE_COLUMNS = "topic STRING, queue INT, offset BIGINT, body BINARY, store_ts TIMESTAMP"
 """The source columns the job uses: declaring them spares Spark converting the others."""
@@ -57,7 +59,7 @@ def _result_message(message_type: Any, topic: str, row: Any) -> Any:
             "window_start_ms": _epoch_ms(row.window_start), "window_end_ms": _epoch_ms(row.window_end)}
     return message_type(topic, json.dumps(body).encode(), tag="anomaly" if row.anomaly else "window",
                         keys=[f"{row.device}@{window}"],
-                        properties={"sluice.subject": f"{topic}/{row.device}"})
+                        properties={SUBJECT_PROPERTY: f"{topic}/{row.device}"})
 
 
 def _epoch_ms(moment: Any) -> int:

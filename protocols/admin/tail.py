@@ -22,12 +22,11 @@ from typing import Any
 
 from aiohttp import web
 
-from core.model import Delivery, Principal
+from core.model import SUBJECT_PROPERTY, Delivery, Principal
 
 from .errors import HttpProblem
 from .handlers import deps, query_int
 
-SUBJECT_PROPERTY = "sluice.subject"
 HEARTBEAT_S = 15.0
 MAX_BUFFERED = 20_000
 HISTORY_BATCH = 1000
