@@ -13,11 +13,14 @@ from __future__ import annotations
 
 import json
 import os
+import threading
+from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any
 
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
+from pyspark.sql.streaming import StreamingQueryListener
 
 from .schema import SUBJECT_PROPERTY
 
@@ -130,23 +133,28 @@ def aggregate(readings: DataFrame, settings: JobSettings = JobSettings()) -> Dat
 def start(spark: Any, source: dict[str, str], output: str, checkpoint: str,
           settings: JobSettings = JobSettings(), available_now: bool = False,
           results: ResultsTopic | None = None) -> list[Any]:
-    """Start the streaming queries: aggregates to ``output``/aggregates (Parquet, partitioned
-    by date, append mode: windows the watermark closed), the quarantine to
-    ``output``/quarantine, and with ``results`` the aggregates published back into Sluice in
-    update mode (every micro-batch republishes the windows it changed, open ones included, so
-    subscribers see live values). Returns the queries."""
+    """Start the streaming queries: with ``results``, the aggregates published back into
+    Sluice in update mode (every micro-batch republishes the windows it changed, open ones
+    included, so subscribers see live values); aggregates to ``output``/aggregates (Parquet,
+    partitioned by date, append mode: windows the watermark closed); the quarantine to
+    ``output``/quarantine. Each query starts once the one before it has run its first
+    trigger. Returns the queries."""
     spark.conf.set("spark.sql.shuffle.partitions", str(settings.state_partitions))
 
     def parsed() -> tuple[DataFrame, DataFrame]:
-        # A plan of its own for every query: queries started from one DataFrame share plan
-        # objects, and Spark 4.3 then now and then fails to serialize a task ("Illegal size 5
-        # of collection, expected 6") while another query's batch is being planned.
+        # A plan of its own for every query, so no query shares plan objects with another.
         reader = spark.readStream.format("sluice").schema(SOURCE_COLUMNS)
         for key, value in source.items():  # the data directory, if any, is option "path"
             reader = reader.option(key, value)
         return parse(reader.load())
 
-    queries = []
+    writers = []
+    if results is not None:
+        writer = (aggregate(parsed()[0], settings).writeStream.outputMode("update")
+                  .option("checkpointLocation", f"{checkpoint}/results")
+                  .foreachBatch(results.publish))
+        writer = writer.trigger(availableNow=True) if available_now else writer
+        writers.append(writer.queryName("telemetry-results"))
     for name, frame, partitioning in (("aggregates", aggregate(parsed()[0], settings), ["date"]),
                                       ("quarantine", parsed()[1], [])):
         writer = (frame.writeStream.format("parquet").outputMode("append")
@@ -156,11 +164,61 @@ def start(spark: Any, source: dict[str, str], output: str, checkpoint: str,
             writer = writer.partitionBy(*partitioning)
         writer = writer.trigger(**({"availableNow": True} if available_now
                                    else {"processingTime": settings.archive_every}))
-        queries.append(writer.queryName(f"telemetry-{name}").start())
-    if results is not None:
-        writer = (aggregate(parsed()[0], settings).writeStream.outputMode("update")
-                  .option("checkpointLocation", f"{checkpoint}/results")
-                  .foreachBatch(results.publish))
-        writer = writer.trigger(availableNow=True) if available_now else writer
-        queries.append(writer.queryName("telemetry-results").start())
-    return queries
+        writers.append(writer.queryName(f"telemetry-{name}"))
+    return start_one_by_one(spark, writers)
+
+
+def start_one_by_one(spark: Any, writers: list[Any]) -> list[Any]:
+    """Start streaming queries in order, each once the one before it has finished its first
+    trigger (a micro-batch, or finding no data).
+
+    In a Spark 4.3 driver that has run no micro-batch yet, the first micro-batches of
+    queries reading a Python data source, run at the same moment, now and then fail to
+    serialize a task ("Task not serializable: Illegal size 5 of collection, expected 6").
+    Queries started together in a driver that has run one did not hit it. A query whose first
+    trigger finds no data does not warm the driver up, so the job is best started once its
+    topic has messages (``sluice demo`` waits for them)."""
+    first_triggers = FirstTriggers()
+    spark.streams.addListener(first_triggers)
+    try:
+        queries = []
+        for writer in writers:
+            query = writer.start()
+            queries.append(query)
+            first_triggers.wait(query)
+        return queries
+    finally:
+        spark.streams.removeListener(first_triggers)
+
+
+class FirstTriggers(StreamingQueryListener):
+    """Tells when a query has finished its first trigger: made progress, found no data, or
+    ended."""
+
+    def __init__(self) -> None:
+        self._done: dict[str, threading.Event] = defaultdict(threading.Event)
+        self._lock = threading.Lock()
+
+    def _finished(self, query_id: Any) -> None:
+        with self._lock:
+            self._done[str(query_id)].set()
+
+    def wait(self, query: Any) -> None:
+        """Block until ``query`` has finished its first trigger."""
+        with self._lock:
+            done = self._done[str(query.id)]
+        while not done.wait(1.0):
+            if not query.isActive:  # ended before the listener heard of it
+                return
+
+    def onQueryStarted(self, event: Any) -> None:
+        """Nothing to do: a started query has run nothing yet."""
+
+    def onQueryProgress(self, event: Any) -> None:
+        self._finished(event.progress.id)
+
+    def onQueryIdle(self, event: Any) -> None:
+        self._finished(event.id)
+
+    def onQueryTerminated(self, event: Any) -> None:
+        self._finished(event.id)

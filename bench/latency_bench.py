@@ -143,7 +143,7 @@ def run_section(settings: Settings, workdir: Path, log: Log) -> Report:
                             str(workdir / "out"), str(workdir / "checkpoint"),
                             JobSettings(settings.window, settings.watermark),
                             results=ResultsTopic(server.endpoint, RESULTS, user, password))
-            results_query = queries[-1]
+            results_query = next(q for q in queries if q.name == "telemetry-results")
             stream = DashboardStream(server.admin_port, user, password)
             total = settings.rate * (settings.warmup_s + settings.seconds)
             simulator = subprocess.Popen(
