@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import faulthandler
 import gc
 import logging
 import os
@@ -282,10 +283,12 @@ def tune_garbage_collector() -> None:
 
 
 def serve(config: Config) -> int:
-    """`sluice serve`: run until signalled on uvloop; 0 after a clean stop, 1 if it cannot start."""
+    """`sluice serve`: run until signalled on uvloop; 0 after a clean stop, 1 if it cannot start.
+    SIGUSR1 prints every thread's stack to stderr, for a broker that seems stuck."""
     import uvloop
 
     tune_garbage_collector()
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:

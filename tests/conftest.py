@@ -85,6 +85,19 @@ class Server:
             self.process.kill()
             self.process.wait()
 
+    def stop_with_stacks(self) -> str:
+        """For a broker that seems stuck: have it print every thread's stack (SIGUSR1, handled
+        before the SIGTERM that follows), stop it (killed if it cannot stop in 20 s) and
+        return the end of its stderr."""
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGUSR1)
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self.kill()
+        return self.process.stderr.read()[-8000:]
+
 
 def clean_env() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if not k.startswith("SLUICE_")}

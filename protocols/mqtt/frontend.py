@@ -104,10 +104,17 @@ class MqttFrontend:
                 link.check_keepalive(now)
 
     def spawn(self, coroutine) -> None:
-        """Run ``coroutine`` as a task the front end keeps (and awaits at ``stop``)."""
+        """Run ``coroutine`` as a task the front end keeps (and awaits at ``stop``); an
+        exception it ends with is logged when it ends, not whenever the task is collected."""
         task = asyncio.get_running_loop().create_task(coroutine)
         self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        task.add_done_callback(self._task_done)
+
+    def _task_done(self, task: asyncio.Task) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and (error := task.exception()) is not None:
+            log.error("MQTT background task %s failed", task.get_coro().__qualname__,
+                      exc_info=error)
 
     # ---------------------------------------------------------------- connect / disconnect
 

@@ -107,6 +107,8 @@ class ExactlyOnceSubscriber:
         self.client: RawClient | None = None
         self.thread: threading.Thread | None = None
         self.error: BaseException | None = None
+        self.ended: BaseException | None = None
+        """What ended the connection's reader: the broker closing it, or the test."""
 
     def start(self, address: str, expect_session: bool) -> None:
         self.client = RawClient(address, self.version)
@@ -123,8 +125,8 @@ class ExactlyOnceSubscriber:
         try:
             while True:
                 self._handle(client, client.read(timeout=3600))
-        except (Closed, OSError):
-            return
+        except (Closed, OSError) as end:
+            self.ended = end
         except BaseException as error:  # noqa: BLE001 - reported by the test
             self.error = error
 
@@ -279,12 +281,12 @@ def test_qos2_is_exactly_once_across_sigkill(sluice_server, tmp_path, version):
         with subscriber.lock:
             missing = sorted(expected - set(subscriber.delivered))
             held = dict(subscriber.awaiting_release)
-        broker.kill()
-        log = broker.server.process.stderr.read()[-3000:]
+        connected = subscriber.thread.is_alive()
+        log = broker.server.stop_with_stacks()
         raise AssertionError(
             f"{timeout}: {len(missing)} acknowledged messages not delivered {missing[:10]}; "
             f"{len(held)} packet ids never released {list(held.items())[:10]}; subscriber "
-            f"connection open: {subscriber.thread.is_alive()}, error: {subscriber.error!r}, "
+            f"connection open: {connected} (ended by {subscriber.ended!r}), error: {subscriber.error!r}, "
             f"notes: {subscriber.protocol_notes[:5]}; broker log:\n{log}") from None
     assert subscriber.error is None, subscriber.error
     publishers.stop()
