@@ -265,12 +265,34 @@ async def run_until_signalled(config: Config) -> None:
     stopping = asyncio.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stopping.set)
+    loop.add_signal_handler(signal.SIGUSR2, log_tasks)
     running = await start(config)
     print_endpoints(running)
     await stopping.wait()
     log.info("stopping: closing listeners, saving offsets, checkpointing the store")
     await running.stop()
     print("Sluice stopped.", flush=True)
+
+
+def log_tasks() -> None:
+    """Log where every unfinished asyncio task waits (SIGUSR2), for a broker that seems stuck."""
+    tasks = [task for task in asyncio.all_tasks() if not task.done()]
+    lines = [f"{len(tasks)} unfinished tasks:"]
+    lines += [f"  {task.get_name()}: {_await_chain(task.get_coro())}" for task in tasks]
+    log.warning("\n".join(lines))
+
+
+def _await_chain(awaitable: object) -> str:
+    """``outer:line -> inner:line -> ... -> what the innermost one awaits``."""
+    parts = []
+    while awaitable is not None:
+        frame = getattr(awaitable, "cr_frame", None) or getattr(awaitable, "gi_frame", None)
+        if frame is None:
+            parts.append(repr(awaitable)[:200])
+            break
+        parts.append(f"{frame.f_code.co_qualname}:{frame.f_lineno}")
+        awaitable = getattr(awaitable, "cr_await", None) or getattr(awaitable, "gi_yieldfrom", None)
+    return " -> ".join(parts)
 
 
 def tune_garbage_collector() -> None:
@@ -284,7 +306,8 @@ def tune_garbage_collector() -> None:
 
 def serve(config: Config) -> int:
     """`sluice serve`: run until signalled on uvloop; 0 after a clean stop, 1 if it cannot start.
-    SIGUSR1 prints every thread's stack to stderr, for a broker that seems stuck."""
+    SIGUSR1 prints every thread's stack to stderr and SIGUSR2 logs where every asyncio task
+    waits, for a broker that seems stuck."""
     import uvloop
 
     tune_garbage_collector()

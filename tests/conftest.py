@@ -86,17 +86,17 @@ class Server:
             self.process.wait()
 
     def stop_with_stacks(self) -> str:
-        """For a broker that seems stuck: have it print every thread's stack (SIGUSR1, handled
-        before the SIGTERM that follows), stop it (killed if it cannot stop in 20 s) and
-        return the end of its stderr."""
+        """For a broker that seems stuck: have it print every thread's stack (SIGUSR1) and
+        where its tasks wait (SIGUSR2), both handled before the SIGTERM that follows; stop it
+        (killed if it cannot stop in 20 s) and return the end of its stderr."""
         if self.process.poll() is None:
-            self.process.send_signal(signal.SIGUSR1)
-            self.process.send_signal(signal.SIGTERM)
+            for signum in (signal.SIGUSR1, signal.SIGUSR2, signal.SIGTERM):
+                self.process.send_signal(signum)
             try:
                 self.process.wait(timeout=20)
             except subprocess.TimeoutExpired:
                 self.kill()
-        return self.process.stderr.read()[-8000:]
+        return self.process.stderr.read()[-12000:]
 
 
 def clean_env() -> dict[str, str]:

@@ -161,6 +161,18 @@ class Publishers:
         wait_for(lambda: all(info.is_published() for _, info in self.infos),
                  "every publish to be acknowledged after the restart")
 
+    def describe(self) -> str:
+        """Each client's connection and its unacknowledged messages by paho state."""
+        parts = []
+        for paho in self.clients:
+            client = paho.client
+            with client._out_message_mutex:
+                states = Counter(m.state for m in client._out_messages.values())
+            parts.append(f"{client._client_id.decode()}: connected {client.is_connected()}, "
+                         f"{len(paho.connects)} CONNACKs, paho in flight {client._inflight_messages}, "
+                         f"unacknowledged by state {dict(states)}")
+        return "; ".join(parts)
+
     def stop(self) -> None:
         for client in self.clients:
             client.client.disconnect()

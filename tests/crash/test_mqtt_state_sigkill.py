@@ -271,9 +271,10 @@ def test_qos2_is_exactly_once_across_sigkill(sluice_server, tmp_path, version):
     address = broker.start()
     subscriber.start(address, expect_session=True)
     half_done.finish_after_restart(address)
-    publishers.wait_all_acknowledged()
-    expected = publishers.acknowledged() | set(half_done.payloads.values())
+    expected: set[str] = set()
     try:
+        publishers.wait_all_acknowledged()
+        expected = publishers.acknowledged() | set(half_done.payloads.values())
         wait_for(lambda: expected <= set(subscriber.delivered) or subscriber.error is not None,
                  "every acknowledged QoS 2 message to be delivered")
         wait_for(lambda: not subscriber.awaiting_release, "the broker to release every message")
@@ -287,7 +288,8 @@ def test_qos2_is_exactly_once_across_sigkill(sluice_server, tmp_path, version):
             f"{timeout}: {len(missing)} acknowledged messages not delivered {missing[:10]}; "
             f"{len(held)} packet ids never released {list(held.items())[:10]}; subscriber "
             f"connection open: {connected} (ended by {subscriber.ended!r}), error: {subscriber.error!r}, "
-            f"notes: {subscriber.protocol_notes[:5]}; broker log:\n{log}") from None
+            f"notes: {subscriber.protocol_notes[:5]}; publishers: {publishers.describe()}; "
+            f"broker log:\n{log}") from None
     assert subscriber.error is None, subscriber.error
     publishers.stop()
 
