@@ -31,6 +31,7 @@ on the same DataFrame.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -51,6 +52,8 @@ from .remote import offsets_for_time as remote_offsets_for_time
 from .remote import queue_ranges as remote_queue_ranges
 from .remote import read_range as remote_read_range
 from .schema import ARROW_SCHEMA, SCHEMA, SUBJECT_PROPERTY
+
+log = logging.getLogger(__name__)
 
 __all__ = ["ARROW_SCHEMA", "SCHEMA", "SUBJECT_PROPERTY", "QueueRange", "SharedRanges",
            "SluiceBatchReader", "SluiceDataSource", "SluiceStreamReader", "SourceError"]
@@ -117,9 +120,11 @@ class SluiceBatchReader(DataSourceReader):
             split += _split(topic, queue, start, end, self.options.partition_records)
         return _share(split, self.options.partition_records)
 
-    def queue_ranges(self, store=None) -> dict[QueueKey, tuple[int, int]]:
+    def queue_ranges(self, store=None, streaming: bool = False) -> dict[QueueKey, tuple[int, int]]:
         """(topic, queue) -> (earliest, end) for every selected queue of the subscribed topics,
-        from the broker or from ``store`` (a StoreReader; one is opened for the call if None)."""
+        from the broker or from ``store`` (a StoreReader; one is opened for the call if None).
+        A topic with no messages in a data directory is an error for a batch; a stream just
+        has no queues of it yet (it reads them from their first message once they appear)."""
         options = self.options
         if options.remote is not None:
             try:
@@ -129,11 +134,11 @@ class SluiceBatchReader(DataSourceReader):
                                   f"{options.remote.endpoint}") from None
         else:
             with _opened(options.path, store) as reader:
-                ranges = _queue_ranges(reader, options.topics, options.path)
+                ranges = _queue_ranges(reader, options.topics, options.path, streaming)
         if options.queues is None:
             return ranges
         chosen = {key: span for key, span in ranges.items() if key[1] in options.queues}
-        for topic in options.topics:
+        for topic in () if streaming else options.topics:
             if not any(key[0] == topic for key in chosen):
                 present = sorted(queue for name, queue in ranges if name == topic)
                 raise SourceError(f"topic {topic!r} has none of the queues {sorted(options.queues)}; "
@@ -216,7 +221,7 @@ class SluiceStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             self._store = StoreReader(self.batch.options.path)
         else:
             self._store.refresh()
-        return self.batch.queue_ranges(self._store)
+        return self.batch.queue_ranges(self._store, streaming=True)
 
     def initialOffset(self) -> Offsets:
         ranges = self._ranges()
@@ -279,17 +284,28 @@ class SluiceStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             self._store = None
 
 
-def _queue_ranges(reader, topics: tuple[str, ...], path: str) -> dict[QueueKey, tuple[int, int]]:
-    """(topic, queue) -> (earliest, end) for every queue of ``topics``; SourceError for a topic
-    with no messages at all."""
+_WARNED_EMPTY: set[tuple[str, str]] = set()
+"""(data directory, topic) pairs already warned about having no messages."""
+
+
+def _queue_ranges(reader, topics: tuple[str, ...], path: str,
+                  waiting: bool = False) -> dict[QueueKey, tuple[int, int]]:
+    """(topic, queue) -> (earliest, end) for every queue of ``topics``. A topic with no messages
+    at all is a SourceError, or with ``waiting`` a warning (once per topic and process)."""
     present: dict[str, list[int]] = {}
     for topic, queue in reader.queues():
         present.setdefault(topic, []).append(queue)
     ranges = {}
     for topic in topics:
         if topic not in present:
-            raise SourceError(f"topic {topic!r} has no messages in {path}; topics there: "
-                              f"{', '.join(sorted(present)) or 'none'}")
+            problem = (f"topic {topic!r} has no messages in {path}; topics there: "
+                       f"{', '.join(sorted(present)) or 'none'}")
+            if not waiting:
+                raise SourceError(problem)
+            if (path, topic) not in _WARNED_EMPTY:
+                _WARNED_EMPTY.add((path, topic))
+                log.warning("%s. The stream reads it once it has messages.", problem)
+            continue
         for queue in sorted(present[topic]):
             ranges[(topic, queue)] = reader.queue_range(topic, queue)
     return ranges

@@ -137,8 +137,9 @@ def start(spark: Any, source: dict[str, str], output: str, checkpoint: str,
     Sluice in update mode (every micro-batch republishes the windows it changed, open ones
     included, so subscribers see live values); aggregates to ``output``/aggregates (Parquet,
     partitioned by date, append mode: windows the watermark closed); the quarantine to
-    ``output``/quarantine. Each query starts once the one before it has run its first
-    trigger. Returns the queries."""
+    ``output``/quarantine. Each query starts once the one before it has read messages (see
+    ``start_one_by_one``): with none on the topic yet, this waits for them. Returns the
+    queries."""
     spark.conf.set("spark.sql.shuffle.partitions", str(settings.state_partitions))
 
     def parsed() -> tuple[DataFrame, DataFrame]:
@@ -169,31 +170,28 @@ def start(spark: Any, source: dict[str, str], output: str, checkpoint: str,
 
 
 def start_one_by_one(spark: Any, writers: list[Any]) -> list[Any]:
-    """Start streaming queries in order, each once the one before it has finished its first
-    trigger (a micro-batch, or finding no data).
+    """Start streaming queries in order, each once the one before it has run a micro-batch
+    that read messages (or has ended). With no messages yet, this waits for the first.
 
     In a Spark 4.3 driver that has run no micro-batch yet, the first micro-batches of
     queries reading a Python data source, run at the same moment, now and then fail to
     serialize a task ("Task not serializable: Illegal size 5 of collection, expected 6").
-    Queries started together in a driver that has run one did not hit it. A query whose first
-    trigger finds no data does not warm the driver up, so the job is best started once its
-    topic has messages (``sluice demo`` waits for them)."""
-    first_triggers = FirstTriggers()
-    spark.streams.addListener(first_triggers)
+    Queries started together in a driver that has run one did not hit it."""
+    first_batches = FirstBatches()
+    spark.streams.addListener(first_batches)
     try:
         queries = []
         for writer in writers:
             query = writer.start()
             queries.append(query)
-            first_triggers.wait(query)
+            first_batches.wait(query)
         return queries
     finally:
-        spark.streams.removeListener(first_triggers)
+        spark.streams.removeListener(first_batches)
 
 
-class FirstTriggers(StreamingQueryListener):
-    """Tells when a query has finished its first trigger: made progress, found no data, or
-    ended."""
+class FirstBatches(StreamingQueryListener):
+    """Tells when a query has run its first micro-batch that read rows, or has ended."""
 
     def __init__(self) -> None:
         self._done: dict[str, threading.Event] = defaultdict(threading.Event)
@@ -204,7 +202,7 @@ class FirstTriggers(StreamingQueryListener):
             self._done[str(query_id)].set()
 
     def wait(self, query: Any) -> None:
-        """Block until ``query`` has finished its first trigger."""
+        """Block until ``query`` has read rows in a micro-batch, or has ended."""
         with self._lock:
             done = self._done[str(query.id)]
         while not done.wait(1.0):
@@ -215,10 +213,11 @@ class FirstTriggers(StreamingQueryListener):
         """Nothing to do: a started query has run nothing yet."""
 
     def onQueryProgress(self, event: Any) -> None:
-        self._finished(event.progress.id)
+        if event.progress.numInputRows:
+            self._finished(event.progress.id)
 
     def onQueryIdle(self, event: Any) -> None:
-        self._finished(event.id)
+        """Nothing to do: no messages yet."""
 
     def onQueryTerminated(self, event: Any) -> None:
         self._finished(event.id)

@@ -139,12 +139,6 @@ def run_section(settings: Settings, workdir: Path, log: Log) -> Report:
             from analytics.telemetry import JobSettings, ResultsTopic, start
 
             user, password = server.credentials
-            queries = start(spark, {"path": str(broker.directory / "data"), "subscribe": "devices"},
-                            str(workdir / "out"), str(workdir / "checkpoint"),
-                            JobSettings(settings.window, settings.watermark),
-                            results=ResultsTopic(server.endpoint, RESULTS, user, password))
-            results_query = next(q for q in queries if q.name == "telemetry-results")
-            stream = DashboardStream(server.admin_port, user, password)
             total = settings.rate * (settings.warmup_s + settings.seconds)
             simulator = subprocess.Popen(
                 [sys.executable, "-m", "protocols.cli", "simulate", "--mqtt",
@@ -152,6 +146,12 @@ def run_section(settings: Settings, workdir: Path, log: Log) -> Report:
                  "--devices", str(settings.devices), "--rate", str(settings.rate), "--count", str(total)],
                 cwd=REPO_ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
             started = time.time() * 1000
+            queries = start(spark, {"path": str(broker.directory / "data"), "subscribe": "devices"},
+                            str(workdir / "out"), str(workdir / "checkpoint"),
+                            JobSettings(settings.window, settings.watermark),
+                            results=ResultsTopic(server.endpoint, RESULTS, user, password))
+            results_query = next(q for q in queries if q.name == "telemetry-results")
+            stream = DashboardStream(server.admin_port, user, password)
             log(f"[latency] simulator publishing {settings.rate:,}/s for "
                 f"{settings.warmup_s + settings.seconds} s; the first {settings.warmup_s} s are warm-up")
             if simulator.wait(settings.warmup_s + settings.seconds + 120) != 0:

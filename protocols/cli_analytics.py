@@ -64,6 +64,8 @@ def _telemetry(args: argparse.Namespace) -> int:
     source.update({"path": args.data_dir} if args.data_dir else {"endpoint": args.endpoint})
     results = (ResultsTopic(results_endpoint, args.results_topic, args.user, args.password)
                if args.results_topic else None)
+    print(f"starting the queries, each once the one before has read messages from {args.topic}",
+          flush=True)
     queries = start(spark, source, args.output, args.checkpoint,
                     JobSettings(args.window, args.watermark, args.anomaly_threshold, args.archive_every),
                     available_now=args.available_now, results=results)
