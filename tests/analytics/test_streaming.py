@@ -1,5 +1,6 @@
 """``spark.readStream.format("sluice")``: new messages arrive in later micro-batches; a restart
-from the checkpoint neither re-reads nor skips; ``maxOffsetsPerTrigger`` bounds a batch."""
+from the checkpoint neither re-reads nor skips; ``maxOffsetsPerTrigger`` bounds a batch; a
+topic with no messages yet is waited for."""
 from __future__ import annotations
 
 import pytest
@@ -53,3 +54,17 @@ def test_max_offsets_per_trigger_bounds_each_micro_batch(spark, store, tmp_path)
                               maxOffsetsPerTrigger="40")
     sizes = [p["numInputRows"] for p in query.recentProgress if p["numInputRows"]]
     assert sum(sizes) == 150 and max(sizes) <= 40 and len(sizes) >= 4
+
+
+def test_a_stream_started_before_its_topic_has_messages_reads_them_once_they_arrive(
+        spark, store, tmp_path):
+    out, checkpoint = str(tmp_path / "out"), str(tmp_path / "checkpoint")
+    last = store.append("other", b"not subscribed")
+    store.wait_durable(last.end_offset)
+    store.checkpoint()
+    query = run_available_now(spark, store.directory, out, checkpoint)
+    assert not any(p["numInputRows"] for p in query.recentProgress)
+    append(store, 0, 30)
+    run_available_now(spark, store.directory, out, checkpoint)
+    rows = spark.read.parquet(out).collect()
+    assert sorted(bytes(r.body) for r in rows) == sorted(b"m%d" % n for n in range(30))
