@@ -214,7 +214,9 @@ class Flusher(threading.Thread):
         buffer = self.buffer
         if not buffer.handed_off:
             with buffer.lock:
-                if not buffer.chunks and not self.stopping:
+                # handed_off again, under the lock: an appender may have handed a large batch
+                # off (leaving chunks empty) since the check above, and would not wake us.
+                if not buffer.chunks and not buffer.handed_off and not self.stopping:
                     buffer.flusher_waiting = True
                     buffer.ready.wait(self._timeout())
                     buffer.flusher_waiting = False

@@ -9,7 +9,7 @@ import threading
 import pytest
 
 from store import record
-from store.api import StoreConfig
+from store.api import Message, StoreConfig
 WAIT = 120  # seconds: only guards against hanging; a busy disk may stall one fsync for long
 
 from store.errors import CorruptRecordError, InvalidRecordError, StoreLockedError
@@ -295,3 +295,45 @@ def test_retention_moves_the_earliest_offset_when_whole_queue_files_are_deleted(
     assert low >= config.queue_entries_per_file and high == 60
     assert store.read("bulk", 0, low, 1)[0].phys_offset >= report.log_min_offset
     store.close()
+
+
+class _AppendFirst:
+    """Stands in for the append buffer's lock: the flusher's next ``with lock`` first lets
+    ``append`` run, as an appender taking the lock just before the flusher does."""
+
+    def __init__(self, lock, append) -> None:
+        self.lock = lock
+        self.append = append
+        self.appended = threading.Event()
+
+    def __enter__(self):
+        if threading.current_thread().name == "sluice-store-flusher" and self.append is not None:
+            append, self.append = self.append, None
+            append()
+            self.appended.set()
+        return self.lock.__enter__()
+
+    def __exit__(self, *exc_info):
+        return self.lock.__exit__(*exc_info)
+
+
+def test_a_large_batch_handed_off_as_the_flusher_goes_idle_still_becomes_durable(data_dir):
+    """The flusher finds nothing handed off, then takes the lock to sleep. A batch large enough
+    to be handed off at once (256 KiB) that an appender places in between must be written
+    without waiting for another append, which may never come: its producers would wait for
+    durability forever."""
+    store = FileStore(data_dir, StoreConfig(segment_size=4 << 20, flush="sync"))
+    buffer = store._buffer
+    real_lock = buffer.lock
+    landed = []
+    hook = buffer.lock = _AppendFirst(real_lock, lambda: landed.extend(
+        store.append_batch([Message("t", b"x" * (100 << 10)) for _ in range(3)])))
+    try:
+        with real_lock:
+            buffer.ready.notify()  # the flusher cycles once more, nothing else appends
+        assert hook.appended.wait(WAIT), "the flusher did not take the lock again"
+        assert store.wait_durable(landed[-1].end_offset, timeout=30), \
+            "a batch handed off just before the flusher went idle never became durable"
+    finally:
+        buffer.lock = real_lock
+        store.close()
