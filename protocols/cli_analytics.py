@@ -66,11 +66,12 @@ def _telemetry(args: argparse.Namespace) -> int:
                if args.results_topic else None)
     print(f"starting the queries, each once the one before has read messages from {args.topic}",
           flush=True)
-    queries = start(spark, source, args.output, args.checkpoint,
-                    JobSettings(args.window, args.watermark, args.anomaly_threshold, args.archive_every),
-                    available_now=args.available_now, results=results)
-    print(f"telemetry job running: {len(queries)} queries, output in {args.output}", flush=True)
     try:
+        queries = start(spark, source, args.output, args.checkpoint,
+                        JobSettings(args.window, args.watermark, args.anomaly_threshold,
+                                    args.archive_every),
+                        available_now=args.available_now, results=results)
+        print(f"telemetry job running: {len(queries)} queries, output in {args.output}", flush=True)
         for query in queries:
             while not query.awaitTermination(10):
                 progress = query.lastProgress
@@ -80,8 +81,8 @@ def _telemetry(args: argparse.Namespace) -> int:
             if query.exception() is not None:
                 print(f"error: {query.name} failed: {query.exception()}", file=sys.stderr)
                 return 1
-    except KeyboardInterrupt:
-        for query in queries:
+    except KeyboardInterrupt:  # also while the queries are still starting
+        for query in spark.streams.active:
             query.stop()
     finally:
         spark.stop()
