@@ -138,7 +138,9 @@ class SluiceBatchReader(DataSourceReader):
         if options.queues is None:
             return ranges
         chosen = {key: span for key, span in ranges.items() if key[1] in options.queues}
-        for topic in () if streaming else options.topics:
+        if streaming:  # the chosen queues of a topic may not exist yet
+            return chosen
+        for topic in options.topics:
             if not any(key[0] == topic for key in chosen):
                 present = sorted(queue for name, queue in ranges if name == topic)
                 raise SourceError(f"topic {topic!r} has none of the queues {sorted(options.queues)}; "
