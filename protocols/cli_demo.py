@@ -153,8 +153,9 @@ def _wait_ready(events: queue.Queue) -> bool:
 
 
 def _wait_for_messages(data_dir: Path, topic: str) -> bool:
-    """Whether ``topic`` has stored messages in ``data_dir`` within ``START_TIMEOUT_S`` (the job
-    refuses a topic with none). Looks every 100 ms: the broker is another process."""
+    """Whether ``topic`` has stored messages in ``data_dir`` within ``START_TIMEOUT_S``: the job
+    would wait for them without end, so a simulator that cannot publish is reported here. Looks
+    every 100 ms: the broker is another process."""
     from store.reader import StoreReader
 
     deadline = time.monotonic() + START_TIMEOUT_S
