@@ -80,5 +80,10 @@ class NotSupported(SluiceError):
     """The request asks for a feature this version of Sluice does not implement."""
 
 
+class QuotaExceeded(SluiceError):
+    """The broker cannot take this now: its disk is full or failing, or a limit on what one
+    client may hold was reached. Nothing was stored; retry later or with less."""
+
+
 class Unavailable(SluiceError):
     """The broker is shutting down or cannot serve the request right now; retry later."""

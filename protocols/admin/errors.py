@@ -28,6 +28,7 @@ STATUS: dict[type[Exception], tuple[int, str]] = {
     core.ReceiptExpired: (409, "receipt_expired"),
     core.NotSupported: (501, "not_supported"),
     core.Unavailable: (503, "unavailable"),
+    core.QuotaExceeded: (507, "quota_exceeded"),
     core.SluiceError: (500, "internal"),
 }
 

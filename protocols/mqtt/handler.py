@@ -16,6 +16,7 @@ import uuid
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
+from core import errors
 from core.errors import SluiceError, Unauthenticated
 from core.model import Action, OutgoingMessage, Principal
 
@@ -41,17 +42,21 @@ log = logging.getLogger(__name__)
 MAX_UNSTORED = 8192
 """Messages of one connection read but not yet stored before reading from it pauses."""
 
-_ERROR_REASONS: dict[str, ReasonCode] = {
-    "AccessDenied": ReasonCode.NotAuthorized,
-    "MessageTooLarge": ReasonCode.PacketTooLarge,
-    "InvalidArgument": ReasonCode.TopicNameInvalid,
-    "Unavailable": ReasonCode.ServerUnavailable,
+_ERROR_REASONS: dict[type[Exception], ReasonCode] = {
+    errors.AccessDenied: ReasonCode.NotAuthorized,
+    errors.MessageTooLarge: ReasonCode.PacketTooLarge,
+    errors.InvalidArgument: ReasonCode.TopicNameInvalid,
+    errors.QuotaExceeded: ReasonCode.QuotaExceeded,
+    errors.Unavailable: ReasonCode.ServerUnavailable,
 }
 
 
 def reason_for(error: Exception) -> ReasonCode:
-    """The MQTT 5 reason code for a core error."""
-    return _ERROR_REASONS.get(type(error).__name__, ReasonCode.ImplementationSpecificError)
+    """The MQTT 5 reason code for a core error: the nearest class of the table along its MRO."""
+    for cls in type(error).__mro__:
+        if (reason := _ERROR_REASONS.get(cls)) is not None:
+            return reason
+    return ReasonCode.ImplementationSpecificError
 
 
 class MqttConnection:

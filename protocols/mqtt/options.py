@@ -42,3 +42,33 @@ class MqttOptions:
     shared_invisible_ms: int = 60_000
     """How long a message popped for one shared-subscription member stays reserved for it
     before another member may get it."""
+    # --- limits on what a peer can make the broker hold (SECURITY.md) ---
+    connect_timeout_s: float = 10.0
+    """A connection that has not sent a whole CONNECT within this many seconds is closed."""
+    max_pending_connections: int = 1024
+    """Connections accepted but not yet answered with a CONNACK; more are closed at once."""
+    max_connections: int = 0
+    """Open MQTT connections at once (every listener); 0: the process's descriptor limit less
+    a reserve for the store and the other listeners."""
+    max_connect_packet_size: int = 64 << 10
+    """Largest packet accepted before a CONNECT is authenticated (the CONNECT itself, with its
+    will); raise it for large will payloads."""
+    max_client_id_length: int = 256
+    """Longest client identifier accepted, in UTF-8 bytes (CONNACK 0x85 beyond)."""
+    max_topic_length: int = 4096
+    """Longest topic name or filter accepted, in UTF-8 bytes."""
+    max_topic_levels: int = 128
+    """Most levels a topic name or filter may have."""
+    max_user_properties: int = 128
+    """Most MQTT 5 user properties one packet may carry."""
+    max_subscriptions: int = 1000
+    """Most subscriptions one session may hold; SUBACK 0x97 (3.1.1: 0x80) beyond."""
+    max_retained_messages: int = 100_000
+    """Most retained messages kept; a retained PUBLISH for a new topic beyond is refused
+    (MQTT 5 PUBACK 0x97) and not stored."""
+    max_retained_bytes: int = 256 << 20
+    """Most payload bytes of retained messages kept; beyond, as ``max_retained_messages``."""
+    ws_allowed_origins: str = ""
+    """Comma-separated Origins (``https://app.example.com``) whose browser pages may open MQTT
+    WebSocket connections, besides same-origin pages and clients that send no Origin; ``*``
+    allows any."""

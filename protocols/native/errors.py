@@ -38,6 +38,7 @@ ERROR_CODES: tuple[tuple[type[Exception], int], ...] = (
     (errors.AccessDenied, Code.FORBIDDEN),
     (errors.NotSupported, Code.UNSUPPORTED),
     (errors.Unavailable, Code.TOO_MANY_REQUESTS),
+    (errors.QuotaExceeded, Code.TOO_MANY_REQUESTS),
     (errors.SluiceError, Code.INTERNAL_ERROR),
 )
 
