@@ -1,10 +1,14 @@
 """Users: authentication (password or HMAC-SHA1 signature) and authorization of principals.
 
-Principals are cached per user with their permissions, so ``authorize`` never touches the
-database. Every change made through ``Users`` (grant, revoke, password, create, delete) reloads
-that user's cached principal before returning, and ``authorize`` checks the cached principal,
-not the copy a connection holds: a revoke applies at once to connections already open. Changes
-written to the database by another process are seen after a restart.
+Principals are cached per user with their permissions and access-control rules, so
+``authorize`` never touches the database. Every change made through ``Users`` (grant, revoke,
+rules, password, create, delete) reloads the affected cached principals before returning, and
+``authorize`` checks the cached principal, not the copy a connection holds: a revoke applies at
+once to connections already open, and change listeners let adapters end what it no longer
+allows. Changes written to the database by another process are seen after a restart.
+
+Topics whose names start with ``INTERNAL_PREFIX`` hold the broker's own state: only admins may
+use them, whatever a user's patterns say.
 """
 
 from __future__ import annotations
@@ -13,13 +17,21 @@ import hashlib
 import hmac
 import secrets
 import threading
+from collections.abc import Callable
 
+from .acl import EVERYONE, RuleSet, check_rule
 from .errors import AccessDenied, AlreadyExists, Unauthenticated, UserNotFound
 from .metadata import MetadataRepository
-from .model import Action, Permission, Principal, ResourceKind, User
+from .model import INTERNAL_PREFIX, AclRule, Action, Permission, Principal, ResourceKind, User
+from .subjects import topic_of_subject
 
 _IMPLIED_BY_ADMIN = frozenset({Action.PUBLISH, Action.SUBSCRIBE})
 _DECOY_SECRET = b"\x00" * 20
+DECISION_CACHE_BYTES = 16 << 20
+"""Decisions are cached until their keys hold this many bytes of names, then forgotten."""
+RightsListener = Callable[[str, bool], None]
+"""Called with (user name, whether the user still exists) after a user's rights changed;
+the user name is ``*`` when a rule for everyone changed. Runs on the thread that made the change."""
 
 
 def pattern_matches(pattern: str, name: str) -> bool:
@@ -62,9 +74,12 @@ class Users:
         self._manage_lock = threading.Lock()   # orders management changes and their reloads
         self._principals: dict[str, Principal] = {}
         self._decisions: dict[tuple, tuple[int, bool]] = {}
-        """(user, action, kind, name) -> (generation, allowed), for users loaded in
-        ``_principals``; any reload bumps the generation and so invalidates every entry."""
+        """(user, client id, action, kind or filter flag, name) -> (generation, allowed), for
+        users loaded in ``_principals``; any reload bumps the generation and so invalidates
+        every entry. Bounded by ``DECISION_CACHE_BYTES`` of names."""
+        self._decision_bytes = 0
         self._generation = 0
+        self._listeners: list[RightsListener] = []
         self._cache_key = secrets.token_bytes(32)
         self._verified: dict[str, bytes] = {}  # user -> keyed digest of the last password verified
         self._secrets: dict[str, bytes] = {}   # user -> signing secret, decrypted once
@@ -116,32 +131,87 @@ class Users:
         return self._principal(access_key)
 
     # --- authorization ---
+    @property
+    def generation(self) -> int:
+        """Moves whenever any user's rights change: decisions cached elsewhere expire with it."""
+        return self._generation
+
     def authorize(self, principal: Principal, action: Action, kind: ResourceKind, name: str) -> None:
         """Return if ``principal`` may do ``action`` on the resource; AccessDenied otherwise.
 
-        Admins and SYSTEM may do anything; ADMIN on a resource implies PUBLISH and SUBSCRIBE.
-        Runs anywhere, including the event loop: no I/O.
+        Admins and SYSTEM may do anything; ADMIN on a resource implies PUBLISH and SUBSCRIBE;
+        internal topics are for admins only. Runs anywhere, including the event loop: no I/O.
         """
-        key = (principal.user, action, kind, name)
-        decided = self._decisions.get(key)
-        if decided is not None and decided[0] == self._generation:
-            allowed = decided[1]
-        else:
-            with self._lock:
-                generation = self._generation
-                current = self._principals.get(principal.user)
-            if current is None:
-                current = principal
-            allowed = current.admin or any(_allows(p, action, kind, name) for p in current.permissions)
-            if current is not principal or principal.user in self._principals:
-                if len(self._decisions) > 100_000:
-                    self._decisions.clear()
-                self._decisions[key] = (generation, allowed)
-        if allowed:
+        if self._decided(principal, (principal.user, "", action, kind, name), self._may_resource):
             return
         raise AccessDenied(
             f"user {principal.user!r} may not {action.value} on {kind.value} {name!r}; ask an "
             f"administrator to grant {action.value} on a {kind.value} pattern matching {name!r}")
+
+    def subject_allowed(self, principal: Principal, action: Action, subject: str) -> bool:
+        """Whether ``principal`` may publish to, or receive messages of, ``subject`` (an MQTT
+        topic): the most specific matching access-control rule, else the topic permission on
+        the subject's topic (``core.acl``). Runs anywhere: no I/O."""
+        key = (principal.user, principal.client_id, action, False, subject)
+        return self._decided(principal, key, self._may_subject)
+
+    def filter_allowed(self, principal: Principal, topic_filter: str) -> bool:
+        """Whether ``principal`` may subscribe to ``topic_filter``: the most specific rule
+        covering the whole filter, else subscribe on the topic its first level names (any
+        topic, ``*``, for a leading wildcard). Runs anywhere: no I/O."""
+        key = (principal.user, principal.client_id, Action.SUBSCRIBE, True, topic_filter)
+        return self._decided(principal, key, self._may_filter)
+
+    def _decided(self, principal: Principal, key: tuple,
+                 decide: Callable[[Principal, Principal, tuple], bool]) -> bool:
+        decided = self._decisions.get(key)
+        if decided is not None and decided[0] == self._generation:
+            return decided[1]
+        with self._lock:
+            generation = self._generation
+            current = self._principals.get(principal.user)
+        if current is None:
+            current = principal
+        allowed = current.admin or decide(current, principal, key)
+        if current is not principal or principal.user in self._principals:
+            size = len(key[-1]) + len(key[1])
+            if self._decision_bytes + size > DECISION_CACHE_BYTES:
+                self._decisions.clear()
+                self._decision_bytes = 0
+            self._decisions[key] = (generation, allowed)
+            self._decision_bytes += size
+        return allowed
+
+    @staticmethod
+    def _may_resource(current: Principal, _: Principal, key: tuple) -> bool:
+        _, _, action, kind, name = key
+        if kind is ResourceKind.TOPIC and name.startswith(INTERNAL_PREFIX):
+            return False
+        return any(_allows(p, action, kind, name) for p in current.permissions)
+
+    @staticmethod
+    def _may_subject(current: Principal, principal: Principal, key: tuple) -> bool:
+        action, subject = key[2], key[4]
+        topic = topic_of_subject(subject)
+        if topic.startswith(INTERNAL_PREFIX):
+            return False
+        verdict = RuleSet(current.acl).decide(action, current.user, principal.client_id,
+                                              subject) if current.acl else None
+        if verdict is None:
+            verdict = any(_allows(p, action, ResourceKind.TOPIC, topic) for p in current.permissions)
+        return verdict
+
+    @staticmethod
+    def _may_filter(current: Principal, principal: Principal, key: tuple) -> bool:
+        topic_filter = key[4]
+        verdict = RuleSet(current.acl).decide(Action.SUBSCRIBE, current.user, principal.client_id,
+                                              topic_filter, is_filter=True) if current.acl else None
+        if verdict is None:
+            first = topic_filter.split("/", 1)[0]
+            topic = "*" if first in ("+", "#") else topic_of_subject(first)
+            verdict = not topic.startswith(INTERNAL_PREFIX) and any(
+                _allows(p, Action.SUBSCRIBE, ResourceKind.TOPIC, topic) for p in current.permissions)
+        return verdict
 
     # --- management ---
     def create_user(self, name: str, password: str, admin: bool = False) -> User:
@@ -185,6 +255,28 @@ class Users:
         """The user's permissions; UserNotFound if the user does not exist."""
         return self._repository.permissions(user)
 
+    def put_rule(self, rule: AclRule) -> None:
+        """Add or replace an access-control rule; applies at once to open connections."""
+        check_rule(rule)
+        with self._manage_lock:
+            self._repository.put_rule(rule)
+            self._reload_for_rule(rule.user)
+
+    def delete_rule(self, user: str, pattern: str, allow: bool) -> bool:
+        """Remove an access-control rule; whether it existed. Applies at once."""
+        with self._manage_lock:
+            deleted = self._repository.delete_rule(user, pattern, allow)
+            self._reload_for_rule(user)
+        return deleted
+
+    def rules(self, user: str | None = None) -> list[AclRule]:
+        """Every rule, or those that apply to ``user`` (its own and everyone's)."""
+        return self._repository.rules(None if user is None else (user, EVERYONE))
+
+    def add_listener(self, listener: RightsListener) -> None:
+        """Call ``listener(user, exists)`` after every change of a user's rights."""
+        self._listeners.append(listener)
+
     def ensure_default_user(self, name: str = "sluice", password: str = "sluice") -> bool:
         """Create admin ``name`` if there are no users at all; whether it was created."""
         if self._repository.list_users():
@@ -215,19 +307,39 @@ class Users:
         return principal
 
     def _reload(self, name: str) -> None:
-        """Cache ``name``'s principal as the database has it now. Called under ``_manage_lock``."""
+        """Cache ``name``'s principal as the database has it now, then tell the listeners.
+        Called under ``_manage_lock``."""
         principal = self._load(name)
         with self._lock:
             self._principals[name] = principal
             self._verified.pop(name, None)
             self._secrets.pop(name, None)
             self._generation += 1
+        self._notify(name, self._repository.get_user(name) is not None)
+
+    def _reload_for_rule(self, user: str) -> None:
+        """Reload the principals a rule of ``user`` (``*``: everyone) applies to."""
+        if user != EVERYONE:
+            self._reload(user)
+            return
+        with self._lock:
+            names = list(self._principals)
+        loaded = {name: self._load(name) for name in names}
+        with self._lock:
+            self._principals.update(loaded)
+            self._generation += 1
+        self._notify(EVERYONE, True)
+
+    def _notify(self, name: str, exists: bool) -> None:
+        for listener in self._listeners:
+            listener(name, exists)
 
     def _load(self, name: str) -> Principal:
         user = self._repository.get_user(name)
         try:
             if user is not None:
-                return Principal(name, user.admin, tuple(self._repository.permissions(name)))
+                return Principal(name, user.admin, tuple(self._repository.permissions(name)),
+                                 tuple(self._repository.rules((name, EVERYONE))))
         except UserNotFound:  # deleted between the two reads
             pass
         return Principal(name)  # deleted: connections still holding its principal get no rights

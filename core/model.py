@@ -128,24 +128,43 @@ class Permission:
 
 
 @dataclass(frozen=True)
+class AclRule:
+    """Allows or denies ``actions`` (publish, subscribe) on subjects matching ``pattern``, an
+    MQTT topic filter where ``%u`` is the user name and ``%c`` the client id; ``user`` is
+    ``"*"`` for a rule that applies to every user (see ``core.acl``)."""
+
+    user: str
+    pattern: str
+    actions: frozenset[Action]
+    allow: bool
+
+
+@dataclass(frozen=True)
 class Principal:
-    """Who a request comes from, after authentication."""
+    """Who a request comes from, after authentication: the user, its rights, and the client
+    (for ``%c`` in rules; empty when the protocol names none)."""
 
     user: str
     admin: bool = False
     permissions: tuple[Permission, ...] = ()
+    acl: tuple[AclRule, ...] = ()
+    client_id: str = ""
 
 
 SYSTEM = Principal("$system", admin=True)
 """The broker itself and its local administration tools."""
 
 
+INTERNAL_PREFIX = "%SYS%"
+"""Topics and named queues whose names start with this hold the broker's own state (MQTT
+sessions, retained messages): only admins may send to or read them."""
+
 MESSAGE_GROUP_PROPERTY = "sluice.message_group"
+"""Stored property carrying a FIFO message's group; ``Delivery.message_group`` reads it."""
 SUBJECT_PROPERTY = "sluice.subject"
 """The full hierarchical subject of a message (an MQTT topic such as ``devices/d1/telemetry``),
-levels separated by ``/``. Fan-out matches subscriptions against it; without it the subject
-is the topic name."""
-"""Stored property carrying a FIFO message's group; ``Delivery.message_group`` reads it."""
+levels separated by ``/``; its first level names the message's topic (``core.subjects``).
+Fan-out matches subscriptions against it; without it the subject is the topic name."""
 
 
 @dataclass(slots=True)

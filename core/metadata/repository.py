@@ -18,13 +18,14 @@ from sqlalchemy.sql.dml import Insert
 
 from core.errors import (AlreadyExists, GroupNotFound, InvalidArgument, TopicNotFound,
                          UserNotFound)
-from core.model import (Action, ConsumeMode, GroupConfig, MessageType, Permission,
+from core.model import (AclRule, Action, ConsumeMode, GroupConfig, MessageType, Permission,
                         ResourceKind, RetryPolicy, Subscription, TopicConfig, User)
 
 from . import master_key
 from .engine import WRITE_OPTION, open_engine
 from .passwords import check_password, hash_password, waste_check
-from .schema import consumer_groups, current_version, migrate, subscriptions, topics, users
+from .schema import (acl_rules, consumer_groups, current_version, migrate, subscriptions, topics,
+                     users)
 from .schema import permissions as permission_table
 
 _MAX_USER_NAME = 127
@@ -158,8 +159,10 @@ class MetadataRepository:
             raise _user_not_found(name)
 
     def delete_user(self, name: str) -> bool:
-        """Delete a user and its permissions; whether it existed."""
-        return self._delete(users, name)
+        """Delete a user, its permissions and its rules; whether it existed."""
+        with self._writer.begin() as conn:
+            conn.execute(acl_rules.delete().where(acl_rules.c.user_name == name))
+            return conn.execute(users.delete().where(users.c.name == name)).rowcount > 0
 
     def get_user(self, name: str) -> User | None:
         """The user, None if it does not exist."""
@@ -228,6 +231,37 @@ class MetadataRepository:
                                frozenset(Action(a) for a in row.actions.split(",")))
                     for row in rows]
 
+    # --- access-control rules ---
+    def put_rule(self, rule: AclRule) -> None:
+        """Store the rule, replacing the actions of the same user, pattern and effect;
+        UserNotFound unless its user exists or is ``*`` (everyone)."""
+        row = {"user_name": rule.user, "pattern": rule.pattern,
+               "effect": "allow" if rule.allow else "deny",
+               "actions": ",".join(sorted(a.value for a in rule.actions))}
+        with self._writer.begin() as conn:
+            if rule.user != "*":
+                self._require_user(conn, rule.user)
+            conn.execute(self._upsert(acl_rules, row, ("user_name", "pattern", "effect")))
+
+    def delete_rule(self, user: str, pattern: str, allow: bool) -> bool:
+        """Delete one rule; whether it existed."""
+        with self._writer.begin() as conn:
+            return conn.execute(acl_rules.delete().where(
+                acl_rules.c.user_name == user, acl_rules.c.pattern == pattern,
+                acl_rules.c.effect == ("allow" if allow else "deny"))).rowcount > 0
+
+    def rules(self, users_: tuple[str, ...] | None = None) -> list[AclRule]:
+        """The rules of the given user names (``*`` for everyone's), or all, by user and pattern."""
+        query = select(acl_rules).order_by(acl_rules.c.user_name, acl_rules.c.pattern,
+                                           acl_rules.c.effect)
+        if users_ is not None:
+            query = query.where(acl_rules.c.user_name.in_(users_))
+        with self._engine.connect() as conn:
+            return [AclRule(row.user_name, row.pattern,
+                            frozenset(Action(a) for a in row.actions.split(",")),
+                            row.effect == "allow")
+                    for row in conn.execute(query)]
+
     # --- helpers ---
     def _secrets(self, password: str) -> dict[str, str]:
         if not password:
@@ -272,10 +306,10 @@ class MetadataRepository:
 
 def _check_user_name(name: str) -> None:
     if (not name or len(name) > _MAX_USER_NAME or name.startswith("$") or ":" in name
-            or not name.isprintable() or any(c.isspace() for c in name)):
+            or "*" in name or not name.isprintable() or any(c.isspace() for c in name)):
         raise InvalidArgument(
             f"user name {name!r} is invalid: use 1-{_MAX_USER_NAME} printable characters without "
-            "spaces or ':', not starting with '$'")
+            "spaces, ':' or '*', not starting with '$'")
 
 
 def _user_not_found(name: str) -> UserNotFound:

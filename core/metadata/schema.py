@@ -70,11 +70,26 @@ permissions = Table(
 )
 
 
+acl_rules = Table(
+    "acl_rules", metadata,
+    # "*" for rules that apply to every user, so no foreign key: deleting a user deletes its
+    # rules in the repository.
+    Column("user_name", String(127), primary_key=True),
+    Column("pattern", String(1024), primary_key=True),
+    Column("effect", String(8), primary_key=True),  # "allow" or "deny"
+    Column("actions", String(64), nullable=False),  # comma-separated Action values, sorted
+)
+
+
 def _v1(conn: Connection) -> None:
     metadata.create_all(conn, tables=[topics, consumer_groups, subscriptions, users, permissions])
 
 
-MIGRATIONS: tuple[Callable[[Connection], None], ...] = (_v1,)
+def _v2(conn: Connection) -> None:
+    metadata.create_all(conn, tables=[acl_rules])
+
+
+MIGRATIONS: tuple[Callable[[Connection], None], ...] = (_v1, _v2)
 LATEST_VERSION = len(MIGRATIONS)
 
 _PG_MIGRATION_LOCK = 0x51CE_0001

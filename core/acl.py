@@ -1,0 +1,141 @@
+"""Access-control rules on subjects (MQTT topics): allow and deny, per user or for everyone.
+
+Topic permissions (``core.auth``) grant rights on whole topics, which for MQTT is the first
+topic level. Rules refine that below the first level, as Mosquitto's ``pattern`` lines and
+EMQX's ACL do: a rule is a topic filter (``+`` one level, ``#`` the rest), the actions it covers
+(publish, subscribe) and whether it allows or denies. ``%u`` in a pattern stands for the user
+name and ``%c`` for the client id, so one rule for everyone confines each device::
+
+    deny  everyone  devices/#        publish, subscribe
+    allow everyone  devices/%c/#     publish, subscribe
+
+How a decision is made (``decide``):
+
+- For a subject (a PUBLISH, a will, a retained message, and each message delivered to a
+  subscriber): the rules of the user and of everyone whose pattern matches it. The most
+  specific one decides; between equally specific ones, deny wins. No rule matches: the topic
+  permission on the subject's topic decides.
+- For a subscription filter: the rules whose pattern covers the whole filter (every subject
+  the filter can match). Again the most specific decides, and without one the topic
+  permission does. Every message delivered through the subscription is then checked as a
+  subject, so a deny rule narrower than the filter still holds.
+
+Specificity: more literal levels first, then more levels, then no ``#``. A placeholder level
+is literal once filled in. A placeholder is compared as a whole level: a client id holding
+``/``, ``+`` or ``#`` never matches more than its own literal level, so it cannot widen a rule.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from .errors import InvalidArgument
+from .model import AclRule, Action
+
+EVERYONE = "*"
+"""The user name of rules that apply to every user."""
+MAX_PATTERN_LENGTH = 1024
+_RULE_ACTIONS = frozenset({Action.PUBLISH, Action.SUBSCRIBE})
+
+
+def check_rule(rule: AclRule) -> AclRule:
+    """Return ``rule`` if it is well formed, else raise InvalidArgument saying what to fix."""
+    pattern = rule.pattern
+    if not pattern or len(pattern) > MAX_PATTERN_LENGTH:
+        raise InvalidArgument(f"rule pattern must be 1-{MAX_PATTERN_LENGTH} characters")
+    parts = pattern.split("/")
+    for position, level in enumerate(parts):
+        if level == "#" and position != len(parts) - 1:
+            raise InvalidArgument(f"'#' must be the last level of rule pattern {pattern!r}")
+        if level not in ("+", "#") and ("+" in level or "#" in level):
+            raise InvalidArgument(f"a wildcard must be a whole level in rule pattern {pattern!r}")
+    if not rule.actions or not rule.actions <= _RULE_ACTIONS:
+        raise InvalidArgument("a rule covers publish, subscribe or both")
+    return rule
+
+
+@dataclass(frozen=True, slots=True)
+class _Compiled:
+    levels: tuple[str, ...]
+    specificity: tuple[int, int, int]
+    allow: bool
+    actions: frozenset[Action]
+
+
+def _compile(rule: AclRule, user: str, client_id: str) -> _Compiled:
+    levels = tuple(_fill(level, user, client_id) for level in rule.pattern.split("/"))
+    literal = sum(1 for level in levels if level not in ("+", "#"))
+    return _Compiled(levels, (literal, len(levels), 0 if levels[-1] == "#" else 1),
+                     rule.allow, rule.actions)
+
+
+def _fill(level: str, user: str, client_id: str) -> str:
+    if "%" not in level:
+        return level
+    filled = level.replace("%u", user).replace("%c", client_id)
+    # A filled-in level is a literal: one that would read as a wildcard or as nothing matches
+    # no level at all (NUL never occurs in a subject).
+    return "\0" + filled if filled in ("", "+", "#") else filled
+
+
+def _matches(pattern: Sequence[str], subject: Sequence[str]) -> bool:
+    """Whether rule ``pattern`` matches ``subject`` (MQTT matching; ``$`` subjects are not
+    matched by a leading wildcard)."""
+    if subject and subject[0].startswith("$") and pattern[0] in ("+", "#"):
+        return False
+    for position, level in enumerate(pattern):
+        if level == "#":
+            return True
+        if position >= len(subject):
+            return False
+        if level != "+" and level != subject[position]:
+            return False
+    return len(pattern) == len(subject)
+
+
+def _covers(pattern: Sequence[str], topic_filter: Sequence[str]) -> bool:
+    """Whether every subject ``topic_filter`` can match is matched by rule ``pattern``."""
+    if topic_filter and pattern[0] in ("+", "#") and topic_filter[0].startswith("$"):
+        return False
+    for position, level in enumerate(pattern):
+        if level == "#":
+            return True
+        if position >= len(topic_filter):
+            return False
+        wanted = topic_filter[position]
+        if wanted == "#":
+            return False
+        if level != "+" and (wanted == "+" or level != wanted):
+            return False
+    return len(pattern) == len(topic_filter)
+
+
+class RuleSet:
+    """The rules that apply to one user (its own and everyone's), ready to decide."""
+
+    __slots__ = ("_rules",)
+
+    def __init__(self, rules: Iterable[AclRule]) -> None:
+        self._rules = tuple(rules)
+
+    def __bool__(self) -> bool:
+        return bool(self._rules)
+
+    def decide(self, action: Action, user: str, client_id: str, subject_or_filter: str,
+               is_filter: bool = False) -> bool | None:
+        """True/False if a rule decides ``action`` on the subject (or subscription filter);
+        None when no rule applies and the topic permission decides."""
+        levels = subject_or_filter.split("/")
+        applies = _covers if is_filter else _matches
+        best: _Compiled | None = None
+        for rule in self._rules:
+            if action not in rule.actions:
+                continue
+            compiled = _compile(rule, user, client_id)
+            if not applies(compiled.levels, levels):
+                continue
+            if (best is None or compiled.specificity > best.specificity
+                    or (compiled.specificity == best.specificity and not compiled.allow)):
+                best = compiled
+        return None if best is None else best.allow
