@@ -23,8 +23,17 @@ from .errors import InvalidArgument, MessageTooLarge, NotSupported
 from .fanout import Fanout, Listener
 from .model import (MESSAGE_GROUP_PROPERTY, SUBJECT_PROPERTY, Delivery, MessageType,
                     OutgoingMessage, SendResult, TopicConfig)
+from .subjects import topic_of_subject
 
 MAX_PROPERTY_BYTES = 16 << 10
+
+
+def _in_topic(subject: str, topic: str) -> bool:
+    """Whether ``subject`` lies in ``topic`` (its first level, escaped, is the topic's name)."""
+    first = subject.partition("/")[0]
+    if first == topic and "%" not in topic and topic.strip("."):
+        return True  # the common case, without escaping anything
+    return topic_of_subject(subject) == topic
 
 
 class Producer:
@@ -82,7 +91,11 @@ class Producer:
                                   "large data in the body")
         if message.message_group:
             properties = {**properties, MESSAGE_GROUP_PROPERTY: message.message_group}
-        route = self._fanout.route(properties.get(SUBJECT_PROPERTY) or topic.name)
+        subject = properties.get(SUBJECT_PROPERTY)
+        if subject and not _in_topic(subject, topic.name):
+            raise InvalidArgument(f"subject {subject[:200]!r} does not belong to topic "
+                                  f"{topic.name!r}; a subject's first level names its topic")
+        route = self._fanout.route(subject or topic.name)
         extra = route.queues
         if message.also_into:
             extra += tuple((queue, 0) for queue in message.also_into)

@@ -14,7 +14,7 @@ import itertools
 import logging
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from store.api import RetentionReport, Store
@@ -30,9 +30,11 @@ from .fanout import Fanout, Listener, QueueTarget
 from .filters import parse_filter
 from .membership import Membership
 from .metadata import MetadataRepository
-from .model import (Action, ConsumeMode, Delivery, GroupConfig, Member, OutgoingMessage, Principal,
-                    PullResult, QueueLag, ResourceKind, SendResult, Subscription, TopicConfig)
+from .model import (SUBJECT_PROPERTY, Action, ConsumeMode, Delivery, GroupConfig, Member,
+                    OutgoingMessage, Principal, PullResult, QueueLag, ResourceKind, SendResult,
+                    Subscription, TopicConfig)
 from .produce import Producer
+from .subjects import topic_of_subject
 
 log = logging.getLogger(__name__)
 
@@ -114,6 +116,7 @@ class Broker:
         self._reader: Reader | None = None
         self._retention_floors: dict[tuple[str, int], int] = {}
         """(topic, queue) -> first offset within the topic's own retention limit."""
+        self._rights_listeners: list[Callable[[str, bool], None]] = []
 
     # --- lifecycle ---
 
@@ -129,6 +132,8 @@ class Broker:
                                   durable=self._durable_sends, max_message_bytes=self.config.max_message_bytes)
         self.counters = self._producer.counters
         self._reader = Reader(store, self._recent, self._producer.deliverable_end, self._retention_floors)
+        self.users.add_listener(lambda user, exists: loop.call_soon_threadsafe(
+            self._rights_changed, user, exists))
         topics, groups, subscriptions = await asyncio.to_thread(self._load_metadata)
         self._topics = {t.name: t for t in topics}
         self._groups = {g.name: g for g in groups}
@@ -224,6 +229,34 @@ class Broker:
             return False
         return True
 
+    def subject_allowed(self, principal: Principal, action: Action, subject: str) -> bool:
+        """Whether ``principal`` may publish to, or receive a message of, ``subject``: the
+        access-control rules, else the topic permission of its topic (``core.acl``). Cached;
+        answers change as soon as rights do (``rights_generation`` moves)."""
+        return self.users.subject_allowed(principal, action, subject)
+
+    def filter_allowed(self, principal: Principal, subject_filter: str) -> bool:
+        """Whether ``principal`` may subscribe to ``subject_filter`` (``core.acl``). Messages
+        delivered through the subscription are each checked with ``subject_allowed``."""
+        return self.users.filter_allowed(principal, subject_filter)
+
+    @property
+    def rights_generation(self) -> int:
+        """Moves whenever any user's rights change; decisions cached by adapters expire with it."""
+        return self.users.generation
+
+    def on_rights_changed(self, listener: Callable[[str, bool], None]) -> None:
+        """Call ``listener(user, exists)`` on the loop after a user's rights changed (``*``:
+        a rule for everyone), so adapters end at once what is no longer allowed."""
+        self._rights_listeners.append(listener)
+
+    def _rights_changed(self, user: str, exists: bool) -> None:
+        for listener in self._rights_listeners:
+            try:
+                listener(user, exists)
+            except Exception:  # noqa: BLE001 - one adapter's failure must not stop the others
+                log.exception("reacting to changed rights of user %s failed", user)
+
     # --- topics ---
 
     async def create_topic(self, principal: Principal, config: TopicConfig) -> TopicConfig:
@@ -237,15 +270,11 @@ class Broker:
             self.store.enable_compaction(config.name)
         return config
 
-    async def ensure_topic(self, principal: Principal, name: str) -> TopicConfig:
-        """The topic ``name``, created with default settings if it does not exist and
-        ``auto_create_topics`` is on (a publish right on the name suffices)."""
-        if (config := self._topics.get(name)) is not None:
-            return config
-        self._allow(principal, Action.PUBLISH, ResourceKind.TOPIC, name)
+    async def _auto_create(self, name: str) -> TopicConfig:
+        """Topic ``name`` for a publish already authorized, created with default settings if
+        ``auto_create_topics`` is on."""
         if not self.config.auto_create_topics:
-            raise TopicNotFound(f"topic {name!r} does not exist and auto_create_topics is off; "
-                                f"create it with `sluice topic create {name}`")
+            raise TopicNotFound(name)
         return await self._create_internal_topic(TopicConfig(name, self.config.auto_topic_queues))
 
     async def _create_internal_topic(self, config: TopicConfig) -> TopicConfig:
@@ -380,15 +409,38 @@ class Broker:
 
     # --- produce ---
 
-    async def send(self, principal: Principal, messages: Sequence[OutgoingMessage]) -> list[SendResult]:
-        """Store messages; under ``sync`` flush return once they are durable."""
+    async def send(self, principal: Principal, messages: Sequence[OutgoingMessage], *,
+                   create_topics: bool = False) -> list[SendResult]:
+        """Store messages; under ``sync`` flush return once they are durable.
+
+        Each message is authorized once, on its subject when it has one (which must lie in its
+        topic) and else on its topic. ``create_topics``: topics that do not exist are created
+        with default settings when ``auto_create_topics`` is on (MQTT publishes)."""
         if self._closing:
             raise Unavailable("the broker is shutting down; retry against the restarted broker")
         if not messages:
             raise InvalidArgument("a send needs at least one message")
-        for topic in {m.topic for m in messages}:
-            self._allow(principal, Action.PUBLISH, ResourceKind.TOPIC, topic)
+        for message in messages:
+            self._authorize_send(principal, message)
+        if create_topics:
+            for topic in {m.topic for m in messages if m.topic not in self._topics}:
+                await self._auto_create(topic)
         return await self._producer.send(self.get_topic, messages)
+
+    def _authorize_send(self, principal: Principal, message: OutgoingMessage) -> None:
+        subject = message.properties.get(SUBJECT_PROPERTY)
+        if not subject:
+            self._allow(principal, Action.PUBLISH, ResourceKind.TOPIC, message.topic)
+            return
+        if topic_of_subject(subject) != message.topic:
+            raise InvalidArgument(
+                f"subject {subject[:200]!r} does not belong to topic {message.topic!r}: a "
+                f"subject's first level names its topic ({topic_of_subject(subject)!r}); send it "
+                "there, or drop the subject")
+        if not self.users.subject_allowed(principal, Action.PUBLISH, subject):
+            raise AccessDenied(
+                f"user {principal.user!r} may not publish to {subject[:200]!r}; ask an "
+                "administrator for a rule or a topic permission that allows it")
 
     # --- message-level (pop) consumption ---
 
@@ -414,6 +466,7 @@ class Broker:
         consumer = self._consumer(group, client_id)
         deadline = _now_ms() + min(max(0, wait_ms), self.config.max_long_poll_ms)
         while True:
+            self._allow(principal, Action.SUBSCRIBE, ResourceKind.TOPIC, topic)  # revoked meanwhile?
             queues = self._receive_queues(group, topic, client_id, config, queue_id)
             found = await self._pop(consumer, topic, queues, tags, invisible, max_messages,
                                     group_config.retry.max_attempts)
@@ -468,6 +521,9 @@ class Broker:
         group = consumer.partition("@")[0]
         dlq = await self._dead_letter_topic(group)
         properties = dict(message.properties)
+        subject = properties.pop(SUBJECT_PROPERTY, None)  # it names the origin topic, not the DLQ
+        if subject:
+            properties["sluice.dlq.origin_subject"] = subject
         properties.update({"sluice.dlq.origin_topic": message.topic,
                            "sluice.dlq.origin_msg_id": message.msg_id,
                            "sluice.dlq.attempts": str(message.attempt)})
@@ -544,6 +600,7 @@ class Broker:
             raise InvalidArgument(f"max_messages {max_messages} is out of range: use 1-10000")
         deadline = _now_ms() + min(max(0, wait_ms), self.config.max_long_poll_ms)
         while True:
+            self._allow(principal, Action.SUBSCRIBE, ResourceKind.TOPIC, topic)  # revoked meanwhile?
             messages, next_offset, earliest, end = pull_queue(self._reader, topic, queue_id, offset,
                                                               max_messages, tags)
             now = _now_ms()

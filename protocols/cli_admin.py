@@ -272,6 +272,29 @@ def user_permissions(client: AdminClient, args: argparse.Namespace) -> int:
         ["KIND", "PATTERN", "ACTIONS"]) if perms else f"{args.name} has no permissions")
 
 
+def acl_add(client: AdminClient, args: argparse.Namespace) -> int:
+    rule = client.call("POST", "/acl", {"user": args.who, "pattern": args.pattern,
+                                        "actions": args.actions, "effect": args.effect})
+    who = "everyone" if rule["user"] == "*" else rule["user"]
+    print(f"{rule['effect']} {','.join(rule['actions'])} on {rule['pattern']} for {who}")
+    return 0
+
+
+def acl_remove(client: AdminClient, args: argparse.Namespace) -> int:
+    client.call("DELETE", "/acl", query={"user": args.who, "pattern": args.pattern,
+                                         "effect": args.effect})
+    print(f"removed the {args.effect} rule on {args.pattern}")
+    return 0
+
+
+def acl_list(client: AdminClient, args: argparse.Namespace) -> int:
+    query = {"user": args.who} if args.who != "*" else None
+    return show(args, client.call("GET", "/acl", query=query), lambda rules: table(
+        [(r["effect"], "everyone" if r["user"] == "*" else r["user"], r["pattern"],
+          ",".join(r["actions"])) for r in rules],
+        ["EFFECT", "FOR", "PATTERN", "ACTIONS"]) if rules else "no rules")
+
+
 # --- parser ---
 
 def admin_options() -> argparse.ArgumentParser:
@@ -295,7 +318,7 @@ def add_credentials(group: argparse._ArgumentGroup) -> None:
 
 
 def add_admin_commands(commands: argparse._SubParsersAction) -> None:
-    """Register `topic`, `group`, `message` and `user` under ``commands``."""
+    """Register `topic`, `group`, `message`, `user` and `acl` under ``commands``."""
     common = admin_options()
 
     def add(parent: argparse._SubParsersAction, name: str, text: str,
@@ -372,6 +395,27 @@ def add_admin_commands(commands: argparse._SubParsersAction) -> None:
         if name == "grant":
             sub.add_argument("actions", nargs="+", choices=["publish", "subscribe", "admin"],
                              metavar="ACTION", help="publish, subscribe and/or admin")
+
+
+    acl = section("acl", "Allow or deny publish/subscribe on MQTT topics, per user or for "
+                         "everyone (%u: the user name, %c: the client id; the most specific "
+                         "rule wins, deny on a tie; no rule: topic permissions decide).")
+    for effect in ("allow", "deny"):
+        sub = add(acl, effect, f"Add a rule that {effect}s actions on topics matching a filter.",
+                  acl_add)
+        sub.set_defaults(effect=effect)
+        sub.add_argument("pattern", metavar="FILTER", help="an MQTT topic filter, e.g. 'devices/%%c/#'")
+        sub.add_argument("actions", nargs="+", choices=["publish", "subscribe"], metavar="ACTION",
+                         help="publish and/or subscribe")
+        sub.add_argument("--for", dest="who", default="*", metavar="USER",
+                         help="the user the rule is for (default: everyone)")
+    sub = add(acl, "remove", "Remove a rule.", acl_remove)
+    sub.add_argument("pattern", metavar="FILTER", help="the rule's filter, exactly as added")
+    sub.add_argument("--effect", choices=["allow", "deny"], required=True)
+    sub.add_argument("--for", dest="who", default="*", metavar="USER",
+                     help="the rule's user (default: everyone)")
+    sub = add(acl, "list", "List rules (with --for, those that apply to one user).", acl_list)
+    sub.add_argument("--for", dest="who", default="*", metavar="USER")
 
 
 def run(handler: Callable[[AdminClient, argparse.Namespace], int], args: argparse.Namespace) -> int:

@@ -76,6 +76,15 @@ SCHEMAS: dict[str, dict[str, Any]] = {
     "Grant": _obj(["kind", "pattern", "actions"], kind={"type": "string", "enum": ["topic", "group"]},
                   pattern={"type": "string", "description": "a name, or a pattern with * wildcards"},
                   actions=_ACTIONS),
+    "AclRule": _obj([], user=_STR, pattern=_STR, actions=_ACTIONS,
+                    effect={"type": "string", "enum": ["allow", "deny"]}),
+    "AclRuleCreate": _obj(
+        ["pattern", "actions", "effect"],
+        user={"type": "string", "description": "a user name, or * (the default) for everyone"},
+        pattern={"type": "string", "description": "an MQTT topic filter; %u is the user name, "
+                                                  "%c the client id"},
+        actions={"type": "array", "items": {"type": "string", "enum": ["publish", "subscribe"]}},
+        effect={"type": "string", "enum": ["allow", "deny"]}),
 }
 
 

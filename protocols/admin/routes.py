@@ -15,7 +15,7 @@ from aiohttp import web
 
 from core.model import Principal
 
-from . import dashboard, metrics, tail
+from . import acl, dashboard, metrics, tail
 from . import handlers as h
 from .access import Access
 
@@ -118,4 +118,15 @@ ROUTES: tuple[Route, ...] = (
       A.ADMIN, status=204,
       query=(Query("kind", "topic or group", required=True),
              Query("pattern", "the granted pattern, exactly as granted", required=True))),
+
+    R("GET", "/acl", acl.list_rules, "List access-control rules on MQTT topics", "acl", A.ADMIN,
+      response="[AclRule]",
+      query=(Query("user", "only the rules that apply to this user (its own and everyone's)"),)),
+    R("POST", "/acl", acl.add_rule, "Add an access-control rule (allow or deny)", "acl", A.ADMIN,
+      status=201, body="AclRuleCreate", response="AclRule"),
+    R("DELETE", "/acl", acl.remove_rule, "Remove an access-control rule", "acl", A.ADMIN,
+      status=204,
+      query=(Query("pattern", "the rule's pattern, exactly as added", required=True),
+             Query("effect", "allow or deny", required=True),
+             Query("user", "the rule's user (default *, everyone)"))),
 )

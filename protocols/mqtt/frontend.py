@@ -13,14 +13,17 @@ import asyncio
 import logging
 import time
 from collections.abc import Sequence
+from dataclasses import replace
 
-from core.errors import Unauthenticated
-from core.model import Action, Delivery, OutgoingMessage, Principal, SendResult
+from core.acl import EVERYONE
+from core.errors import AccessDenied, Unauthenticated
+from core.model import Delivery, OutgoingMessage, Principal, SendResult
 from core.service import Broker
+from core.untrusted import clip
 
 from .connection import Inflight
 from .handler import MqttConnection, will_message
-from .mapping import Inbound, from_stored, native_topic, now_ms
+from .mapping import Inbound, from_stored, now_ms
 from .options import MqttOptions
 from .packets import Publish
 from .reason_codes import PacketType, ReasonCode
@@ -69,6 +72,7 @@ class MqttFrontend:
         now = now_ms()
         for client_id, record in records.items():
             session = Session(self, client_id, record.expiry_s)
+            session.owner = record.owner
             session.subscriptions = dict(record.subscriptions)
             session.qos2 = qos2.get(client_id, Qos2State())
             session.restore_bindings()
@@ -78,6 +82,7 @@ class MqttFrontend:
             log.info("restored %d persistent MQTT sessions and %d retained messages",
                      len(records), len(self.retained))
         self._sweeper = asyncio.create_task(self._sweep_keepalives())
+        self.broker.on_rights_changed(self._rights_changed)
 
     async def stop(self) -> None:
         """Disconnect every client (MQTT 5: Server shutting down) and save session state."""
@@ -137,7 +142,14 @@ class MqttFrontend:
     async def open_session(self, link: MqttConnection, client_id: str, clean_start: bool,
                            expiry_s: int) -> tuple[Session, bool]:
         """The session for a new connection: take over an attached one, resume or start
-        fresh. Returns (session, session present)."""
+        fresh. Returns (session, session present). AccessDenied if the client id's session
+        belongs to another user: a session is its creator's, connected or not."""
+        assert link.principal is not None
+        user = link.principal.user
+        existing = self.sessions.get(client_id)
+        if existing is not None and existing.owner not in (None, user):
+            raise AccessDenied(f"client id {clip(client_id)} has a session of another user; "
+                               "connect with a client id of your own")
         previous = self._attached.pop(client_id, None)
         if previous is not None and previous is not link:
             log.info("client %s connected again; closing its previous connection", client_id)
@@ -153,12 +165,18 @@ class MqttFrontend:
             self.sessions[client_id] = session
         elif session.expiry_s != expiry_s:
             session = self._change_expiry(session, expiry_s)
+        session.owner = user
         if present:
             self._cancel_will(client_id)
         self._attached[client_id] = link
         if session.persistent:
-            await self._store.save(SessionRecord(client_id, session.expiry_s, session.subscriptions))
+            await self._store.save(self._record(session))
         return session, present
+
+    @staticmethod
+    def _record(session: Session, disconnected_at_ms: int | None = None) -> SessionRecord:
+        return SessionRecord(session.client_id, session.expiry_s, session.subscriptions,
+                             disconnected_at_ms, session.owner)
 
     def _change_expiry(self, session: Session, expiry_s: int) -> Session:
         """A new expiry for a resumed session. A session taken over from a connection that
@@ -169,6 +187,7 @@ class MqttFrontend:
         subscriptions = list(session.subscriptions.values())
         session.end()
         replacement = Session(self, session.client_id, expiry_s)
+        replacement.owner = session.owner
         for options in subscriptions:
             replacement.subscribe(options)
         self.sessions[session.client_id] = replacement
@@ -207,8 +226,7 @@ class MqttFrontend:
             self.spawn(self._end_session(session))
         else:
             disconnected = now_ms()
-            self.spawn(self._store.save(SessionRecord(session.client_id, session.expiry_s,
-                                                       session.subscriptions, disconnected)))
+            self.spawn(self._store.save(self._record(session, disconnected)))
             self._schedule_expiry(session, disconnected)
 
     def _fire_will(self, client_id: str) -> None:
@@ -233,6 +251,45 @@ class MqttFrontend:
                 self.retained.update(will.topic, message.body, message.properties)
         except Exception:  # noqa: BLE001 - a failed will is logged, the broker goes on
             log.exception("will of client %s on %s not published", link.client_id, will.topic)
+
+    # ---------------------------------------------------------------- changed rights
+
+    def _rights_changed(self, user: str, exists: bool) -> None:
+        """A user's rights changed: end at once the sessions and subscriptions they no longer
+        allow (deliveries already stop: each is checked against the current rights)."""
+        self.spawn(self._enforce_rights(user, exists))
+
+    async def _enforce_rights(self, user: str, exists: bool) -> None:
+        for session in list(self.sessions.values()):
+            if user != EVERYONE and session.owner != user:
+                continue
+            link = self._attached.get(session.client_id)
+            if not exists:
+                log.info("user %s was deleted: ending the session of client %s", clip(user),
+                         clip(session.client_id))
+                if link is not None:
+                    del self._attached[session.client_id]  # so closing it saves nothing
+                    link.will = None
+                    link.kick(ReasonCode.NotAuthorized)
+                self._cancel_expiry(session.client_id)
+                await self._end_session(session)
+                continue
+            if session.owner is None:
+                continue
+            principal = link.principal if link is not None else await asyncio.to_thread(
+                self.broker.users.principal, session.owner)
+            principal = replace(principal, client_id=session.client_id)
+            denied = [key for key, options in session.subscriptions.items()
+                      if not self.may_subscribe(principal, options.topic_filter)]
+            if not denied:
+                continue
+            log.info("client %s lost the right to %d subscriptions (%s); they are removed",
+                     clip(session.client_id), len(denied), clip(", ".join(denied)))
+            for key in denied:
+                session.unsubscribe(key)
+            self.session_changed(session)
+            if link is not None:
+                link.kick(ReasonCode.NotAuthorized)
 
     # ---------------------------------------------------------------- expiry
 
@@ -268,8 +325,7 @@ class MqttFrontend:
     def session_changed(self, session: Session) -> None:
         """Subscriptions changed: save a persistent session."""
         if session.persistent:
-            self.spawn(self._store.save(SessionRecord(session.client_id, session.expiry_s,
-                                                       session.subscriptions)))
+            self.spawn(self._store.save(self._record(session)))
 
     async def save_qos2(self, session: Session) -> None:
         """Save a persistent session's QoS 2 state (durable under ``sync`` flush)."""
@@ -285,23 +341,14 @@ class MqttFrontend:
 
     # ---------------------------------------------------------------- messages
 
-    async def ensure_topics(self, principal: Principal | None,
-                            messages: Sequence[OutgoingMessage]) -> None:
-        """Create the native topics of ``messages`` that do not exist yet."""
-        assert principal is not None
-        for topic in {m.topic for m in messages}:
-            await self.broker.ensure_topic(principal, topic)
-
-    async def publish(self, principal: Principal | None, messages: Sequence[OutgoingMessage]) -> list[SendResult]:
+    async def publish(self, principal: Principal, messages: Sequence[OutgoingMessage]) -> list[SendResult]:
         """Store MQTT messages, creating their native topics on first use."""
-        await self.ensure_topics(principal, messages)
-        return await self.broker.send(principal, messages)
+        return await self.broker.send(principal, messages, create_topics=True)
 
     def may_subscribe(self, principal: Principal, topic_filter: str) -> bool:
-        """Subscribe rights on the native topic a filter reads (all topics for a leading wildcard)."""
-        first = topic_filter.split("/", 1)[0]
-        name = "*" if first in ("+", "#") else native_topic(first)
-        return self.broker.allowed(principal, Action.SUBSCRIBE, name)
+        """Whether ``principal`` may subscribe to ``topic_filter`` (access-control rules, else
+        the topic permission; see ``core.acl``)."""
+        return self.broker.filter_allowed(principal, topic_filter)
 
     def inbound(self, delivery: Delivery) -> Inbound:
         """The MQTT view of a delivery, computed once when many sessions get the same one."""

@@ -17,14 +17,15 @@ from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from core import errors
-from core.errors import SluiceError, Unauthenticated
+from core.errors import AccessDenied, SluiceError, Unauthenticated
+from core.untrusted import clip
 from core.model import Action, OutgoingMessage, Principal
 
 from .codec import MQTT_5
 from .connection import ServerConnection
 from .events import (ConnectionClosed, ConnectRequested, MessagePublished, PublishAcknowledged,
                      PublishReceived, ReleaseRequested, SubscribeRequested, UnsubscribeRequested)
-from .mapping import native_topic, now_ms, to_outgoing
+from .mapping import now_ms, to_outgoing
 from .packets import Will
 from .properties import NO_PROPERTIES, Properties
 from .reason_codes import ReasonCode
@@ -225,6 +226,7 @@ class MqttConnection:
         else:
             expiry = 0 if event.clean_start else NEVER_EXPIRES
         expiry = min(expiry, frontend.options.max_session_expiry_s)
+        self.principal = replace(self.principal, client_id=client_id)
         if event.will is not None:
             refusal = self._check_will(event.will)
             if refusal is not None:
@@ -232,7 +234,13 @@ class MqttConnection:
                 return
         self.client_id = client_id
         self.will = event.will
-        session, present = await frontend.open_session(self, client_id, event.clean_start, expiry)
+        try:
+            session, present = await frontend.open_session(self, client_id, event.clean_start,
+                                                           expiry)
+        except AccessDenied as refused:
+            log.info("MQTT client %s from %s refused: %s", clip(client_id), self.wire.peer, refused)
+            self._refuse(ReasonCode.NotAuthorized, str(refused))
+            return
         if self.closed:
             frontend.connection_closed(self, False, None)
             return
@@ -247,12 +255,12 @@ class MqttConnection:
                                      properties=props, resume=frontend.resume_state(session)))
         for data in self.conn.pending_resend():
             self._write(data)
-        session.attach(self)
+        session.attach(self, self.principal)
         self._drain_events()
 
     def _check_will(self, will: Will) -> ReasonCode | None:
         assert self.principal is not None
-        if not self.frontend.broker.allowed(self.principal, Action.PUBLISH, native_topic(will.topic)):
+        if not self.frontend.broker.subject_allowed(self.principal, Action.PUBLISH, will.topic):
             return ReasonCode.NotAuthorized
         return None
 
@@ -273,7 +281,7 @@ class MqttConnection:
         assert self.principal is not None
         message = to_outgoing(event.topic, event.payload, event.qos, event.retain, self.client_id,
                               event.properties, now_ms())
-        if not self.frontend.broker.allowed(self.principal, Action.PUBLISH, message.topic):
+        if not self.frontend.broker.subject_allowed(self.principal, Action.PUBLISH, event.topic):
             log.info("client %s may not publish to %s", self.client_id, event.topic)
             self._answer_publish(event, ReasonCode.NotAuthorized)
             return
@@ -324,11 +332,11 @@ class MqttConnection:
         exactly_once = [event.packet_id for event, _ in batch if event.qos == 2] \
             if session is not None and session.persistent else []
         try:
-            await frontend.ensure_topics(self.principal, messages)
             # The messages and, right behind them, the QoS 2 ids awaiting PUBREL go into the
             # same append: the log is durable as a prefix, so a saved id implies its message
             # is stored, and a restart in between cannot store a resent message twice.
-            stored = asyncio.ensure_future(frontend.broker.send(self.principal, messages))
+            stored = asyncio.ensure_future(frontend.broker.send(self.principal, messages,
+                                                                create_topics=True))
             saved = None
             if exactly_once:
                 session.qos2.awaiting_release.update(exactly_once)

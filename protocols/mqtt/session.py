@@ -23,7 +23,7 @@ import logging
 from collections import deque
 from typing import TYPE_CHECKING, NamedTuple, Protocol
 
-from core.model import Delivery
+from core.model import Action, Delivery, Principal
 
 from .mapping import Inbound, now_ms
 from .properties import Properties
@@ -80,11 +80,17 @@ class Session:
         a resumed persistent session whose client now asks for expiry 0 keeps its queue and
         ends when that connection closes."""
         self.queue = session_queue(client_id)
+        self.owner: str | None = None
+        """The user that created the session; only it may resume it (None: saved by a version
+        that did not record owners, so the next user to resume it becomes its owner)."""
+        self.principal: Principal | None = None
+        """Who the attached connection acts for: what it may receive is checked against it."""
         self.subscriptions: dict[str, SubscriptionOptions] = {}
         self.qos2 = Qos2State()
         self.link: Link | None = None
         self.dropped = 0
         self._matches: dict[str, Match | None] = {}
+        self._matches_generation = -1
         # persistent delivery
         self._next = 0
         self._skip: set[int] = set()
@@ -148,9 +154,19 @@ class Session:
             self.broker.forget_queue(self.queue)
 
     def _match(self, topic: str) -> Match | None:
+        """How a message on ``topic`` reaches this session, None if it does not: no filter
+        matches, or the session's user may not receive it (checked per topic, with the rights
+        as they are now). Cached per topic until subscriptions or rights change."""
+        generation = self.broker.rights_generation
+        if generation != self._matches_generation:
+            self._matches.clear()
+            self._matches_generation = generation
         found = self._matches.get(topic, False)
         if found is not False:
             return found
+        if not self._may_receive(topic):
+            self._matches[topic] = None
+            return None
         qos, rap, no_local, ids, hit = -1, False, True, [], False
         for options in self.subscriptions.values():
             if options.share is None and matches(options.topic_filter, topic):
@@ -166,11 +182,19 @@ class Session:
         self._matches[topic] = result
         return result
 
+    def _may_receive(self, topic: str) -> bool:
+        principal = self.principal
+        return principal is not None and self.broker.subject_allowed(principal, Action.SUBSCRIBE,
+                                                                     topic)
+
     # ---------------------------------------------------------------- attach / detach
 
-    def attach(self, link: Link) -> None:
-        """A connection now serves this session; resend what is unacknowledged."""
+    def attach(self, link: Link, principal: Principal) -> None:
+        """A connection acting for ``principal`` now serves this session; resend what is
+        unacknowledged."""
         self.link = link
+        self.principal = principal
+        self._matches.clear()
         if self.persistent:
             committed, acked = self.broker.queue_position(self.queue)
             self._next = committed
@@ -230,7 +254,7 @@ class Session:
 
     def send_retained(self, inbound: Inbound, options: SubscriptionOptions) -> None:
         """A retained message for a new subscription (retain flag set)."""
-        if self.link is None:
+        if self.link is None or not self._may_receive(inbound.topic):
             return
         qos = min(inbound.qos, options.qos)
         ids = (options.identifier,) if options.identifier is not None else ()
@@ -292,7 +316,7 @@ class Session:
         inbound = self.frontend.inbound(delivery)
         offset = delivery.queue_offset
         qos = min(inbound.qos, options.qos)
-        if self.link is None or inbound.expired(now_ms()):
+        if self.link is None or inbound.expired(now_ms()) or not self._may_receive(inbound.topic):
             group.settle(offset) if self.link is not None else group.release(offset)
             return
         ids = (options.identifier,) if options.identifier is not None else ()

@@ -61,9 +61,12 @@ class SessionRecord:
     expiry_s: int
     subscriptions: dict[str, SubscriptionOptions] = field(default_factory=dict)
     disconnected_at_ms: int | None = None
+    owner: str | None = None
+    """The user that created the session (None in records saved before owners were kept)."""
 
     def encode(self) -> bytes:
         return json.dumps({"expiry": self.expiry_s, "disconnected_at": self.disconnected_at_ms,
+                           "owner": self.owner,
                            "subs": [s.to_json() for s in self.subscriptions.values()]},
                           separators=(",", ":")).encode()
 
@@ -71,7 +74,8 @@ class SessionRecord:
     def decode(cls, client_id: str, data: bytes) -> SessionRecord:
         doc = json.loads(data)
         subs = [SubscriptionOptions.from_json(s) for s in doc["subs"]]
-        return cls(client_id, doc["expiry"], {s.key: s for s in subs}, doc["disconnected_at"])
+        return cls(client_id, doc["expiry"], {s.key: s for s in subs}, doc["disconnected_at"],
+                   doc.get("owner"))
 
 
 @dataclass

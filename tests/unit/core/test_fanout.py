@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from core.model import SUBJECT_PROPERTY, SYSTEM, OutgoingMessage
+from core.errors import InvalidArgument, TopicNotFound
+from core.model import SUBJECT_PROPERTY, SYSTEM, OutgoingMessage, TopicConfig
 from core.service import Broker
 
 from tests.unit.core.test_broker import run, topic
@@ -113,7 +114,44 @@ def test_compacted_state_keeps_the_newest_value_per_key(tmp_path, store):
 
 def test_a_publish_creates_a_missing_topic(tmp_path):
     async def scenario(broker: Broker) -> None:
-        config = await broker.ensure_topic(SYSTEM, "sensors")
+        message = OutgoingMessage("sensors", b"21.5", properties={SUBJECT_PROPERTY: "sensors/t1"})
+        with pytest.raises(TopicNotFound):
+            await broker.send(SYSTEM, [message])
+        [result] = await broker.send(SYSTEM, [message], create_topics=True)
+        config = broker.get_topic("sensors")
         assert config.queue_count == broker.config.auto_topic_queues
-        assert broker.get_topic("sensors") == config
+        assert result.topic == "sensors"
+    run(tmp_path, scenario)
+
+
+def test_a_subject_outside_its_topic_is_refused_on_every_path(tmp_path):
+    """A message's subject names its topic: one sent to another topic (or fanned out from a
+    dead-letter copy) could otherwise reach subscribers of a topic it was never authorized for."""
+    async def scenario(broker: Broker) -> None:
+        await broker.create_topic(SYSTEM, TopicConfig("a-1", 1))
+        heard = Recorder()
+        broker.add_listener("secret/#", heard)
+        with pytest.raises(InvalidArgument, match="does not belong to topic 'a-1'"):
+            await broker.send(SYSTEM, [OutgoingMessage(
+                "a-1", b"x", properties={SUBJECT_PROPERTY: "secret/cmd"})])
+        await broker.send(SYSTEM, [OutgoingMessage("a-1", b"ok", properties={SUBJECT_PROPERTY: "a-1/x"})])
+        assert heard.got == []
+    run(tmp_path, scenario)
+
+
+def test_a_dead_lettered_copy_keeps_its_subject_only_as_a_record(tmp_path):
+    async def scenario(broker: Broker) -> None:
+        from core.model import GroupConfig, RetryPolicy
+        await broker.create_topic(SYSTEM, TopicConfig("devices", 1))
+        await broker.create_group(SYSTEM, GroupConfig("g", retry=RetryPolicy(max_attempts=1)))
+        heard = Recorder()
+        broker.add_listener("devices/#", heard)
+        await broker.send(SYSTEM, [subject("devices", b"m", "devices/d1/cmd")])
+        [delivery] = await broker.receive(SYSTEM, "g", "devices", "c1", invisible_ms=100, wait_ms=5_000)
+        await broker.forward_to_dead_letter(SYSTEM, "g", "devices", delivery.receipt_handle)
+        dead = await broker.pull(SYSTEM, "dlq-reader", "%DLQ%g", 0, 0)
+        [copy] = dead.messages
+        assert SUBJECT_PROPERTY not in copy.properties
+        assert copy.properties["sluice.dlq.origin_subject"] == "devices/d1/cmd"
+        assert heard.got == [b"m"]  # the original only, not its dead-letter copy
     run(tmp_path, scenario)
