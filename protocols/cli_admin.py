@@ -398,13 +398,15 @@ def add_admin_commands(commands: argparse._SubParsersAction) -> None:
 
 
     acl = section("acl", "Allow or deny publish/subscribe on MQTT topics, per user or for "
-                         "everyone (%u: the user name, %c: the client id; the most specific "
-                         "rule wins, deny on a tie; no rule: topic permissions decide).")
+                         "everyone: the most specific matching rule wins (deny on a tie); where "
+                         "no rule matches, topic permissions decide.")
     for effect in ("allow", "deny"):
         sub = add(acl, effect, f"Add a rule that {effect}s actions on topics matching a filter.",
                   acl_add)
         sub.set_defaults(effect=effect)
-        sub.add_argument("pattern", metavar="FILTER", help="an MQTT topic filter, e.g. 'devices/%%c/#'")
+        sub.add_argument("pattern", metavar="FILTER",
+                         help="an MQTT topic filter; %%u stands for the user name and %%c for "
+                              "the client id, e.g. 'devices/%%c/#'")
         sub.add_argument("actions", nargs="+", choices=["publish", "subscribe"], metavar="ACTION",
                          help="publish and/or subscribe")
         sub.add_argument("--for", dest="who", default="*", metavar="USER",
