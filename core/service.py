@@ -125,6 +125,8 @@ class Broker:
         visible = getattr(store, "visible_offset", durable)
         waiters = DurableWaiters(loop, durable, visible)
         store.add_listener(waiters.listener)
+        store.add_health_listener(waiters.health_listener)
+        waiters.store_health(store.degraded)
         self._producer = Producer(store, waiters, self._recent, self._signals, self._fanout,
                                   durable=self._durable_sends, max_message_bytes=self.config.max_message_bytes)
         self.counters = self._producer.counters
