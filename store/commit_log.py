@@ -69,12 +69,17 @@ class CommitLog:
         self._bases: list[int] = []
         if not read_only:
             fileops.makedirs(directory, site=_SITE)
+        self.preallocator: Preallocator | None = None
         bases = list_offset_files(directory)
-        for index, base in enumerate(bases):
-            self._open_segment(base, bases[index + 1] if index + 1 < len(bases) else None)
-        self.preallocator = None if read_only else Preallocator(directory, segment_size)
-        if not read_only and not self._segments:
-            self._open_segment(0, create=True, wait=True)  # a new log starts preallocated too
+        try:
+            for index, base in enumerate(bases):
+                self._open_segment(base, bases[index + 1] if index + 1 < len(bases) else None)
+            self.preallocator = None if read_only else Preallocator(directory, segment_size)
+            if not read_only and not self._segments:
+                self._open_segment(0, create=True, wait=True)  # a new log starts preallocated too
+        except BaseException:
+            self.close()
+            raise
 
     # -- layout -------------------------------------------------------------------------
 

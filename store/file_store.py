@@ -15,6 +15,7 @@ appends raise StoreDegradedError and it resumes by itself once writes succeed ag
 """
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import logging
 import os
@@ -44,27 +45,35 @@ class FileStore(StoreView):
     """A durable store in ``directory``; opening it recovers from any crash."""
 
     def __init__(self, directory: str, config: StoreConfig = StoreConfig()) -> None:
+        """Open (or create) the store; if that fails, nothing stays open or locked."""
         self.directory = directory
         self.config = config
         fileops.makedirs(directory, site="store")
-        self._lock_fd = _lock_directory(directory)
-        self._checkpoint_path = os.path.join(directory, "checkpoint")
-        commit_log = CommitLog(os.path.join(directory, "commitlog"), config.segment_size)
-        queues = ConsumeQueues(os.path.join(directory, "consumequeue"),
-                               layout.queue_entries_per_file(directory, config.queue_entries_per_file),
-                               max_open_queue_files=config.max_open_queue_files)
-        key_index = KeyIndex(os.path.join(directory, "index"), config.index_slot_count, config.index_max_entries)
-        super().__init__(commit_log, queues, key_index)
-        self.dispatcher = Dispatcher(queues, key_index)
-        self.compaction = CompactedTopics(os.path.join(directory, "compacted"), self)
-        self.recovery: RecoveryReport = recover(commit_log, queues, self.dispatcher,
-                                                checkpoint.load(self._checkpoint_path),
-                                                key_index.needs_rebuild_from)
-        queues.advance_min(commit_log.min_offset)
-        self._cycle_lock = threading.Lock()
-        self._checkpoint_lock = threading.Lock()
-        self._progress = Progress(commit_log.end_offset)
-        self._mark_unclean()
+        with contextlib.ExitStack() as undo:
+            self._lock_fd = _lock_directory(directory)
+            undo.callback(os.close, self._lock_fd)
+            self._checkpoint_path = os.path.join(directory, "checkpoint")
+            commit_log = CommitLog(os.path.join(directory, "commitlog"), config.segment_size)
+            undo.callback(commit_log.close)
+            queues = ConsumeQueues(os.path.join(directory, "consumequeue"),
+                                   layout.queue_entries_per_file(directory, config.queue_entries_per_file),
+                                   max_open_queue_files=config.max_open_queue_files)
+            undo.callback(queues.close)
+            key_index = KeyIndex(os.path.join(directory, "index"), config.index_slot_count,
+                                 config.index_max_entries)
+            undo.callback(key_index.close)
+            super().__init__(commit_log, queues, key_index)
+            self.dispatcher = Dispatcher(queues, key_index)
+            self.compaction = CompactedTopics(os.path.join(directory, "compacted"), self)
+            self.recovery: RecoveryReport = recover(commit_log, queues, self.dispatcher,
+                                                    checkpoint.load(self._checkpoint_path),
+                                                    key_index.needs_rebuild_from)
+            queues.advance_min(commit_log.min_offset)
+            self._cycle_lock = threading.Lock()
+            self._checkpoint_lock = threading.Lock()
+            self._progress = Progress(commit_log.end_offset)
+            self._mark_unclean()
+            undo.pop_all()
         self._builder = RecordBuilder({(queue.topic, queue.queue_id): queue.max_offset for queue in queues},
                                       self.compaction.topics)
         self._buffer = AppendBuffer(config.segment_size, commit_log.end_offset, commit_log.segments()[-1].base)
