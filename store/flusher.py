@@ -393,7 +393,7 @@ class Flusher(threading.Thread):
 
     def _recover(self) -> None:
         if self.progress.degraded is not None:
-            log.warning("the store writes again after %.1f s of failures; appends are accepted",
+            log.warning("the store writes again after %.2f s of failures; appends are accepted",
                         time.monotonic() - self._degraded_at)
             self.progress.recover()
 
