@@ -59,12 +59,13 @@ def test_a_full_disk_fails_waiting_producers_and_keeps_publishing_what_is_writte
         store.add_health_listener(waiters.health_listener)
         store.add_health_listener(lambda reason: reason is None and loop.call_soon_threadsafe(writable.set))
         published: list[bytes] = []
-        written_later = asyncio.Event()
+        stuck_published = asyncio.Event()
 
         def publish_when_durable(messages: list[Message], results) -> None:  # as Producer does
             def publish() -> None:
                 published.extend(m.body for m in messages)
-                written_later.set()
+                if b"stuck" in published:
+                    stuck_published.set()
             waiters.call_when_durable(results[-1].end_offset, publish)
 
         appender = BatchingAppender(store, waiters, on_batch=publish_when_durable)
@@ -78,7 +79,7 @@ def test_a_full_disk_fails_waiting_producers_and_keeps_publishing_what_is_writte
                 await asyncio.wait_for(appender.append(Message("t", b"refused")), WAIT)
             assert published == [b"first"], "nothing unstored may be published"
             faults.lift()
-            await asyncio.wait_for(written_later.wait(), WAIT)
+            await asyncio.wait_for(stuck_published.wait(), WAIT)
             await asyncio.wait_for(writable.wait(), WAIT)
             assert published == [b"first", b"stuck"], "a record written later is delivered"
             await asyncio.wait_for(appender.append(Message("t", b"again")), WAIT)

@@ -279,3 +279,24 @@ def test_a_store_that_cannot_be_created_leaves_nothing_locked(tmp_path, faults):
     faults.lift()
     with FileStore(directory, replace(CONFIG)) as store:
         store.wait_durable(store.append("t", b"fine").end_offset, timeout=WAIT)
+
+
+def test_under_the_async_policy_a_failing_fsync_degrades_and_is_retried(tmp_path, faults):
+    directory = str(tmp_path / "data")
+    config = replace(CONFIG, flush="async", flush_interval_ms=10)
+    with FileStore(directory, config) as store:
+        health = Health()
+        store.add_health_listener(health)
+        first = store.append("t", b"durable")
+        assert store.wait_durable(first.end_offset, timeout=WAIT)
+        faults.add(Fault("commitlog", "sync", errno.EIO))
+        stuck = store.append("t", b"written, not yet durable")
+        with pytest.raises(StoreDegradedError, match="EIO"):
+            store.wait_durable(stuck.end_offset, timeout=WAIT)
+        assert store.durable_offset < stuck.end_offset
+        with pytest.raises(StoreDegradedError):
+            store.append("t", b"refused")
+        faults.lift()
+        health.wait_for(lambda reasons: reasons[-1] is None)
+        assert store.wait_durable(stuck.end_offset, timeout=WAIT)
+        assert [m.body for m in store.read("t", 0, 0, 10)] == [b"durable", b"written, not yet durable"]
