@@ -219,12 +219,12 @@ class Progress:
             gate.acquire()
             heapq.heappush(self._waiters[attribute], (end, next(self._sequence), gate))
         gate.acquire(timeout=-1 if timeout is None else timeout)
-        with self.cond:
-            if getattr(self, attribute) >= end:
-                return True
-            if self.degraded is not None:
-                raise _fresh(self.degraded)
-            return False
+        if getattr(self, attribute) >= end:
+            return True
+        degraded = self.degraded
+        if degraded is not None:
+            raise _fresh(degraded)
+        return False
 
 
 def _fresh(error: StoreDegradedError) -> StoreDegradedError:
