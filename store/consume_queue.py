@@ -122,9 +122,9 @@ class ConsumeQueue:
                     self._bases.append(base)
                 self._dirty.add(base)
                 data, offset = data[count * ENTRY_SIZE:], offset + count
-            del self._pending[:(offset - self._written) * ENTRY_SIZE]
+            self._pending = bytearray()
             self._written = offset
-        return not self._pending
+        return True
 
     def take_dirty(self) -> list[int]:
         """Files written since the last call (under the store's cycle lock)."""

@@ -79,6 +79,11 @@ class DescriptorCache:
         self._shrink_to(len(self._open) // 2)
         return fileops.open_file(path, self.flags, site=self.site)
 
+    def release_idle(self) -> None:
+        """Close half of the idle descriptors: another part of the process ran out of them."""
+        with self._lock:
+            self._shrink_to(len(self._open) // 2)
+
     def _shrink_to(self, size: int) -> None:
         """Close idle descriptors, least recently used first, until at most ``size`` are open."""
         excess = len(self._open) - size

@@ -79,7 +79,8 @@ class FileStore(StoreView):
         self._buffer = AppendBuffer(config.segment_size, commit_log.end_offset, commit_log.segments()[-1].base)
         self._closed = False
         self._flusher = Flusher(self._buffer, commit_log, self.dispatcher, self._progress,
-                                config.flush == "sync", config.flush_interval_ms, self._cycle_lock)
+                                config.flush == "sync", config.flush_interval_ms, self._cycle_lock,
+                                queues.files.release_idle)
         self._checkpointer = Checkpointer(self._periodic_checkpoint, config.checkpoint_interval_ms)
         self._flusher.start()
         self._checkpointer.start()

@@ -20,6 +20,7 @@ are then delivered although their producers were told of the failure (at least o
 """
 from __future__ import annotations
 
+import errno
 import heapq
 import itertools
 import logging
@@ -40,6 +41,7 @@ _SPARES = 16  # arrays kept for reuse: more than the flusher ever holds at once
 _HAND_OFF_BYTES = 256 << 10
 _FIRST_RETRY_S = 0.005
 _LAST_RETRY_S = 0.5  # backoff cap: how long a freed disk may wait before writes resume
+_OUT_OF_DESCRIPTORS = (errno.EMFILE, errno.ENFILE)
 
 HealthListener = Callable[[str | None], None]
 """Called with why the store cannot write when it becomes degraded, and with None once it can."""
@@ -260,8 +262,11 @@ class Flusher(threading.Thread):
     """The group-commit thread of one store."""
 
     def __init__(self, buffer: AppendBuffer, commit_log: CommitLog, dispatcher: Dispatcher,
-                 progress: Progress, sync: bool, flush_interval_ms: int, cycle_lock: threading.Lock) -> None:
+                 progress: Progress, sync: bool, flush_interval_ms: int, cycle_lock: threading.Lock,
+                 release_descriptors: Callable[[], None]) -> None:
         super().__init__(name="sluice-store-flusher", daemon=True)
+        self.release_descriptors = release_descriptors
+        """Closes idle queue files: called when a write finds the process out of descriptors."""
         self.buffer = buffer
         self.log = commit_log
         self.dispatcher = dispatcher
@@ -330,12 +335,18 @@ class Flusher(threading.Thread):
         """Write, make durable (``sync`` policy) and dispatch ``batch``, then publish it; retry
         through disk errors until that succeeds. False if the store closed first."""
         delay = _FIRST_RETRY_S
+        released = False
         while True:
             last_chance = self.stopping
             try:
                 with self.cycle_lock:
                     visible, durable = self._write(batch)
             except OSError as error:
+                if error.errno in _OUT_OF_DESCRIPTORS:
+                    self.release_descriptors()  # then try once more before anyone hears of it
+                    if not released:
+                        released = True
+                        continue
                 self._degrade(error)
                 if last_chance:
                     return False

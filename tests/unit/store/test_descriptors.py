@@ -149,3 +149,29 @@ def test_a_data_dir_with_thousands_of_queues_opens_and_serves_under_a_low_descri
         preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (256, 256)))
     assert done.returncode == 0, done.stderr
     assert f"served {QUEUES} queues" in done.stdout
+
+
+def test_a_roll_that_finds_no_descriptor_free_closes_idle_queue_files_and_goes_on(tmp_path, faults):
+    """The queue-file cache may hold the last free descriptors when a new segment is opened:
+    the flusher then closes idle queue files and retries, instead of failing until restart."""
+    config = StoreConfig(segment_size=64 << 10, queue_entries_per_file=1000, index_slot_count=1009,
+                         index_max_entries=4096, max_open_queue_files=64, checkpoint_interval_ms=600_000)
+    with FileStore(str(tmp_path / "data"), config) as store:
+        results = store.append_batch([Message(f"q{i}", b"x") for i in range(64)])
+        assert store.wait_durable(results[-1].end_offset, timeout=60)
+        store.checkpoint()
+        cache = store.consume_queues.files
+        assert len(cache) == 64
+
+        class DescriptorLimit(Fault):
+            """Opens fail with EMFILE while the cache holds more than 32 descriptors."""
+            def admit(self, op, path, size):
+                if len(cache) > 32:
+                    return super().admit(op, path, size)
+                return size
+
+        faults.add(DescriptorLimit("commitlog", "open", errno.EMFILE))
+        segments = len(store.log.segments())
+        result = store.append("big", b"y" * (60 << 10))  # does not fit the current segment
+        assert store.wait_durable(result.end_offset, timeout=60)
+        assert len(store.log.segments()) == segments + 1 and len(cache) <= 32
