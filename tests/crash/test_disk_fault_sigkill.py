@@ -222,3 +222,35 @@ def test_a_real_disk_that_fills_up_then_sigkill_loses_nothing_acknowledged(tmp_p
     writer.until(lambda run: len(run.acks) >= 100)  # with room again, appends are acknowledged
     collect(acked, writer.kill())
     check_store(data_dir, acked)
+
+
+KEY_INDEX_ON_A_FULL_DISK = """
+import errno, os, sys
+from store.key_index import KeyIndex
+
+directory = sys.argv[1]
+os.makedirs(os.path.join(directory, "index"))
+with open(os.path.join(directory, "filler"), "wb", buffering=0) as filler:
+    for chunk in (1 << 20, 4096):
+        try:
+            while True:
+                filler.write(bytes(chunk))
+        except OSError:
+            pass
+index = KeyIndex(os.path.join(directory, "index"), slot_count=10007, max_entries=100_000)
+try:
+    for offset in range(100_000):
+        index.add_many([b"key %d" % offset], offset, 0)
+except OSError as error:
+    print(errno.errorcode[error.errno])
+"""
+
+
+def test_a_key_index_on_a_full_disk_fails_with_an_error_not_sigbus(small_tmpfs):
+    """Key index files are mapped into memory: a page first touched on a full disk would kill
+    the process with SIGBUS. Blocks are reserved before pages are touched, so it is ENOSPC."""
+    env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    done = subprocess.run([sys.executable, "-c", KEY_INDEX_ON_A_FULL_DISK, str(small_tmpfs)],
+                          capture_output=True, text=True, env=env, cwd=REPO, timeout=120)
+    assert done.returncode == 0, f"ended with {done.returncode} (-7 is SIGBUS): {done.stderr}"
+    assert done.stdout.strip() == "ENOSPC"
