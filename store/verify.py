@@ -9,8 +9,9 @@ against the log.
 - no entry is marked lost (size 0) while the log holds the record it should point at.
 
 Each problem is one line naming the file or queue, the offsets and what is wrong. The checks
-read everything once and change nothing, so they may run beside a live broker (whose newest
-entries may not be written yet: missing entries are not problems).
+change nothing. Entries missing at a queue's end are not problems (recovery writes them from
+the log at the next start). Run them on a stopped broker's directory: beside a live one, an
+entry written during the check may point past the log end the check saw.
 """
 from __future__ import annotations
 
