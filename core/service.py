@@ -128,6 +128,8 @@ class Broker:
         visible = getattr(store, "visible_offset", durable)
         waiters = DurableWaiters(loop, durable, visible)
         store.add_listener(waiters.listener)
+        store.add_health_listener(waiters.health_listener)
+        waiters.store_health(store.degraded)
         self._producer = Producer(store, waiters, self._recent, self._signals, self._fanout,
                                   durable=self._durable_sends, max_message_bytes=self.config.max_message_bytes)
         self.counters = self._producer.counters
@@ -170,12 +172,20 @@ class Broker:
 
     async def _commit_offsets(self) -> None:
         period = self.config.offset_commit_interval_ms / 1000
+        failing = False
         while True:
             await asyncio.sleep(period)
             try:
                 await asyncio.to_thread(self._cursors.write, self._cursors.snapshot())
-            except OSError:
-                log.exception("could not save consumer offsets; retrying next interval")
+            except OSError as error:  # a full disk: logged once, retried every interval
+                if not failing:
+                    log.error("could not save consumer offsets (%s); retrying every %.1f s",
+                              error, period)
+                failing = True
+            else:
+                if failing:
+                    log.info("consumer offsets are saved again")
+                failing = False
 
     async def _retain(self) -> None:
         period = self.config.retention_check_interval_ms / 1000

@@ -4,7 +4,7 @@ Bytes on disk only; imports nothing else from Sluice. See ``api.py`` for the con
 """
 from .api import AppendResult, Message, RecoveryReport, RetentionReport, Store, StoreConfig
 from .errors import (CorruptRecordError, InvalidRecordError, OffsetOutOfRangeError, RecordTooLargeError,
-                     StoreClosedError, StoreError, StoreLockedError)
+                     StoreClosedError, StoreDegradedError, StoreError, StoreLockedError)
 from .file_store import FileStore
 from .memory_store import MemoryStore
 from .reader import StoreReader
@@ -13,5 +13,6 @@ from .record import StoredMessage
 __all__ = [
     "AppendResult", "CorruptRecordError", "FileStore", "InvalidRecordError", "MemoryStore", "Message",
     "OffsetOutOfRangeError", "RecordTooLargeError", "RecoveryReport", "RetentionReport", "Store",
-    "StoreClosedError", "StoreConfig", "StoreError", "StoreLockedError", "StoreReader", "StoredMessage",
+    "StoreClosedError", "StoreConfig", "StoreDegradedError", "StoreError", "StoreLockedError", "StoreReader",
+    "StoredMessage",
 ]

@@ -10,6 +10,8 @@ from .record import StoredMessage, Target
 FlushPolicy = Literal["sync", "async"]
 ProgressListener = Callable[[int, int], None]
 """Called with (visible_end, durable_end) commit-log offsets whenever either moves."""
+HealthListener = Callable[[str | None], None]
+"""Called with why the store cannot write when it turns degraded, and with None once it can."""
 
 
 @dataclass(frozen=True)
@@ -25,6 +27,9 @@ class StoreConfig:
     retention_max_bytes: int | None = None
     index_slot_count: int = 1_000_003
     index_max_entries: int = 4_000_000
+    max_open_queue_files: int = 256
+    """Consume-queue files kept open at once, whatever the number of queues (least recently
+    used closed first)."""
 
 
 class Message(NamedTuple):
@@ -88,10 +93,21 @@ class Store(Protocol):
     ``sync`` flush policy the caller acknowledges its producer only after ``durable_offset``
     has reached ``AppendResult.end_offset`` (``wait_durable`` or a progress listener).
     Records become readable in their queues once written to the log.
+
+    When the store cannot write (disk full, out of descriptors, I/O errors) it is *degraded*:
+    ``degraded`` says why, appends raise ``StoreDegradedError``, ``wait_durable`` raises it for
+    offsets not yet durable, and health listeners are told; it keeps retrying and resumes by
+    itself. A record whose producer was told of the failure may still be stored later.
     """
 
     @property
     def durable_offset(self) -> int: ...
+
+    @property
+    def degraded(self) -> str | None:
+        """Why the store cannot write right now and what to do about it; None while it can."""
+
+    def add_health_listener(self, listener: HealthListener) -> None: ...
 
     def append(self, topic: str, body: bytes, *, queue_id: int = 0, tag: str = "",
                keys: Sequence[str] = (), properties: Mapping[str, str] | None = None,

@@ -64,4 +64,4 @@ def save(path: str, checkpoint: Checkpoint) -> None:
     """Atomically replace the checkpoint at ``path``. Runs on the flusher thread or at open/close."""
     body = _BODY.pack(_MAGIC, 1, _CLEAN if checkpoint.clean else 0, checkpoint.log_end,
                       checkpoint.derived_end, checkpoint.written_at or int(time.time() * 1000))
-    replace_file(path, body + _CRC.pack(crc32c.crc32c(body)))
+    replace_file(path, body + _CRC.pack(crc32c.crc32c(body)), site="checkpoint")

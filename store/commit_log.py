@@ -16,23 +16,13 @@ import os
 import threading
 from dataclasses import dataclass
 
+from . import fileops
 from .durable_files import fsync_directory
 from .preallocator import Preallocator
 
 log = logging.getLogger(__name__)
 
-
-_IOV_MAX = 1024
-
-
-def _advance(views: list[memoryview], written: int) -> list[memoryview]:
-    """``views`` without their first ``written`` bytes (after a partial write)."""
-    while views and written >= len(views[0]):
-        written -= len(views[0])
-        views = views[1:]
-    if views and written:
-        views = [views[0][written:], *views[1:]]
-    return views
+_SITE = "commitlog"
 
 
 def offset_name(offset: int) -> str:
@@ -78,13 +68,18 @@ class CommitLog:
         self._segments: list[Segment] = []
         self._bases: list[int] = []
         if not read_only:
-            os.makedirs(directory, exist_ok=True)
+            fileops.makedirs(directory, site=_SITE)
+        self.preallocator: Preallocator | None = None
         bases = list_offset_files(directory)
-        for index, base in enumerate(bases):
-            self._open_segment(base, bases[index + 1] if index + 1 < len(bases) else None)
-        self.preallocator = None if read_only else Preallocator(directory, segment_size)
-        if not read_only and not self._segments:
-            self._open_segment(0, create=True, wait=True)  # a new log starts preallocated too
+        try:
+            for index, base in enumerate(bases):
+                self._open_segment(base, bases[index + 1] if index + 1 < len(bases) else None)
+            self.preallocator = None if read_only else Preallocator(directory, segment_size)
+            if not read_only and not self._segments:
+                self._open_segment(0, create=True, wait=True)  # a new log starts preallocated too
+        except BaseException:
+            self.close()
+            raise
 
     # -- layout -------------------------------------------------------------------------
 
@@ -120,15 +115,20 @@ class CommitLog:
                       wait: bool = False) -> Segment:
         """Open a segment; until told otherwise (``set_end``), the last one is as long as its file.
 
-        A new one takes the preallocated file if ready (``wait``: once it is).
+        A new one takes the preallocated file if ready (``wait``: once it is). If creating it
+        fails, nothing is left open and the call can simply be repeated.
         """
         path = os.path.join(self.directory, offset_name(base))
         if create and self.preallocator is not None:
             self.preallocator.take(path, wait)
         flags = os.O_RDONLY if self.read_only else os.O_RDWR | os.O_CREAT
-        fd = os.open(path, flags, 0o644)
+        fd = fileops.open_file(path, flags, site=_SITE)
         if create:
-            fsync_directory(self.directory)
+            try:
+                fsync_directory(self.directory, site=_SITE)
+            except BaseException:
+                os.close(fd)
+                raise
         size = 0 if create else next_base - base if next_base is not None else os.fstat(fd).st_size
         segment = Segment(base, path, fd, size)
         self._segments.append(segment)
@@ -152,24 +152,23 @@ class CommitLog:
 
     # -- writing (append lock, then flusher thread) -----------------------------------------
 
-    def write(self, base: int, views: list[memoryview]) -> Segment:
-        """Append ``views`` to the segment starting at ``base`` (created if new), with as few
-        ``pwritev`` calls as possible.
+    def write(self, base: int, views: list[memoryview], at: int) -> Segment:
+        """Write ``views`` at commit-log offset ``at`` of the segment starting at ``base``
+        (created if new), with as few ``pwritev`` calls as possible; the segment then ends
+        where they end.
 
-        Runs on the flusher thread; the caller then ``sync``s the returned segments. Every
-        syscall here gives up the interpreter lock, and a busy appender may hold it for a whole
-        switch interval before it comes back, so the count of calls matters more than their size.
+        Runs on the flusher thread; the caller then ``sync``s the returned segments. Writing the
+        same bytes at the same offset again is harmless, so a write that failed part way is
+        retried whole. Every syscall here gives up the interpreter lock, and a busy appender may
+        hold it for a whole switch interval before it comes back, so the count of calls matters
+        more than their size.
         """
         with self._lock:
             segment = self._segments[-1] if self._segments and self._segments[-1].base == base else None
             if segment is None:
                 segment = self._open_segment(base, create=True)
-        pending = [view for view in views if len(view)]
-        while pending:
-            batch = pending[:_IOV_MAX]
-            written = os.pwritev(segment.fd, batch, segment.size)
-            segment.size += written
-            pending = _advance(pending, written)
+        fileops.pwritev(segment.fd, views, at - base, site=_SITE, path=segment.path)
+        segment.size = at - base + sum(map(len, views))
         return segment
 
     @staticmethod
@@ -177,7 +176,7 @@ class CommitLog:
         """fsync each segment (fdatasync: sizes are covered). Runs on the flusher thread."""
         for segment in segments:
             if segment.fd >= 0:  # -1: deleted by retention meanwhile
-                os.fdatasync(segment.fd)
+                fileops.fdatasync(segment.fd, site=_SITE, path=segment.path)
 
     # -- reading (any thread) --------------------------------------------------------------
 
@@ -206,13 +205,13 @@ class CommitLog:
                 self._bases.pop()
                 removed += segment.size
                 os.close(segment.fd)
-                os.unlink(segment.path)
+                fileops.unlink(segment.path, site=_SITE)
             if self._segments and self._segments[-1].end > offset:
                 segment = self._segments[-1]
                 removed += segment.end - offset
                 segment.size = offset - segment.base
-                os.ftruncate(segment.fd, segment.size)
-                os.fsync(segment.fd)
+                fileops.ftruncate(segment.fd, segment.size, site=_SITE, path=segment.path)
+                fileops.fsync(segment.fd, site=_SITE, path=segment.path)
         return removed
 
     def delete_oldest(self) -> Segment:
@@ -224,7 +223,7 @@ class CommitLog:
             self._bases.pop(0)
             os.close(segment.fd)
             segment.fd = -1
-            os.unlink(segment.path)
+            fileops.unlink(segment.path, site=_SITE)
         log.info("retention deleted commit-log segment %s (%d bytes)", segment.name, segment.size)
         return segment
 

@@ -23,6 +23,7 @@ import threading
 from typing import TYPE_CHECKING
 from urllib.parse import unquote
 
+from . import fileops
 from .consume_queue import topic_dir_name
 from .durable_files import replace_file
 from .record import StoredMessage, decode_any
@@ -43,14 +44,14 @@ class CompactedTopics:
     def __init__(self, directory: str, view: StoreView) -> None:
         self.directory = directory
         self.reader = view
-        os.makedirs(directory, exist_ok=True)
+        fileops.makedirs(directory, site="compaction")
         self.topics = {unquote(name) for name in os.listdir(directory)}
         self._cache: dict[tuple[str, int], tuple[int, Latest]] = {}
         self._lock = threading.Lock()
 
     def enable(self, topic: str) -> None:
         """Register ``topic`` as compacted (persistent)."""
-        os.makedirs(os.path.join(self.directory, topic_dir_name(topic)), exist_ok=True)
+        fileops.makedirs(os.path.join(self.directory, topic_dir_name(topic)), site="compaction")
         self.topics.add(topic)
 
     def compact(self, topic: str) -> int:
@@ -115,7 +116,7 @@ class CompactedTopics:
 
     def _save(self, topic: str, queue_id: int, next_offset: int, latest: Latest) -> None:
         path = self._path(topic, queue_id)
-        os.makedirs(os.path.dirname(path), exist_ok=True)
+        fileops.makedirs(os.path.dirname(path), site="compaction")
         data = _HEADER.pack(_MAGIC, 1, next_offset, len(latest)) + b"".join(
             message.encode() for message in latest.values())
-        replace_file(path, data)
+        replace_file(path, data, site="compaction")

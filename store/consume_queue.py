@@ -26,7 +26,9 @@ import threading
 from collections.abc import Iterator
 from urllib.parse import quote, unquote
 
+from . import fileops
 from .commit_log import list_offset_files, offset_name
+from .descriptors import DescriptorCache
 from .errors import InvalidRecordError
 
 log = logging.getLogger(__name__)
@@ -34,6 +36,7 @@ log = logging.getLogger(__name__)
 ENTRY = struct.Struct("<QIQ")
 ENTRY_SIZE = ENTRY.size
 _WRITE_AT = 4096  # buffered entry bytes that trigger a write (about 200 entries)
+_SITE = "consumequeue"
 Entry = tuple[int, int, int]
 """(phys_offset, size, tag_hash)"""
 
@@ -47,18 +50,19 @@ def topic_dir_name(topic: str) -> str:
 
 
 class ConsumeQueue:
-    """The entries of one queue. Writes happen on the flusher thread only."""
+    """The entries of one queue. Writes happen on the flusher thread only; files are opened
+    through the store's descriptor cache, never held."""
 
     def __init__(self, directory: str, topic: str, queue_id: int, entries_per_file: int,
-                 read_only: bool = False) -> None:
+                 files: DescriptorCache, read_only: bool = False) -> None:
         self.directory = directory
         self.topic = topic
         self.queue_id = queue_id
         self.entries_per_file = entries_per_file
         self.read_only = read_only
-        self._lock = threading.Lock()  # guards the file list and fds against retention
+        self._files = files
+        self._lock = threading.Lock()  # guards the file list against retention, and each file's use
         self._bases = list_offset_files(directory)
-        self._fds: dict[int, int] = {}
         self._pending = bytearray()
         self._dirty: set[int] = set()
         self.max_offset = self._bases[-1] + self._file_entries(self._bases[-1]) if self._bases else 0
@@ -68,21 +72,14 @@ class ConsumeQueue:
     def _path(self, base: int) -> str:
         return os.path.join(self.directory, offset_name(base))
 
-    def _fd(self, base: int) -> int:
-        fd = self._fds.get(base)
-        if fd is None:
-            flags = os.O_RDONLY if self.read_only else os.O_RDWR | os.O_CREAT
-            fd = os.open(self._path(base), flags, 0o644)
-            self._fds[base] = fd
-        return fd
-
     def _file_entries(self, base: int) -> int:
         """Whole entries in a file; a torn partial entry is cut (writer) or ignored (reader)."""
-        fd = self._fd(base)
-        size = os.fstat(fd).st_size
+        path = self._path(base)
+        size = os.stat(path).st_size
         if size % ENTRY_SIZE and not self.read_only:
-            log.warning("cutting a torn entry off %s", self._path(base))
-            os.ftruncate(fd, size - size % ENTRY_SIZE)
+            log.warning("cutting a torn entry off %s", path)
+            with self._files.use(path) as fd:
+                fileops.ftruncate(fd, size - size % ENTRY_SIZE, site=_SITE, path=path)
         return min(size // ENTRY_SIZE, self.entries_per_file)
 
     # -- writing (flusher thread) ----------------------------------------------------------
@@ -105,22 +102,26 @@ class ConsumeQueue:
 
         Runs on the flusher thread (or at a checkpoint, under the store's cycle lock); returns
         whether nothing is left buffered. Until written, ``read`` serves entries from memory.
+        If a write fails, the entries stay buffered and count as unwritten: the next call
+        writes them again, to the same places.
         """
         if not self._pending:
             return True
         if not force and len(self._pending) < _WRITE_AT:
             return False
         with self._lock:
-            view, offset = memoryview(self._pending), self._written
-            while view:
+            data, offset = memoryview(bytes(self._pending)), self._written
+            while data:
                 base = offset - offset % self.entries_per_file
-                count = min(len(view) // ENTRY_SIZE, base + self.entries_per_file - offset)
+                count = min(len(data) // ENTRY_SIZE, base + self.entries_per_file - offset)
+                path = self._path(base)
+                with self._files.use(path) as fd:
+                    fileops.pwrite(fd, data[:count * ENTRY_SIZE], (offset - base) * ENTRY_SIZE,
+                                   site=_SITE, path=path)
                 if not self._bases or self._bases[-1] != base:
                     self._bases.append(base)
-                os.pwrite(self._fd(base), view[:count * ENTRY_SIZE], (offset - base) * ENTRY_SIZE)
                 self._dirty.add(base)
-                view, offset = view[count * ENTRY_SIZE:], offset + count
-            view.release()
+                data, offset = data[count * ENTRY_SIZE:], offset + count
             self._pending = bytearray()
             self._written = offset
         return True
@@ -130,13 +131,19 @@ class ConsumeQueue:
         dirty, self._dirty = self._dirty, set()
         return sorted(dirty)
 
+    def mark_dirty(self, bases: list[int]) -> None:
+        """Files ``take_dirty`` returned whose fsync failed: the next checkpoint syncs them."""
+        self._dirty.update(bases)
+
     def sync_files(self, bases: list[int]) -> None:
-        """fdatasync the given files; holds the queue lock so retention cannot close them meanwhile."""
+        """fdatasync the given files; holds the queue lock so retention cannot remove them meanwhile."""
         with self._lock:
+            present = set(self._bases)
             for base in bases:
-                fd = self._fds.get(base)
-                if fd is not None:
-                    os.fdatasync(fd)
+                if base in present:
+                    path = self._path(base)
+                    with self._files.use(path) as fd:
+                        fileops.fdatasync(fd, site=_SITE, path=path)
 
     def truncate_from_phys(self, end: int) -> int:
         """Drop tail entries whose record does not end before ``end``; return how many."""
@@ -154,15 +161,21 @@ class ConsumeQueue:
         """Cut the queue to end at ``offset``; the oldest file always stays."""
         with self._lock:
             while len(self._bases) > 1 and self._bases[-1] >= offset:
-                base = self._bases.pop()
-                fd = self._fds.pop(base, None)
-                if fd is not None:
-                    os.close(fd)
-                os.unlink(self._path(base))
+                self._remove(self._bases[-1])
+                self._bases.pop()
             if self._bases:
                 base = self._bases[-1]
-                os.ftruncate(self._fd(base), max(0, offset - base) * ENTRY_SIZE)
+                path = self._path(base)
+                with self._files.use(path) as fd:
+                    fileops.ftruncate(fd, max(0, offset - base) * ENTRY_SIZE, site=_SITE, path=path)
         self.max_offset = self._written = offset
+
+    def _remove(self, base: int) -> None:
+        """Close and delete one file (the caller holds the queue lock and drops it from the list)."""
+        path = self._path(base)
+        self._files.forget(path)
+        fileops.unlink(path, site=_SITE)
+        self._dirty.discard(base)
 
     # -- reading (any thread) --------------------------------------------------------------
 
@@ -180,15 +193,16 @@ class ConsumeQueue:
                 return []
             base = self._bases[index]
             count = min(max_count, base + self.entries_per_file - queue_offset, self._written - queue_offset)
-            data = os.pread(self._fd(base), count * ENTRY_SIZE, (queue_offset - base) * ENTRY_SIZE)
+            with self._files.use(self._path(base)) as fd:
+                data = os.pread(fd, count * ENTRY_SIZE, (queue_offset - base) * ENTRY_SIZE)
         return list(ENTRY.iter_unpack(data[:len(data) - len(data) % ENTRY_SIZE]))
 
     def refresh(self) -> None:
         """Read-only mode: pick up entries a running writer has added since."""
         with self._lock:
-            self._bases = list_offset_files(self.directory)
-            for base in [b for b in self._fds if b not in self._bases]:
-                os.close(self._fds.pop(base))
+            before, self._bases = self._bases, list_offset_files(self.directory)
+            for base in set(before).difference(self._bases):
+                self._files.forget(self._path(base))
             self.min_offset = max(self.min_offset, self._bases[0]) if self._bases else self.min_offset
             if self._bases:
                 self.max_offset = self._written = self._bases[-1] + self._file_entries(self._bases[-1])
@@ -207,11 +221,8 @@ class ConsumeQueue:
             if last and last[0][0] >= log_min:
                 break
             with self._lock:
+                self._remove(base)
                 self._bases.pop(0)
-                fd = self._fds.pop(base, None)
-                if fd is not None:
-                    os.close(fd)
-                os.unlink(self._path(base))
             deleted += 1
         self.advance_min(log_min)
         return deleted
@@ -237,20 +248,20 @@ class ConsumeQueue:
                 low = middle + 1
         return low
 
-    def close(self) -> None:
-        with self._lock:
-            for fd in self._fds.values():
-                os.close(fd)
-            self._fds.clear()
 
 
 class ConsumeQueues:
-    """Every consume queue under ``consumequeue/``, created on first use."""
+    """Every consume queue under ``consumequeue/``, created on first use; their files share one
+    cache of at most ``max_open_queue_files`` descriptors, and queues found on disk open no file
+    until read."""
 
-    def __init__(self, directory: str, entries_per_file: int, read_only: bool = False) -> None:
+    def __init__(self, directory: str, entries_per_file: int, read_only: bool = False,
+                 max_open_queue_files: int = 256) -> None:
         self.directory = directory
         self.entries_per_file = entries_per_file
         self.read_only = read_only
+        self.files = DescriptorCache(max_open_queue_files, os.O_RDONLY if read_only else os.O_RDWR | os.O_CREAT,
+                                     _SITE)
         self._queues: dict[tuple[str, int], ConsumeQueue] = {}
         self._lock = threading.Lock()
         self._touched: set[ConsumeQueue] = set()
@@ -277,10 +288,10 @@ class ConsumeQueues:
             if not os.path.isdir(path):
                 if not create or self.read_only:
                     return None
-                os.makedirs(path, exist_ok=True)
+                fileops.makedirs(path, site=_SITE)
             with self._lock:
-                queue = self._queues.setdefault(
-                    key, ConsumeQueue(path, topic, queue_id, self.entries_per_file, self.read_only))
+                queue = self._queues.get(key) or self._queues.setdefault(
+                    key, ConsumeQueue(path, topic, queue_id, self.entries_per_file, self.files, self.read_only))
         return queue
 
     def __iter__(self) -> Iterator[ConsumeQueue]:
@@ -308,5 +319,5 @@ class ConsumeQueues:
                 queue.advance_min(log_min)
 
     def close(self) -> None:
-        for queue in self:
-            queue.close()
+        """Close every queue file (the queues must not be used afterwards)."""
+        self.files.close()

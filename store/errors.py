@@ -1,6 +1,8 @@
 """Errors raised by the store. Expected outcomes (end of queue, segment roll) are return values."""
 from __future__ import annotations
 
+import errno as errno_codes
+
 
 class StoreError(Exception):
     """Base class of every store error."""
@@ -54,3 +56,33 @@ class StoreClosedError(StoreError):
 
 class StoreLockedError(StoreError):
     """Another process holds the data directory."""
+
+
+class StoreDegradedError(StoreError):
+    """The store cannot write right now: the disk is full, descriptors ran out or the disk
+    failed. Appends are refused and unfinished durability waits fail until it can write again;
+    it retries by itself and resumes without a restart. ``errno`` is the failing call's."""
+
+    def __init__(self, message: str, errno: int | None = None) -> None:
+        super().__init__(message)
+        self.errno = errno
+
+
+_ADVICE = {
+    errno_codes.ENOSPC: "the disk is full: free space on it; writes resume by themselves",
+    errno_codes.EDQUOT: "the disk quota is used up: free space or raise the quota; writes resume by themselves",
+    errno_codes.EMFILE: ("the process ran out of file descriptors: raise its limit (ulimit -n) or "
+                         "lower store.max_open_queue_files; writes resume by themselves"),
+    errno_codes.ENFILE: ("the system ran out of file descriptors: close other programs' files or "
+                         "raise fs.file-max; writes resume by themselves"),
+    errno_codes.EIO: "the disk reported an I/O error: check it (dmesg, SMART); writes are retried",
+    errno_codes.EROFS: "the file system is read-only: remount it read-write; writes are retried",
+}
+
+
+def describe_write_failure(error: OSError) -> str:
+    """One line for operators: which write failed, why, and what to do about it."""
+    name = errno_codes.errorcode.get(error.errno or 0, "unknown error")
+    where = f" on {error.filename}" if error.filename else ""
+    advice = _ADVICE.get(error.errno or 0, "writes are retried")
+    return f"the store cannot write ({name}: {error.strerror or error}{where}); {advice}"

@@ -9,10 +9,13 @@
     <data>/compacted/<topic>/          compacted copies of compacted topics (compaction.py)
 
 Appends may come from any thread; they are encoded under one lock and handed to the flusher
-thread (flusher.py), which writes, fsyncs by the flush policy and dispatches.
+thread (flusher.py), which writes, fsyncs by the flush policy and dispatches. When the disk
+fails (full, out of descriptors, I/O errors) the store is degraded: ``degraded`` says why,
+appends raise StoreDegradedError and it resumes by itself once writes succeed again.
 """
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import logging
 import os
@@ -20,14 +23,15 @@ import threading
 import time
 from collections.abc import Mapping, Sequence
 
-from . import checkpoint, layout, record
-from .api import AppendResult, Message, ProgressListener, RecoveryReport, RetentionReport, StoreConfig
+from . import checkpoint, fileops, layout, record
+from .api import (AppendResult, HealthListener, Message, ProgressListener, RecoveryReport, RetentionReport,
+                  StoreConfig)
 from .commit_log import CommitLog
 from .compaction import CompactedTopics
 from .consume_queue import ConsumeQueues
 from .appender import RecordBuilder
 from .dispatcher import Dispatcher
-from .errors import StoreClosedError, StoreError, StoreLockedError
+from .errors import StoreClosedError, StoreDegradedError, StoreError, StoreLockedError, describe_write_failure
 from .flusher import AppendBuffer, Checkpointer, Flusher, Progress
 from .key_index import KeyIndex
 from .reading import StoreView
@@ -41,32 +45,42 @@ class FileStore(StoreView):
     """A durable store in ``directory``; opening it recovers from any crash."""
 
     def __init__(self, directory: str, config: StoreConfig = StoreConfig()) -> None:
+        """Open (or create) the store; if that fails, nothing stays open or locked."""
         self.directory = directory
         self.config = config
-        os.makedirs(directory, exist_ok=True)
-        self._lock_fd = _lock_directory(directory)
-        self._checkpoint_path = os.path.join(directory, "checkpoint")
-        commit_log = CommitLog(os.path.join(directory, "commitlog"), config.segment_size)
-        queues = ConsumeQueues(os.path.join(directory, "consumequeue"),
-                               layout.queue_entries_per_file(directory, config.queue_entries_per_file))
-        key_index = KeyIndex(os.path.join(directory, "index"), config.index_slot_count, config.index_max_entries)
-        super().__init__(commit_log, queues, key_index)
-        self.dispatcher = Dispatcher(queues, key_index)
-        self.compaction = CompactedTopics(os.path.join(directory, "compacted"), self)
-        self.recovery: RecoveryReport = recover(commit_log, queues, self.dispatcher,
-                                                checkpoint.load(self._checkpoint_path),
-                                                key_index.needs_rebuild_from)
-        queues.advance_min(commit_log.min_offset)
-        self._cycle_lock = threading.Lock()
-        self._checkpoint_lock = threading.Lock()
-        self._progress = Progress(commit_log.end_offset)
-        self._write_checkpoint(clean=False)
+        fileops.makedirs(directory, site="store")
+        with contextlib.ExitStack() as undo:
+            self._lock_fd = _lock_directory(directory)
+            undo.callback(os.close, self._lock_fd)
+            self._checkpoint_path = os.path.join(directory, "checkpoint")
+            commit_log = CommitLog(os.path.join(directory, "commitlog"), config.segment_size)
+            undo.callback(commit_log.close)
+            queues = ConsumeQueues(os.path.join(directory, "consumequeue"),
+                                   layout.queue_entries_per_file(directory, config.queue_entries_per_file),
+                                   max_open_queue_files=config.max_open_queue_files)
+            undo.callback(queues.close)
+            key_index = KeyIndex(os.path.join(directory, "index"), config.index_slot_count,
+                                 config.index_max_entries)
+            undo.callback(key_index.close)
+            super().__init__(commit_log, queues, key_index)
+            self.dispatcher = Dispatcher(queues, key_index)
+            self.compaction = CompactedTopics(os.path.join(directory, "compacted"), self)
+            self.recovery: RecoveryReport = recover(commit_log, queues, self.dispatcher,
+                                                    checkpoint.load(self._checkpoint_path),
+                                                    key_index.needs_rebuild_from)
+            queues.advance_min(commit_log.min_offset)
+            self._cycle_lock = threading.Lock()
+            self._checkpoint_lock = threading.Lock()
+            self._progress = Progress(commit_log.end_offset)
+            self._mark_unclean()
+            undo.pop_all()
         self._builder = RecordBuilder({(queue.topic, queue.queue_id): queue.max_offset for queue in queues},
                                       self.compaction.topics)
         self._buffer = AppendBuffer(config.segment_size, commit_log.end_offset, commit_log.segments()[-1].base)
         self._closed = False
         self._flusher = Flusher(self._buffer, commit_log, self.dispatcher, self._progress,
-                                config.flush == "sync", config.flush_interval_ms, self._cycle_lock)
+                                config.flush == "sync", config.flush_interval_ms, self._cycle_lock,
+                                queues.files.release_idle)
         self._checkpointer = Checkpointer(self._periodic_checkpoint, config.checkpoint_interval_ms)
         self._flusher.start()
         self._checkpointer.start()
@@ -113,12 +127,27 @@ class FileStore(StoreView):
         return results
 
     def _check_writable(self) -> None:
-        if self._closed or self._progress.error is not None:
-            raise StoreClosedError("the store is closed" if self._closed else
-                                   f"the store can no longer write: {self._progress.error}")
+        if self._closed:
+            raise StoreClosedError("the store is closed")
+        degraded = self._progress.degraded
+        if degraded is not None:
+            raise StoreDegradedError(str(degraded), degraded.errno)
+
+    @property
+    def degraded(self) -> str | None:
+        """Why the store cannot write right now and what to do about it; None while it can."""
+        degraded = self._progress.degraded
+        return None if degraded is None else str(degraded)
+
+    def add_health_listener(self, listener: HealthListener) -> None:
+        """Call ``listener(reason)`` on the flusher thread when the store becomes degraded and
+        ``listener(None)`` when it writes again."""
+        self._progress.health_listeners.append(listener)
 
     def wait_durable(self, end_offset: int, timeout: float | None = None) -> bool:
-        """Block until everything before ``end_offset`` is fsynced; False on timeout."""
+        """Block until everything before ``end_offset`` is fsynced; False on timeout. Raises
+        StoreDegradedError if the store cannot write (then or meanwhile): the caller must not
+        acknowledge, although the record may still be stored once writes succeed again."""
         return self._progress.wait("durable", end_offset, timeout)
 
     def wait_visible(self, end_offset: int, timeout: float | None = None) -> bool:
@@ -168,18 +197,42 @@ class FileStore(StoreView):
         """Make derived data durable, then record how far it and the log reach.
 
         Only taking stock holds the cycle lock; the fsyncs run beside the flusher. One
-        checkpoint is written at a time (the checkpointer's, ``checkpoint()``'s, close's).
+        checkpoint is written at a time (the checkpointer's, ``checkpoint()``'s, close's). If a
+        write or fsync fails, no checkpoint is recorded and files not fsynced stay due for the
+        next one: a checkpoint never claims derived data that is not on disk.
         """
         with self._checkpoint_lock:
             with self._cycle_lock:
                 self.consume_queues.write_pending(force=True)
                 reached = (self._progress.durable, self.dispatcher.dispatched_end)
                 dirty = self.consume_queues.take_dirty()
-            for queue, bases in dirty:
-                queue.sync_files(bases)
+            try:
+                while dirty:
+                    queue, bases = dirty[-1]
+                    queue.sync_files(bases)
+                    dirty.pop()
+            finally:
+                for queue, bases in dirty:
+                    queue.mark_dirty(bases)
             self.key_index.flush()
             checkpoint.save(self._checkpoint_path, checkpoint.Checkpoint(*reached, clean))
             self._checkpointed = reached
+
+    def _mark_unclean(self) -> None:
+        """At open: record that the store is in use, so a crash is never taken for a clean
+        shutdown. If the disk has no room for a checkpoint, removing the old one says the same
+        (recovery then rescans the whole log)."""
+        try:
+            self._write_checkpoint(clean=False)
+        except OSError as error:
+            log.warning("could not write a checkpoint at open (%s); removed the old one, so a "
+                        "crash before the next checkpoint rescans the whole log",
+                        describe_write_failure(error))
+            try:
+                fileops.unlink(self._checkpoint_path, site="checkpoint")
+            except FileNotFoundError:
+                pass
+            self._checkpointed = (-1, -1)
 
     def close(self) -> None:
         """Drain and fsync everything, write a clean checkpoint, release the directory."""
@@ -190,8 +243,15 @@ class FileStore(StoreView):
         self._checkpointer.stop()
         self._flusher.stop()
         self._progress.close()
-        if self._progress.error is None:
-            self._write_checkpoint(clean=True)
+        if self._progress.degraded is None:
+            try:
+                self._write_checkpoint(clean=True)
+            except OSError as error:
+                log.error("could not write the shutdown checkpoint (%s); the next start replays "
+                          "the log from the last checkpoint", describe_write_failure(error))
+        else:
+            log.error("closing a store that cannot write (%s); the next start recovers from the "
+                      "log", self._progress.degraded)
         self.consume_queues.close()
         self.key_index.close()
         self.log.close()
@@ -205,7 +265,7 @@ class FileStore(StoreView):
 
 
 def _lock_directory(directory: str) -> int:
-    fd = os.open(os.path.join(directory, "LOCK"), os.O_RDWR | os.O_CREAT, 0o644)
+    fd = fileops.open_file(os.path.join(directory, "LOCK"), os.O_RDWR | os.O_CREAT, site="store")
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:

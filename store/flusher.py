@@ -9,9 +9,18 @@ flusher thread swaps the buffer out, writes it with one ``write`` per segment, a
 
 Either way it dispatches the batch to consume queues and the key index and tells listeners how
 far the log is visible and durable. A second thread writes checkpoints.
+
+A failing disk never stops the flusher. When writing, fsyncing or dispatching a batch raises an
+``OSError`` (ENOSPC, EMFILE, EIO, ...), the store turns *degraded*: waiters for offsets not yet
+durable are failed at once, new appends are refused, health listeners hear why. The flusher
+retries the same batch (the same bytes at the same offsets, then the same idempotent dispatch)
+with a short backoff until it goes through, then clears the degraded state and reports the batch
+as usual: the store resumes by itself once the disk has room again. Records of the stuck batch
+are then delivered although their producers were told of the failure (at least once).
 """
 from __future__ import annotations
 
+import errno
 import heapq
 import itertools
 import logging
@@ -22,7 +31,7 @@ from collections.abc import Callable
 
 from .commit_log import CommitLog, Segment
 from .dispatcher import DispatchRequest, Dispatcher
-from .errors import RecordTooLargeError
+from .errors import RecordTooLargeError, StoreDegradedError, describe_write_failure
 
 log = logging.getLogger(__name__)
 
@@ -30,6 +39,12 @@ log = logging.getLogger(__name__)
 _ARRAY_SIZE = 1 << 20
 _SPARES = 16  # arrays kept for reuse: more than the flusher ever holds at once
 _HAND_OFF_BYTES = 256 << 10
+_FIRST_RETRY_S = 0.005
+_LAST_RETRY_S = 0.5  # backoff cap: how long a freed disk may wait before writes resume
+_OUT_OF_DESCRIPTORS = (errno.EMFILE, errno.ENFILE)
+
+HealthListener = Callable[[str | None], None]
+"""Called with why the store cannot write when it becomes degraded, and with None once it can."""
 
 
 class AppendBuffer:
@@ -115,7 +130,8 @@ class AppendBuffer:
 
 
 class Progress:
-    """How far the log is visible (written and indexed) and durable (fsynced), and who waits.
+    """How far the log is visible (written and indexed) and durable (fsynced), whether it can
+    be written at all, and who waits.
 
     Each blocked waiter sleeps on a lock of its own in a heap ordered by the offset it awaits,
     so a publish wakes exactly the waiters it satisfies instead of all of them.
@@ -125,9 +141,11 @@ class Progress:
         self.cond = threading.Condition()
         self.visible = end
         self.durable = end
-        self.error: BaseException | None = None
+        self.degraded: StoreDegradedError | None = None
+        """Why writes fail right now; None while they succeed."""
         self.closed = False
         self.listeners: list[Callable[[int, int], None]] = []
+        self.health_listeners: list[HealthListener] = []
         self._waiters: dict[str, list[tuple[int, int, threading.Lock]]] = {"visible": [], "durable": []}
         self._sequence = itertools.count()
 
@@ -145,10 +163,36 @@ class Progress:
             except Exception:
                 log.exception("store progress listener %r failed", listener)
 
-    def fail(self, error: BaseException) -> None:
+    def degrade(self, error: StoreDegradedError) -> None:
+        """Writes fail: wake every waiter (they raise), and tell health listeners if this starts
+        an episode. Runs on the flusher thread."""
         with self.cond:
-            self.error = error
-            self._wake_all()
+            starts = self.degraded is None
+            self.degraded = error
+            if starts:
+                self._wake_all()
+        if starts:
+            self._tell_health(str(error))
+
+    def recover(self) -> None:
+        """Writes succeed again. Runs on the flusher thread, before the batch is published."""
+        with self.cond:
+            ended, self.degraded = self.degraded is not None, None
+        if ended:
+            self._tell_health(None)
+
+    def fail(self, error: BaseException) -> None:
+        """The flusher stopped for good after an unexpected error (a bug, not the disk)."""
+        self.degrade(StoreDegradedError(
+            f"the store's writer stopped after an unexpected error ({error!r}); appends are refused "
+            "until the broker is restarted; report the error with the log"))
+
+    def _tell_health(self, reason: str | None) -> None:
+        for listener in self.health_listeners:
+            try:
+                listener(reason)
+            except Exception:
+                log.exception("store health listener %r failed", listener)
 
     def close(self) -> None:
         with self.cond:
@@ -161,27 +205,68 @@ class Progress:
                 heapq.heappop(heap)[2].release()
 
     def wait(self, attribute: str, end: int, timeout: float | None) -> bool:
-        """Block until ``visible``/``durable`` reaches ``end``; False on timeout or close."""
+        """Block until ``visible``/``durable`` reaches ``end``; False on timeout or close.
+
+        Raises StoreDegradedError at once while the store cannot write, and when it turns
+        degraded during the wait: the offset may never be reached.
+        """
         with self.cond:
-            if getattr(self, attribute) < end and self.error is None and not self.closed:
-                gate = threading.Lock()
-                gate.acquire()
-                heapq.heappush(self._waiters[attribute], (end, next(self._sequence), gate))
-            else:
-                gate = None
-        if gate is not None:
-            gate.acquire(timeout=-1 if timeout is None else timeout)
-        if self.error is not None:
-            raise OSError(f"the store can no longer write: {self.error}") from self.error
-        return getattr(self, attribute) >= end
+            if getattr(self, attribute) >= end:
+                return True
+            if self.degraded is not None:
+                raise _fresh(self.degraded)
+            if self.closed:
+                return False
+            gate = threading.Lock()
+            gate.acquire()
+            heapq.heappush(self._waiters[attribute], (end, next(self._sequence), gate))
+        gate.acquire(timeout=-1 if timeout is None else timeout)
+        if getattr(self, attribute) >= end:
+            return True
+        degraded = self.degraded
+        if degraded is not None:
+            raise _fresh(degraded)
+        return False
+
+
+def _fresh(error: StoreDegradedError) -> StoreDegradedError:
+    """A new exception like ``error``: one instance raised on many threads would tangle."""
+    return StoreDegradedError(str(error), error.errno)
+
+
+class _Batch:
+    """Records handed off together, written at their own offsets: retrying writes the same bytes
+    to the same places, so a batch that failed part way is simply tried again."""
+
+    __slots__ = ("parts", "requests", "retired", "end", "written", "segments")
+
+    def __init__(self, chunks: list[list], requests: list[DispatchRequest], retired: list[bytearray]) -> None:
+        per_segment: dict[int, list[memoryview]] = {}
+        for base, array, start, end in chunks:
+            per_segment.setdefault(base, []).append(memoryview(array)[start:end])
+        at = requests[0][0]  # the first record starts the first chunk
+        self.parts: list[tuple[int, int, list[memoryview]]] = []
+        """(segment base, commit-log offset, bytes) per segment, in log order."""
+        for base, views in per_segment.items():
+            self.parts.append((base, at, views))
+            at += sum(map(len, views))
+        self.requests = requests
+        self.retired = retired
+        self.end = at
+        self.written = 0
+        """Parts known to be in their files."""
+        self.segments: set[Segment] = set()
 
 
 class Flusher(threading.Thread):
     """The group-commit thread of one store."""
 
     def __init__(self, buffer: AppendBuffer, commit_log: CommitLog, dispatcher: Dispatcher,
-                 progress: Progress, sync: bool, flush_interval_ms: int, cycle_lock: threading.Lock) -> None:
+                 progress: Progress, sync: bool, flush_interval_ms: int, cycle_lock: threading.Lock,
+                 release_descriptors: Callable[[], None]) -> None:
         super().__init__(name="sluice-store-flusher", daemon=True)
+        self.release_descriptors = release_descriptors
+        """Closes idle queue files: called when a write finds the process out of descriptors."""
         self.buffer = buffer
         self.log = commit_log
         self.dispatcher = dispatcher
@@ -192,9 +277,12 @@ class Flusher(threading.Thread):
         self.stopping = False
         self._unsynced: set[Segment] = set()
         self._next_fsync = time.monotonic()
+        self._fsync_failing = False
+        self._degraded_at = 0.0
 
     def stop(self) -> None:
-        """Ask the thread to drain, fsync and exit; then join it."""
+        """Ask the thread to drain, fsync and exit; then join it. While the store is degraded it
+        tries once more and then gives up on what it could not write."""
         with self.buffer.lock:
             self.stopping = True
             self.buffer.ready.notify()
@@ -204,8 +292,9 @@ class Flusher(threading.Thread):
         try:
             while self._cycle():
                 pass
-            self._fsync()
-        except BaseException as error:  # disk full, I/O error: waiters must hear of it
+            if not self.sync_each_batch:
+                self._fsync()
+        except Exception as error:  # a bug: waiters and health must hear of it
             log.exception("store flusher failed; appends can no longer become durable")
             self.progress.fail(error)
 
@@ -231,8 +320,9 @@ class Flusher(threading.Thread):
             requests += more_requests
             retired += more_retired
         if chunks:
-            with self.cycle_lock:
-                self._write(chunks, requests)
+            if not self._store(_Batch(chunks, requests, retired)):
+                self._give_up()
+                return False
             buffer.recycle(retired)
         if not self.sync_each_batch and time.monotonic() >= self._next_fsync:
             self._fsync()
@@ -241,34 +331,105 @@ class Flusher(threading.Thread):
     def _timeout(self) -> float | None:
         return None if self.sync_each_batch else max(0.0, self._next_fsync - time.monotonic())
 
-    def _write(self, chunks: list[list], requests: list[DispatchRequest]) -> None:
-        per_segment: dict[int, list[memoryview]] = {}
-        for base, array, start, end in chunks:
-            per_segment.setdefault(base, []).append(memoryview(array)[start:end])
-        segments = {self.log.write(base, views) for base, views in per_segment.items()}
-        end = self.log.end_offset
+    def _store(self, batch: _Batch) -> bool:
+        """Write, make durable (``sync`` policy) and dispatch ``batch``, then publish it; retry
+        through disk errors until that succeeds. False if the store closed first."""
+        delay = _FIRST_RETRY_S
+        released = False
+        while True:
+            last_chance = self.stopping
+            try:
+                with self.cycle_lock:
+                    visible, durable = self._write(batch)
+            except OSError as error:
+                if error.errno in _OUT_OF_DESCRIPTORS:
+                    self.release_descriptors()  # then try once more before anyone hears of it
+                    if not released:
+                        released = True
+                        continue
+                self._degrade(error)
+                if last_chance:
+                    return False
+                self._pause(delay)
+                delay = min(2 * delay, _LAST_RETRY_S)
+                continue
+            if not self._fsync_failing:
+                self._recover()
+            self.progress.publish(visible, durable)
+            return True
+
+    def _write(self, batch: _Batch) -> tuple[int, int]:
+        for base, at, views in batch.parts[batch.written:]:
+            batch.segments.add(self.log.write(base, views, at))
+            batch.written += 1
         if self.sync_each_batch:
-            self.log.sync(sorted(segments, key=lambda segment: segment.base))
-            durable = end
+            try:
+                self.log.sync(sorted(batch.segments, key=lambda segment: segment.base))
+            except OSError:
+                batch.written = 0  # after a failed fsync the pages may be lost: write them again
+                raise
+            durable = batch.end
         else:
-            self._unsynced |= segments
+            self._unsynced |= batch.segments
             durable = self.progress.durable
-        self.dispatcher.dispatch(requests)
-        self.progress.publish(end, durable)
+        self.dispatcher.dispatch(batch.requests)
+        return batch.end, durable
 
     def _fsync(self) -> None:
-        """Async policy: make everything written so far durable."""
+        """Async policy: make everything written so far durable; on failure, degrade and retry
+        after a short pause."""
         self._next_fsync = time.monotonic() + self.flush_interval
         unsynced, self._unsynced = self._unsynced, set()
         if unsynced or self.progress.durable < self.progress.visible:
-            with self.cycle_lock:
-                self.log.sync(sorted(unsynced, key=lambda segment: segment.base))
+            try:
+                with self.cycle_lock:
+                    self.log.sync(sorted(unsynced, key=lambda segment: segment.base))
+            except OSError as error:
+                self._unsynced |= unsynced
+                self._fsync_failing = True
+                self._degrade(error)
+                self._next_fsync = time.monotonic() + _LAST_RETRY_S
+                return
+            self._fsync_failing = False
+            self._recover()
             self.progress.publish(self.progress.visible, self.progress.visible)
+
+    def _degrade(self, error: OSError) -> None:
+        """Report a failed write: logged once per episode, waiters failed, appends refused."""
+        reason = describe_write_failure(error)
+        if self.progress.degraded is None:
+            self._degraded_at = time.monotonic()
+            log.error("%s; appends are refused until then", reason)
+        self.progress.degrade(StoreDegradedError(reason, error.errno))
+
+    def _recover(self) -> None:
+        if self.progress.degraded is not None:
+            log.warning("the store writes again after %.2f s of failures; appends are accepted",
+                        time.monotonic() - self._degraded_at)
+            self.progress.recover()
+
+    def _pause(self, seconds: float) -> None:
+        """Wait before a retry; ``stop`` cuts it short."""
+        with self.buffer.lock:
+            if not self.stopping:
+                self.buffer.ready.wait(seconds)
+
+    def _give_up(self) -> None:
+        """Closing while the disk still fails: what could not be written is dropped (its
+        producers were told it failed); recovery cuts any torn tail at the next open."""
+        with self.buffer.lock:
+            self.buffer.hand_off()
+            dropped = sum(len(requests) for _, requests, _ in self.buffer.handed_off)
+            self.buffer.handed_off.clear()
+        log.error("the store closes while it cannot write (%s); records not written are dropped "
+                  "(%d more were waiting); their producers were told they failed",
+                  self.progress.degraded, dropped)
 
 
 class Checkpointer(threading.Thread):
     """Calls ``checkpoint`` every ``interval_ms`` on its own thread, so that fsyncing consume
-    queues and the key index never holds up the flusher."""
+    queues and the key index never holds up the flusher. A failure is logged once per episode
+    and retried every interval."""
 
     def __init__(self, checkpoint: Callable[[], None], interval_ms: int) -> None:
         super().__init__(name="sluice-store-checkpointer", daemon=True)
@@ -281,8 +442,19 @@ class Checkpointer(threading.Thread):
         self.join()
 
     def run(self) -> None:
+        failing = False
         while not self._stop_requested.wait(self.interval):
             try:
                 self.checkpoint()
+            except OSError as error:
+                if not failing:
+                    log.warning("store checkpoint failed (%s); retrying every %.1f s, and a restart "
+                                "meanwhile replays more of the log", describe_write_failure(error),
+                                self.interval)
+                failing = True
             except Exception:
                 log.exception("store checkpoint failed; recovery will replay more of the log")
+            else:
+                if failing:
+                    log.info("store checkpoints succeed again")
+                failing = False

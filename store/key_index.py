@@ -6,7 +6,10 @@ It is derived data, rebuilt from the commit log when lost, so it is never fsynce
 
 Files are named by the 20-digit zero-padded phys offset of their first entry
 (``00000000000000001234``). A file is created at its full size with ``os.ftruncate``
-(sparse) and accessed through ``mmap``. All integers are little-endian::
+(sparse) and accessed through ``mmap``; disk blocks are reserved (``posix_fallocate``) for the
+header and slots at creation and for the entries a chunk ahead of the next one, so no page is
+ever touched before it has room on disk: a full disk is an ``OSError`` from the reservation,
+never a SIGBUS from the mapping. All integers are little-endian::
 
     +-------------------+-----------------------------+------------------------------+
     |  header 56 bytes  |  slot_count slots x 4 bytes | max_entries entries x 24 B   |
@@ -58,6 +61,7 @@ from types import TracebackType
 
 from crc32c import crc32c
 
+from . import fileops
 from .commit_log import list_offset_files, offset_name
 
 __all__ = ["KeyIndex", "MAGIC", "VERSION", "HEADER_SIZE", "SLOT_SIZE", "ENTRY_SIZE"]
@@ -75,6 +79,8 @@ SLOT_SIZE = _SLOT.size  # 4
 ENTRY_SIZE = _ENTRY.size  # 24
 _DYNAMIC_AT = _STATIC.size
 _U32_MAX = 0xFFFF_FFFF
+_SITE = "index"
+_RESERVE_AHEAD = 1 << 20  # entry bytes reserved on disk beyond those in use
 _TS_MIN, _TS_MAX = -(1 << 63), (1 << 63) - 1
 
 _pack_entry = _ENTRY.pack_into
@@ -92,34 +98,56 @@ class _IndexFile:
     """One mmapped index file; its header fields are mirrored in attributes."""
 
     __slots__ = ("path", "mm", "slot_count", "max_entries", "entries_at",
-                 "count", "begin", "end", "begin_ts", "end_ts")
+                 "count", "begin", "end", "begin_ts", "end_ts", "allocated")
 
     def __init__(self, path: str, mm: mmap.mmap, slot_count: int, max_entries: int) -> None:
         self.path, self.mm = path, mm
         self.slot_count, self.max_entries = slot_count, max_entries
         self.entries_at = HEADER_SIZE + slot_count * SLOT_SIZE
         self.count = self.begin = self.end = self.begin_ts = self.end_ts = 0
+        self.allocated = 0
+        """Bytes from the start of the file known to have disk blocks reserved."""
 
     @classmethod
     def create(cls, path: str, slot_count: int, max_entries: int) -> _IndexFile:
-        """Create a sparse file of full size and map it (the mmap keeps its own fd)."""
+        """Create a file of full size with blocks reserved for header and slots, and map it
+        (the mmap keeps its own fd). On failure no file is left behind."""
         size = _file_size(slot_count, max_entries)
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
+        fd = fileops.open_file(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, site=_SITE)
         try:
-            os.ftruncate(fd, size)
+            fileops.ftruncate(fd, size, site=_SITE, path=path)
+            reserved = min(size, HEADER_SIZE + slot_count * SLOT_SIZE + _RESERVE_AHEAD)
+            fileops.allocate(fd, 0, reserved, site=_SITE, path=path)
             mm = mmap.mmap(fd, size)
         except BaseException:
-            os.unlink(path)
+            fileops.remove_quietly(path, site=_SITE)
             raise
         finally:
             os.close(fd)
         _STATIC.pack_into(mm, 0, MAGIC, VERSION, 0, slot_count, max_entries)
-        return cls(path, mm, slot_count, max_entries)
+        created = cls(path, mm, slot_count, max_entries)
+        created.allocated = reserved
+        return created
+
+    def reserve(self, entries: int) -> None:
+        """Make sure disk blocks are reserved for the first ``entries`` entries (and a chunk
+        beyond), from the start of the file: raises OSError (ENOSPC) rather than let a write
+        to the mapping fault."""
+        needed = self.entries_at + entries * ENTRY_SIZE
+        if needed <= self.allocated:
+            return
+        target = min(len(self.mm), needed + _RESERVE_AHEAD)
+        fd = fileops.open_file(self.path, os.O_RDWR, site=_SITE)
+        try:
+            fileops.allocate(fd, self.allocated, target - self.allocated, site=_SITE, path=self.path)
+        finally:
+            os.close(fd)
+        self.allocated = target
 
     @classmethod
     def open(cls, path: str) -> _IndexFile:
         """Map an existing file; raise ValueError if it is malformed."""
-        fd = os.open(path, os.O_RDWR)
+        fd = fileops.open_file(path, os.O_RDWR, site=_SITE)
         try:
             size = os.fstat(fd).st_size
             head = os.pread(fd, HEADER_SIZE, 0)
@@ -219,7 +247,7 @@ class _IndexFile:
     def remove(self) -> None:
         """Unmap and delete the file."""
         self.mm.close()
-        os.unlink(self.path)
+        fileops.unlink(self.path, site=_SITE)
 
 
 class KeyIndex:
@@ -244,7 +272,7 @@ class KeyIndex:
         self._lock = threading.Lock()
         self._closed = False
         self.needs_rebuild_from: int | None = None
-        os.makedirs(directory, exist_ok=True)
+        fileops.makedirs(directory, site=_SITE)
         self._load()
         self._max_offset = self._files[-1].end if self._files else 0
 
@@ -270,7 +298,9 @@ class KeyIndex:
                 if phys_offset < 0:
                     raise ValueError(f"negative phys_offset {phys_offset}")
                 return
-            self._writable(len(keys), phys_offset).append(keys, phys_offset, store_ts_ms)
+            writable = self._writable(len(keys), phys_offset)
+            writable.reserve(writable.count + len(keys))
+            writable.append(keys, phys_offset, store_ts_ms)
             self._max_offset = phys_offset + 1
 
     def lookup(self, key: bytes, limit: int = 64, begin_ts_ms: int | None = None,
@@ -298,7 +328,8 @@ class KeyIndex:
         with self._lock:
             self._check_open()
             if self._files:
-                self._files[-1].mm.flush()
+                newest = self._files[-1]
+                fileops.msync(newest.mm, site=_SITE, path=newest.path)
 
     def truncate(self, offset: int) -> None:
         """Drop every entry with ``phys_offset >= offset`` (torn commit-log tail)."""
@@ -328,7 +359,11 @@ class KeyIndex:
                 return
             self._closed = True
             if self._files:
-                self._files[-1].mm.flush()
+                newest = self._files[-1]
+                try:
+                    fileops.msync(newest.mm, site=_SITE, path=newest.path)
+                except OSError as error:  # the last checkpoint flushed what it claims
+                    _log.warning("could not flush key index file %s on close: %s", newest.path, error)
             for f in self._files:
                 f.mm.close()
             self._files.clear()
@@ -351,8 +386,8 @@ class KeyIndex:
             return last
         if needed > self._max_entries:
             raise ValueError(f"{needed} keys exceed max_entries {self._max_entries}")
-        if last is not None:
-            last.mm.flush()  # full files stay untouched from now on
+        if last is not None:  # full files stay untouched from now on
+            fileops.msync(last.mm, site=_SITE, path=last.path)
         new = _IndexFile.create(os.path.join(self._dir, offset_name(offset)),
                                 self._slot_count, self._max_entries)
         self._files.append(new)
@@ -389,5 +424,5 @@ class KeyIndex:
         _log.warning("key index file %s is invalid (%s): discarding it and %d newer file(s)",
                      os.path.join(self._dir, names[0]), exc, len(names) - 1)
         for name in names:
-            os.unlink(os.path.join(self._dir, name))
+            fileops.unlink(os.path.join(self._dir, name), site=_SITE)
         self.needs_rebuild_from = int(names[0])

@@ -39,4 +39,4 @@ def queue_entries_per_file(directory: str, configured: int | None) -> int:
 
 
 def _write(path: str, layout: dict) -> None:
-    replace_file(path, json.dumps(layout).encode())
+    replace_file(path, json.dumps(layout).encode(), site="layout")

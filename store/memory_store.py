@@ -10,7 +10,7 @@ import threading
 import time
 from collections.abc import Mapping, Sequence
 
-from .api import AppendResult, Message, ProgressListener, RetentionReport, StoreConfig
+from .api import AppendResult, HealthListener, Message, ProgressListener, RetentionReport, StoreConfig
 from .appender import RecordBuilder, generated_id_offset
 from .dispatcher import business_key, id_key
 from .errors import (CorruptRecordError, OffsetOutOfRangeError, RecordTooLargeError, StoreClosedError,
@@ -48,6 +48,14 @@ class MemoryStore:
     @property
     def durable_offset(self) -> int:
         return self._end
+
+    @property
+    def degraded(self) -> str | None:
+        """Memory never fails a write: always None."""
+        return None
+
+    def add_health_listener(self, listener: HealthListener) -> None:
+        """Never called: a memory store never turns degraded."""
 
     def _place(self, size: int) -> tuple[int, bytearray, int]:
         if size > self.config.segment_size:

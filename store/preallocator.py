@@ -9,19 +9,27 @@ roll creates an ordinary, growing file.
 """
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import threading
+
+from . import fileops
 
 log = logging.getLogger(__name__)
 
 _READY = "next.prealloc"
 _PARTIAL = "next.tmp"
 _CHUNK = 1 << 20
+_SITE = "preallocate"
 
 
 class Preallocator:
-    """Keeps one zero-filled segment file ready in ``directory``. Runs its own thread."""
+    """Keeps one zero-filled segment file ready in ``directory``. Runs its own thread.
+
+    Preparing is best effort: when it fails (a full disk), the partial file is removed at once
+    so that it holds no space, the failure is logged once, and the next roll tries again.
+    """
 
     def __init__(self, directory: str, segment_size: int) -> None:
         self.directory = directory
@@ -31,6 +39,7 @@ class Preallocator:
         self._wanted = threading.Event()
         self._prepared = threading.Event()
         self._stopping = False
+        self._failing = False
         self._discard_leftovers()
         self._thread = threading.Thread(target=self._run, name="sluice-store-preallocator", daemon=True)
         self._wanted.set()
@@ -39,9 +48,9 @@ class Preallocator:
     def _discard_leftovers(self) -> None:
         """A partial file from a crash, or a ready one of another size, is thrown away."""
         if os.path.exists(self._partial):
-            os.remove(self._partial)
+            fileops.unlink(self._partial, site=_SITE)
         if os.path.exists(self._ready) and os.path.getsize(self._ready) != self.segment_size:
-            os.remove(self._ready)
+            fileops.unlink(self._ready, site=_SITE)
 
     def wait_ready(self, timeout: float | None = None) -> bool:
         """Block until the next segment file is prepared (or preparing it failed)."""
@@ -54,7 +63,7 @@ class Preallocator:
             self._prepared.wait()
         self._prepared.clear()
         try:
-            os.rename(self._ready, path)
+            fileops.rename(self._ready, path, site=_SITE)
         except FileNotFoundError:
             return False
         finally:
@@ -69,27 +78,43 @@ class Preallocator:
                 return
             try:
                 if not os.path.exists(self._ready):
+                    self._check_room()
                     self._prepare()
-            except OSError:
-                log.exception("could not prepare the next commit-log segment; rolls will "
-                              "create growing files (check free disk space)")
+            except OSError as error:
+                fileops.remove_quietly(self._partial, site=_SITE)
+                if not self._failing:
+                    log.warning("could not prepare the next commit-log segment (%s); rolls create "
+                                "growing files until it succeeds (check free disk space)", error)
+                self._failing = True
+            else:
+                if self._failing:
+                    log.info("the next commit-log segment is prepared again")
+                self._failing = False
             finally:
                 self._prepared.set()
 
+    def _check_room(self) -> None:
+        """Raise ENOSPC rather than take the disk's last free space from the records' writes."""
+        stats = os.statvfs(self.directory)
+        if stats.f_bavail * stats.f_frsize < 2 * self.segment_size:
+            raise OSError(errno.ENOSPC, "less free space than two segments", self.directory)
+
     def _prepare(self) -> None:
         zeros = bytes(_CHUNK)
-        fd = os.open(self._partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        fd = fileops.open_file(self._partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, site=_SITE)
         try:
             remaining = self.segment_size
             while remaining and not self._stopping:
-                remaining -= os.write(fd, zeros[:min(_CHUNK, remaining)])
-            os.fsync(fd)
+                size = min(_CHUNK, remaining)
+                fileops.write(fd, zeros[:size], site=_SITE, path=self._partial)
+                remaining -= size
+            fileops.fsync(fd, site=_SITE, path=self._partial)
         finally:
             os.close(fd)
         if self._stopping:
-            os.remove(self._partial)
+            fileops.unlink(self._partial, site=_SITE)
             return
-        os.rename(self._partial, self._ready)
+        fileops.rename(self._partial, self._ready, site=_SITE)
 
     def close(self) -> None:
         """Stop the thread (an unfinished file is removed)."""

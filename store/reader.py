@@ -10,23 +10,27 @@ from __future__ import annotations
 
 import os
 
-from . import checkpoint, layout, record
+from . import checkpoint, layout
 from .commit_log import CommitLog
 from .consume_queue import ConsumeQueues
 from .reading import StoreView
+from .verify import verify
 
 
 class StoreReader(StoreView):
     """A read-only view of the store in ``directory``."""
 
-    def __init__(self, directory: str) -> None:
+    def __init__(self, directory: str, max_open_queue_files: int = 256) -> None:
+        """Open the store in ``directory``; queue files are opened as they are read, at most
+        ``max_open_queue_files`` at once."""
         if not os.path.isdir(directory):
             raise FileNotFoundError(f"{directory} is not a directory")
         self.directory = directory
         entries = layout.queue_entries_per_file(directory, None)
         super().__init__(
             CommitLog(os.path.join(directory, "commitlog"), segment_size=1 << 62, read_only=True),
-            ConsumeQueues(os.path.join(directory, "consumequeue"), entries, read_only=True),
+            ConsumeQueues(os.path.join(directory, "consumequeue"), entries, read_only=True,
+                          max_open_queue_files=max_open_queue_files),
             key_index=None,
         )
         self.consume_queues.advance_min(self.log.min_offset)
@@ -61,21 +65,9 @@ class StoreReader(StoreView):
         }
 
     def verify(self) -> list[str]:
-        """Validate every record of the log; return one line per corrupt span (empty: all good).
+        """Check every record of the log and every queue entry against the log (see verify.py);
+        return one line per problem (empty: all good).
 
         Zeros after the last record of the last segment are preallocated space, not damage.
         """
-        problems: list[str] = []
-        segments = self.log.segments()
-        for segment in segments:
-            data = os.pread(segment.fd, segment.size, 0)
-            for kind, pos, extent in record.scan(data, segment.base, segment is segments[-1]):
-                if kind == "corrupt":
-                    problems.append(_span(segment.name, segment.base + pos, segment.base + extent))
-                elif kind == "end" and extent:  # garbage after the last record: a torn tail
-                    problems.append(_span(segment.name, segment.base + pos, segment.base + pos + extent))
-        return problems
-
-
-def _span(segment: str, start: int, stop: int) -> str:
-    return f"segment {segment}: corrupt bytes at offsets [{start}, {stop})"
+        return verify(self)

@@ -124,9 +124,15 @@ def query_int(request: web.Request, name: str, default: int) -> int:
 # --- service ---
 
 async def health(request: web.Request, principal: Principal) -> web.Response:
-    """Store and metadata status; 503 when either fails."""
+    """Store and metadata status; 503 when either fails, and 503 ``degraded`` (with what is
+    wrong and what to do) while the store cannot write."""
     d = deps(request)
-    checks = {"store": _check_store(d.store), "metadata": await _check_metadata(d)}
+    metadata = await _check_metadata(d)
+    degraded = getattr(d.store, "degraded", None)
+    if degraded:
+        return web.json_response({"status": "degraded", "store": degraded, "metadata": metadata},
+                                 status=503)
+    checks = {"store": _check_store(d.store), "metadata": metadata}
     ok = all(c["status"] == "ok" for c in checks.values())
     return web.json_response({"status": "ok" if ok else "failing", **checks},
                              status=200 if ok else 503)

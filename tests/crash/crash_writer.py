@@ -1,6 +1,6 @@
 """Crash-test writer: appends to a FileStore forever and reports every acknowledged message.
 
-    python tests/crash/crash_writer.py DATA_DIR SEED START_INDEX
+    python tests/crash/crash_writer.py DATA_DIR SEED START_INDEX [FAULTS]
 
 Opens ``FileStore(DATA_DIR, CONFIG)`` (``sync`` flush, small segments, queue and index files so
 that rolls happen often), prints ``READY``, then appends from several threads until it is
@@ -15,10 +15,17 @@ Lines are written under one lock and flushed at once, so they never interleave; 
 printed has been acknowledged. SEED only drives the threads' choices (batch or single, batch
 size), never the content of a message. A thread stops at START_INDEX + INDEX_SPAN so one run
 never uses indices of the next one.
+
+FAULTS (JSON, a list of ``store.faults.Fault`` fields) makes store file operations fail as a
+failing disk does, once the store is open. The store then turns degraded: the writer prints ``DEGRADED <reason>``, and
+``FAIL <i>`` for the first message of each refused append (not acknowledged, never retried),
+and its threads wait until the store writes again (``RESUMED``). A line ``LIFT`` on stdin
+removes the faults. A real full disk (a small tmpfs) behaves the same without FAULTS.
 """
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import random
 import sys
@@ -80,14 +87,45 @@ def _message(i: int):
                    properties=p.properties, msg_id=p.msg_id, extra_queues=p.extra_queues)
 
 
+def install_faults(spec: str):
+    """Serve store file operations from a FaultyFileOps with the faults of ``spec``; a ``LIFT``
+    line on stdin removes them."""
+    from store import fileops
+    from store.faults import Fault, FaultyFileOps
+
+    ops = FaultyFileOps(*(Fault(**fields) for fields in json.loads(spec)))
+    fileops.install(ops)
+
+    def lift_on_request() -> None:
+        for line in sys.stdin:
+            if line.strip() == "LIFT":
+                ops.lift()
+
+    threading.Thread(target=lift_on_request, name="crash-writer-lift", daemon=True).start()
+
+
 def main(argv: list[str]) -> int:
     from store.api import StoreConfig
+    from store.errors import StoreDegradedError
     from store.file_store import FileStore
 
     data_dir, seed, start = argv[1], int(argv[2]), int(argv[3])
     store = FileStore(data_dir, StoreConfig(**CONFIG_KWARGS))
+    if len(argv) > 4:
+        install_faults(argv[4])  # once open: the faults hit the store at work
     out = sys.stdout.buffer
     out_lock = threading.Lock()
+    health = threading.Condition()
+
+    def report_health(reason: str | None) -> None:
+        with health:
+            line = b"RESUMED\n" if reason is None else f"DEGRADED {reason}\n".encode()
+            with out_lock:
+                out.write(line)
+                out.flush()
+            health.notify_all()
+
+    store.add_health_listener(report_health)
     counter_lock = threading.Lock()
     next_index = [start]
     limit = start + INDEX_SPAN
@@ -113,21 +151,33 @@ def main(argv: list[str]) -> int:
             indices = take(rng.randint(2, 5) if rng.random() < 0.3 else 1)
             if not indices:
                 return
-            if len(indices) == 1:
-                p = plan(indices[0])
-                results = [store.append(p.topic, p.body, queue_id=p.queue_id, tag=p.tag,
-                                        keys=(p.key,), properties=p.properties, msg_id=p.msg_id,
-                                        extra_queues=p.extra_queues)]
-            else:
-                results = store.append_batch([_message(i) for i in indices])
-            if not store.wait_durable(max(r.end_offset for r in results)):
-                raise RuntimeError("wait_durable returned False without a timeout")
+            try:
+                results = append_durably(indices)
+            except StoreDegradedError:
+                with out_lock:
+                    out.write(f"FAIL {indices[0]}\n".encode())
+                    out.flush()
+                with health:
+                    health.wait_for(lambda: store.degraded is None)
+                continue
             lines = b"".join(
                 f"ACK {i} {r.phys_offset} {r.topic} {r.queue_id} {r.queue_offset}\n".encode()
                 for i, r in zip(indices, results))
             with out_lock:
                 out.write(lines)
                 out.flush()
+
+    def append_durably(indices: list[int]) -> list:
+        if len(indices) == 1:
+            p = plan(indices[0])
+            results = [store.append(p.topic, p.body, queue_id=p.queue_id, tag=p.tag,
+                                    keys=(p.key,), properties=p.properties, msg_id=p.msg_id,
+                                    extra_queues=p.extra_queues)]
+        else:
+            results = store.append_batch([_message(i) for i in indices])
+        if not store.wait_durable(max(r.end_offset for r in results)):
+            raise RuntimeError("wait_durable returned False without a timeout")
+        return results
 
     with out_lock:
         out.write(b"READY\n")

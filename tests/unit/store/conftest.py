@@ -5,7 +5,9 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
+from store import fileops
 from store.api import StoreConfig
+from store.faults import FaultyFileOps
 from store.file_store import FileStore
 from store.memory_store import MemoryStore
 
@@ -39,3 +41,12 @@ def store(open_store):
 def config() -> StoreConfig:
     """The small test geometry."""
     return SMALL
+
+
+@pytest.fixture
+def faults() -> Iterator[FaultyFileOps]:
+    """A ``FaultyFileOps`` serving every store file operation for the test (no fault yet)."""
+    ops = FaultyFileOps()
+    previous = fileops.install(ops)
+    yield ops
+    fileops.install(previous)
