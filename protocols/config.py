@@ -299,10 +299,16 @@ def _validate(config: Config) -> None:
             and config.native.host == config.admin.host:
         raise ConfigError(f"native.port and admin.port are both {config.native.port}; "
                           "give each listener its own port")
+    mqtt_limits = ("connect_timeout_s", "max_pending_connections", "max_connect_packet_size",
+                   "max_client_id_length", "max_topic_length", "max_topic_levels",
+                   "max_user_properties", "max_subscriptions", "max_retained_messages",
+                   "max_retained_bytes")
     positive = {"store.flush_interval_ms": config.store.flush_interval_ms,
                 "store.segment_size": config.store.segment_size,
                 "store.checkpoint_interval_ms": config.store.checkpoint_interval_ms,
-                "shutdown_grace_ms": config.shutdown_grace_ms}
+                "store.max_open_queue_files": config.store.max_open_queue_files,
+                "shutdown_grace_ms": config.shutdown_grace_ms,
+                **{f"mqtt.{name}": getattr(config.mqtt, name) for name in mqtt_limits}}
     for dotted, value in positive.items():
         if value <= 0:
             raise ConfigError(f"{dotted} = {value} must be greater than 0")
