@@ -25,6 +25,9 @@ from .model import (MESSAGE_GROUP_PROPERTY, SUBJECT_PROPERTY, Delivery, MessageT
                     OutgoingMessage, SendResult, TopicConfig)
 
 MAX_PROPERTY_BYTES = 16 << 10
+MAX_KEY_BYTES = 16 << 10
+"""UTF-8 bytes of a message's keys together (business keys, compacted state keys such as an
+MQTT session's client id); the store's limit is 64 KB."""
 
 
 class Producer:
@@ -80,6 +83,9 @@ class Producer:
         if sum(map(len, properties)) + sum(map(len, properties.values())) > MAX_PROPERTY_BYTES:
             raise InvalidArgument(f"message properties exceed {MAX_PROPERTY_BYTES} bytes; keep "
                                   "large data in the body")
+        if message.keys and sum(len(key.encode()) for key in message.keys) > MAX_KEY_BYTES:
+            raise InvalidArgument(f"message keys exceed {MAX_KEY_BYTES} bytes (UTF-8); use "
+                                  "shorter keys (a client id or topic used as a key counts)")
         if message.message_group:
             properties = {**properties, MESSAGE_GROUP_PROPERTY: message.message_group}
         route = self._fanout.route(properties.get(SUBJECT_PROPERTY) or topic.name)
