@@ -210,6 +210,9 @@ class Delivery:
     attempt: int = 1
     receipt_handle: str = ""
     invisible_until_ms: int = 0
+    home_topic: str = ""
+    """The topic the message was sent to when it is read from a queue it was fanned out to
+    (an MQTT session's, a shared group's); empty when that is ``topic``."""
 
     @property
     def message_group(self) -> str:

@@ -140,7 +140,7 @@ class Producer:
                 touched[key] = offset + 1
                 recent.add(Delivery(queue, queue_id, offset, result.msg_id, message.body,
                                     message.tag, delivery.keys, properties, message.born_ts,
-                                    result.store_ts))
+                                    result.store_ts, home_topic=result.topic))
             if self._live and (listeners := self._live.pop(id(message), None)):
                 live.append((listeners, delivery))
             counts[result.topic] += 1

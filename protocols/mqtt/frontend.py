@@ -337,7 +337,8 @@ class MqttFrontend:
         if delivery is self._last_delivery:
             assert self._last_inbound is not None
             return self._last_inbound
-        inbound = from_stored(delivery.topic, delivery.body, delivery.properties)
+        inbound = from_stored(delivery.home_topic or delivery.topic, delivery.body,
+                              delivery.properties)
         self._last_delivery, self._last_inbound = delivery, inbound
         return inbound
 
