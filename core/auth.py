@@ -16,7 +16,7 @@ import threading
 
 from .errors import AccessDenied, AlreadyExists, Unauthenticated, UserNotFound
 from .metadata import MetadataRepository
-from .model import Action, Permission, Principal, ResourceKind, User
+from .model import MAX_NAME_LENGTH, Action, Permission, Principal, ResourceKind, User
 
 _IMPLIED_BY_ADMIN = frozenset({Action.PUBLISH, Action.SUBSCRIBE})
 _DECOY_SECRET = b"\x00" * 20
@@ -133,7 +133,8 @@ class Users:
             if current is None:
                 current = principal
             allowed = current.admin or any(_allows(p, action, kind, name) for p in current.permissions)
-            if current is not principal or principal.user in self._principals:
+            cacheable = len(name) <= MAX_NAME_LENGTH  # longer names are invalid: never kept
+            if cacheable and (current is not principal or principal.user in self._principals):
                 if len(self._decisions) > 100_000:
                     self._decisions.clear()
                 self._decisions[key] = (generation, allowed)

@@ -429,7 +429,8 @@ class MqttConnection:
                 check_filter(sub.topic_filter)
                 share, topic_filter = split_shared(sub.topic_filter)
                 check_filter(topic_filter)
-            except InvalidFilter as bad:
+                self.frontend.broker.check_subject_filter(topic_filter)
+            except (InvalidFilter, errors.InvalidArgument) as bad:
                 self.frontend.denials.denied(self.client_id, "filter", "client %s: %s",
                                              clip(self.client_id), bad)
                 granted.append(ReasonCode.TopicFilterInvalid)
