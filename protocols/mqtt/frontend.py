@@ -80,7 +80,8 @@ class MqttFrontend:
             except SluiceError as refused:  # a filter core refuses (deeper than it allows)
                 log.warning("MQTT session of client %s not restored: %s; the client starts a "
                             "new session", clip(client_id), refused)
-                session.end()
+                for key in list(session.subscriptions):  # its queue position stays saved
+                    session.unsubscribe(key)
                 continue
             self.sessions[client_id] = session
             self._schedule_expiry(session, record.disconnected_at_ms or now)

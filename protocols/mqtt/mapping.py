@@ -118,8 +118,9 @@ class Inbound:
                        subscription_identifiers=subscription_ids)
 
 
-_MQTT_PROPERTIES: Final = (CONTENT_TYPE_PROPERTY, RESPONSE_TOPIC_PROPERTY, CORRELATION_PROPERTY,
-                           PAYLOAD_FORMAT_PROPERTY, USER_PROPERTIES_PROPERTY)
+_MQTT_PROPERTIES: Final = frozenset({CONTENT_TYPE_PROPERTY, RESPONSE_TOPIC_PROPERTY,
+                                     CORRELATION_PROPERTY, PAYLOAD_FORMAT_PROPERTY,
+                                     USER_PROPERTIES_PROPERTY})
 _invalid = DenialLog(log, interval_s=300.0, max_keys=1024)
 """Stored values MQTT cannot take, logged once per (topic, property) per interval."""
 
@@ -128,27 +129,15 @@ def from_stored(topic_name: str, body: bytes, properties: Mapping[str, str]) -> 
     """What an MQTT subscriber gets for a stored message of core topic ``topic_name``. Never
     raises: see the module notes for what happens to values MQTT cannot take."""
     invalid: list[tuple[str, str]] = []
-
-    def value(name: str, parse: Callable[[str], T]) -> T | None:
-        raw = properties.get(name)
-        if raw is None:
-            return None
-        try:
-            if isinstance(raw, str):
-                return parse(raw)
-        except (ValueError, LookupError, RecursionError):  # base64 and Unicode errors included
-            pass
-        _pass_on(topic_name, name, raw, invalid)
-        return None
-
-    get = properties.get
-    topic = value(SUBJECT_PROPERTY, _subject) or topic_name
-    qos = value(QOS_PROPERTY, _QOS.__getitem__)
-    retain = value(RETAIN_PROPERTY, _FLAG.__getitem__)
-    expiry = value(EXPIRY_PROPERTY, _expiry_at)
-    publisher = get(CLIENT_PROPERTY, "")
+    topic = _value(properties, SUBJECT_PROPERTY, _subject, topic_name, invalid) or topic_name
+    qos = _value(properties, QOS_PROPERTY, _QOS.__getitem__, topic_name, invalid)
+    retain = _value(properties, RETAIN_PROPERTY, _FLAG.__getitem__, topic_name, invalid)
+    expiry = _value(properties, EXPIRY_PROPERTY, _expiry_at, topic_name, invalid)
+    publisher = properties.get(CLIENT_PROPERTY, "")
     mqtt_props = NO_PROPERTIES
-    if any(name in properties for name in _MQTT_PROPERTIES) or invalid:
+    if invalid or not _MQTT_PROPERTIES.isdisjoint(properties):
+        def value(name: str, parse: Callable[[str], T]) -> T | None:
+            return _value(properties, name, parse, topic_name, invalid)
         users = value(USER_PROPERTIES_PROPERTY, _user_properties) or ()
         mqtt_props = Properties(
             payload_format_indicator=value(PAYLOAD_FORMAT_PROPERTY, _FORMAT.__getitem__),
@@ -158,6 +147,22 @@ def from_stored(topic_name: str, body: bytes, properties: Mapping[str, str]) -> 
             user_properties=users + tuple(invalid))
     return Inbound(topic, body, NATIVE_QOS if qos is None else qos, bool(retain),
                    publisher if isinstance(publisher, str) else "", expiry, mqtt_props)
+
+
+def _value(properties: Mapping[str, str], name: str, parse: Callable[[str], T], topic_name: str,
+           invalid: list[tuple[str, str]]) -> T | None:
+    """``parse`` of property ``name``, or None when it is absent or MQTT cannot take it (then
+    passed on in ``invalid`` and logged)."""
+    raw = properties.get(name)
+    if raw is None:
+        return None
+    try:
+        if isinstance(raw, str):
+            return parse(raw)
+    except (ValueError, LookupError, RecursionError):  # base64 and Unicode errors included
+        pass
+    _pass_on(topic_name, name, raw, invalid)
+    return None
 
 
 _QOS: Final = {"0": 0, "1": 1, "2": 2}
