@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 from protocols.mqtt.mapping import EXPIRY_PROPERTY
 from protocols.mqtt.retained import RetainedMessages
 from protocols.mqtt.state import BadRecord, Qos2State, SessionRecord, SubscriptionOptions
+from protocols.mqtt.topics import matches
 
 
 def topics(retained: RetainedMessages, topic_filter: str) -> set[str]:
@@ -125,3 +126,29 @@ def test_any_saved_json_decodes_or_raises_bad_record(doc):
             decode()
         except BadRecord:
             pass
+
+
+LEVELS = st.sampled_from(["a", "b", "", "$x"])
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.lists(LEVELS, min_size=1, max_size=4), max_size=12),
+       st.lists(st.sampled_from(["a", "b", "", "+", "#", "$x"]), min_size=1, max_size=4),
+       st.sets(st.integers(0, 11)))
+def test_trie_lookup_agrees_with_matching_every_topic(levels, filter_levels, cleared):
+    """The trie finds exactly the retained topics ``topics.matches`` accepts, after updates
+    and clears in any order."""
+    if "#" in filter_levels[:-1]:
+        filter_levels = filter_levels[:filter_levels.index("#") + 1]
+    topic_filter = "/".join(filter_levels)
+    retained = RetainedMessages()
+    kept = {}
+    for i, topic_levels in enumerate(levels):
+        topic = "/".join(topic_levels)
+        retained.update(topic, b"" if i in cleared else b"p" + topic.encode(), {})
+        if i in cleared:
+            kept.pop(topic, None)
+        else:
+            kept[topic] = True
+    assert topics(retained, topic_filter) == {t for t in kept if matches(topic_filter, t)}
+    assert len(retained) == len(kept)
