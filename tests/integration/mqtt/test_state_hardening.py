@@ -28,8 +28,8 @@ import pytest
 
 from core.metadata import MetadataRepository
 from core.model import TopicConfig
-from protocols.mqtt.codec import MQTT_5, MQTT_311
-from protocols.mqtt.packets import (PubAck, Publish, PubRec, SubAck, Subscribe, Subscription)
+from protocols.mqtt.codec import MQTT_5, MQTT_311, encode
+from protocols.mqtt.packets import PubAck, Publish, PubRec, SubAck, Subscribe, Subscription
 from protocols.mqtt.properties import Properties
 from protocols.native.sdk import ClientConfig, Message, Producer
 from tests.conftest import CONFIG, Server
@@ -99,17 +99,12 @@ def publish_all(client: RawClient, publishes: list[Publish], window_size: int = 
     codes: dict[int, int] = {}
     for start_at in range(0, len(publishes), window_size):
         window = publishes[start_at:start_at + window_size]
-        client.send(b"".join(_encoded(p, client.version) for p in window))
+        client.send(b"".join(encode(p, client.version) for p in window))
         for _ in window:
             answer = client.read(WAIT_S)
             assert isinstance(answer, (PubAck, PubRec)), f"expected PUBACK/PUBREC, got {answer}"
             codes[answer.packet_id] = answer.reason_code
     return [codes[p.packet_id] for p in publishes]
-
-
-def _encoded(packet: Publish, version: int) -> bytes:
-    from protocols.mqtt.codec import encode
-    return encode(packet, version)
 
 
 # ----------------------------------------------------------------------------- sessions state
