@@ -344,9 +344,18 @@ class MqttFrontend:
         return inbound
 
     def shared_group(self, share: str, topic_filter: str) -> SharedGroup:
+        """The group of ``$share/<share>/<topic_filter>``, created on first use."""
         key = (share, topic_filter)
         group = self._groups.get(key)
         if group is None:
             group = self._groups[key] = SharedGroup(self.broker, share, topic_filter,
                                                     self.options.shared_invisible_ms)
         return group
+
+    def leave_shared_group(self, share: str, topic_filter: str, session: Session) -> None:
+        """``session`` leaves the group; a group left empty is forgotten (its queue too)."""
+        group = self._groups.get((share, topic_filter))
+        if group is not None:
+            group.remove_member(session)
+            if not group.members:
+                del self._groups[(share, topic_filter)]

@@ -137,7 +137,7 @@ class Session:
     def _unbind(self, options: SubscriptionOptions) -> None:
         self._matches.clear()
         if options.share is not None:
-            self.frontend.shared_group(options.share, options.topic_filter).remove_member(self)
+            self.frontend.leave_shared_group(options.share, options.topic_filter, self)
         elif self.persistent:
             self.broker.unbind_queue(options.topic_filter, self.queue)
         else:
