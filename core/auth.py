@@ -24,6 +24,7 @@ from .errors import AccessDenied, AlreadyExists, Unauthenticated, UserNotFound
 from .metadata import MetadataRepository
 from .model import INTERNAL_PREFIX, AclRule, Action, Permission, Principal, ResourceKind, User
 from .subjects import topic_of_subject
+from .untrusted import clip
 
 _IMPLIED_BY_ADMIN = frozenset({Action.PUBLISH, Action.SUBSCRIBE})
 _DECOY_SECRET = b"\x00" * 20
@@ -144,9 +145,10 @@ class Users:
         """
         if self._decided(principal, (principal.user, "", action, kind, name), self._may_resource):
             return
+        shown = clip(name)
         raise AccessDenied(
-            f"user {principal.user!r} may not {action.value} on {kind.value} {name!r}; ask an "
-            f"administrator to grant {action.value} on a {kind.value} pattern matching {name!r}")
+            f"user {clip(principal.user)} may not {action.value} on {kind.value} {shown}; ask an "
+            f"administrator to grant {action.value} on a {kind.value} pattern matching {shown}")
 
     def subject_allowed(self, principal: Principal, action: Action, subject: str) -> bool:
         """Whether ``principal`` may publish to, or receive messages of, ``subject`` (an MQTT

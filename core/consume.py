@@ -79,7 +79,8 @@ def _queue_delivery(stored, topic: str, queue_id: int, offset: int) -> Delivery:
     """A stored record as read from queue (``topic``, ``queue_id``) at ``offset``: its home
     queue, or a queue it was fanned out to."""
     return Delivery(topic, queue_id, offset, stored.msg_id, stored.body, stored.tag, stored.keys,
-                    stored.properties, stored.born_ts, stored.store_ts)
+                    stored.properties, stored.born_ts, stored.store_ts,
+                    home_topic="" if stored.topic == topic else stored.topic)
 
 
 class Reader:

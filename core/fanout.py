@@ -11,7 +11,9 @@ rest; filters starting with a wildcard skip subjects starting with ``$``) to tar
   message once it is deliverable. Nothing is stored for it.
 
 Routes are cached per subject until the bindings change, so a fleet of devices publishing to
-the same few thousand subjects pays for the trie walk once per subject.
+the same few thousand subjects pays for the trie walk once per subject. The cache is bounded in
+bytes (``ROUTE_CACHE_BYTES``; subjects longer than ``MAX_CACHED_SUBJECT`` are never cached), so
+senders inventing long subjects cannot grow it.
 
 Runs on the event loop; not thread-safe.
 """
@@ -22,10 +24,15 @@ from collections.abc import Hashable
 from dataclasses import dataclass
 from typing import Protocol
 
+from .bounded_cache import BoundedCache
 from .model import Delivery
-from .routing import TopicTrie
+from .routing import MAX_LEVELS, TopicTrie, check_depth
 
-ROUTE_CACHE_SIZE = 65_536
+ROUTE_CACHE_BYTES = 16 << 20
+MAX_CACHED_SUBJECT = 1024
+"""Characters of the longest subject whose route is cached."""
+ROUTE_TARGET_BYTES = 8
+"""What one target of a cached route costs (a reference in its tuple)."""
 
 
 @dataclass(frozen=True)
@@ -58,7 +65,7 @@ class Fanout:
 
     def __init__(self) -> None:
         self._trie = TopicTrie("+", "#", protect_dollar=True)
-        self._cache: dict[str, Route] = {}
+        self._cache: BoundedCache[Route] = BoundedCache(ROUTE_CACHE_BYTES, MAX_CACHED_SUBJECT)
 
     def __len__(self) -> int:
         return len(self._trie)
@@ -87,10 +94,13 @@ class Fanout:
         return removed
 
     def route(self, subject: str) -> Route:
-        """The queues and listeners a message with ``subject`` reaches."""
+        """The queues and listeners a message with ``subject`` reaches; InvalidArgument if
+        ``subject`` has more levels than core allows."""
         route = self._cache.get(subject)
         if route is not None:
             return route
+        if subject.count("/") >= MAX_LEVELS:
+            check_depth(self.levels(subject), "subject")
         if not len(self._trie):
             return NO_ROUTE
         queues: list[tuple[str, int]] = []
@@ -101,7 +111,10 @@ class Fanout:
             else:
                 listeners.append(target)
         route = Route(tuple(sorted(queues)), tuple(listeners)) if queues or listeners else NO_ROUTE
-        if len(self._cache) >= ROUTE_CACHE_SIZE:
-            self._cache.clear()
-        self._cache[subject] = route
+        self._cache.put(subject, route, ROUTE_TARGET_BYTES * (len(queues) + len(listeners)))
         return route
+
+    @property
+    def cached_bytes(self) -> int:
+        """Approximate bytes the route cache holds."""
+        return self._cache.size

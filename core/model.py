@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import InitVar, dataclass, field
 
 from .errors import InvalidArgument
+from .untrusted import clip
 
 
 class MessageType(enum.Enum):
@@ -46,12 +47,17 @@ _NAME_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ012
 MAX_NAME_LENGTH = 127
 
 
-def check_name(kind: str, name: str) -> str:
-    """Return ``name`` if it is a valid topic or group name, else raise InvalidArgument."""
-    if not name or len(name) > MAX_NAME_LENGTH or not set(name) <= _NAME_CHARS:
+def check_name(kind: str, name: str, *, stored: bool = False) -> str:
+    """Return ``name`` if it is a valid topic or group name, else raise InvalidArgument.
+
+    A name of dots only (``.``, ``..``) is refused: it is a path component, not a name. With
+    ``stored`` (metadata an older version wrote) such a name is still accepted, so the broker
+    starts and the topic can be described and deleted."""
+    if (not name or len(name) > MAX_NAME_LENGTH or not set(name) <= _NAME_CHARS
+            or (not stored and not name.strip("."))):
         raise InvalidArgument(
-            f"{kind} name {name!r} is invalid: use 1-{MAX_NAME_LENGTH} characters from "
-            "letters, digits, '-', '_', '.', '%' and '|'")
+            f"{kind} name {clip(name)} is invalid: use 1-{MAX_NAME_LENGTH} characters from "
+            "letters, digits, '-', '_', '.', '%' and '|', not dots only")
     return name
 
 
@@ -64,9 +70,11 @@ class TopicConfig:
     message_type: MessageType = MessageType.NORMAL
     retention_ms: int | None = None
     compacted: bool = False
+    stored: InitVar[bool] = False
+    """Loaded from metadata: see ``check_name``."""
 
-    def __post_init__(self) -> None:
-        check_name("topic", self.name)
+    def __post_init__(self, stored: bool) -> None:
+        check_name("topic", self.name, stored=stored)
         if not 1 <= self.queue_count <= 1024:
             raise InvalidArgument(f"queue count {self.queue_count} is out of range: use 1-1024")
 
@@ -94,9 +102,11 @@ class GroupConfig:
     consume_mode: ConsumeMode = ConsumeMode.CLUSTERING
     retry: RetryPolicy = RetryPolicy()
     fifo: bool = False
+    stored: InitVar[bool] = False
+    """Loaded from metadata: see ``check_name``."""
 
-    def __post_init__(self) -> None:
-        check_name("group", self.name)
+    def __post_init__(self, stored: bool) -> None:
+        check_name("group", self.name, stored=stored)
 
 
 @dataclass(frozen=True)
@@ -219,6 +229,9 @@ class Delivery:
     attempt: int = 1
     receipt_handle: str = ""
     invisible_until_ms: int = 0
+    home_topic: str = ""
+    """The topic the message was sent to when it is read from a queue it was fanned out to
+    (an MQTT session's, a shared group's); empty when that is ``topic``."""
 
     @property
     def message_group(self) -> str:

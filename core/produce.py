@@ -26,6 +26,9 @@ from .model import (MESSAGE_GROUP_PROPERTY, SUBJECT_PROPERTY, Delivery, MessageT
 from .subjects import topic_of_subject
 
 MAX_PROPERTY_BYTES = 16 << 10
+MAX_KEY_BYTES = 16 << 10
+"""UTF-8 bytes of a message's keys together (business keys, compacted state keys such as an
+MQTT session's client id); the store's limit is 64 KB."""
 
 
 def _in_topic(subject: str, topic: str) -> bool:
@@ -89,6 +92,9 @@ class Producer:
         if sum(map(len, properties)) + sum(map(len, properties.values())) > MAX_PROPERTY_BYTES:
             raise InvalidArgument(f"message properties exceed {MAX_PROPERTY_BYTES} bytes; keep "
                                   "large data in the body")
+        if message.keys and sum(len(key.encode()) for key in message.keys) > MAX_KEY_BYTES:
+            raise InvalidArgument(f"message keys exceed {MAX_KEY_BYTES} bytes (UTF-8); use "
+                                  "shorter keys (a client id or topic used as a key counts)")
         if message.message_group:
             properties = {**properties, MESSAGE_GROUP_PROPERTY: message.message_group}
         subject = properties.get(SUBJECT_PROPERTY)
@@ -147,7 +153,7 @@ class Producer:
                 touched[key] = offset + 1
                 recent.add(Delivery(queue, queue_id, offset, result.msg_id, message.body,
                                     message.tag, delivery.keys, properties, message.born_ts,
-                                    result.store_ts))
+                                    result.store_ts, home_topic=result.topic))
             if self._live and (listeners := self._live.pop(id(message), None)):
                 live.append((listeners, delivery))
             counts[result.topic] += 1

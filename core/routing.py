@@ -7,6 +7,10 @@ level; AMQP anywhere). Matching walks
 only the branches the subject's levels select, so its cost grows with the subject's depth and
 the number of matching wildcard branches, not with the number of unrelated subscriptions.
 
+Matching is iterative and visits each (trie node, subject depth) pair at most once, so neither a
+deep subject nor a chain of AMQP ``#`` levels can exhaust the stack or take exponential time;
+filters and subjects deeper than ``MAX_LEVELS`` are refused with InvalidArgument.
+
 Runs on the event loop; not thread-safe.
 """
 
@@ -16,6 +20,10 @@ from collections.abc import Hashable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 from .errors import InvalidArgument
+
+MAX_LEVELS = 1024
+"""Most levels a filter or subject may have. Adapters cap lower (MQTT: ``max_topic_levels``);
+this bound keeps core safe on its own."""
 
 
 @dataclass
@@ -48,6 +56,7 @@ class TopicTrie:
 
     def check_filter(self, levels: Sequence[str]) -> None:
         """Raise InvalidArgument unless ``levels`` is a well-formed filter."""
+        check_depth(levels, "filter")
         for position, level in enumerate(levels):
             if level == self.multi and position != len(levels) - 1 and not self.multi_anywhere:
                 raise InvalidArgument(f"'{self.multi}' must be the last level of a filter")
@@ -85,30 +94,39 @@ class TopicTrie:
         return True
 
     def match(self, subject: Sequence[str]) -> set[Hashable]:
-        """Every value whose filter matches the subject ``subject`` (a list of levels)."""
+        """Every value whose filter matches the subject ``subject`` (a list of levels);
+        InvalidArgument if it is deeper than ``MAX_LEVELS``."""
+        check_depth(subject, "subject")
         found: set[Hashable] = set()
-        self.visited = 0
-        dollar = self.protect_dollar and bool(subject) and subject[0].startswith("$")
-        self._walk(self._root, subject, 0, found, dollar)
+        root, end, multi_key, single_key = self._root, len(subject), self.multi, self.single
+        dollar_root = root if self.protect_dollar and subject and subject[0].startswith("$") else None
+        pending: list[tuple[_Node, int]] = [(root, 0)]
+        # (id of a multi-level node, depth) pairs already queued: below several ``#`` levels
+        # a node is reached at the same depth along many paths, and is walked once
+        expanded: set[tuple[int, int]] = set()
+        visited = 0
+        while pending:
+            node, depth = pending.pop()
+            visited += 1
+            wildcards = node is not dollar_root
+            if wildcards and (multi := node.children.get(multi_key)) is not None:
+                if multi.children:
+                    for rest in range(depth, end + 1):
+                        if (id(multi), rest) not in expanded:
+                            expanded.add((id(multi), rest))
+                            pending.append((multi, rest))
+                else:
+                    visited += 1
+                    found |= multi.values
+            if depth == end:
+                found |= node.values
+                continue
+            if (exact := node.children.get(subject[depth])) is not None:
+                pending.append((exact, depth + 1))
+            if wildcards and (single := node.children.get(single_key)) is not None:
+                pending.append((single, depth + 1))
+        self.visited = visited
         return found
-
-    def _walk(self, node: _Node, subject: Sequence[str], depth: int, found: set, dollar: bool) -> None:
-        self.visited += 1
-        wildcards_allowed = not (dollar and depth == 0)
-        if wildcards_allowed and (multi := node.children.get(self.multi)) is not None:
-            if multi.children:
-                for rest in range(depth, len(subject) + 1):
-                    self._walk(multi, subject, rest, found, False)
-            else:
-                self.visited += 1
-                found |= multi.values
-        if depth == len(subject):
-            found |= node.values
-            return
-        if (exact := node.children.get(subject[depth])) is not None:
-            self._walk(exact, subject, depth + 1, found, dollar)
-        if wildcards_allowed and (single := node.children.get(self.single)) is not None:
-            self._walk(single, subject, depth + 1, found, dollar)
 
     def filters(self) -> Iterator[tuple[tuple[str, ...], Hashable]]:
         """Every (filter levels, value) pair stored."""
@@ -118,3 +136,9 @@ class TopicTrie:
             for value in node.values:
                 yield prefix, value
             stack.extend((prefix + (level,), child) for level, child in node.children.items())
+
+
+def check_depth(levels: Sequence[str], what: str) -> None:
+    """Raise InvalidArgument if ``levels`` has more than ``MAX_LEVELS`` levels."""
+    if len(levels) > MAX_LEVELS:
+        raise InvalidArgument(f"a {what} may have at most {MAX_LEVELS} levels, not {len(levels)}")

@@ -325,7 +325,7 @@ def _topic_row(config: TopicConfig) -> dict[str, Any]:
 
 def _topic(row: Row) -> TopicConfig:
     return TopicConfig(row.name, row.queue_count, MessageType(row.message_type), row.retention_ms,
-                       row.compacted)
+                       row.compacted, stored=True)
 
 
 def _group_row(config: GroupConfig) -> dict[str, Any]:
@@ -337,4 +337,4 @@ def _group_row(config: GroupConfig) -> dict[str, Any]:
 
 def _group(row: Row) -> GroupConfig:
     retry = RetryPolicy(row.max_attempts, row.initial_backoff_ms, row.max_backoff_ms, row.multiplier)
-    return GroupConfig(row.name, ConsumeMode(row.consume_mode), retry, row.fifo)
+    return GroupConfig(row.name, ConsumeMode(row.consume_mode), retry, row.fifo, stored=True)

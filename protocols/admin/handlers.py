@@ -25,6 +25,7 @@ from core.model import (Action, ConsumeMode, Delivery, GroupConfig, MessageType,
 
 from .access import may_read
 from .errors import HttpProblem
+from .metrics import topic_queues
 
 
 @dataclass(frozen=True)
@@ -180,9 +181,11 @@ async def create_topic(request: web.Request, principal: Principal) -> dict[str, 
 
 
 async def describe_topic(request: web.Request, principal: Principal) -> dict[str, Any]:
-    stats = deps(request).broker.describe_topic(request.match_info["topic"])
-    queues = [{**plain(q), "messages": q.max_offset - q.min_offset} for q in stats.queues]
-    return {**topic_json(stats.config), "queues": queues,
+    broker = deps(request).broker
+    config = broker.get_topic(request.match_info["topic"])
+    queues = [{**plain(q), "messages": q.max_offset - q.min_offset}
+              for q in topic_queues(broker, config)]
+    return {**topic_json(config), "queues": queues,
             "messages": sum(q["messages"] for q in queues)}
 
 

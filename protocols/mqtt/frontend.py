@@ -16,10 +16,10 @@ from collections.abc import Sequence
 from dataclasses import replace
 
 from core.acl import EVERYONE
-from core.errors import AccessDenied, Unauthenticated
+from core.errors import AccessDenied, SluiceError, Unauthenticated
 from core.model import Delivery, OutgoingMessage, Principal, SendResult
 from core.service import Broker
-from core.untrusted import clip
+from core.untrusted import DenialLog, clip
 
 from .connection import Inflight
 from .handler import MqttConnection, will_message
@@ -50,7 +50,10 @@ class MqttFrontend:
         self.options = options
         self.allow_anonymous = allow_anonymous
         self.anonymous_principal = anonymous_principal
-        self.retained = RetainedMessages()
+        self.retained = RetainedMessages(options.max_retained_messages, options.max_retained_bytes)
+        self.denials = DenialLog(log)
+        """Refused publishes, subscribes and retained messages: first per client and kind
+        logged, the rest counted and summarised."""
         self.sessions: dict[str, Session] = {}
         self.links: set[MqttConnection] = set()
         self._attached: dict[str, MqttConnection] = {}
@@ -73,9 +76,16 @@ class MqttFrontend:
         for client_id, record in records.items():
             session = Session(self, client_id, record.expiry_s)
             session.owner = record.owner
-            session.subscriptions = dict(record.subscriptions)
             session.qos2 = qos2.get(client_id, Qos2State())
-            session.restore_bindings()
+            try:
+                for options in record.subscriptions.values():
+                    session.subscribe(options)
+            except SluiceError as refused:  # a filter core refuses (deeper than it allows)
+                log.warning("MQTT session of client %s not restored: %s; the client starts a "
+                            "new session", clip(client_id), refused)
+                for key in list(session.subscriptions):  # its queue position stays saved
+                    session.unsubscribe(key)
+                continue
             self.sessions[client_id] = session
             self._schedule_expiry(session, record.disconnected_at_ms or now)
         if records:
@@ -88,6 +98,7 @@ class MqttFrontend:
         """Disconnect every client (MQTT 5: Server shutting down) and save session state."""
         if self._sweeper is not None:
             self._sweeper.cancel()
+        self.denials.flush()
         for link in list(self.links):
             link.kick(ReasonCode.ServerShuttingDown)
         for timer in [*self._expiry_timers.values(), *(t for t, _ in self._delayed_wills.values())]:
@@ -244,13 +255,18 @@ class MqttFrontend:
     async def _publish_will(self, link: MqttConnection) -> None:
         will = link.will
         assert will is not None and link.principal is not None
+        retain = will.retain and self.may_retain(link.client_id, will.topic, will.payload)
         try:
-            message = will_message(will, link.client_id)
+            message = will_message(will, link.client_id, retain)
             await self.publish(link.principal, [message])
-            if will.retain:
-                self.retained.update(will.topic, message.body, message.properties)
         except Exception:  # noqa: BLE001 - a failed will is logged, the broker goes on
-            log.exception("will of client %s on %s not published", link.client_id, will.topic)
+            if retain:
+                self.retained.cancel(will.topic)
+            log.exception("will of client %s on %s not published", clip(link.client_id),
+                          clip(will.topic))
+            return
+        if retain:
+            self.retained.update(will.topic, message.body, message.properties)
 
     # ---------------------------------------------------------------- changed rights
 
@@ -345,6 +361,19 @@ class MqttFrontend:
         """Store MQTT messages, creating their native topics on first use."""
         return await self.broker.send(principal, messages, create_topics=True)
 
+    def may_retain(self, client_id: str, topic: str, payload: bytes) -> bool:
+        """Whether a retained PUBLISH on ``topic`` fits the retained limits (room is then
+        reserved until ``retained.update`` or ``retained.cancel``); a refusal is logged."""
+        if self.retained.admit(topic, len(payload)):
+            return True
+        retained, options = self.retained, self.options
+        self.denials.denied(client_id, "retain", "client %s: retained message on %s refused: "
+                            "%d retained messages of %d bytes; max_retained_messages is %d, "
+                            "max_retained_bytes %d", clip(client_id), clip(topic), len(retained),
+                            retained.bytes, options.max_retained_messages,
+                            options.max_retained_bytes)
+        return False
+
     def may_subscribe(self, principal: Principal, topic_filter: str) -> bool:
         """Whether ``principal`` may subscribe to ``topic_filter`` (access-control rules, else
         the topic permission; see ``core.acl``)."""
@@ -355,14 +384,24 @@ class MqttFrontend:
         if delivery is self._last_delivery:
             assert self._last_inbound is not None
             return self._last_inbound
-        inbound = from_stored(delivery.topic, delivery.body, delivery.properties)
+        inbound = from_stored(delivery.home_topic or delivery.topic, delivery.body,
+                              delivery.properties)
         self._last_delivery, self._last_inbound = delivery, inbound
         return inbound
 
     def shared_group(self, share: str, topic_filter: str) -> SharedGroup:
+        """The group of ``$share/<share>/<topic_filter>``, created on first use."""
         key = (share, topic_filter)
         group = self._groups.get(key)
         if group is None:
             group = self._groups[key] = SharedGroup(self.broker, share, topic_filter,
                                                     self.options.shared_invisible_ms)
         return group
+
+    def leave_shared_group(self, share: str, topic_filter: str, session: Session) -> None:
+        """``session`` leaves the group; a group left empty is forgotten (its queue too)."""
+        group = self._groups.get((share, topic_filter))
+        if group is not None:
+            group.remove_member(session)
+            if not group.members:
+                del self._groups[(share, topic_filter)]

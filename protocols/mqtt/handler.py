@@ -18,14 +18,14 @@ from typing import TYPE_CHECKING
 
 from core import errors
 from core.errors import AccessDenied, SluiceError, Unauthenticated
-from core.untrusted import clip
 from core.model import Action, OutgoingMessage, Principal
+from core.untrusted import clip
 
 from .codec import MQTT_5
 from .connection import ServerConnection
 from .events import (ConnectionClosed, ConnectRequested, MessagePublished, PublishAcknowledged,
                      PublishReceived, ReleaseRequested, SubscribeRequested, UnsubscribeRequested)
-from .mapping import now_ms, to_outgoing
+from .mapping import RETAIN_PROPERTY, now_ms, to_outgoing
 from .packets import Will
 from .properties import NO_PROPERTIES, Properties
 from .reason_codes import ReasonCode
@@ -134,11 +134,16 @@ class MqttConnection:
 
     def publish(self, topic: str, payload: bytes, qos: int, retain: bool, properties: Properties,
                 packet_id: int | None = None, dup: bool = False) -> int | None:
+        if self.closed:
+            return None
+        if self.conn.version != MQTT_5:
+            properties = NO_PROPERTIES  # what only MQTT 5 can say is left out, not the message
         try:
             packet_id, data = self.conn.publish(topic, payload, qos, retain, properties,
                                                 packet_id=packet_id, dup=dup)
         except ValueError as too_big:  # larger than the client's Maximum Packet Size
-            log.info("client %s: message on %s not sent: %s", self.client_id, topic, too_big)
+            log.info("client %s: message on %s not sent: %s", clip(self.client_id), clip(topic),
+                     too_big)
             return None
         self._write(data)
         return packet_id
@@ -279,12 +284,13 @@ class MqttConnection:
 
     def _on_publish(self, event: MessagePublished) -> None:
         assert self.principal is not None
-        message = to_outgoing(event.topic, event.payload, event.qos, event.retain, self.client_id,
-                              event.properties, now_ms())
         if not self.frontend.broker.subject_allowed(self.principal, Action.PUBLISH, event.topic):
-            log.info("client %s may not publish to %s", self.client_id, event.topic)
+            self.frontend.denials.denied(self.client_id, "publish", "client %s may not publish "
+                                         "to %s", clip(self.client_id), clip(event.topic))
             self._answer_publish(event, ReasonCode.NotAuthorized)
             return
+        message = to_outgoing(event.topic, event.payload, event.qos, event.retain, self.client_id,
+                              event.properties, now_ms())
         if event.properties.payload_format_indicator == 1:
             try:
                 event.payload.decode()
@@ -292,7 +298,14 @@ class MqttConnection:
                 self._answer_publish(event, ReasonCode.PayloadFormatInvalid)
                 return
         if event.retain:
-            message = replace(message, keys=(event.topic,), also_into=(RETAINED_QUEUE,))
+            if self.frontend.may_retain(self.client_id, event.topic, event.payload):
+                message = retained(message, event.topic)
+            elif self.conn.version == MQTT_5:
+                self._answer_publish(event, ReasonCode.QuotaExceeded)
+                return
+            else:  # 3.1.1 has no way to say why: stored and delivered, but not retained
+                message = replace(message, properties={
+                    k: v for k, v in message.properties.items() if k != RETAIN_PROPERTY})
         self._batch.append((event, message))
 
     def _flush_publishes(self) -> None:
@@ -331,6 +344,7 @@ class MqttConnection:
         messages = [message for _, message in batch]
         exactly_once = [event.packet_id for event, _ in batch if event.qos == 2] \
             if session is not None and session.persistent else []
+        stored: asyncio.Future | None = None
         try:
             # The messages and, right behind them, the QoS 2 ids awaiting PUBREL go into the
             # same append: the log is durable as a prefix, so a saved id implies its message
@@ -345,7 +359,8 @@ class MqttConnection:
             if saved is not None:
                 await saved
         except SluiceError as error:
-            log.info("client %s: %d messages not stored: %s", self.client_id, len(batch), error)
+            log.info("client %s: %d messages not stored: %s", clip(self.client_id), len(batch),
+                     error)
             if exactly_once:
                 session.qos2.awaiting_release.difference_update(exactly_once)
                 frontend.save_qos2_soon(session)
@@ -355,11 +370,24 @@ class MqttConnection:
             for event, _ in batch:
                 self._answer_publish(event, reason_for(error))
             return
+        finally:
+            self._settle_retained(batch, stored)
         for event, message in batch:
-            if event.retain:
-                frontend.retained.update(event.topic, message.body, message.properties)
             if event.qos:
                 self._write(self.conn.ack_publish(event.packet_id))
+
+    def _settle_retained(self, batch: list[tuple[MessagePublished, OutgoingMessage]],
+                         stored: asyncio.Future | None) -> None:
+        """Retained messages of ``batch`` become retained if stored; else their room is freed."""
+        ok = stored is not None and stored.done() and not stored.cancelled() \
+            and stored.exception() is None
+        retained_messages = self.frontend.retained
+        for event, message in batch:
+            if message.also_into:
+                if ok:
+                    retained_messages.update(event.topic, message.body, message.properties)
+                else:
+                    retained_messages.cancel(event.topic)
 
     def _answer_publish(self, event: MessagePublished, reason: ReasonCode) -> None:
         if event.qos:
@@ -408,15 +436,19 @@ class MqttConnection:
                 check_filter(sub.topic_filter)
                 share, topic_filter = split_shared(sub.topic_filter)
                 check_filter(topic_filter)
-            except InvalidFilter as bad:
-                log.info("client %s: %s", self.client_id, bad)
+                self.frontend.broker.check_subject_filter(topic_filter)
+            except (InvalidFilter, errors.InvalidArgument) as bad:
+                self.frontend.denials.denied(self.client_id, "filter", "client %s: %s",
+                                             clip(self.client_id), bad)
                 granted.append(ReasonCode.TopicFilterInvalid)
                 continue
             if share is not None and sub.no_local and v5:
                 granted.append(ReasonCode.ProtocolError)
                 continue
             if not self.frontend.may_subscribe(self.principal, topic_filter):
-                log.info("client %s may not subscribe to %s", self.client_id, sub.topic_filter)
+                self.frontend.denials.denied(self.client_id, "subscribe", "client %s may not "
+                                             "subscribe to %s", clip(self.client_id),
+                                             clip(sub.topic_filter))
                 granted.append(ReasonCode.NotAuthorized)
                 continue
             options = SubscriptionOptions(topic_filter, sub.qos, sub.no_local,
@@ -442,11 +474,14 @@ class MqttConnection:
         self._write(self.conn.ack_unsubscribe(event.packet_id, codes))
 
 
-def will_message(will: Will, client_id: str) -> OutgoingMessage:
-    """The core message a will becomes."""
-    message = to_outgoing(will.topic, will.payload, will.qos, will.retain, client_id,
+def will_message(will: Will, client_id: str, retain: bool) -> OutgoingMessage:
+    """The core message a will becomes; ``retain``: its retain flag was admitted."""
+    message = to_outgoing(will.topic, will.payload, will.qos, retain, client_id,
                           will.properties, now_ms())
-    if will.retain:
-        message = replace(message, keys=(will.topic,), also_into=(RETAINED_QUEUE,))
-    return message
+    return retained(message, will.topic) if retain else message
+
+
+def retained(message: OutgoingMessage, topic: str) -> OutgoingMessage:
+    """``message`` also indexed into the retained queue under its MQTT topic."""
+    return replace(message, keys=(topic,), also_into=(RETAINED_QUEUE,))
 

@@ -1,27 +1,35 @@
 """How MQTT messages map onto core's: topics, properties, QoS (DESIGN.md, cross-protocol contract).
 
-- The native topic is the MQTT topic's first level, escaped into a valid topic name:
-  ``devices/d1/telemetry`` is stored in topic ``devices``; characters outside a topic name's
-  alphabet (and ``%`` itself) become ``%XX`` per UTF-8 byte, an empty first level becomes
-  ``%00`` (NUL never occurs in an MQTT topic, so the mapping stays reversible).
+- The native topic is the MQTT topic's first level, escaped into a valid topic name
+  (``core.subjects.topic_of_subject``): ``devices/d1/telemetry`` is stored in topic ``devices``.
 - The full MQTT topic travels as the core subject property; the QoS, retain flag and MQTT 5
   properties with no core counterpart travel as ``mqtt.*`` properties. Payload bytes never change.
 - A message that did not come from MQTT (a native send) is delivered on its subject, or on its
   topic name when it has none, at QoS 1 (it was stored durably).
+- ``from_stored`` never raises, whatever a sender stored: an ``mqtt.*`` value MQTT itself would
+  not have written (``mqtt.qos=x``, bad base64, a subject with wildcards) is ignored and passed
+  on as a user property (its name, its value) when it can travel as one, else dropped; either
+  way it is logged (once per topic and property per interval).
 """
 
 from __future__ import annotations
 
 import base64
-import functools
 import json
+import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import Final, Mapping
+from typing import Final, Mapping, TypeVar
 
 from core.model import SUBJECT_PROPERTY, OutgoingMessage
+from core.subjects import topic_of_subject
+from core.untrusted import DenialLog, clip
 
 from .properties import NO_PROPERTIES, Properties
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 QOS_PROPERTY: Final = "mqtt.qos"
 RETAIN_PROPERTY: Final = "mqtt.retain"
@@ -37,21 +45,9 @@ PAYLOAD_FORMAT_PROPERTY: Final = "mqtt.payload_format"
 USER_PROPERTIES_PROPERTY: Final = "mqtt.user_properties"
 """JSON list of [name, value] pairs, in wire order (names may repeat)."""
 NATIVE_QOS: Final = 1
-
-_NAME_CHARS: Final = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_.|")
-
-
-@functools.lru_cache(maxsize=65_536)
-def native_topic(mqtt_topic: str) -> str:
-    """The core topic an MQTT topic is stored in: its first level, escaped."""
-    first = mqtt_topic.split("/", 1)[0]
-    if not first:
-        return "%00"
-    if all(c in _NAME_CHARS for c in first):
-        return first
-    return "".join(c if c in _NAME_CHARS else "".join(f"%{b:02X}" for b in c.encode())
-                   for c in first)
-
+MAX_WIRE_LENGTH: Final = 0xFFFF
+"""Bytes of the longest MQTT string or binary field."""
+MAX_EXPIRY_INTERVAL: Final = 0xFFFFFFFF
 
 def to_outgoing(topic: str, payload: bytes, qos: int, retain: bool, client_id: str,
                 properties: Properties, now_ms: int) -> OutgoingMessage:
@@ -73,7 +69,7 @@ def to_outgoing(topic: str, payload: bytes, qos: int, retain: bool, client_id: s
         if properties.user_properties:
             props[USER_PROPERTIES_PROPERTY] = json.dumps(properties.user_properties,
                                                          separators=(",", ":"))
-    return OutgoingMessage(native_topic(topic), payload, properties=props, born_ts=now_ms)
+    return OutgoingMessage(topic_of_subject(topic), payload, properties=props, born_ts=now_ms)
 
 
 @dataclass(slots=True)
@@ -98,32 +94,121 @@ class Inbound:
             return props
         remaining = None
         if self.expiry_at_ms is not None:
-            remaining = max(1, -(-(self.expiry_at_ms - now_ms) // 1000))
+            remaining = min(MAX_EXPIRY_INTERVAL, max(1, -(-(self.expiry_at_ms - now_ms) // 1000)))
         return replace(props, message_expiry_interval=remaining,
                        subscription_identifiers=subscription_ids)
 
 
+_MQTT_PROPERTIES: Final = frozenset({CONTENT_TYPE_PROPERTY, RESPONSE_TOPIC_PROPERTY,
+                                     CORRELATION_PROPERTY, PAYLOAD_FORMAT_PROPERTY,
+                                     USER_PROPERTIES_PROPERTY})
+_invalid = DenialLog(log, interval_s=300.0, max_keys=1024)
+"""Stored values MQTT cannot take, logged once per (topic, property) per interval."""
+
+
 def from_stored(topic_name: str, body: bytes, properties: Mapping[str, str]) -> Inbound:
-    """What an MQTT subscriber gets for a stored message of core topic ``topic_name``."""
-    get = properties.get
-    expiry = get(EXPIRY_PROPERTY)
+    """What an MQTT subscriber gets for a stored message of core topic ``topic_name``. Never
+    raises: see the module notes for what happens to values MQTT cannot take."""
+    invalid: list[tuple[str, str]] = []
+    topic = _value(properties, SUBJECT_PROPERTY, _subject, topic_name, invalid) or topic_name
+    qos = _value(properties, QOS_PROPERTY, _QOS.__getitem__, topic_name, invalid)
+    retain = _value(properties, RETAIN_PROPERTY, _FLAG.__getitem__, topic_name, invalid)
+    expiry = _value(properties, EXPIRY_PROPERTY, _expiry_at, topic_name, invalid)
+    publisher = properties.get(CLIENT_PROPERTY, "")
     mqtt_props = NO_PROPERTIES
-    if CONTENT_TYPE_PROPERTY in properties or RESPONSE_TOPIC_PROPERTY in properties \
-            or CORRELATION_PROPERTY in properties or PAYLOAD_FORMAT_PROPERTY in properties \
-            or USER_PROPERTIES_PROPERTY in properties:
-        correlation = get(CORRELATION_PROPERTY)
-        payload_format = get(PAYLOAD_FORMAT_PROPERTY)
-        users = get(USER_PROPERTIES_PROPERTY)
+    if invalid or not _MQTT_PROPERTIES.isdisjoint(properties):
+        def value(name: str, parse: Callable[[str], T]) -> T | None:
+            return _value(properties, name, parse, topic_name, invalid)
+        users = value(USER_PROPERTIES_PROPERTY, _user_properties) or ()
         mqtt_props = Properties(
-            payload_format_indicator=int(payload_format) if payload_format else None,
-            content_type=get(CONTENT_TYPE_PROPERTY),
-            response_topic=get(RESPONSE_TOPIC_PROPERTY),
-            correlation_data=base64.b64decode(correlation) if correlation else None,
-            user_properties=tuple((k, v) for k, v in json.loads(users)) if users else ())
-    qos = get(QOS_PROPERTY)
-    return Inbound(get(SUBJECT_PROPERTY) or topic_name, body,
-                   int(qos) if qos else NATIVE_QOS, get(RETAIN_PROPERTY) == "1",
-                   get(CLIENT_PROPERTY, ""), int(expiry) if expiry else None, mqtt_props)
+            payload_format_indicator=value(PAYLOAD_FORMAT_PROPERTY, _FORMAT.__getitem__),
+            content_type=value(CONTENT_TYPE_PROPERTY, _wire_text),
+            response_topic=value(RESPONSE_TOPIC_PROPERTY, _topic_name),
+            correlation_data=value(CORRELATION_PROPERTY, _binary),
+            user_properties=users + tuple(invalid))
+    return Inbound(topic, body, NATIVE_QOS if qos is None else qos, bool(retain),
+                   publisher if isinstance(publisher, str) else "", expiry, mqtt_props)
+
+
+def _value(properties: Mapping[str, str], name: str, parse: Callable[[str], T], topic_name: str,
+           invalid: list[tuple[str, str]]) -> T | None:
+    """``parse`` of property ``name``, or None when it is absent or MQTT cannot take it (then
+    passed on in ``invalid`` and logged)."""
+    raw = properties.get(name)
+    if raw is None:
+        return None
+    try:
+        if isinstance(raw, str):
+            return parse(raw)
+    except (ValueError, LookupError, RecursionError):  # base64 and Unicode errors included
+        pass
+    _pass_on(topic_name, name, raw, invalid)
+    return None
+
+
+_QOS: Final = {"0": 0, "1": 1, "2": 2}
+_FLAG: Final = {"0": False, "1": True}
+_FORMAT: Final = {"0": 0, "1": 1}
+
+
+def _wire_text(raw: str) -> str:
+    """``raw`` if it can travel as an MQTT UTF-8 string, else ValueError."""
+    if "\x00" in raw or len(raw) > MAX_WIRE_LENGTH:
+        raise ValueError("U+0000, or longer than an MQTT string")
+    if not raw.isascii() and len(raw.encode()) > MAX_WIRE_LENGTH:  # lone surrogates raise here
+        raise ValueError("longer than an MQTT string")
+    return raw
+
+
+def _topic_name(raw: str) -> str:
+    """``raw`` if it is a valid MQTT topic name (no wildcards), else ValueError."""
+    if not _wire_text(raw) or "+" in raw or "#" in raw:
+        raise ValueError("not a topic name")
+    return raw
+
+
+def _subject(raw: str) -> str | None:
+    """The subject as an MQTT topic name; None (the topic name applies) when empty."""
+    return _topic_name(raw) if raw else None
+
+
+def _expiry_at(raw: str) -> int:
+    if not (raw.isascii() and raw.isdigit() and len(raw) <= 16):
+        raise ValueError("not a time in ms since the epoch")
+    return int(raw)
+
+
+def _binary(raw: str) -> bytes:
+    data = base64.b64decode(raw, validate=True)
+    if len(data) > MAX_WIRE_LENGTH:
+        raise ValueError("longer than an MQTT binary field")
+    return data
+
+
+def _user_properties(raw: str) -> tuple[tuple[str, str], ...]:
+    pairs = json.loads(raw)
+    if not isinstance(pairs, list):
+        raise ValueError("not a list of [name, value] pairs")
+    out = []
+    for pair in pairs:
+        if not (isinstance(pair, list) and len(pair) == 2
+                and isinstance(pair[0], str) and isinstance(pair[1], str)):
+            raise ValueError("not a [name, value] pair of strings")
+        out.append((_wire_text(pair[0]), _wire_text(pair[1])))
+    return tuple(out)
+
+
+def _pass_on(topic_name: str, name: str, raw: object, invalid: list[tuple[str, str]]) -> None:
+    """Keep a value MQTT cannot take as a user property if it can travel as one; log it."""
+    outcome = "dropped"
+    if isinstance(raw, str):
+        try:
+            invalid.append((name, _wire_text(raw)))
+            outcome = "passed on as a user property"
+        except ValueError:
+            pass
+    _invalid.denied(topic_name, name, "a message in topic %s has %s=%s, which MQTT cannot "
+                    "take: %s", clip(topic_name), name, clip(raw), outcome)
 
 
 def now_ms() -> int:

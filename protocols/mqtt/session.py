@@ -23,6 +23,7 @@ import logging
 from collections import deque
 from typing import TYPE_CHECKING, NamedTuple, Protocol
 
+from core.bounded_cache import BoundedCache
 from core.model import Action, Delivery, Principal
 
 from .mapping import Inbound, now_ms
@@ -41,6 +42,10 @@ PID_SPAN = 32_768
 sent directly (retained, shared, live)."""
 MAX_ID = 0xFFFF
 READ_BATCH = 256
+MATCH_CACHE_BYTES = 32 << 10
+"""Bytes of topic -> match results one session caches (topics longer than
+``MAX_CACHED_TOPIC`` are matched every time)."""
+MAX_CACHED_TOPIC = 512
 
 
 class Link(Protocol):
@@ -53,7 +58,10 @@ class Link(Protocol):
     def congested(self) -> bool: ...
 
     def publish(self, topic: str, payload: bytes, qos: int, retain: bool, properties: Properties,
-                packet_id: int | None = None, dup: bool = False) -> int | None: ...
+                packet_id: int | None = None, dup: bool = False) -> int | None:
+        """Send a PUBLISH; its packet id, or None if this client cannot take the message (it
+        exceeds the client's Maximum Packet Size): the session then counts it as delivered,
+        as MQTT 5 says to discard it."""
 
     def release(self, packet_id: int) -> None: ...
 
@@ -89,7 +97,8 @@ class Session:
         self.qos2 = Qos2State()
         self.link: Link | None = None
         self.dropped = 0
-        self._matches: dict[str, Match | None] = {}
+        self._matches: BoundedCache[Match | bool] = BoundedCache(MATCH_CACHE_BYTES, MAX_CACHED_TOPIC)
+        """MQTT topic -> how it reaches this session (False: it does not)."""
         self._matches_generation = -1
         # persistent delivery
         self._next = 0
@@ -134,16 +143,11 @@ class Session:
     def _unbind(self, options: SubscriptionOptions) -> None:
         self._matches.clear()
         if options.share is not None:
-            self.frontend.shared_group(options.share, options.topic_filter).remove_member(self)
+            self.frontend.leave_shared_group(options.share, options.topic_filter, self)
         elif self.persistent:
             self.broker.unbind_queue(options.topic_filter, self.queue)
         else:
             self.broker.remove_listener(options.topic_filter, self)
-
-    def restore_bindings(self) -> None:
-        """Bind every subscription again (broker start)."""
-        for options in self.subscriptions.values():
-            self._bind(options)
 
     def end(self) -> None:
         """The session is over: unbind everything and drop its queue position."""
@@ -161,11 +165,11 @@ class Session:
         if generation != self._matches_generation:
             self._matches.clear()
             self._matches_generation = generation
-        found = self._matches.get(topic, False)
-        if found is not False:
-            return found
+        found = self._matches.get(topic)
+        if found is not None:
+            return found or None
         if not self._may_receive(topic):
-            self._matches[topic] = None
+            self._matches.put(topic, False)
             return None
         qos, rap, no_local, ids, hit = -1, False, True, [], False
         for options in self.subscriptions.values():
@@ -177,9 +181,7 @@ class Session:
                 if options.identifier is not None:
                     ids.append(options.identifier)
         result = Match(qos, rap, no_local, tuple(ids)) if hit else None
-        if len(self._matches) > 4096:
-            self._matches.clear()
-        self._matches[topic] = result
+        self._matches.put(topic, result or False)
         return result
 
     def _may_receive(self, topic: str) -> bool:
@@ -248,8 +250,11 @@ class Session:
         packet_id = self._allocate_direct()
         if packet_id is None:
             return False
+        if self._send(inbound, qos, retain, ids, packet_id) is None:  # too large for the client
+            if entry is not None:
+                entry[0].settle(entry[1])
+            return True
         self._direct[packet_id] = entry
-        self._send(inbound, qos, retain, ids, packet_id)
         return True
 
     def send_retained(self, inbound: Inbound, options: SubscriptionOptions) -> None:
@@ -363,9 +368,11 @@ class Session:
                     broker.ack_queue(queue, offset)
                     continue
                 packet_id = offset % PID_SPAN + 1
+                if self._send(inbound, qos, retain, match.identifiers, packet_id,
+                              dup=offset < self._dup_below) is None:  # too large for the client
+                    broker.ack_queue(queue, offset)
+                    continue
                 by_pid[packet_id] = offset
-                self._send(inbound, qos, retain, match.identifiers, packet_id,
-                           dup=offset < self._dup_below)
                 if link.send_quota <= 0:
                     break
 

@@ -11,19 +11,67 @@ Two keys per session in the compacted topic ``SESSIONS_TOPIC``, each a small JSO
 
 An empty value deletes a key (the session ended). Messages themselves live in the session's
 queue in the commit log, not here.
+
+Records are checked field by field when loaded: one that is not what this version writes (bad
+JSON, wrong shapes, an invalid filter, a key of another kind) is skipped with one log line at
+start, and every other session is restored.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 from dataclasses import dataclass, field
+from typing import Any
 
 from core.service import Broker
+from core.untrusted import clip
+
+from .properties import MAX_VARINT
+from .topics import InvalidFilter, check_filter
+
+log = logging.getLogger(__name__)
 
 SESSIONS_TOPIC = "%SYS%mqtt.sessions"
 RETAINED_QUEUE = "%SYS%mqtt.retained"
 """Named queue every retained PUBLISH is also indexed into; compacted by MQTT topic."""
 NEVER_EXPIRES = 0xFFFFFFFF
+MAX_PACKET_ID = 0xFFFF
+MAX_OFFSET = 1 << 63
+
+
+class BadRecord(ValueError):
+    """A saved record that does not have the shape this version writes."""
+
+
+def _integer(value: Any, low: int, high: int, what: str) -> int:
+    if type(value) is not int or not low <= value <= high:
+        raise BadRecord(f"{what} must be an integer {low}-{high}, not {clip(value)}")
+    return value
+
+
+def _flag(value: Any, what: str) -> bool:
+    if type(value) is not bool:
+        raise BadRecord(f"{what} must be true or false, not {clip(value)}")
+    return value
+
+
+def _document(data: bytes, shape: type) -> Any:
+    """``data`` as JSON of the type ``shape``; BadRecord otherwise."""
+    try:
+        doc = json.loads(data)
+    except (ValueError, RecursionError) as bad:  # UnicodeDecodeError is a ValueError
+        raise BadRecord(f"not JSON: {clip(str(bad))}") from None
+    if not isinstance(doc, shape):
+        raise BadRecord(f"a JSON {shape.__name__} was expected")
+    return doc
+
+
+def _pairs(value: Any, what: str) -> list[list[int]]:
+    """A list of [integer, integer] pairs (not checked further)."""
+    if not isinstance(value, list) or not all(isinstance(p, list) and len(p) == 2 for p in value):
+        raise BadRecord(f"{what} must be a list of pairs")
+    return value
 
 
 @dataclass(frozen=True)
@@ -49,8 +97,26 @@ class SubscriptionOptions:
                 self.retain_handling, self.identifier, self.share]
 
     @classmethod
-    def from_json(cls, data: list) -> SubscriptionOptions:
-        return cls(*data)
+    def from_json(cls, data: Any) -> SubscriptionOptions:
+        """The subscription ``to_json`` wrote (older versions wrote fewer fields); BadRecord
+        unless every field is valid."""
+        if not isinstance(data, list) or not 2 <= len(data) <= 7:
+            raise BadRecord("a subscription must be a list of 2 to 7 fields")
+        topic_filter, qos, no_local, rap, handling, identifier, share = \
+            data + [False, False, 0, None, None][len(data) - 2:]
+        if not isinstance(topic_filter, str):
+            raise BadRecord("a topic filter must be a string")
+        try:
+            check_filter(topic_filter)
+        except InvalidFilter as bad:
+            raise BadRecord(str(bad)) from None
+        if share is not None and (not isinstance(share, str) or not share
+                                  or any(c in share for c in "/+#")):
+            raise BadRecord(f"share name {clip(share)} is invalid")
+        return cls(topic_filter, _integer(qos, 0, 2, "QoS"), _flag(no_local, "no local"),
+                   _flag(rap, "retain as published"), _integer(handling, 0, 2, "retain handling"),
+                   None if identifier is None else _integer(identifier, 1, MAX_VARINT, "identifier"),
+                   share)
 
 
 @dataclass
@@ -72,10 +138,19 @@ class SessionRecord:
 
     @classmethod
     def decode(cls, client_id: str, data: bytes) -> SessionRecord:
-        doc = json.loads(data)
-        subs = [SubscriptionOptions.from_json(s) for s in doc["subs"]]
-        return cls(client_id, doc["expiry"], {s.key: s for s in subs}, doc["disconnected_at"],
-                   doc.get("owner"))
+        """The record ``encode`` wrote; BadRecord for anything else."""
+        doc = _document(data, dict)
+        subs = doc.get("subs")
+        if not isinstance(subs, list):
+            raise BadRecord("subs must be a list")
+        disconnected = doc.get("disconnected_at")
+        owner = doc.get("owner")
+        if owner is not None and not isinstance(owner, str):
+            raise BadRecord(f"owner must be a user name, not {clip(owner)}")
+        return cls(client_id, _integer(doc.get("expiry"), 0, NEVER_EXPIRES, "expiry"),
+                   {s.key: s for s in map(SubscriptionOptions.from_json, subs)},
+                   None if disconnected is None
+                   else _integer(disconnected, 0, MAX_OFFSET, "disconnected_at"), owner)
 
 
 @dataclass
@@ -97,8 +172,16 @@ class Qos2State:
 
     @classmethod
     def decode(cls, data: bytes) -> Qos2State:
-        doc = json.loads(data)
-        return cls(set(doc["in"]), {o: p for o, p in doc["rec"]}, {o: t for o, t in doc["done"]})
+        """The state ``encode`` wrote; BadRecord for anything else."""
+        doc = _document(data, dict)
+        waiting = doc.get("in")
+        if not isinstance(waiting, list):
+            raise BadRecord("in must be a list")
+        return cls({_integer(p, 1, MAX_PACKET_ID, "packet id") for p in waiting},
+                   {_integer(o, 0, MAX_OFFSET, "offset"): _integer(p, 1, MAX_PACKET_ID, "packet id")
+                    for o, p in _pairs(doc.get("rec"), "rec")},
+                   {_integer(o, 0, MAX_OFFSET, "offset"): _integer(t, 0, MAX_OFFSET, "time")
+                    for o, t in _pairs(doc.get("done"), "done")})
 
 
 class SessionStore:
@@ -114,11 +197,19 @@ class SessionStore:
         sessions: dict[str, SessionRecord] = {}
         qos2: dict[str, Qos2State] = {}
         for message in self._broker.load_state(SESSIONS_TOPIC):
-            kind, _, client_id = message.keys[0].partition("/")
-            if kind == "s":
-                sessions[client_id] = SessionRecord.decode(client_id, message.body)
-            elif kind == "q":
-                qos2[client_id] = Qos2State.decode(message.body)
+            key = message.keys[0] if message.keys else ""
+            kind, _, client_id = key.partition("/")
+            try:
+                if kind == "s":
+                    sessions[client_id] = SessionRecord.decode(client_id, message.body)
+                elif kind == "q":
+                    qos2[client_id] = Qos2State.decode(message.body)
+                else:
+                    raise BadRecord("its key is neither s/<client id> nor q/<client id>")
+            except BadRecord as bad:
+                log.warning("MQTT session state %s (offset %d of %s) skipped: %s; the client "
+                            "starts a new session", clip(key), message.queue_offset,
+                            SESSIONS_TOPIC, bad)
         return sessions, qos2
 
     async def save(self, record: SessionRecord) -> None:

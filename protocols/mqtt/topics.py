@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import hashlib
 
+from core.untrusted import clip
+
 SHARE_PREFIX = "$share/"
 
 
@@ -17,7 +19,8 @@ def split_shared(topic_filter: str) -> tuple[str | None, str]:
         return None, topic_filter
     share, sep, rest = topic_filter[len(SHARE_PREFIX):].partition("/")
     if not share or not sep or not rest or "+" in share or "#" in share:
-        raise InvalidFilter(f"shared subscription {topic_filter!r} must be $share/<name>/<filter>")
+        raise InvalidFilter(f"shared subscription {clip(topic_filter)} must be "
+                            "$share/<name>/<filter>")
     return share, rest
 
 
@@ -28,9 +31,9 @@ def check_filter(topic_filter: str) -> None:
     levels = topic_filter.split("/")
     for position, level in enumerate(levels):
         if level == "#" and position != len(levels) - 1:
-            raise InvalidFilter(f"'#' must be the last level of {topic_filter!r}")
+            raise InvalidFilter(f"'#' must be the last level of {clip(topic_filter)}")
         if level not in ("+", "#") and ("+" in level or "#" in level):
-            raise InvalidFilter(f"a wildcard must occupy a whole level in {topic_filter!r}")
+            raise InvalidFilter(f"a wildcard must occupy a whole level in {clip(topic_filter)}")
 
 
 def matches(topic_filter: str, topic: str) -> bool:

@@ -1,0 +1,31 @@
+"""What sessions leave behind in the MQTT front end stays bounded, over an in-process broker."""
+from __future__ import annotations
+
+import tracemalloc
+
+from core.service import Broker
+from protocols.mqtt.frontend import MqttFrontend
+from protocols.mqtt.options import MqttOptions
+from protocols.mqtt.session import Session
+from protocols.mqtt.state import SubscriptionOptions
+from tests.unit.core.test_broker import run
+
+
+def test_shared_groups_left_empty_are_forgotten(tmp_path):
+    """A client subscribing to and leaving 2,000 distinct shared groups leaves nothing behind
+    (each group used to stay in the front end for good)."""
+    async def scenario(broker: Broker) -> None:
+        frontend = MqttFrontend(broker, MqttOptions())
+        session = Session(frontend, "hopper", 0)
+        tracemalloc.start()
+        try:
+            before = tracemalloc.get_traced_memory()[0]
+            for i in range(2_000):
+                options = SubscriptionOptions("t/" + "x" * 1_000, 1, share=f"g{i}")
+                session.subscribe(options)
+                assert session.unsubscribe(options.key)
+            held = tracemalloc.get_traced_memory()[0] - before
+        finally:
+            tracemalloc.stop()
+        assert held < 512 << 10, f"{held} bytes left behind"
+    run(tmp_path, scenario)
