@@ -44,6 +44,9 @@ class NativeListener:
     port: int = 8081
     advertised_host: str | None = None
     """Host clients are told to reconnect to; None means ``host``."""
+    signature_max_skew_s: int = 900
+    """A signed request is refused when its ``x-mq-date-time`` is further than this many seconds
+    from the broker's clock, so a captured request cannot be replayed later."""
 
 
 @dataclass(frozen=True)
@@ -302,7 +305,8 @@ def _validate(config: Config) -> None:
     positive = {"store.flush_interval_ms": config.store.flush_interval_ms,
                 "store.segment_size": config.store.segment_size,
                 "store.checkpoint_interval_ms": config.store.checkpoint_interval_ms,
-                "shutdown_grace_ms": config.shutdown_grace_ms}
+                "shutdown_grace_ms": config.shutdown_grace_ms,
+                "native.signature_max_skew_s": config.native.signature_max_skew_s}
     for dotted, value in positive.items():
         if value <= 0:
             raise ConfigError(f"{dotted} = {value} must be greater than 0")
