@@ -85,8 +85,8 @@ def require_json(request: web.Request) -> None:
     if request.content_type != JSON:
         sent = request.headers.get("Content-Type")
         raise HttpProblem(415, "unsupported_media_type",
-                          f"the request body must be JSON sent with Content-Type: {JSON}, not "
-                          f"{clip(sent) if sent else 'no Content-Type'}")
+                          f"the request body must be JSON sent with Content-Type: {JSON}; this "
+                          f"request sent {f'Content-Type {clip(sent)}' if sent else 'none'}")
 
 
 async def add_security_headers(request: web.Request, response: web.StreamResponse) -> None:
