@@ -12,6 +12,7 @@ import asyncio
 import base64
 import dataclasses
 import enum
+import json
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -78,10 +79,15 @@ def message_json(delivery: Delivery) -> dict[str, Any]:
 
 
 async def body_of(request: web.Request) -> dict[str, Any]:
-    """The request's JSON object, or a 400 that says what to send. The server bounds the body's
-    size; nesting deeper than the interpreter's recursion limit is refused, not a crash."""
+    """The request's JSON object, or a 400 that says what to send (the server bounds the size)."""
+    return json_object(await request.read())
+
+
+def json_object(data: bytes) -> dict[str, Any]:
+    """``data`` decoded as a JSON object, or a 400 that says what to send. Nesting deeper than
+    the interpreter's recursion limit is refused like any other bad JSON, not a crash."""
     try:
-        body = await request.json()
+        body = json.loads(data)
     except ValueError as error:
         raise HttpProblem(400, "bad_json", f"the request body is not JSON ({error}); send a JSON "
                           "object with Content-Type: application/json") from None
