@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import InitVar, dataclass, field
 
@@ -79,6 +80,14 @@ class TopicConfig:
             raise InvalidArgument(f"queue count {self.queue_count} is out of range: use 1-1024")
 
 
+MAX_ATTEMPTS = 1000
+"""The most delivery attempts a retry policy may allow."""
+
+
+def _whole(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
 @dataclass(frozen=True)
 class RetryPolicy:
     """Exponential backoff between delivery attempts of a pop consumer group."""
@@ -87,6 +96,24 @@ class RetryPolicy:
     initial_backoff_ms: int = 1_000
     max_backoff_ms: int = 60_000
     multiplier: float = 2.0
+
+    def __post_init__(self) -> None:
+        if not _whole(self.max_attempts) or not 1 <= self.max_attempts <= MAX_ATTEMPTS:
+            raise InvalidArgument(f"retry max_attempts {self.max_attempts!r} is out of range: use a "
+                                  f"whole number from 1 to {MAX_ATTEMPTS}")
+        for name in ("initial_backoff_ms", "max_backoff_ms"):
+            value = getattr(self, name)
+            if not _whole(value) or value <= 0:
+                raise InvalidArgument(f"retry {name} {value!r} must be a whole number of "
+                                      "milliseconds greater than 0")
+        if self.max_backoff_ms < self.initial_backoff_ms:
+            raise InvalidArgument(f"retry max_backoff_ms {self.max_backoff_ms} is below "
+                                  f"initial_backoff_ms {self.initial_backoff_ms}: the backoff "
+                                  "grows from the initial value up to the maximum")
+        if (isinstance(self.multiplier, bool) or not isinstance(self.multiplier, int | float)
+                or not 1 <= self.multiplier < math.inf):
+            raise InvalidArgument(f"retry multiplier {self.multiplier!r} must be a finite number "
+                                  "of at least 1 (1 keeps the backoff constant)")
 
     def backoff_ms(self, attempt: int) -> int:
         """Delay before redelivering after the ``attempt``-th failed delivery (1-based)."""
@@ -107,6 +134,13 @@ class GroupConfig:
 
     def __post_init__(self, stored: bool) -> None:
         check_name("group", self.name, stored=stored)
+        if not isinstance(self.consume_mode, ConsumeMode):
+            raise InvalidArgument(f"group consume mode {self.consume_mode!r} is not one of: "
+                                  + ", ".join(m.value for m in ConsumeMode))
+        if not isinstance(self.retry, RetryPolicy):
+            raise InvalidArgument(f"group retry policy {self.retry!r} is not a RetryPolicy")
+        if not isinstance(self.fifo, bool):
+            raise InvalidArgument(f"group fifo {self.fifo!r} must be true or false")
 
 
 @dataclass(frozen=True)

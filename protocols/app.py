@@ -199,7 +199,8 @@ def _start_native(running: RunningBroker):
     anonymous = running.broker.users.principal(ANONYMOUS_USER) if auth.allow_anonymous else None
     return start_native_server(running.broker, native.host, native.port,
                                advertised_host=native.advertised_host,
-                               allow_anonymous=auth.allow_anonymous, anonymous_principal=anonymous)
+                               allow_anonymous=auth.allow_anonymous, anonymous_principal=anonymous,
+                               signature_max_skew_s=native.signature_max_skew_s)
 
 
 def _admin_deps(running: RunningBroker) -> AdminDeps:

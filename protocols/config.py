@@ -44,6 +44,9 @@ class NativeListener:
     port: int = 8081
     advertised_host: str | None = None
     """Host clients are told to reconnect to; None means ``host``."""
+    signature_max_skew_s: int = 900
+    """A signed request is refused when its ``x-mq-date-time`` is further than this many seconds
+    from the broker's clock, so a captured request cannot be replayed later."""
 
 
 @dataclass(frozen=True)
@@ -308,6 +311,7 @@ def _validate(config: Config) -> None:
                 "store.checkpoint_interval_ms": config.store.checkpoint_interval_ms,
                 "store.max_open_queue_files": config.store.max_open_queue_files,
                 "shutdown_grace_ms": config.shutdown_grace_ms,
+                "native.signature_max_skew_s": config.native.signature_max_skew_s,
                 **{f"mqtt.{name}": getattr(config.mqtt, name) for name in mqtt_limits}}
     for dotted, value in positive.items():
         if value <= 0:

@@ -29,11 +29,10 @@ window.sluiceDashboard = { received: 0, latenciesMs: [], renders: 0 };
 const $ = (id) => document.getElementById(id);
 
 function credentials() {
-  // X-Requested-With: a 401 then comes without a Basic challenge, so the browser shows no prompt.
+  // The page signs in with its own form: the API never sends a Basic challenge, so a 401 shows
+  // the form again rather than a browser prompt.
   const token = sessionStorage.getItem("sluice.auth");
-  const headers = { "X-Requested-With": "XMLHttpRequest" };
-  if (token) headers.Authorization = "Basic " + token;
-  return headers;
+  return token ? { Authorization: "Basic " + token } : {};
 }
 
 function setStatus(text, kind) {

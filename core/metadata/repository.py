@@ -6,6 +6,7 @@ the admin API edits.
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Mapping
 from typing import Any
@@ -27,6 +28,8 @@ from .passwords import check_password, hash_password, waste_check
 from .schema import (acl_rules, consumer_groups, current_version, migrate, subscriptions, topics,
                      users)
 from .schema import permissions as permission_table
+
+log = logging.getLogger(__name__)
 
 _MAX_USER_NAME = 127
 
@@ -336,5 +339,14 @@ def _group_row(config: GroupConfig) -> dict[str, Any]:
 
 
 def _group(row: Row) -> GroupConfig:
-    retry = RetryPolicy(row.max_attempts, row.initial_backoff_ms, row.max_backoff_ms, row.multiplier)
+    try:
+        retry = RetryPolicy(row.max_attempts, row.initial_backoff_ms, row.max_backoff_ms,
+                            row.multiplier)
+    except InvalidArgument as error:
+        # Stored before retry policies were validated: serve the group with the default policy
+        # rather than refuse to start.
+        log.warning("group %r has an invalid stored retry policy (%s); serving it with the "
+                    "default policy: delete and re-create the group to choose another", row.name,
+                    error)
+        retry = RetryPolicy()
     return GroupConfig(row.name, ConsumeMode(row.consume_mode), retry, row.fifo, stored=True)

@@ -5,9 +5,16 @@ The rule, kept deliberately simple:
 - ``PUBLIC``: no credentials (``/health``, ``/metrics``, ``/openapi.json``), so probes and
   Prometheus scrape without a password.
 - ``USER``: any authenticated user; lists show only what the user may read.
-- ``TOPIC``/``GROUP``: reading one topic or group (and its messages) needs an admin user or any
-  permission whose pattern matches that topic or group name.
+- ``TOPIC``/``GROUP``: reading one topic's or group's settings and offsets needs an admin user or
+  any permission whose pattern matches that topic or group name.
+- ``SUBSCRIBE``: anything that returns message bodies needs the subscribe right on the topic,
+  decided by core (as for any consumer) before the topic is looked up, so a refusal says nothing
+  about whether the topic exists.
 - ``ADMIN``: every write, and everything about users and permissions.
+
+Credentials go with every request (curl ``-u``, the CLI, the dashboard's own sign-in form): the
+API never answers with a ``WWW-Authenticate: Basic`` challenge, so browsers neither prompt nor
+keep credentials that other sites' pages could make them replay.
 """
 
 from __future__ import annotations
@@ -15,11 +22,13 @@ from __future__ import annotations
 import base64
 import binascii
 import enum
+from typing import Any
+
 from aiohttp import web
 
 from core.auth import pattern_matches
 from core.errors import AccessDenied, Unauthenticated
-from core.model import Principal, ResourceKind
+from core.model import Action, Principal, ResourceKind
 
 ANONYMOUS = Principal("anonymous")
 
@@ -31,6 +40,7 @@ class Access(enum.Enum):
     USER = "user"
     TOPIC = "topic"
     GROUP = "group"
+    SUBSCRIBE = "subscribe"
     ADMIN = "admin"
 
     @property
@@ -42,6 +52,7 @@ class Access(enum.Enum):
                          "permission on (admins see everything).",
             Access.TOPIC: "An admin user, or a user with any permission matching the topic.",
             Access.GROUP: "An admin user, or a user with any permission matching the group.",
+            Access.SUBSCRIBE: "An admin user, or a user with the subscribe right on the topic.",
             Access.ADMIN: "An admin user.",
         }[self]
 
@@ -71,13 +82,22 @@ def may_read(principal: Principal, kind: ResourceKind, name: str) -> bool:
                                   for p in principal.permissions)
 
 
-def check(principal: Principal, access: Access, request: web.Request) -> None:
-    """Raise AccessDenied unless ``principal`` satisfies ``access`` for this request."""
+def check(principal: Principal, access: Access, request: web.Request, broker: Any) -> None:
+    """Raise AccessDenied unless ``principal`` satisfies ``access`` for this request; ``broker``
+    (the core facade) decides the subscribe right. Runs on the event loop; no I/O."""
     if access in (Access.PUBLIC, Access.USER) or principal.admin:
         return
     if access is Access.ADMIN:
         raise AccessDenied(f"user {principal.user!r} is not an admin; this call needs an admin "
                            "user (ask one to run `sluice user create NAME --superuser`)")
+    if access is Access.SUBSCRIBE:
+        topic = request.match_info["topic"]
+        if not broker.allowed(principal, Action.SUBSCRIBE, topic):
+            raise AccessDenied(
+                f"user {principal.user!r} may not read messages of topic {topic!r}: that needs the "
+                f"subscribe right; an admin can grant it with "
+                f"`sluice user grant {principal.user} topic {topic} subscribe`")
+        return
     kind = ResourceKind.TOPIC if access is Access.TOPIC else ResourceKind.GROUP
     name = request.match_info[kind.value]
     if not may_read(principal, kind, name):

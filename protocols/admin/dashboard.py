@@ -1,7 +1,9 @@
 """The live telemetry dashboard: static files from ``analytics/dashboard`` served as they are.
 
 The page holds no data: its script asks for credentials, then reads the results topic through
-``GET /topics/{topic}/tail`` (see ``tail.py``) and draws the charts in the browser.
+``GET /topics/{topic}/tail`` (see ``tail.py``) and draws the charts in the browser. The page's
+Content-Security-Policy lets it load only its own script and style sheet and talk only to this
+server, so nothing injected into it (a topic name, a message body) can run or send data away.
 """
 
 from __future__ import annotations
@@ -17,10 +19,15 @@ from .errors import HttpProblem
 
 DASHBOARD_DIR = Path(analytics.__file__).resolve().parent / "dashboard"
 ASSETS = {"dashboard.js": "text/javascript", "dashboard.css": "text/css"}
+PAGE_CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; img-src data:; "
+            "connect-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'")
+"""Own script and styles only (no inline code), fetches to this server only, the empty icon."""
 
 
 async def page(request: web.Request, principal: Principal) -> web.StreamResponse:
-    return _file("index.html", "text/html")
+    response = _file("index.html", "text/html")
+    response.headers["Content-Security-Policy"] = PAGE_CSP
+    return response
 
 
 async def asset(request: web.Request, principal: Principal) -> web.StreamResponse:

@@ -52,14 +52,13 @@ def status_for(error: Exception) -> tuple[int, str]:
     return 500, "internal"
 
 
-def error_response(error: Exception, ask_credentials: bool = True) -> web.Response:
-    """The JSON response for ``error``. A 401 also asks for Basic credentials unless
-    ``ask_credentials`` is off: pages that sign in with their own form (the dashboard) send
-    ``X-Requested-With: XMLHttpRequest`` so that the browser does not prompt."""
+def error_response(error: Exception) -> web.Response:
+    """The JSON response for ``error``. A 401 carries no ``WWW-Authenticate`` challenge: callers
+    send credentials with every request, and a challenge would make browsers prompt and then
+    replay the credentials on requests other sites' pages make."""
     status, code = status_for(error)
     message = str(error) or code.replace("_", " ")
     if status == 500 and not isinstance(error, core.SluiceError | HttpProblem):
         message = (f"internal error ({type(error).__name__}: {error}); the broker's log has "
                    "the details")
-    headers = {"WWW-Authenticate": 'Basic realm="sluice"'} if status == 401 and ask_credentials else None
-    return web.json_response({"error": code, "message": message}, status=status, headers=headers)
+    return web.json_response({"error": code, "message": message}, status=status)

@@ -12,6 +12,7 @@ import asyncio
 import base64
 import dataclasses
 import enum
+import json
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -19,7 +20,7 @@ from typing import Any
 
 from aiohttp import web
 
-from core.errors import AccessDenied, NotFound, UserNotFound
+from core.errors import AccessDenied, MessageNotFound, NotFound, UserNotFound
 from core.model import (Action, ConsumeMode, Delivery, GroupConfig, MessageType, Permission,
                         Principal, ResourceKind, RetryPolicy, TopicConfig)
 
@@ -79,12 +80,21 @@ def message_json(delivery: Delivery) -> dict[str, Any]:
 
 
 async def body_of(request: web.Request) -> dict[str, Any]:
-    """The request's JSON object, or a 400 that says what to send."""
+    """The request's JSON object, or a 400 that says what to send (the server bounds the size)."""
+    return json_object(await request.read())
+
+
+def json_object(data: bytes) -> dict[str, Any]:
+    """``data`` decoded as a JSON object, or a 400 that says what to send. Nesting deeper than
+    the interpreter's recursion limit is refused like any other bad JSON, not a crash."""
     try:
-        body = await request.json()
+        body = json.loads(data)
     except ValueError as error:
         raise HttpProblem(400, "bad_json", f"the request body is not JSON ({error}); send a JSON "
                           "object with Content-Type: application/json") from None
+    except RecursionError:
+        raise HttpProblem(400, "bad_json", "the request body nests arrays or objects too deeply "
+                          "to decode; the admin API takes flat JSON objects") from None
     if not isinstance(body, dict):
         raise HttpProblem(400, "bad_json", "the request body must be a JSON object")
     return body
@@ -203,10 +213,15 @@ async def messages_by_key(request: web.Request, principal: Principal) -> list[di
 
 
 async def message_by_id(request: web.Request, principal: Principal) -> dict[str, Any]:
-    delivery = deps(request).broker.lookup_message(principal, request.match_info["msg_id"])
-    if not may_read(principal, ResourceKind.TOPIC, delivery.topic):
-        raise AccessDenied(f"user {principal.user!r} has no permission on topic {delivery.topic!r}")
-    return message_json(delivery)
+    """A message by id. A caller without the subscribe right on its topic hears the same 404 as
+    for a message that does not exist: neither the message nor its topic's name leaks."""
+    msg_id = request.match_info["msg_id"]
+    try:
+        return message_json(deps(request).broker.lookup_message(principal, msg_id))
+    except (AccessDenied, MessageNotFound):
+        raise MessageNotFound(f"no message you may read has id {msg_id!r}: it may have aged out "
+                              "with retention, or reading it needs the subscribe right on its "
+                              "topic") from None
 
 
 # --- groups ---
@@ -216,6 +231,12 @@ async def list_groups(request: web.Request, principal: Principal) -> list[dict[s
             if may_read(principal, ResourceKind.GROUP, g.name)]
 
 
+RETRY_FIELDS: dict[str, type | tuple[type, ...]] = {
+    "max_attempts": int, "initial_backoff_ms": int, "max_backoff_ms": int,
+    "multiplier": (int, float)}
+"""The JSON types of a retry policy's fields; core checks their ranges."""
+
+
 async def create_group(request: web.Request, principal: Principal) -> dict[str, Any]:
     body = await body_of(request)
     retry = field(body, "retry", dict, {})
@@ -223,8 +244,8 @@ async def create_group(request: web.Request, principal: Principal) -> dict[str, 
         name=field(body, "name", str),
         consume_mode=enum_value(ConsumeMode, field(body, "consume_mode", str, "clustering"),
                                 "consume_mode"),
-        retry=RetryPolicy(**{f.name: field(retry, f.name, (int, float), getattr(RetryPolicy, f.name))
-                             for f in dataclasses.fields(RetryPolicy)}),
+        retry=RetryPolicy(**{name: field(retry, name, kind, getattr(RetryPolicy, name))
+                             for name, kind in RETRY_FIELDS.items()}),
         fifo=field(body, "fifo", bool, False))
     return plain(await deps(request).broker.create_group(principal, config))
 

@@ -7,6 +7,7 @@ from typing import Any
 
 from .access import Access
 from .errors import STATUS
+from .guards import SAFE_METHODS
 
 TITLE = "Sluice admin API"
 VERSION = "0.1.0"
@@ -148,18 +149,22 @@ def _errors(route: Any) -> dict[str, Any]:
     statuses = {500, 503}
     if route.access is not Access.PUBLIC:
         statuses |= {401}
-    if route.access not in (Access.PUBLIC, Access.USER):
+    if route.access not in (Access.PUBLIC, Access.USER) or route.method not in SAFE_METHODS:
         statuses |= {403}
     if "{" in route.path or route.body:
         statuses |= {400, 404, 409} if route.body else {404}
+    if route.body:
+        statuses |= {413, 415}
     if route.query:
         statuses.add(400)
-    known = {status for status, _ in STATUS.values()}
+    known = {status for status, _ in STATUS.values()} | {415}
     error = {"content": {"application/json": {"schema": _ref("Error")}}}
     return {str(s): {"description": _reason(s), **error} for s in sorted(statuses & known)}
 
 
 def _reason(status: int) -> str:
     return {400: "invalid request", 401: "missing or wrong credentials",
-            403: "not allowed for this user", 404: "no such resource", 409: "already exists",
-            500: "internal error", 503: "unavailable"}.get(status, "error")
+            403: "not allowed for this user, or a write from another origin",
+            404: "no such resource", 409: "already exists", 413: "request body too large",
+            415: "body not sent as application/json", 500: "internal error",
+            503: "unavailable"}.get(status, "error")

@@ -1,8 +1,10 @@
 """The admin HTTP server: registers ``routes.ROUTES`` on aiohttp, guards them, maps errors.
 
-Every route's handler is wrapped once: authenticate (HTTP Basic, checked by ``Users`` in an
-executor because scrypt blocks), check the route's access rule, run the handler, encode JSON.
-Errors, including aiohttp's own 404/405, leave as JSON bodies through ``errors.py``.
+Every request first passes ``guards.py`` (cross-origin writes refused, bodies bounded, security
+headers on every response). Every route's handler is wrapped once: check the body's media type,
+authenticate (HTTP Basic, checked by ``Users`` in an executor because scrypt blocks), check the
+route's access rule, run the handler, encode JSON. Errors, including aiohttp's own 404/405,
+leave as JSON bodies through ``errors.py``.
 """
 
 from __future__ import annotations
@@ -17,8 +19,9 @@ from aiohttp import web
 
 from core.errors import Unauthenticated
 from core.model import Principal
+from core.untrusted import clip
 
-from . import access
+from . import access, guards
 from .errors import HttpProblem, error_response
 from .handlers import DEPS, AdminDeps
 from .metrics import METRICS, AdminMetrics
@@ -30,7 +33,9 @@ log = logging.getLogger(__name__)
 
 def build_app(deps: AdminDeps) -> web.Application:
     """The aiohttp application serving exactly ``ROUTES``."""
-    app = web.Application(middlewares=[_errors_and_counts])
+    app = web.Application(middlewares=[_errors_and_counts, _same_origin_writes],
+                          client_max_size=guards.MAX_BODY_BYTES)
+    app.on_response_prepare.append(guards.add_security_headers)
     app[DEPS] = deps
     app[METRICS] = AdminMetrics(deps)
     app[TAILS] = set()
@@ -42,10 +47,12 @@ def build_app(deps: AdminDeps) -> web.Application:
 
 def _guarded(route: Route) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
     async def handle(request: web.Request) -> web.StreamResponse:
+        if route.body is not None:
+            guards.require_json(request)
         principal = access.ANONYMOUS
         if route.access is not access.Access.PUBLIC:
             principal = await _authenticate(request)
-            access.check(principal, route.access, request)
+            access.check(principal, route.access, request, request.app[DEPS].broker)
         result = await route.handler(request, principal)
         if isinstance(result, web.StreamResponse):
             return result
@@ -80,17 +87,28 @@ async def _errors_and_counts(request: web.Request,
         response = _http_error(request, http)
     except Exception as error:  # every error leaves as JSON; unexpected ones are logged too
         if not isinstance(error, HttpProblem) and error_response(error).status == 500:
-            log.exception("admin API %s %s failed", request.method, request.path)
-        response = error_response(error, request.headers.get("X-Requested-With") != "XMLHttpRequest")
+            log.exception("admin API %s %s failed", request.method, clip(request.path))
+        response = error_response(error)
     resource = request.match_info.route.resource
     route = resource.canonical if resource is not None else "unmatched"
     request.app[METRICS].requests.labels(request.method, route, str(response.status)).inc()
     return response
 
 
+@web.middleware
+async def _same_origin_writes(request: web.Request,
+                              handler: Callable[[web.Request], Awaitable[web.StreamResponse]],
+                              ) -> web.StreamResponse:
+    guards.check_same_origin(request)
+    return await handler(request)
+
+
 def _http_error(request: web.Request, http: web.HTTPException) -> web.StreamResponse:
     if http.status == 404:
         message = (f"no such endpoint {request.path}; GET /openapi.json lists every endpoint")
+    elif http.status == 413:
+        message = (f"the request body is larger than {guards.MAX_BODY_BYTES} bytes; the admin API "
+                   "takes small JSON objects")
     elif http.status == 405:
         message = (f"{request.method} is not allowed on {request.path}; allowed: "
                    f"{', '.join(sorted(getattr(http, 'allowed_methods', ())))}")

@@ -9,6 +9,11 @@ connection. A client that falls more than ``MAX_BUFFERED`` messages behind gets 
 The live part is a core listener on the topic's subjects, registered before history is read;
 per-queue history ends drop what both parts saw. Lines carry the position (queue, offset),
 keys, tag, subject, timestamps and the body as text (``body_base64`` when it is not UTF-8).
+
+Reading bodies needs the subscribe right on the topic: the route's access rule decides it before
+any header is written (a 403 JSON answer), and the right is checked again before every batch and
+heartbeat, since rights change at runtime: a caller who loses it gets a last line
+``{"error": "forbidden", ...}`` and the stream ends.
 """
 
 from __future__ import annotations
@@ -22,7 +27,8 @@ from typing import Any
 
 from aiohttp import web
 
-from core.model import SUBJECT_PROPERTY, Delivery, Principal
+from core.errors import AccessDenied
+from core.model import SUBJECT_PROPERTY, Action, Delivery, Principal
 
 from .errors import HttpProblem
 from .handlers import deps, query_int
@@ -64,6 +70,7 @@ class LiveFeed:
 
 
 async def tail_topic(request: web.Request, principal: Principal) -> web.StreamResponse:
+    """Stream the topic (see the module docstring). Runs on the event loop."""
     broker = deps(request).broker
     topic = request.match_info["topic"]
     config = broker.get_topic(topic)  # NotFound: 404 with the topic's name
@@ -79,11 +86,13 @@ async def tail_topic(request: web.Request, principal: Principal) -> web.StreamRe
                                            "Cache-Control": "no-cache"})
     try:
         await response.prepare(request)
-        history_end = {}
-        for queue_id in range(config.queue_count):
-            history_end[queue_id] = await _send_history(broker, principal, topic, queue_id,
-                                                        since_ms, response)
-        await _send_live(feed, history_end, response)
+        stream = _Stream(broker, principal, topic, response)
+        try:
+            history_end = {queue_id: await stream.history(queue_id, since_ms)
+                           for queue_id in range(config.queue_count)}
+            await stream.live(feed, history_end)
+        except AccessDenied as error:  # the right was revoked (or the user deleted) meanwhile
+            await response.write(_json_line({"error": "forbidden", "message": str(error)}))
     except ConnectionResetError:
         pass  # the client went away
     finally:
@@ -92,38 +101,54 @@ async def tail_topic(request: web.Request, principal: Principal) -> web.StreamRe
     return response
 
 
-async def _send_history(broker: Any, principal: Principal, topic: str, queue_id: int,
-                        since_ms: int, response: web.StreamResponse) -> int:
-    """Write one queue's messages stored since ``since_ms``; return where they end."""
-    offset = broker.offset_at(topic, queue_id, since_ms)
-    end = broker.offset_at(topic, queue_id, "latest")
-    while offset < end:
-        pulled = await broker.pull(principal, "$admin-tail", topic, queue_id, offset,
-                                   max_messages=min(HISTORY_BATCH, end - offset))
-        if not pulled.messages:
-            break
-        await response.write(_lines(pulled.messages))
-        offset = pulled.next_offset
-    return end
+class _Stream:
+    """One open tail: writes batches and heartbeats, each only while the caller may still read
+    the topic (AccessDenied otherwise). Runs on the event loop."""
 
+    def __init__(self, broker: Any, principal: Principal, topic: str,
+                 response: web.StreamResponse) -> None:
+        self._broker = broker
+        self._principal = principal
+        self._topic = topic
+        self._response = response
 
-async def _send_live(feed: LiveFeed, history_end: dict[int, int],
-                     response: web.StreamResponse) -> None:
-    while not feed.closed:
-        if feed.overflowed:
-            await response.write(_json_line({
-                "error": "overflow", "message": f"more than {MAX_BUFFERED} messages were waiting "
-                "for this client; reconnect to start again from history"}))
-            return
-        if feed.pending:
-            fresh = [d for d in feed.pending if d.queue_offset >= history_end.get(d.queue_id, 0)]
-            feed.pending.clear()
-            if fresh:
-                await response.write(_lines(fresh))
-            continue
-        await feed.wait(HEARTBEAT_S)
-        if not feed.pending and not feed.closed:
-            await response.write(_json_line({"heartbeat": int(time.time() * 1000)}))
+    async def history(self, queue_id: int, since_ms: int) -> int:
+        """Write one queue's messages stored since ``since_ms``; return where they end."""
+        broker, topic = self._broker, self._topic
+        offset = broker.offset_at(topic, queue_id, since_ms)
+        end = broker.offset_at(topic, queue_id, "latest")
+        while offset < end:
+            pulled = await broker.pull(self._principal, "$admin-tail", topic, queue_id, offset,
+                                       max_messages=min(HISTORY_BATCH, end - offset))
+            if not pulled.messages:
+                break
+            await self._write(_lines(pulled.messages))
+            offset = pulled.next_offset
+        return end
+
+    async def live(self, feed: LiveFeed, history_end: dict[int, int]) -> None:
+        """Write new messages as the feed gets them, and heartbeats while it is quiet."""
+        while not feed.closed:
+            if feed.overflowed:
+                await self._response.write(_json_line({
+                    "error": "overflow", "message": f"more than {MAX_BUFFERED} messages were "
+                    "waiting for this client; reconnect to start again from history"}))
+                return
+            if feed.pending:
+                fresh = [d for d in feed.pending if d.queue_offset >= history_end.get(d.queue_id, 0)]
+                feed.pending.clear()
+                if fresh:
+                    await self._write(_lines(fresh))
+                continue
+            await feed.wait(HEARTBEAT_S)
+            if not feed.pending and not feed.closed:
+                await self._write(_json_line({"heartbeat": int(time.time() * 1000)}))
+
+    async def _write(self, data: bytes) -> None:
+        if not self._broker.allowed(self._principal, Action.SUBSCRIBE, self._topic):
+            raise AccessDenied(f"user {self._principal.user!r} may no longer read topic "
+                               f"{self._topic!r} (its subscribe right is gone); the stream ends")
+        await self._response.write(data)
 
 
 def _lines(deliveries: list[Delivery]) -> bytes:

@@ -2,12 +2,18 @@
 
 Sluice is one broker, so every route names this server's own endpoint and one MessageQueue per
 queue of the topic, readable and writable, accepting the topic's message type.
+
+The caller's right on the topic is decided before the topic is looked up: a caller without one
+gets FORBIDDEN whether the topic exists or not, so topic names do not leak.
 """
 
 from __future__ import annotations
 
 from rocketmq.grpc_protocol import definition_pb2 as pb
 from rocketmq.grpc_protocol import service_pb2 as rpc
+
+from core.errors import AccessDenied
+from core.model import Action
 
 from .context import Call, Edge
 from .convert import message_queue, name_of
@@ -16,8 +22,16 @@ from .membership import refresh
 
 
 async def query_route(edge: Edge, call: Call, request: rpc.QueryRouteRequest) -> rpc.QueryRouteResponse:
-    """Every queue of the topic, on this broker."""
-    config = edge.broker.get_topic(name_of(request.topic, "topic"))
+    """Every queue of the topic, on this broker, for a caller that may publish or subscribe
+    there (producers and consumers both ask)."""
+    topic = name_of(request.topic, "topic")
+    allowed = edge.broker.allowed
+    if not (allowed(call.principal, Action.PUBLISH, topic)
+            or allowed(call.principal, Action.SUBSCRIBE, topic)):
+        raise AccessDenied(f"user {call.principal.user!r} may neither publish nor subscribe on "
+                           f"topic {topic!r}; ask an administrator to grant one of them on a "
+                           "topic pattern matching it")
+    config = edge.broker.get_topic(topic)
     endpoints = edge.endpoints(request.endpoints)
     queues = [message_queue(request.topic, config, queue_id, endpoints)
               for queue_id in range(config.queue_count)]
@@ -31,6 +45,9 @@ async def query_assignment(edge: Edge, call: Call,
     group = name_of(request.group, "consumer group")
     topic = name_of(request.topic, "topic")
     client_id = call.require_client_id()
+    if not edge.broker.allowed(call.principal, Action.SUBSCRIBE, topic):
+        raise AccessDenied(f"user {call.principal.user!r} may not subscribe on topic {topic!r}; "
+                           "ask an administrator to grant subscribe on a topic pattern matching it")
     await refresh(edge, call, group, topic)
     config = edge.broker.get_topic(topic)
     queue_ids = edge.broker.assignment(call.principal, group, topic, client_id)

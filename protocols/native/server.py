@@ -19,7 +19,7 @@ from rocketmq.grpc_protocol import service_pb2_grpc
 from core.model import Principal
 from core.service import Broker
 
-from .auth import Authenticator
+from .auth import DEFAULT_MAX_SKEW_S, Authenticator
 from .clients import ClientRegistry
 from .context import Edge
 from .servicer import MessagingServicer
@@ -58,16 +58,20 @@ class NativeServer:
 
 async def start_native_server(broker: Broker, host: str = "127.0.0.1", port: int = 8081, *,
                               advertised_host: str | None = None, allow_anonymous: bool = False,
-                              anonymous_principal: Principal | None = None) -> NativeServer:
+                              anonymous_principal: Principal | None = None,
+                              signature_max_skew_s: float = DEFAULT_MAX_SKEW_S) -> NativeServer:
     """Bind ``host:port`` and serve the RocketMQ 5 gRPC API over ``broker``.
 
     Routes tell clients to use ``advertised_host`` (with the bound port) when given, else the
     address the client itself used. Calls without credentials are refused unless
     ``allow_anonymous``; they then act for ``anonymous_principal`` (default: a user named
-    ``anonymous`` with no permissions of its own). Runs on the broker's event loop.
+    ``anonymous`` with no permissions of its own). Signed calls made more than
+    ``signature_max_skew_s`` seconds from the broker's clock are refused. Runs on the broker's
+    event loop.
     """
+    anonymous = (anonymous_principal or ANONYMOUS) if allow_anonymous else None
     edge = Edge(broker=broker,
-                auth=Authenticator(broker, (anonymous_principal or ANONYMOUS) if allow_anonymous else None),
+                auth=Authenticator(broker, anonymous, signature_max_skew_s),
                 clients=ClientRegistry(), host=host, advertised_host=advertised_host)
     # A request may carry a message a little over the limit: let it through so the broker
     # answers MESSAGE_BODY_TOO_LARGE instead of the transport cutting the call.

@@ -34,6 +34,7 @@ def browser(tmp_path):
                  "--disable-dev-shm-usage", "--window-size=1280,1800",
                  f"--user-data-dir={tmp_path / 'chromium-profile'}"):
         options.add_argument(flag)
+    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})  # CSP violations land there
     driver = webdriver.Chrome(options=options, service=Service(CHROMEDRIVER))
     yield driver
     driver.quit()
@@ -109,3 +110,19 @@ def test_the_dashboard_draws_published_windows_and_updates_live(spark, sluice_se
     assert browser.execute_script("return window.loadedOnce") is True  # updated without reload
     assert len(browser.find_elements(By.CSS_SELECTOR, "#device-grid .tile")) == 4
     assert browser.find_element(By.ID, "latency").text != "–"
+
+    # All of that worked under the page's Content-Security-Policy, which is in force: it
+    # reported nothing, and it stops a script injected into the page.
+    violations = [e["message"] for e in browser.get_log("browser") if "Content Security" in e["message"]]
+    assert violations == []
+    assert browser.execute_async_script(INJECT_INLINE_SCRIPT) == "blocked"
+
+
+INJECT_INLINE_SCRIPT = """
+const done = arguments[arguments.length - 1];
+document.addEventListener("securitypolicyviolation", () => done(window.injected ? "ran" : "blocked"));
+const script = document.createElement("script");
+script.textContent = "window.injected = true";
+document.body.appendChild(script);
+setTimeout(() => done(window.injected ? "ran" : "no violation reported"), 5000);
+"""

@@ -16,7 +16,7 @@ from rocketmq.grpc_protocol import service_pb2 as rpc
 from rocketmq.grpc_protocol import service_pb2_grpc
 from rocketmq.v5.util.signature import Signature
 
-from core.model import MessageType, Principal
+from core.model import Action, MessageType, Permission, Principal, ResourceKind
 
 Code = pb.Code
 TIMEOUT = 10
@@ -373,7 +373,9 @@ def test_wrong_credentials_and_missing_credentials_are_refused(native_broker):
 
 
 def test_anonymous_access_acts_for_the_given_principal(native_broker_factory):
-    nb = native_broker_factory(allow_anonymous=True, anonymous_principal=Principal("guest"))
+    reads_orders = Permission("guest", ResourceKind.TOPIC, "orders", frozenset({Action.SUBSCRIBE}))
+    nb = native_broker_factory(allow_anonymous=True,
+                               anonymous_principal=Principal("guest", permissions=(reads_orders,)))
     nb.create_topic("orders", queues=1)
     stub = Stub(nb.endpoint)
     assert route(stub, "orders").status.code == Code.OK

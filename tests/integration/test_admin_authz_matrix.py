@@ -1,0 +1,189 @@
+"""The admin API's authorization matrix: every route × {admin, owner, publish-only, other user,
+no rights, anonymous}, over real HTTP. The expected status of each cell is written out here,
+not derived from the access rules, and the table must name every route the API serves."""
+from __future__ import annotations
+
+import itertools
+import json
+from dataclasses import dataclass
+from http.client import HTTPConnection
+from urllib.parse import urlsplit
+
+import pytest
+
+from core.model import SYSTEM, OutgoingMessage
+from protocols.admin.routes import ROUTES
+from tests.integration.test_admin_api import BrokerThread, Http
+from tests.integration.test_admin_hardening import basic
+
+ROLES = ("admin", "owner", "publisher", "other", "none", "anonymous")
+PASSWORD = "pw"
+CREDENTIALS = {"admin": basic("sluice", "sluice"), "anonymous": {},
+               **{role: basic(role, PASSWORD) for role in ("owner", "publisher", "other", "none")}}
+GRANTS = {  # role -> (kind, pattern, actions)
+    "owner": [("topic", "m-topic", ["publish", "subscribe"]), ("group", "m-group", ["subscribe"])],
+    "publisher": [("topic", "m-topic", ["publish"])],
+    "other": [("topic", "o-topic", ["publish", "subscribe"]), ("group", "o-group", ["subscribe"])],
+    "none": [],
+}
+
+
+def only_admin(code: int) -> dict[str, int]:
+    return {"admin": code, "owner": 403, "publisher": 403, "other": 403, "none": 403,
+            "anonymous": 401}
+
+
+EVERYONE_200 = dict.fromkeys(ROLES, 200)
+USERS_200 = {**dict.fromkeys(ROLES, 200), "anonymous": 401}
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One route: how to call it (``{n}`` is a fresh number for what an admin may destroy)."""
+
+    method: str
+    path: str
+    route: str
+    expect: dict[str, int]
+    body: dict | None = None
+    fresh: str | None = None
+    """What the admin's call consumes: 'topic', 'group' or 'user', made as ``x-{kind}-{n}``."""
+
+
+TABLE = [
+    Cell("GET", "/health", "/health", EVERYONE_200),
+    Cell("GET", "/metrics", "/metrics", EVERYONE_200),
+    Cell("GET", "/dashboard", "/dashboard", EVERYONE_200),
+    Cell("GET", "/dashboard/dashboard.js", "/dashboard/{asset}", EVERYONE_200),
+    Cell("GET", "/openapi.json", "/openapi.json", EVERYONE_200),
+    Cell("GET", "/topics", "/topics", USERS_200),
+    Cell("POST", "/topics", "/topics", only_admin(201), body={"name": "new-topic-{n}"}),
+    Cell("GET", "/topics/m-topic", "/topics/{topic}",
+         {"admin": 200, "owner": 200, "publisher": 200, "other": 403, "none": 403, "anonymous": 401}),
+    Cell("DELETE", "/topics/{target}", "/topics/{topic}", only_admin(204), fresh="topic"),
+    Cell("GET", "/topics/m-topic/messages?key=k", "/topics/{topic}/messages",
+         {"admin": 200, "owner": 200, "publisher": 403, "other": 403, "none": 403, "anonymous": 401}),
+    Cell("GET", "/topics/m-topic/tail", "/topics/{topic}/tail",
+         {"admin": 200, "owner": 200, "publisher": 403, "other": 403, "none": 403, "anonymous": 401}),
+    Cell("GET", "/messages/{msg_id}", "/messages/{msg_id}",
+         {"admin": 200, "owner": 200, "publisher": 404, "other": 404, "none": 404, "anonymous": 401}),
+    Cell("GET", "/groups", "/groups", USERS_200),
+    Cell("POST", "/groups", "/groups", only_admin(201), body={"name": "new-group-{n}"}),
+    Cell("GET", "/groups/m-group", "/groups/{group}",
+         {"admin": 200, "owner": 200, "publisher": 403, "other": 403, "none": 403, "anonymous": 401}),
+    Cell("DELETE", "/groups/{target}", "/groups/{group}", only_admin(204), fresh="group"),
+    Cell("POST", "/groups/m-group/reset-offset", "/groups/{group}/reset-offset", only_admin(200),
+         body={"topic": "m-topic", "to": "earliest"}),
+    Cell("GET", "/users", "/users", only_admin(200)),
+    Cell("POST", "/users", "/users", only_admin(201), body={"name": "new-user-{n}", "password": "x"}),
+    Cell("DELETE", "/users/{target}", "/users/{user}", only_admin(204), fresh="user"),
+    Cell("PUT", "/users/{target}/password", "/users/{user}/password", only_admin(204),
+         body={"password": "changed"}, fresh="user"),
+    Cell("GET", "/users/owner/permissions", "/users/{user}/permissions", only_admin(200)),
+    Cell("POST", "/users/{target}/permissions", "/users/{user}/permissions", only_admin(201),
+         body={"kind": "topic", "pattern": "m-topic", "actions": ["subscribe"]}, fresh="user"),
+    Cell("DELETE", "/users/{target}/permissions?kind=topic&pattern=m-topic",
+         "/users/{user}/permissions", only_admin(204), fresh="user"),
+]
+"""Every cell of a non-admin write names a resource that exists, so a 403 is the rule, not a
+missing thing; the victims of refused writes are checked to be untouched afterwards."""
+
+
+@dataclass
+class World:
+    broker: BrokerThread
+    admin: Http
+    msg_id: str
+    counter: itertools.count
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    broker = BrokerThread(str(tmp_path_factory.mktemp("matrix") / "data"))
+    admin = Http(broker.running.admin_url)
+    for name in ("m-topic", "o-topic"):
+        assert admin("POST", "/topics", {"name": name, "queue_count": 1})[0] == 201
+    for name in ("m-group", "o-group"):
+        assert admin("POST", "/groups", {"name": name})[0] == 201
+    for role, grants in GRANTS.items():
+        assert admin("POST", "/users", {"name": role, "password": PASSWORD})[0] == 201
+        for kind, pattern, actions in grants:
+            grant = {"kind": kind, "pattern": pattern, "actions": actions}
+            assert admin("POST", f"/users/{role}/permissions", grant)[0] == 201
+    sent = broker.call(broker.running.broker.send(SYSTEM, [OutgoingMessage("m-topic", b"secret",
+                                                                           keys=("k",))]))
+    yield World(broker, admin, sent[0].msg_id, itertools.count())
+    broker.stop()
+
+
+def test_the_table_names_every_route_the_api_serves():
+    assert {(c.method, c.route) for c in TABLE} == {(r.method, r.path) for r in ROUTES}
+    assert all(set(c.expect) == set(ROLES) for c in TABLE)
+
+
+def fresh_target(world: World, kind: str) -> str:
+    """A resource only this cell uses: the admin may delete or change it."""
+    name = f"x-{kind}-{next(world.counter)}"
+    body = {"topic": {"name": name, "queue_count": 1}, "group": {"name": name},
+            "user": {"name": name, "password": "x"}}[kind]
+    assert world.admin("POST", f"/{kind}s", body)[0] == 201
+    if kind == "user":
+        grant = {"kind": "topic", "pattern": "m-topic", "actions": ["subscribe"]}
+        assert world.admin("POST", f"/users/{name}/permissions", grant)[0] == 201
+    return name
+
+
+VICTIMS = {"topic": "m-topic", "group": "m-group", "user": "owner"}
+
+
+@pytest.mark.parametrize("role", ROLES)
+@pytest.mark.parametrize("cell", TABLE, ids=lambda c: f"{c.method} {c.route}")
+def test_matrix(world, cell, role):
+    n = next(world.counter)
+    expected = cell.expect[role]
+    target = (fresh_target(world, cell.fresh) if expected < 400 else VICTIMS[cell.fresh]) \
+        if cell.fresh else ""
+    path = cell.path.format(target=target, msg_id=world.msg_id)
+    body = None if cell.body is None else json.loads(json.dumps(cell.body).replace("{n}", str(n)))
+    headers = dict(CREDENTIALS[role])
+    if body is not None:
+        headers["Content-Type"] = "application/json"
+    parts = urlsplit(world.broker.running.admin_url)
+    connection = HTTPConnection(parts.hostname, parts.port, timeout=20)
+    try:
+        connection.request(cell.method, path, body=None if body is None else json.dumps(body),
+                           headers=headers)
+        response = connection.getresponse()  # the status line only: a tail would stream on
+        assert response.status == expected, (role, cell.method, path, response.read()[:300])
+    finally:
+        connection.close()
+    if cell.fresh and expected >= 400:
+        assert_untouched(world)
+
+
+def assert_untouched(world: World) -> None:
+    """The resources other roles' writes aimed at are still as the fixture made them."""
+    assert world.admin("GET", "/topics/m-topic")[0] == 200
+    assert world.admin("GET", "/groups/m-group")[0] == 200
+    permissions = world.admin("GET", "/users/owner/permissions")[1]
+    assert {(p["kind"], p["pattern"]) for p in permissions} == {("topic", "m-topic"),
+                                                                 ("group", "m-group")}
+    assert Http(world.admin.url, "owner", PASSWORD)("GET", "/topics")[0] == 200  # password kept
+
+
+LISTED = {  # role -> (topics, groups) its lists show, of those the fixture made
+    "admin": ({"m-topic", "o-topic"}, {"m-group", "o-group"}),
+    "owner": ({"m-topic"}, {"m-group"}),
+    "publisher": ({"m-topic"}, set()),
+    "other": ({"o-topic"}, {"o-group"}),
+    "none": (set(), set()),
+}
+
+
+@pytest.mark.parametrize("role", LISTED)
+def test_lists_show_each_role_only_what_it_has_a_right_on(world, role):
+    user = Http(world.admin.url, *(("sluice", "sluice") if role == "admin" else (role, PASSWORD)))
+    fixture_made = {"m-topic", "o-topic", "m-group", "o-group"}
+    topics = {t["name"] for t in user("GET", "/topics")[1]} & fixture_made
+    groups = {g["name"] for g in user("GET", "/groups")[1]} & fixture_made
+    assert (topics, groups) == LISTED[role]
