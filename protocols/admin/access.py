@@ -28,7 +28,7 @@ from aiohttp import web
 
 from core.auth import pattern_matches
 from core.errors import AccessDenied, Unauthenticated
-from core.model import Action, Principal, ResourceKind
+from core.model import INTERNAL_PREFIX, Action, Principal, ResourceKind
 
 ANONYMOUS = Principal("anonymous")
 
@@ -77,9 +77,13 @@ def credentials(request: web.Request) -> tuple[str, str] | None:
 
 
 def may_read(principal: Principal, kind: ResourceKind, name: str) -> bool:
-    """Whether ``principal`` may see topic or group ``name`` (admin, or any matching permission)."""
-    return principal.admin or any(p.kind is kind and pattern_matches(p.pattern, name)
-                                  for p in principal.permissions)
+    """Whether ``principal`` may see topic or group ``name`` (admin, or any matching permission;
+    internal topics, which hold the broker's own state, are for admins only)."""
+    if principal.admin:
+        return True
+    if kind is ResourceKind.TOPIC and name.startswith(INTERNAL_PREFIX):
+        return False
+    return any(p.kind is kind and pattern_matches(p.pattern, name) for p in principal.permissions)
 
 
 def check(principal: Principal, access: Access, request: web.Request, broker: Any) -> None:

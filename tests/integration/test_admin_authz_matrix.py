@@ -84,6 +84,10 @@ TABLE = [
          body={"kind": "topic", "pattern": "m-topic", "actions": ["subscribe"]}, fresh="user"),
     Cell("DELETE", "/users/{target}/permissions?kind=topic&pattern=m-topic",
          "/users/{user}/permissions", only_admin(204), fresh="user"),
+    Cell("GET", "/acl", "/acl", only_admin(200)),
+    Cell("POST", "/acl", "/acl", only_admin(201),
+         body={"pattern": "new-rule-{n}/#", "actions": ["publish"], "effect": "deny"}),
+    Cell("DELETE", "/acl?pattern={target}&effect=allow", "/acl", only_admin(204), fresh="rule"),
 ]
 """Every cell of a non-admin write names a resource that exists, so a 403 is the rule, not a
 missing thing; the victims of refused writes are checked to be untouched afterwards."""
@@ -105,6 +109,8 @@ def world(tmp_path_factory):
         assert admin("POST", "/topics", {"name": name, "queue_count": 1})[0] == 201
     for name in ("m-group", "o-group"):
         assert admin("POST", "/groups", {"name": name})[0] == 201
+    rule = {"pattern": "m-rule/#", "actions": ["publish"], "effect": "allow"}
+    assert admin("POST", "/acl", rule)[0] == 201
     for role, grants in GRANTS.items():
         assert admin("POST", "/users", {"name": role, "password": PASSWORD})[0] == 201
         for kind, pattern, actions in grants:
@@ -124,6 +130,10 @@ def test_the_table_names_every_route_the_api_serves():
 def fresh_target(world: World, kind: str) -> str:
     """A resource only this cell uses: the admin may delete or change it."""
     name = f"x-{kind}-{next(world.counter)}"
+    if kind == "rule":
+        rule = {"pattern": name + "/#", "actions": ["subscribe"], "effect": "allow"}
+        assert world.admin("POST", "/acl", rule)[0] == 201
+        return rule["pattern"].replace("#", "%23")
     body = {"topic": {"name": name, "queue_count": 1}, "group": {"name": name},
             "user": {"name": name, "password": "x"}}[kind]
     assert world.admin("POST", f"/{kind}s", body)[0] == 201
@@ -133,7 +143,7 @@ def fresh_target(world: World, kind: str) -> str:
     return name
 
 
-VICTIMS = {"topic": "m-topic", "group": "m-group", "user": "owner"}
+VICTIMS = {"topic": "m-topic", "group": "m-group", "user": "owner", "rule": "m-rule/%23"}
 
 
 @pytest.mark.parametrize("role", ROLES)
@@ -169,6 +179,7 @@ def assert_untouched(world: World) -> None:
     assert {(p["kind"], p["pattern"]) for p in permissions} == {("topic", "m-topic"),
                                                                  ("group", "m-group")}
     assert Http(world.admin.url, "owner", PASSWORD)("GET", "/topics")[0] == 200  # password kept
+    assert {r["pattern"] for r in world.admin("GET", "/acl")[1]} >= {"m-rule/#"}
 
 
 LISTED = {  # role -> (topics, groups) its lists show, of those the fixture made
