@@ -1,0 +1,279 @@
+"""The authorization matrix of MQTT and the native (RocketMQ 5) protocol: every operation ×
+{admin, owner, publish-only, other user, no rights, anonymous}, over real sockets against one
+broker (anonymous access on: anonymous clients act as the user ``anonymous``, which has no
+rights). The admin API's matrix is ``test_admin_authz_matrix.py``.
+
+Each cell says whether the role may do the operation. Refused means the protocol's own answer
+(MQTT 5: reason code 0x87; native: FORBIDDEN), never a dropped connection or an internal error;
+allowed means anything else. The expected cells are written out, not derived from the rules.
+"""
+from __future__ import annotations
+
+import asyncio
+import socket
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+
+import pytest
+from rocketmq.grpc_protocol.definition_pb2 import (Code, FilterExpression, MessageQueue,
+                                                   Resource)
+from rocketmq.grpc_protocol.service_pb2 import (AckMessageEntry, AckMessageRequest,
+                                                PullMessageRequest, QueryAssignmentRequest,
+                                                QueryRouteRequest, ReceiveMessageRequest,
+                                                SendMessageRequest, UpdateOffsetRequest)
+
+from core.model import AclRule, Action
+from protocols.app import start
+from protocols.config import load_config
+from protocols.mqtt.codec import MQTT_5, Decoder, encode
+from protocols.mqtt.packets import (ConnAck, Connect, PubAck, Publish, SubAck, Subscribe,
+                                    Subscription, Will)
+from protocols.mqtt.properties import Properties
+from protocols.native.sdk import ClientConfig, Message
+from protocols.native.sdk.convert import duration, message_to_proto, new_message_id
+from protocols.native.sdk.transport import Transport
+
+ROLES = ("admin", "owner", "publisher", "other", "none", "anonymous")
+PASSWORD = "pw"
+GRANTS = {  # role -> (kind, pattern, actions); admin is the default admin, anonymous has none
+    "owner": [("topic", "m-topic", ["publish", "subscribe"]), ("group", "m-group", ["subscribe"])],
+    "publisher": [("topic", "m-topic", ["publish"])],
+    "other": [("topic", "o-topic", ["publish", "subscribe"]), ("group", "o-group", ["subscribe"])],
+    "none": [],
+    "anonymous": [],
+}
+
+
+def allowed(*roles: str) -> dict[str, bool]:
+    return {role: role in roles for role in ROLES}
+
+
+# ------------------------------------------------------------------------------ the broker
+
+class Broker:
+    """The whole broker (every listener) on its own thread's event loop."""
+
+    def __init__(self, data_dir: str) -> None:
+        config = load_config(overrides={"data_dir": data_dir, "native.port": 0,
+                                        "admin.port": 0, "mqtt.port": 0, "mqtt.ws_port": 0,
+                                        "auth.allow_anonymous": True})
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.thread.start()
+        self.running = self.call(start(replace(config, store=replace(config.store,
+                                                                     segment_size=1 << 20))))
+        self.mqtt = self.running.mqtt_listeners.ports["tcp"]
+
+    def call(self, coroutine):
+        return asyncio.run_coroutine_threadsafe(coroutine, self.loop).result(30)
+
+    def stop(self) -> None:
+        self.call(self.running.stop())
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(10)
+
+
+@pytest.fixture(scope="module")
+def broker(tmp_path_factory):
+    from core.model import SYSTEM, GroupConfig, Permission, ResourceKind, TopicConfig
+    world = Broker(str(tmp_path_factory.mktemp("protocol-matrix") / "data"))
+    core = world.running.broker
+
+    async def setup() -> None:
+        for name in ("m-topic", "o-topic"):
+            await core.create_topic(SYSTEM, TopicConfig(name, 1))
+        for name in ("m-group", "o-group"):
+            await core.create_group(SYSTEM, GroupConfig(name))
+        for role, grants in GRANTS.items():
+            await asyncio.to_thread(core.users.create_user, role, PASSWORD)
+            for kind, pattern, actions in grants:
+                await asyncio.to_thread(core.users.grant, Permission(
+                    role, ResourceKind(kind), pattern, frozenset(Action(a) for a in actions)))
+    world.call(setup())
+    owner_session = mqtt_connect(world, "owner", client_id="owner-session",
+                                 properties=Properties(session_expiry_interval=3600))
+    assert owner_session[1].reason_code == 0
+    owner_session[0].close()
+    yield world
+    world.stop()
+
+
+# ------------------------------------------------------------------------------ MQTT
+
+def credentials(role: str) -> tuple[str | None, bytes | None]:
+    if role == "anonymous":
+        return None, None
+    return ("sluice", b"sluice") if role == "admin" else (role, PASSWORD.encode())
+
+
+def mqtt_read(sock: socket.socket, decoder: Decoder):
+    while (packet := decoder.next_packet()) is None:
+        data = sock.recv(65536)
+        assert data, "the broker closed the connection instead of answering"
+        decoder.feed(data)
+    return packet
+
+
+def mqtt_connect(world: Broker, role: str, *, client_id: str = "", will: Will | None = None,
+                 properties: Properties = Properties()) -> tuple[socket.socket, ConnAck, Decoder]:
+    sock = socket.create_connection(("127.0.0.1", world.mqtt), timeout=10)
+    user, password = credentials(role)
+    sock.sendall(encode(Connect(client_id=client_id or f"{role}-{id(sock)}", clean_start=False,
+                                username=user, password=password, will=will,
+                                properties=properties), MQTT_5))
+    decoder = Decoder(MQTT_5)
+    return sock, mqtt_read(sock, decoder), decoder
+
+
+def mqtt_op(role: str, world: Broker, send: Callable[[socket.socket], None], answer: type) -> int:
+    sock, ack, decoder = mqtt_connect(world, role)
+    try:
+        assert ack.reason_code == 0, ack
+        send(sock)
+        while not isinstance(packet := mqtt_read(sock, decoder), answer):
+            pass  # an echo of our own publish may come first
+        return packet.reason_code if answer is PubAck else packet.reason_codes[0]
+    finally:
+        sock.close()
+
+
+def publish(topic: str, retain: bool = False):
+    def op(role: str, world: Broker) -> bool:
+        code = mqtt_op(role, world, lambda s: s.sendall(encode(
+            Publish(topic, b"x", 1, retain, packet_id=1), MQTT_5)), PubAck)
+        assert code in (0, 0x87), hex(code)
+        return code == 0
+    return op
+
+
+def subscribe(topic_filter: str):
+    def op(role: str, world: Broker) -> bool:
+        code = mqtt_op(role, world, lambda s: s.sendall(encode(
+            Subscribe(1, (Subscription(topic_filter, 1),)), MQTT_5)), SubAck)
+        assert code in (1, 0x87), hex(code)
+        return code == 1
+    return op
+
+
+def will(role: str, world: Broker) -> bool:
+    sock, ack, _ = mqtt_connect(world, role, will=Will("m-topic/will", b"bye", 1, False))
+    sock.close()
+    assert ack.reason_code in (0, 0x87), ack
+    return ack.reason_code == 0
+
+
+def resume_owners_session(role: str, world: Broker) -> bool:
+    sock, ack, _ = mqtt_connect(world, role, client_id="owner-session",
+                                properties=Properties(session_expiry_interval=3600))
+    sock.close()
+    assert ack.reason_code in (0, 0x87), ack
+    return ack.reason_code == 0
+
+
+# ------------------------------------------------------------------------------ native
+
+def native_call(world: Broker, role: str, method: str, request, stream: bool = False) -> int:
+    user, password = credentials(role)
+    config = ClientConfig(world.running.native_address, access_key=user or "",
+                          secret_key=(password or b"").decode())
+
+    async def call() -> int:
+        transport = Transport(config, f"matrix-{role}")
+        try:
+            if stream:
+                responses = await transport.server_stream(method, request, timeout=10)
+                return next(r.status.code for r in responses if r.HasField("status"))
+            return (await transport.unary(method, request)).status.code
+        finally:
+            await transport.close()
+    return asyncio.run(call())
+
+
+def native(method: str, request, stream: bool = False, refused: int = Code.FORBIDDEN):
+    def op(role: str, world: Broker) -> bool:
+        code = native_call(world, role, method, request(), stream)
+        assert code != Code.INTERNAL_ERROR and code != Code.UNAUTHORIZED, Code.Name(code)
+        return code != refused
+    return op
+
+
+def queue(topic: str) -> MessageQueue:
+    return MessageQueue(topic=Resource(name=topic), id=0)
+
+
+def send_request(topic: str, **properties: str):
+    def build() -> SendMessageRequest:
+        message = message_to_proto(Message(topic, b"x", keys=["s/matrix"], properties=properties),
+                                   "", 0, new_message_id(), 0)
+        return SendMessageRequest(messages=[message])
+    return build
+
+
+def receive_request() -> ReceiveMessageRequest:
+    return ReceiveMessageRequest(group=Resource(name="m-group"), message_queue=queue("m-topic"),
+                                 filter_expression=FilterExpression(expression="*"), batch_size=1,
+                                 invisible_duration=duration(30), auto_renew=False,
+                                 long_polling_timeout=duration(0.2))
+
+
+def pull_request() -> PullMessageRequest:
+    return PullMessageRequest(group=Resource(name="m-group"), message_queue=queue("m-topic"),
+                              offset=0, batch_size=1,
+                              filter_expression=FilterExpression(expression="*"),
+                              long_polling_timeout=duration(0.2))
+
+
+# ------------------------------------------------------------------------------ the table
+
+@dataclass(frozen=True)
+class Operation:
+    name: str
+    run: Callable[[str, Broker], bool]
+    expect: dict[str, bool]
+
+
+TABLE = [
+    Operation("MQTT publish", publish("m-topic/x"), allowed("admin", "owner", "publisher")),
+    Operation("MQTT retained publish", publish("m-topic/r", retain=True),
+              allowed("admin", "owner", "publisher")),
+    Operation("MQTT will", will, allowed("admin", "owner", "publisher")),
+    Operation("MQTT publish to another user's topic", publish("o-topic/x"), allowed("admin", "other")),
+    Operation("MQTT subscribe", subscribe("m-topic/#"), allowed("admin", "owner")),
+    Operation("MQTT shared subscribe", subscribe("$share/g/m-topic/#"), allowed("admin", "owner")),
+    Operation("MQTT subscribe to every topic", subscribe("#"), allowed("admin")),
+    Operation("MQTT resume another client's persistent session", resume_owners_session,
+              allowed("owner")),
+    Operation("native SendMessage", native("SendMessage", send_request("m-topic")),
+              allowed("admin", "owner", "publisher")),
+    Operation("native SendMessage to an internal topic",
+              native("SendMessage", send_request("%SYS%mqtt.sessions")), allowed("admin")),
+    Operation("native SendMessage with a subject outside its topic",
+              native("SendMessage", send_request("m-topic", **{"sluice.subject": "o-topic/x"}),
+                     refused=Code.BAD_REQUEST), allowed()),
+    Operation("native QueryRoute", native("QueryRoute", lambda: QueryRouteRequest(
+        topic=Resource(name="m-topic"))), allowed("admin", "owner", "publisher")),
+    Operation("native QueryAssignment", native("QueryAssignment", lambda: QueryAssignmentRequest(
+        topic=Resource(name="m-topic"), group=Resource(name="m-group"))), allowed("admin", "owner")),
+    Operation("native ReceiveMessage", native("ReceiveMessage", receive_request, stream=True),
+              allowed("admin", "owner")),
+    Operation("native PullMessage", native("PullMessage", pull_request, stream=True),
+              allowed("admin", "owner")),
+    Operation("native AckMessage", native("AckMessage", lambda: AckMessageRequest(
+        group=Resource(name="m-group"), topic=Resource(name="m-topic"),
+        entries=[AckMessageEntry(message_id="0", receipt_handle="not-a-handle")])),
+        allowed("admin", "owner")),
+    Operation("native UpdateOffset", native("UpdateOffset", lambda: UpdateOffsetRequest(
+        group=Resource(name="m-group"), message_queue=queue("m-topic"), offset=0)),
+        allowed("admin", "owner")),
+]
+
+
+@pytest.mark.parametrize("role", ROLES)
+@pytest.mark.parametrize("operation", TABLE, ids=lambda o: o.name)
+def test_matrix(broker, operation, role):
+    assert operation.run(role, broker) is operation.expect[role], (operation.name, role)
+
+
+def test_the_table_covers_every_role():
+    assert all(set(o.expect) == set(ROLES) for o in TABLE)
