@@ -384,6 +384,7 @@ class Broker:
         """Keep ``client_id`` a live member of ``group``; record its subscriptions."""
         await self._group(principal, group)
         for subscription in subscriptions:
+            self._allow(principal, Action.SUBSCRIBE, ResourceKind.TOPIC, subscription.topic)
             self.get_topic(subscription.topic)
             parse_filter(subscription.expression, subscription.expression_type)
             key = (group, subscription.topic)

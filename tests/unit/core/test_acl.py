@@ -193,3 +193,25 @@ def test_listeners_hear_of_every_change_with_whether_the_user_still_exists(users
     users.delete_user("u")
     assert heard == [("u", True), ("u", True), (EVERYONE, True), ("u", False)]
     assert users.generation > before
+
+
+def test_a_heartbeat_names_no_topic_the_user_may_not_read_whether_it_exists_or_not(tmp_path):
+    """A consumer declaring a subscription is refused alike for a forbidden topic that exists
+    and one that does not: the answer must not tell which topics exist."""
+    import asyncio
+
+    from core.errors import AccessDenied
+    from core.model import SYSTEM, GroupConfig, Subscription, TopicConfig
+    from tests.unit.core.test_broker import run
+
+    async def scenario(broker) -> None:
+        await broker.create_topic(SYSTEM, TopicConfig("secret", 1))
+        await broker.create_group(SYSTEM, GroupConfig("g"))
+        await asyncio.to_thread(broker.users.create_user, "u", "pw")
+        await asyncio.to_thread(broker.users.grant, Permission("u", ResourceKind.GROUP, "g",
+                                                               frozenset({SUB})))
+        u = await asyncio.to_thread(broker.users.principal, "u")
+        for name in ("secret", "no-such-topic"):
+            with pytest.raises(AccessDenied):
+                await broker.heartbeat(u, "g", "c1", [Subscription("g", name)])
+    run(tmp_path, scenario)
