@@ -1,6 +1,8 @@
 """MQTT over WebSocket (MQTT spec 6.0): an aiohttp server whose binary frames carry MQTT bytes.
 
 Each accepted upgrade becomes a `WebSocketWire` handed to the front end's connection factory.
+A browser page may open one only from the listener's own origin or one of ``allowed_origins``
+(`origin_allowed`); clients that send no Origin header (devices, tools) are not browsers.
 Frame boundaries mean nothing to MQTT: a packet may span frames and a frame may hold many
 packets, so frames go to `data_received` as they are. Writes are coalesced: one writer task per
 connection sends everything queued since its last send as one binary frame.
@@ -12,10 +14,12 @@ import asyncio
 import contextlib
 import logging
 import ssl
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from urllib.parse import urlsplit
 
 from aiohttp import WSCloseCode, WSMsgType, hdrs, web
 
+from core.untrusted import DenialLog, clip
 from protocols.mqtt.wire import ConnectionHandler, Wire
 
 log = logging.getLogger(__name__)
@@ -148,12 +152,45 @@ class WebSocketWire:
             handler.writable()
 
 
+def parse_origins(setting: str) -> frozenset[str]:
+    """The Origins of a comma-separated ``ws_allowed_origins`` setting, normalised."""
+    return frozenset(_normal(o) for o in setting.split(",") if o.strip())
+
+
+def origin_allowed(origin: str | None, host: str | None, secure: bool,
+                   allowed: frozenset[str]) -> bool:
+    """Whether a WebSocket upgrade with this ``Origin`` header may proceed: no Origin (not a
+    browser), ``*`` in ``allowed``, an Origin listed in ``allowed``, or the same origin (its
+    host and port equal the ``Host`` header's). Never raises, whatever the headers hold."""
+    if origin is None or "*" in allowed or _normal(origin) in allowed:
+        return True
+    if host is None:
+        return False
+    try:
+        asked = urlsplit(origin)
+        served = urlsplit(f"//{host}")
+        default = 443 if asked.scheme in ("https", "wss") else 80
+        mine = 443 if secure else 80
+        return (asked.scheme in ("http", "https", "ws", "wss") and asked.hostname is not None
+                and asked.hostname == served.hostname
+                and (asked.port or default) == (served.port or mine))
+    except ValueError:  # a port that is not a number, a bad IPv6 literal
+        return False
+
+
+def _normal(origin: str) -> str:
+    return origin.strip().rstrip("/").lower()
+
+
 class WebSocketListener:
     """A running MQTT-over-WebSocket server; `port` is the bound port."""
 
-    def __init__(self, new_connection: Callable[[Wire], ConnectionHandler], path: str) -> None:
+    def __init__(self, new_connection: Callable[[Wire], ConnectionHandler], path: str,
+                 allowed_origins: Iterable[str] = ()) -> None:
         self._new_connection = new_connection
         self._path = path
+        self._allowed_origins = frozenset(_normal(o) for o in allowed_origins)
+        self._denials = DenialLog(log)
         self._wires: set[WebSocketWire] = set()
         app = web.Application()
         app.router.add_route("*", "/{tail:.*}", self._on_request)
@@ -183,6 +220,14 @@ class WebSocketListener:
     async def _on_request(self, request: web.Request) -> web.StreamResponse:
         if request.path != self._path:
             return web.Response(status=404, text=f"MQTT over WebSocket is served on {self._path}\n")
+        origin = request.headers.get(hdrs.ORIGIN)
+        if not origin_allowed(origin, request.headers.get(hdrs.HOST), request.secure,
+                              self._allowed_origins):
+            peer = _peer(request)
+            self._denials.denied(peer.rpartition(":")[0], "origin", "MQTT over WebSocket from %s: "
+                                 "Origin %s refused", peer, clip(origin))
+            return web.Response(status=403, text="this Origin may not open MQTT WebSocket "
+                                                 "connections: add it to mqtt.ws_allowed_origins\n")
         offered = {p.strip() for h in request.headers.getall(hdrs.SEC_WEBSOCKET_PROTOCOL, ())
                    for p in h.split(",")}
         chosen = next((p for p in SUBPROTOCOLS if p in offered), None)
@@ -211,9 +256,10 @@ def _peer(request: web.Request) -> str:
 
 
 async def start_websocket_listener(new_connection: Callable[[Wire], ConnectionHandler], host: str, port: int,
-                                   *, path: str = "/mqtt",
-                                   ssl_context: ssl.SSLContext | None = None) -> WebSocketListener:
-    """Serve MQTT over WebSocket on ``host:port`` (0 picks a free port) at ``path``; wss with ``ssl_context``."""
-    listener = WebSocketListener(new_connection, path)
+                                   *, path: str = "/mqtt", ssl_context: ssl.SSLContext | None = None,
+                                   allowed_origins: Iterable[str] = ()) -> WebSocketListener:
+    """Serve MQTT over WebSocket on ``host:port`` (0 picks a free port) at ``path``; wss with
+    ``ssl_context``. Browser pages of other origins than ``allowed_origins`` get 403."""
+    listener = WebSocketListener(new_connection, path, allowed_origins)
     await listener._start(host, port, ssl_context)
     return listener
