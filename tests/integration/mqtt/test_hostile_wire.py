@@ -8,12 +8,14 @@ are on socket reads with deadlines and paho events, never fixed sleeps.
 """
 from __future__ import annotations
 
+import asyncio
 import socket
 import threading
 import time
 import urllib.request
 from collections.abc import Iterator
 
+import aiohttp
 import paho.mqtt.client as mqtt
 import psutil
 import pytest
@@ -352,3 +354,42 @@ def test_a_connection_closed_for_an_error_ends_with_its_reason_and_an_orderly_cl
         client.close()
         assert isinstance(packets[-1], Disconnect) and packets[-1].reason_code == 0x93, packets
         assert ending == "end of stream", f"after the DISCONNECT: {ending}"
+
+
+# ============================================================================ WebSocket Origin
+
+
+def test_browser_pages_of_other_origins_cannot_open_mqtt_websockets(started):
+    """ws_allowed_origins = https://app.example.com: an upgrade from that page, from a page of
+    the listener's own origin and from a client sending no Origin succeed; one from any other
+    page gets 403; paho over WebSocket still works."""
+    server = started(CONFIG + '[mqtt]\nws_allowed_origins = "https://app.example.com"\n')
+    url = server.mqtt_ws
+    host = url.split("/")[2]
+
+    async def status(origin: str | None) -> int:
+        headers = {} if origin is None else {"Origin": origin}
+        async with aiohttp.ClientSession() as session:
+            try:
+                async with session.ws_connect(url, protocols=("mqtt",), headers=headers):
+                    return 101
+            except aiohttp.WSServerHandshakeError as refused:
+                return refused.status
+
+    for origin, expected in ((None, 101), ("https://app.example.com", 101),
+                             (f"http://{host}", 101), ("https://evil.example", 403),
+                             ("null", 403)):
+        assert asyncio.run(status(origin)) == expected, origin
+    client = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id="ws-paho",
+                         transport="websockets")
+    client.ws_set_options(path="/mqtt")
+    client.username_pw_set(USER, PASSWORD)
+    connected = threading.Event()
+    client.on_connect = lambda *args: connected.set()
+    client.connect(*host_port(host))
+    client.loop_start()
+    try:
+        assert connected.wait(10), "paho over WebSocket did not connect"
+    finally:
+        client.disconnect()
+        client.loop_stop()
