@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterable
 from urllib.parse import urlsplit
 
 from aiohttp import WSCloseCode, WSMsgType, hdrs, web
+from aiohttp.http_exceptions import HttpProcessingError
 
 from core.untrusted import DenialLog, clip
 from protocols.mqtt.wire import ConnectionHandler, Wire
@@ -182,6 +183,25 @@ def _normal(origin: str) -> str:
     return origin.strip().rstrip("/").lower()
 
 
+class _RequestLog(logging.LoggerAdapter):
+    """aiohttp's request-handling log: a malformed HTTP request is the peer's doing, so it is
+    one clipped line (summarised per peer host) instead of an error with a traceback; any
+    other error keeps its traceback."""
+
+    def __init__(self, denials: DenialLog) -> None:
+        super().__init__(log, {})
+        self._denials = denials
+
+    def exception(self, msg: object, *args: object, exc_info: object = True, **kw: object) -> None:
+        error = exc_info if isinstance(exc_info, BaseException) else None
+        if isinstance(error, HttpProcessingError):
+            peer = str(args[0]) if args else "?"
+            self._denials.denied(peer, "http", "MQTT over WebSocket: bad HTTP request from %s: %s",
+                                 peer, clip(error.message))
+            return
+        super().exception(msg, *args, exc_info=exc_info, **kw)  # type: ignore[arg-type]
+
+
 class WebSocketListener:
     """A running MQTT-over-WebSocket server; `port` is the bound port."""
 
@@ -195,7 +215,8 @@ class WebSocketListener:
         app = web.Application()
         app.router.add_route("*", "/{tail:.*}", self._on_request)
         self._runner = web.AppRunner(app, handle_signals=False, access_log=None,
-                                     shutdown_timeout=SHUTDOWN_TIMEOUT)
+                                     shutdown_timeout=SHUTDOWN_TIMEOUT,
+                                     logger=_RequestLog(self._denials))
         self.port = 0
 
     async def _start(self, host: str, port: int, ssl_context: ssl.SSLContext | None) -> None:

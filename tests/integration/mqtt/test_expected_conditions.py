@@ -1,6 +1,7 @@
 """Expected conditions on the MQTT listeners log one line each, never a traceback: peers that
 vanish mid-handshake or send garbage right behind their CONNECT (also when a persistent session
-with queued messages resumes), refused logins, failed TLS handshakes. Read from the stderr of
+with queued messages resumes), refused logins, failed TLS handshakes, malformed HTTP requests
+on the WebSocket port. Read from the stderr of
 a real `sluice serve` after it stopped."""
 from __future__ import annotations
 
@@ -96,6 +97,12 @@ def test_expected_conditions_log_one_line_and_no_traceback(sluice_server, tmp_pa
     except ssl.SSLError:
         pass
 
+    # a malformed HTTP request on the WebSocket port
+    ws = socket.create_connection(host_port(server.mqtt_ws.split("/")[2]), timeout=10)
+    ws.sendall(b"GET /mqtt HTTP/1.1\r\nHost: x\r\nNot a header\r\n\r\n")
+    assert ws.recv(100).startswith(b"HTTP/1.1 400")
+    ws.close()
+
     # the broker still serves, and everything above has been handled
     subscriber = PahoClient(address, "after-all", version=mqtt.MQTTv5)
     subscriber.subscribe("after/#", qos=1)
@@ -110,3 +117,4 @@ def test_expected_conditions_log_one_line_and_no_traceback(sluice_server, tmp_pa
     assert len(re.findall(r"refused: .*wrong", log)) == 1, log[-3000:]
     assert len(re.findall(r"TLS handshake from 127\.0\.0\.1:\d+ failed", log)) == 1, log[-3000:]
     assert "disconnected: MalformedPacket" in log, log[-3000:]
+    assert len(re.findall(r"bad HTTP request from", log)) == 1, log[-3000:]
