@@ -100,7 +100,7 @@ def test_expected_conditions_log_one_line_and_no_traceback(sluice_server, tmp_pa
     # a malformed HTTP request on the WebSocket port
     ws = socket.create_connection(host_port(server.mqtt_ws.split("/")[2]), timeout=10)
     ws.sendall(b"GET /mqtt HTTP/1.1\r\nHost: x\r\nNot a header\r\n\r\n")
-    assert ws.recv(100).startswith(b"HTTP/1.1 400")
+    assert b" 400 " in ws.recv(100)
     ws.close()
 
     # the broker still serves, and everything above has been handled
