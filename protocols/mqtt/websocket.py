@@ -259,7 +259,12 @@ class WebSocketListener:
                                                  "header to offer \"mqtt\" (or \"mqttv3.1\")\n")
         ws = web.WebSocketResponse(protocols=(chosen,), max_msg_size=MAX_MESSAGE_SIZE, heartbeat=None,
                                    compress=False, timeout=CLOSE_TIMEOUT)
-        await ws.prepare(request)
+        try:
+            await ws.prepare(request)
+        except ValueError as bad:  # aiohttp decodes a non-ASCII Sec-WebSocket-Key with base64
+            self._denials.denied(peer.rpartition(":")[0], "http", "MQTT over WebSocket from %s: "
+                                 "bad upgrade request: %s", peer, clip(str(bad)))
+            return web.Response(status=400, text="malformed WebSocket upgrade request\n")
         if request.transport is None:
             return ws
         wire = WebSocketWire(ws, request.transport, peer)

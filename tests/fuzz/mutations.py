@@ -1,4 +1,5 @@
-"""Valid MQTT client streams and the mutations both fuzzers apply to them.
+"""Valid MQTT client streams and the mutations both fuzzers apply to them; WebSocket upgrades
+and frames carrying them.
 
 ``mutate(seed, version)`` is a pure function of its arguments: the same seed gives the same
 bytes, so a case the live fuzzer reports can be replayed and turned into a unit test.
@@ -8,6 +9,7 @@ slice (huge counts: thousands of user properties, filters or packets).
 """
 from __future__ import annotations
 
+import os
 import random
 from collections.abc import Callable
 
@@ -125,3 +127,37 @@ def mutate(seed: int, version: int | None = None, *, base: bytes | None = None,
             data = bytearray(rng.choice(streams))
         data = MUTATIONS[rng.choice(list(MUTATIONS))](rng, data, other)[:max_size]
     return bytes(data)
+
+
+WS_UPGRADE = ("GET {path} HTTP/1.1\r\nHost: {host}\r\nUpgrade: websocket\r\n"
+              "Connection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n"
+              "Sec-WebSocket-Version: 13\r\nSec-WebSocket-Protocol: mqtt\r\n\r\n")
+"""A valid MQTT-over-WebSocket upgrade request (RFC 6455 4.1)."""
+
+
+def ws_frame(payload: bytes, opcode: int = 0x2, fin: bool = True) -> bytes:
+    """A masked client frame (RFC 6455 5.2)."""
+    head = bytes([(0x80 if fin else 0) | opcode])
+    n = len(payload)
+    if n < 126:
+        head += bytes([0x80 | n])
+    elif n < 65_536:
+        head += bytes([0x80 | 126]) + n.to_bytes(2, "big")
+    else:
+        head += bytes([0x80 | 127]) + n.to_bytes(8, "big")
+    mask = os.urandom(4)
+    return head + mask + bytes(b ^ mask[i % 4] for i, b in enumerate(payload))
+
+
+def hostile_websocket(seed: int, host: str, path: str = "/mqtt") -> bytes:
+    """A mutated upgrade request, or a valid one followed by frames (of any opcode, final or
+    not, possibly mutated themselves) carrying mutated MQTT streams."""
+    rng = random.Random(seed)
+    upgrade = WS_UPGRADE.format(host=host, path=path).encode()
+    if rng.random() < 0.4:
+        return mutate(seed, base=upgrade, max_size=16 << 10)
+    frames = b"".join(ws_frame(mutate(seed + i), rng.choice((0x0, 0x1, 0x2, 0x8, 0x9, 0xA, 0x3)),
+                               rng.random() < 0.8) for i in range(rng.randint(1, 3)))
+    if rng.random() < 0.5:
+        frames = mutate(seed, base=frames, max_size=64 << 10)
+    return upgrade + frames
