@@ -216,7 +216,8 @@ async def start_mqtt_listeners(frontend: MqttFrontend, options: MqttOptions) -> 
                 continue
             websocket = await start_websocket_listener(
                 frontend.new_connection, options.host, port, path=options.ws_path,
-                ssl_context=context, allowed_origins=parse_origins(options.ws_allowed_origins))
+                ssl_context=context, allowed_origins=parse_origins(options.ws_allowed_origins),
+                request_timeout=options.connect_timeout_s)
             listeners._websockets.append(websocket)
             listeners.ports[name] = websocket.port
     except BaseException:

@@ -203,15 +203,21 @@ class _RequestLog(logging.LoggerAdapter):
 
 
 class WebSocketListener:
-    """A running MQTT-over-WebSocket server; `port` is the bound port."""
+    """A running MQTT-over-WebSocket server; `port` is the bound port. A connection that has
+    not sent a whole HTTP request within ``request_timeout`` seconds (0: no limit; TLS
+    handshake included) is closed: aiohttp itself waits for a first request for ever."""
 
     def __init__(self, new_connection: Callable[[Wire], ConnectionHandler], path: str,
-                 allowed_origins: Iterable[str] = ()) -> None:
+                 allowed_origins: Iterable[str] = (), request_timeout: float = 0.0) -> None:
         self._new_connection = new_connection
         self._path = path
         self._allowed_origins = frozenset(_normal(o) for o in allowed_origins)
+        self._request_timeout = request_timeout
         self._denials = DenialLog(log)
         self._wires: set[WebSocketWire] = set()
+        self._awaiting_request: dict[int, asyncio.TimerHandle] = {}
+        """Connections that have not sent a whole request yet, by id of their handler."""
+        self._server: asyncio.base_events.Server | None = None
         app = web.Application()
         app.router.add_route("*", "/{tail:.*}", self._on_request)
         self._runner = web.AppRunner(app, handle_signals=False, access_log=None,
@@ -221,16 +227,40 @@ class WebSocketListener:
 
     async def _start(self, host: str, port: int, ssl_context: ssl.SSLContext | None) -> None:
         await self._runner.setup()
-        await web.TCPSite(self._runner, host, port, ssl_context=ssl_context).start()
-        self.port = self._runner.addresses[0][1]
+        loop = asyncio.get_running_loop()
+        timeout = {"ssl_handshake_timeout": self._request_timeout} \
+            if ssl_context is not None and self._request_timeout else {}
+        self._server = await loop.create_server(self._accept, host, port, ssl=ssl_context,
+                                                backlog=4096, reuse_address=True, **timeout)
+        self.port = self._server.sockets[0].getsockname()[1]
+
+    def _accept(self) -> asyncio.Protocol:
+        """aiohttp's protocol for a new connection, closed unless its first request comes in
+        time. Runs on the event loop."""
+        server = self._runner.server
+        assert server is not None
+        handler = server()
+        if self._request_timeout:
+            key = id(handler)
+            self._awaiting_request[key] = asyncio.get_running_loop().call_later(
+                self._request_timeout, self._no_request, key, handler)
+        return handler
+
+    def _no_request(self, key: int, handler: asyncio.BaseProtocol) -> None:
+        self._awaiting_request.pop(key, None)
+        transport = getattr(handler, "transport", None)
+        if transport is not None:
+            transport.close()
 
     async def stop(self) -> None:
         """Stop accepting, close every connection with 1001 (going away), release the port.
 
         Waits up to `SHUTDOWN_TIMEOUT` for the clients' closing handshakes, then drops the rest.
         """
-        for site in self._runner.sites:
-            await site.stop()
+        if self._server is not None:
+            self._server.close()
+        for timer in self._awaiting_request.values():
+            timer.cancel()
         for wire in self._wires:
             wire.shut_down()
         with contextlib.suppress(TimeoutError):
@@ -239,6 +269,9 @@ class WebSocketListener:
         await self._runner.cleanup()
 
     async def _on_request(self, request: web.Request) -> web.StreamResponse:
+        timer = self._awaiting_request.pop(id(request.protocol), None)
+        if timer is not None:
+            timer.cancel()
         if request.path != self._path:
             return web.Response(status=404, text=f"MQTT over WebSocket is served on {self._path}\n")
         origin = request.headers.get(hdrs.ORIGIN)
@@ -283,9 +316,11 @@ def _peer(request: web.Request) -> str:
 
 async def start_websocket_listener(new_connection: Callable[[Wire], ConnectionHandler], host: str, port: int,
                                    *, path: str = "/mqtt", ssl_context: ssl.SSLContext | None = None,
-                                   allowed_origins: Iterable[str] = ()) -> WebSocketListener:
+                                   allowed_origins: Iterable[str] = (),
+                                   request_timeout: float = 0.0) -> WebSocketListener:
     """Serve MQTT over WebSocket on ``host:port`` (0 picks a free port) at ``path``; wss with
-    ``ssl_context``. Browser pages of other origins than ``allowed_origins`` get 403."""
-    listener = WebSocketListener(new_connection, path, allowed_origins)
+    ``ssl_context``. Browser pages of other origins than ``allowed_origins`` get 403; a
+    connection without a whole request in ``request_timeout`` seconds is closed."""
+    listener = WebSocketListener(new_connection, path, allowed_origins, request_timeout)
     await listener._start(host, port, ssl_context)
     return listener

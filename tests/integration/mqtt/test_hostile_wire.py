@@ -178,7 +178,8 @@ def test_a_publish_of_790000_user_properties_gets_disconnect_0x97(limited):
 
 
 def test_connections_without_a_whole_connect_are_closed_after_the_timeout(limited):
-    """connect_timeout_s = 1: 20 silent connections and 20 that sent half a CONNECT are all
+    """connect_timeout_s = 1: 20 silent connections, 20 that sent half a CONNECT, and on the
+    WebSocket port 5 silent sockets and 5 upgraded WebSockets that send no CONNECT are all
     closed by the broker within the timeout plus its once-a-second sweep; a client that
     connects meanwhile is served."""
     silent = [raw(limited) for _ in range(20)]
@@ -186,13 +187,31 @@ def test_connections_without_a_whole_connect_are_closed_after_the_timeout(limite
     half = encode(Connect("half", username=USER, password=PASSWORD.encode()), MQTT_5)[:9]
     for client in partial:
         client.send(half)
+    ws_host, ws_port = host_port(limited.mqtt_ws.split("/")[2])
+    ws_silent = [socket.create_connection((ws_host, ws_port), timeout=10) for _ in range(5)]
     opened = time.monotonic()
+
+    async def upgraded_but_silent() -> list[float]:
+        async with aiohttp.ClientSession() as session:
+            sockets = [await session.ws_connect(limited.mqtt_ws, protocols=("mqtt",))
+                       for _ in range(5)]
+            closed_after = []
+            for ws in sockets:
+                message = await ws.receive(timeout=10)
+                assert message.type in (aiohttp.WSMsgType.CLOSE, aiohttp.WSMsgType.CLOSED), message
+                closed_after.append(time.monotonic() - opened)
+            return closed_after
+
+    ws_closed_after = asyncio.run(upgraded_but_silent())
     good = raw(limited)
     assert good.connect().reason_code == 0
     for client in silent + partial:
         assert client.read_until_closed(timeout=5) == []
         client.close()
-    assert time.monotonic() - opened < 4
+    for sock in ws_silent:
+        assert sock.recv(100) == b""
+        sock.close()
+    assert time.monotonic() - opened < 4 and max(ws_closed_after) < 4
     good.send(encode(Subscribe(1, (Subscription("t/#", 0),)), MQTT_5))
     assert good.expect(SubAck).reason_codes == (0,)
     good.close()

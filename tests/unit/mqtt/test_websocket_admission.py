@@ -1,6 +1,9 @@
-"""MQTT over WebSocket refuses browser pages of other origins: a real aiohttp client against
-`start_websocket_listener` on 127.0.0.1, and `origin_allowed` on its own."""
+"""MQTT over WebSocket refuses browser pages of other origins and closes connections that send
+no request in time: a real aiohttp client against `start_websocket_listener` on 127.0.0.1,
+and `origin_allowed` on its own."""
 from __future__ import annotations
+
+import asyncio
 
 import aiohttp
 import pytest
@@ -70,3 +73,26 @@ def test_a_page_served_from_the_listener_itself_may_upgrade():
 ])
 def test_origin_allowed(origin, host, secure, expected):
     assert origin_allowed(origin, host, secure, ALLOWED) is expected
+
+
+def test_connections_without_a_whole_request_are_closed_after_the_timeout():
+    """A silent connection and one that stops half-way through its headers are closed once
+    ``request_timeout`` passes (aiohttp alone waits for a first request for ever); one that
+    upgraded in time stays open."""
+    async def test() -> None:
+        listener = await start_websocket_listener(Handlers(), "127.0.0.1", 0, request_timeout=0.5)
+        try:
+            silent = await asyncio.open_connection("127.0.0.1", listener.port)
+            partial = await asyncio.open_connection("127.0.0.1", listener.port)
+            partial[1].write(b"GET /mqtt HTTP/1.1\r\nHost: x\r\n")
+            async with aiohttp.ClientSession() as session:
+                async with session.ws_connect(f"ws://127.0.0.1:{listener.port}/mqtt",
+                                              protocols=("mqtt",)) as ws:
+                    for reader, writer in (silent, partial):
+                        assert await asyncio.wait_for(reader.read(), 3) == b""
+                        writer.close()
+                    await ws.send_bytes(b"\xc0\x00")
+                    assert await ws.receive_bytes(timeout=5) == b"\xc0\x00"
+        finally:
+            await listener.stop()
+    run(test)
