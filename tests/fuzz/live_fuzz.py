@@ -71,7 +71,7 @@ class Settings:
     concurrency: int = 8
     round_trip_bound: float = 5.0
     max_rss_growth_mb: int = 512
-    max_fd_growth: int = 200
+    max_fd_growth: int = 512
     progress_every: float = 10.0
     case: int | None = None
 
@@ -588,8 +588,9 @@ def parse_args(argv: list[str] | None) -> Settings:
                         help="longest acceptable healthy QoS 1 round trip, seconds (default 5)")
     parser.add_argument("--max-rss-growth-mb", type=int, default=512,
                         help="how much the broker's memory may grow (default 512 MB)")
-    parser.add_argument("--max-fd-growth", type=int, default=200,
-                        help="how many more descriptors the broker may hold (default 200)")
+    parser.add_argument("--max-fd-growth", type=int, default=512,
+                        help="how many more descriptors the broker may hold: sockets, and the files "
+                             "of the topics and sessions the cases create (default 512)")
     parser.add_argument("--progress-every", type=float, default=10.0, help="seconds between progress lines")
     parser.add_argument("--case", type=int, default=None, help="replay only case N of --seed")
     args = parser.parse_args(argv)
