@@ -493,8 +493,12 @@ def _stop(server: Server, tally: Tally) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     settings = parse_args(argv)
-    print(f"live fuzz: seed {settings.seed} (rerun with --seed {settings.seed}), "
-          f"{settings.seconds:g} s, {settings.concurrency} hostile connections at once", flush=True)
+    if settings.case is not None:
+        print(f"live fuzz: replaying case {settings.case} of seed {settings.seed}", flush=True)
+    else:
+        print(f"live fuzz: seed {settings.seed} (rerun with --seed {settings.seed}), "
+              f"{settings.seconds:g} s, {settings.concurrency} hostile connections at once",
+              flush=True)
     workdir = Path(tempfile.mkdtemp(prefix="sluice-fuzz-"))
     tally = Tally()
     server = Server(workdir / "data", config=FUZZ_CONFIG)
