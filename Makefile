@@ -3,7 +3,7 @@ VENV := .venv
 PYTHON := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: test bench run demo clean
+.PHONY: test bench fuzz run demo clean
 
 $(STAMP): pyproject.toml
 	test -d $(VENV) || python3 -m venv $(VENV)
@@ -15,6 +15,11 @@ test: $(STAMP)
 
 bench: $(STAMP)
 	$(PYTHON) -m bench $(BENCH_ARGS)
+
+# Hostile MQTT, WebSocket and native gRPC traffic against a fresh `sluice serve` while a healthy
+# client keeps publishing (3 minutes by default): make fuzz FUZZ_ARGS='--seconds 30 --seed 7'
+fuzz: $(STAMP)
+	$(PYTHON) -m tests.fuzz.live_fuzz $(FUZZ_ARGS)
 
 run: $(STAMP)
 	$(VENV)/bin/sluice serve

@@ -3,8 +3,9 @@
 Sections: ``store`` (the store beside the disk's raw limits), ``native`` (Sluice beside
 RabbitMQ: durable sends and acked consumption, and Sluice's packed stream), ``mqtt`` (Sluice's
 MQTT listener beside Mosquitto, with the load generator's own ceiling), ``analytics`` (the
-Spark source beside ``spark.read.json``) and ``latency`` (MQTT publish to a window aggregate on
-the dashboard stream, at 1,000 readings/s). With no section named, all of them run.
+Spark source beside ``spark.read.json``), ``latency`` (MQTT publish to a window aggregate on
+the dashboard stream, at 1,000 readings/s) and ``hardening`` (what hostile input costs: decoding
+packets with 1, 1,000 and 100,000 user properties). With no section named, all of them run.
 """
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Protocol
 
-from . import analytics_bench, latency_bench, mqtt_bench, native_bench, store_bench
+from . import analytics_bench, hardening_bench, latency_bench, mqtt_bench, native_bench, store_bench
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -78,9 +79,17 @@ def _latency_section(options: argparse.Namespace, workdir: Path, log: Callable[[
     return latency_bench.run_section(settings, workdir / "latency", log)
 
 
+def _hardening_section(options: argparse.Namespace, workdir: Path, log: Callable[[str], None]) -> Rendered:
+    settings = hardening_bench.Settings.smoke() if options.quick else hardening_bench.Settings()
+    if options.repeats is not None:
+        settings = hardening_bench.Settings(**{**settings.__dict__, "repeats": options.repeats})
+    return hardening_bench.run_section(settings, workdir / "hardening", log)
+
+
 SECTIONS: dict[str, Section] = {"store": _store_section, "native": _native_section, "mqtt": _mqtt_section,
-                                "analytics": _analytics_section, "latency": _latency_section}
-DEFAULT_SECTIONS = ("store", "native", "mqtt", "analytics", "latency")
+                                "analytics": _analytics_section, "latency": _latency_section,
+                                "hardening": _hardening_section}
+DEFAULT_SECTIONS = ("store", "native", "mqtt", "analytics", "latency", "hardening")
 """Run when no section is named (``make bench``); the mqtt section takes about 3 minutes on a
 2-core machine."""
 

@@ -188,8 +188,8 @@ def _read_protocol(r: Reader) -> int:
     if (name, level) in _PROTOCOLS:
         return _PROTOCOLS[name, level]
     if name in _KNOWN_NAMES:
-        raise UnsupportedProtocolVersion(f"protocol {name!r} level {level} is not supported")
-    raise MalformedPacket(f"unknown protocol name {name!r}")
+        raise UnsupportedProtocolVersion(f"protocol {name} level {level} is not supported")
+    raise MalformedPacket(f"unknown protocol name {name[:16]!r}")
 
 
 def _packet_id(r: Reader) -> int:
@@ -211,7 +211,7 @@ def _reason(value: int, ptype: PacketType) -> ReasonCode:
 
 def _topic_name(topic: str) -> str:
     if "+" in topic or "#" in topic:
-        raise TopicNameInvalid(f"wildcard in topic name {topic!r}")
+        raise TopicNameInvalid(f"wildcard in topic name {topic[:64]!r}")
     return topic
 
 
@@ -368,14 +368,22 @@ class Decoder:
 
     With `version=None` it is a server-side decoder: the first packet must be CONNECT, whose
     protocol level sets `version` for every later packet. An `MqttError` is final: the
-    connection must close, and every later `next_packet()` raises it again.
+    connection must close, every later `next_packet()` raises it again, and what was buffered
+    is dropped.
+
+    Every packet costs time linear in its size. `max_packet_size` (which the owner may change
+    between packets) refuses a packet as soon as its fixed header announces more, before any of
+    it is buffered beyond what already arrived; `max_user_properties` (None: any number) stops
+    reading a property block at the first user property beyond it.
     """
 
-    def __init__(self, version: int | None = None, max_packet_size: int = MAX_PACKET_SIZE) -> None:
+    def __init__(self, version: int | None = None, max_packet_size: int = MAX_PACKET_SIZE,
+                 max_user_properties: int | None = None) -> None:
         if version not in (None, *VERSIONS):
             raise ValueError(f"unsupported MQTT version {version}")
         self.version = version
         self.max_packet_size = max_packet_size
+        self.max_user_properties = max_user_properties
         self._buffer = bytearray()
         self._error: MqttError | None = None
 
@@ -391,6 +399,7 @@ class Decoder:
             return self._next_packet()
         except MqttError as exc:
             self._error = exc
+            self._buffer = bytearray()
             raise
 
     def _next_packet(self) -> Packet | None:
@@ -402,6 +411,8 @@ class Decoder:
             return None
         offset, length = header
         if offset + length > self.max_packet_size:
+            if self.version is None:  # a CONNECT: its answer can be in the client's version
+                self.version = _peek_version(self._buffer, offset)
             raise PacketTooLarge(f"{offset + length}-byte packet exceeds {self.max_packet_size}")
         if len(self._buffer) < offset + length:
             return None
@@ -447,7 +458,7 @@ class Decoder:
             if pos < end and buf[pos] == 0:
                 pos += 1
             else:
-                reader = Reader(bytes(buf[pos:end]))
+                reader = Reader(bytes(buf[pos:end]), self.max_user_properties)
                 props = decode_properties(reader, PacketType.PUBLISH)
                 pos = end - reader.remaining()
             if not topic and props.topic_alias is None:
@@ -487,7 +498,7 @@ class Decoder:
         raise MalformedPacket("remaining length longer than 4 bytes")
 
     def _parse(self, ptype: PacketType, flags: int, body: bytes) -> Packet:
-        reader = Reader(body)
+        reader = Reader(body, self.max_user_properties)
         version = _read_protocol(Reader(body)) if ptype is PacketType.CONNECT else self.version
         assert version is not None, "_check_first_byte lets only CONNECT through without one"
         if self.version is None:
@@ -496,3 +507,13 @@ class Decoder:
         if reader.remaining():
             raise MalformedPacket(f"{reader.remaining()} bytes after the end of {ptype.name}")
         return packet
+
+
+def _peek_version(buffer: bytearray, offset: int) -> int | None:
+    """The protocol version a CONNECT starting ``offset`` bytes into ``buffer`` names, if its
+    protocol name and level have arrived and are ones this codec speaks."""
+    start = offset + 2
+    name = bytes(buffer[start:start + 4])
+    if len(buffer) <= start + 4 or buffer[offset:start] != b"\x00\x04":
+        return None
+    return _PROTOCOLS.get((name.decode("ascii", "replace"), buffer[start + 4]))

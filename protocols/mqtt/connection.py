@@ -5,7 +5,8 @@ The adapter owns the socket and the clock. Per read it calls `receive_data(data,
 the connection gives by itself (PINGRESP, PUBREL, PUBCOMP, a re-sent PUBREC, a DISCONNECT
 with the reason of a protocol error). The adapter's own decisions are methods that return the
 bytes to write (`accept`, `ack_publish`, `publish`, ...); write those first, then drain
-`data_to_send()`. A timer calls `check_keepalive(now)`.
+`data_to_send()`. A timer calls `check_timeouts(now)` (the CONNECT timeout and keep alive).
+`Limits` bound what a client can make it parse or hold, before and after CONNECT.
 
 Nothing here imports asyncio or core; the state table is in `states.py`, the events in
 `events.py`. Not thread-safe: one connection is driven by one task.
@@ -24,9 +25,10 @@ from .events import (ConnectionClosed, ConnectRequested, Event, MessagePublished
                      UnsubscribeRequested)
 from .packets import (ConnAck, Connect, Disconnect, Packet, PingResp, PubAck, PubComp, Publish,
                       PubRec, PubRel, SubAck, Subscribe, UnsubAck, Unsubscribe)
+from .limits import Limits
 from .properties import NO_PROPERTIES, Properties, varint
 from .reason_codes import (REASON_CODES_BY_PACKET, V311_CONNACK_FOR, MqttError, PacketType,
-                           ProtocolError, ReasonCode)
+                           ProtocolError, ReasonCode, TopicNameInvalid)
 from .states import TRANSITIONS, Action, State
 
 __all__ = ["ConnectionStateError", "FlowControlFull", "Inflight", "ServerConnection"]
@@ -61,6 +63,12 @@ class ReceiveMaximumExceeded(MqttError):
     reason_code = ReasonCode.ReceiveMaximumExceeded
 
 
+class ClientIdentifierNotValid(MqttError):
+    """A client identifier this server does not accept (0x85; 3.1.1 return code 2)."""
+
+    reason_code = ReasonCode.ClientIdentifierNotValid
+
+
 class QoSNotSupported(MqttError):
     """A PUBLISH above the Maximum QoS we advertised in CONNACK (0x9B)."""
 
@@ -89,13 +97,16 @@ class ServerConnection:
     """One client connection seen from the broker. Runs on the adapter's task; never blocks.
 
     `receive_maximum`, `topic_alias_maximum` and `max_packet_size` are the limits we enforce
-    on the client and advertise in an MQTT 5 CONNACK.
+    on the client and advertise in an MQTT 5 CONNACK; `limits` are the others (packet size
+    before CONNACK, CONNECT timeout counted from `opened_at`, client id, topic and user
+    property caps).
     """
 
     def __init__(self, *, receive_maximum: int = DEFAULT_RECEIVE_MAXIMUM,
                  topic_alias_maximum: int = 16, max_packet_size: int = MAX_PACKET_SIZE,
                  adapter_releases: bool = False,
-                 max_outbound_inflight: int = DEFAULT_RECEIVE_MAXIMUM) -> None:
+                 max_outbound_inflight: int = DEFAULT_RECEIVE_MAXIMUM,
+                 limits: Limits = Limits(), opened_at: float = 0.0) -> None:
         """``adapter_releases``: QoS 2 handshakes wait for the adapter (so it can persist the
         step first): a PUBREC from the client becomes a `PublishReceived` event answered with
         `release()`, a PUBREL a `ReleaseRequested` event answered with `complete()`.
@@ -109,10 +120,13 @@ class ServerConnection:
         self.keep_alive = 0
         self.adapter_releases = adapter_releases
         self.max_outbound_inflight = max_outbound_inflight
-        self._decoder = Decoder(max_packet_size=max_packet_size)
+        self.limits = limits
+        self._decoder = Decoder(max_packet_size=min(max_packet_size, limits.max_connect_packet_size),
+                                max_user_properties=limits.max_user_properties)
         self._events: deque[Event] = deque()
         self._outgoing = bytearray()
-        self._now = 0.0
+        self._opened_at = opened_at
+        self._now = opened_at
         self._last_packet_at = 0.0
         # What the client told us in CONNECT.
         self._client_receive_maximum = DEFAULT_RECEIVE_MAXIMUM
@@ -154,10 +168,16 @@ class ServerConnection:
         self._outgoing.clear()
         return out
 
-    def check_keepalive(self, now: float) -> None:
-        """Close with KeepAliveTimeout if the client has been silent for 1.5 keep-alives."""
+    def check_timeouts(self, now: float) -> None:
+        """Close a connection that has not sent its whole CONNECT within the limit's
+        ``connect_timeout`` (nothing is sent: the client's version is unknown), or with
+        KeepAliveTimeout one that has been silent for 1.5 keep-alives."""
         self._now = now
-        if (self.state is State.CONNECTED and self.keep_alive > 0
+        timeout = self.limits.connect_timeout
+        if self.state is State.CONNECTING and timeout and now - self._opened_at >= timeout:
+            self._close(ReasonCode.MaximumConnectTime, will=False, send=False,
+                        detail=f"no complete CONNECT within {timeout:g} s (connect_timeout_s)")
+        elif (self.state is State.CONNECTED and self.keep_alive > 0
                 and now - self._last_packet_at >= KEEPALIVE_GRACE * self.keep_alive):
             self._close(ReasonCode.KeepAliveTimeout, will=True, send=True)
 
@@ -182,10 +202,8 @@ class ServerConnection:
             self.state = after
 
     def _protocol_error(self, exc: MqttError) -> None:
-        if self.state is State.CONNECTING and exc.v311_return_code is not None:
-            # Spec 3.1.1 3.1.2.2: an unsupported protocol level gets CONNACK 0x01; a CONNACK
-            # in 3.1.1 form is what any client can read.
-            self._outgoing += encode(ConnAck(False, exc.v311_return_code), MQTT_311)
+        if self.state is State.CONNECTING:
+            self._outgoing += _failed_connack(exc, self._decoder.version)
         self._close(exc.reason_code, will=True, send=True, detail=str(exc))
 
     def _close(self, reason: ReasonCode, *, will: bool, send: bool,
@@ -202,6 +220,10 @@ class ServerConnection:
     # ------------------------------------------------------------------------ client packets
 
     def _on_connect(self, p: Connect) -> None:
+        if (problem := self.limits.client_id_problem(p.client_id)) is not None:
+            raise ClientIdentifierNotValid(problem)
+        if p.will is not None and (problem := self.limits.topic_problem(p.will.topic)) is not None:
+            raise TopicNameInvalid(f"will {problem}")
         self.version = self._decoder.version
         self.keep_alive = p.keep_alive
         props = p.properties
@@ -216,6 +238,10 @@ class ServerConnection:
                                              p.password, p.will, props, self.version))
 
     def _on_publish(self, p: Publish) -> None:
+        if p.topic and (problem := self.limits.topic_problem(p.topic)) is not None:
+            raise TopicNameInvalid(problem)
+        if p.properties.subscription_identifiers:
+            raise ProtocolError("PUBLISH from a client with a subscription identifier (3.3.4-6)")
         topic, props = self._resolve_alias(p)
         if p.qos > self._maximum_qos:
             raise QoSNotSupported(f"QoS {p.qos} above the maximum QoS {self._maximum_qos}")
@@ -332,6 +358,11 @@ class ServerConnection:
             raise ConnectionStateError(f"cannot {action.name.lower()} in state {self.state.name}")
         self.state = after
 
+    def _answer_closed(self) -> bool:
+        """Check that an answer to a client packet is allowed now; True if CLOSED."""
+        self._transition(Action.ANSWER)
+        return self.state is State.CLOSED
+
     def _encode(self, packet: Packet) -> bytes:
         assert self.version is not None
         return encode(packet, self.version)
@@ -344,6 +375,7 @@ class ServerConnection:
         client sent after CONNECT are processed now: read events and `data_to_send()` after
         writing the returned bytes."""
         self._transition(Action.ACCEPT)
+        self._decoder.max_packet_size = self.max_packet_size
         if resume is not None:
             self._restore(resume)
         if self.version == MQTT_5:
@@ -412,22 +444,26 @@ class ServerConnection:
 
     def ack_subscribe(self, packet_id: int, granted: list[ReasonCode | int]) -> bytes:
         """SUBACK: per filter the granted QoS (0/1/2) or a failure (3.1.1: any >= 0x80 is
-        sent as 0x80)."""
-        self._transition(Action.SEND)
+        sent as 0x80). Like every answer to a client packet, b"" once CLOSED: a packet read
+        just before the connection closed may still be answered, with nothing to send."""
+        if self._answer_closed():
+            return b""
         codes = tuple(int(c) if self.version == MQTT_5 or c < 0x80 else 0x80 for c in granted)
         return self._encode(SubAck(packet_id, codes))
 
     def ack_unsubscribe(self, packet_id: int,
                         reason_codes: list[ReasonCode] | None = None) -> bytes:
         """UNSUBACK; MQTT 5 carries one reason code per filter (default: all Success)."""
-        self._transition(Action.SEND)
+        if self._answer_closed():
+            return b""
         if self.version == MQTT_311:
             return self._encode(UnsubAck(packet_id))
         return self._encode(UnsubAck(packet_id, tuple(reason_codes or (ReasonCode.Success,))))
 
     def release(self, packet_id: int) -> bytes:
         """PUBREL for an outbound QoS 2 message after its `PublishReceived` event."""
-        self._transition(Action.SEND)
+        if self._answer_closed():
+            return b""
         entry = self._inflight.get(packet_id)
         if entry is None or entry[1] is not PacketType.PUBCOMP:
             raise ConnectionStateError(f"message {packet_id} is not awaiting PUBREL")
@@ -435,7 +471,8 @@ class ServerConnection:
 
     def complete(self, packet_id: int) -> bytes:
         """PUBCOMP for an inbound QoS 2 message after its `ReleaseRequested` event."""
-        self._transition(Action.SEND)
+        if self._answer_closed():
+            return b""
         return self._encode(PubComp(packet_id))
 
     # ------------------------------------------------------------------------ outbound messages
@@ -536,3 +573,17 @@ def _publish_bytes(topic: str, payload: bytes, qos: int, retain: bool, dup: bool
     first = 0x30 | qos << 1 | retain | dup << 3
     header = bytes((first, size)) if size < 128 else bytes((first,)) + varint(size)
     return b"".join((header, len(name).to_bytes(2, "big"), name, pid, props, payload))
+
+
+def _failed_connack(exc: MqttError, version: int | None) -> bytes:
+    """The CONNACK that tells a client why its CONNECT failed, in its version when known;
+    b"" when there is no code for it (MQTT 3.1.1 then just closes, spec 3.2.2.3)."""
+    if version == MQTT_5:
+        code = exc.reason_code if exc.reason_code in REASON_CODES_BY_PACKET[PacketType.CONNACK] \
+            else ReasonCode.UnspecifiedError
+        props = Properties(reason_string=str(exc)[:MAX_REASON_STRING])
+        return encode(ConnAck(False, code, props), MQTT_5)
+    # Spec 3.1.1 3.1.2.2: an unsupported protocol level gets CONNACK 0x01; a CONNACK in 3.1.1
+    # form is what any client can read.
+    v311 = exc.v311_return_code
+    return b"" if v311 is None else encode(ConnAck(False, v311), MQTT_311)

@@ -1,6 +1,8 @@
 """The MQTT front end: sessions by client id, shared groups, retained messages, wills, keep alive.
 
-Listeners (TCP, TLS, WebSocket) hand every accepted wire to ``new_connection``. ``start``
+Listeners (TCP, TLS, WebSocket) hand every accepted wire to ``new_connection``, which closes it
+at once when ``max_connections`` sockets are open or ``max_pending_connections`` still wait for
+their CONNACK (a sweep closes those that send no whole CONNECT in ``connect_timeout_s``). ``start``
 restores persistent sessions, their bindings and QoS 2 state, and the retained messages before
 any listener accepts, so nothing published after a restart misses a session's queue.
 
@@ -23,6 +25,7 @@ from core.untrusted import DenialLog, clip
 
 from .connection import Inflight
 from .handler import MqttConnection, will_message
+from .limits import Limits, connection_limit
 from .mapping import Inbound, from_stored, now_ms
 from .options import MqttOptions
 from .packets import Publish
@@ -50,12 +53,19 @@ class MqttFrontend:
         self.options = options
         self.allow_anonymous = allow_anonymous
         self.anonymous_principal = anonymous_principal
+        self.limits = Limits.from_options(options)
+        self.max_connections = connection_limit(options.max_connections)
+        """Open MQTT sockets at once, every listener; ``max_connections`` 0 resolved."""
         self.retained = RetainedMessages(options.max_retained_messages, options.max_retained_bytes)
         self.denials = DenialLog(log)
-        """Refused publishes, subscribes and retained messages: first per client and kind
-        logged, the rest counted and summarised."""
+        """Refusals (connections and logins per peer host; publishes, subscribes and retained
+        messages per client): the first of each kind logged, the rest counted and summarised."""
         self.sessions: dict[str, Session] = {}
         self.links: set[MqttConnection] = set()
+        self._sockets: set[MqttConnection] = set()
+        """Connections whose socket is open (a closed link lingers until its wire is gone)."""
+        self._pending: set[MqttConnection] = set()
+        """Connections not yet answered with a CONNACK."""
         self._attached: dict[str, MqttConnection] = {}
         self._groups: dict[tuple[str, str], SharedGroup] = {}
         self._store = SessionStore(broker)
@@ -107,17 +117,44 @@ class MqttFrontend:
             await asyncio.gather(*self._tasks, return_exceptions=True)
 
     def new_connection(self, wire: Wire) -> MqttConnection:
-        """The handler for a newly accepted wire."""
+        """The handler for a newly accepted wire; closed at once beyond the connection limits."""
         link = MqttConnection(self, wire)
+        refusal = self._admission_refusal()
+        if refusal is not None:
+            self.denials.denied(wire.peer.rpartition(":")[0], "admission",
+                                           "MQTT connection from %s closed at once: %s",
+                                           wire.peer, refusal)
+            link.refuse_at_once()
+            return link
         self.links.add(link)
+        self._sockets.add(link)
+        self._pending.add(link)
         return link
+
+    def _admission_refusal(self) -> str | None:
+        if len(self._sockets) >= self.max_connections:
+            return (f"{len(self._sockets)} MQTT connections are open (max_connections "
+                    f"{self.max_connections})")
+        if len(self._pending) >= self.options.max_pending_connections:
+            return (f"{len(self._pending)} connections wait for their CONNACK "
+                    f"(max_pending_connections {self.options.max_pending_connections})")
+        return None
+
+    def connection_accepted(self, link: MqttConnection) -> None:
+        """``link`` got its CONNACK: it no longer counts as pending."""
+        self._pending.discard(link)
+
+    def connection_released(self, link: MqttConnection) -> None:
+        """The socket of ``link`` is closed: it no longer counts against ``max_connections``."""
+        self._sockets.discard(link)
+        self._pending.discard(link)
 
     async def _sweep_keepalives(self) -> None:
         while True:
             await asyncio.sleep(KEEPALIVE_SWEEP_S)
             now = time.monotonic()
             for link in list(self.links):
-                link.check_keepalive(now)
+                link.check_timeouts(now)
 
     def spawn(self, coroutine) -> None:
         """Run ``coroutine`` as a task the front end keeps (and awaits at ``stop``); an
@@ -216,6 +253,7 @@ class MqttFrontend:
     def connection_closed(self, link: MqttConnection, publish_will: bool, expiry_s: int | None) -> None:
         """A connection ended: detach its session, publish or schedule its will, start expiry."""
         self.links.discard(link)
+        self._pending.discard(link)
         session = link.session
         if session is None or self._attached.get(link.client_id) is not link:
             if publish_will and link.will is not None and link.principal is not None:

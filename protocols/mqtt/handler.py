@@ -17,7 +17,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from core import errors
-from core.errors import AccessDenied, SluiceError, Unauthenticated
+from core.errors import AccessDenied, InvalidArgument, SluiceError, Unauthenticated
 from core.model import Action, OutgoingMessage, Principal
 from core.untrusted import clip
 
@@ -70,13 +70,15 @@ class MqttConnection:
         self.conn = ServerConnection(receive_maximum=options.receive_maximum,
                                      topic_alias_maximum=options.topic_alias_maximum,
                                      max_packet_size=options.max_packet_size,
-                                     max_outbound_inflight=options.max_inflight_messages)
+                                     max_outbound_inflight=options.max_inflight_messages,
+                                     limits=frontend.limits, opened_at=time.monotonic())
         self.loop = asyncio.get_running_loop()
         self.principal: Principal | None = None
         self.session: Session | None = None
         self.client_id = ""
         self.will: Will | None = None
-        self.closed = False
+        self._done = False
+        """The wire is closed (or closing) and the front end was told: nothing more is written."""
         self._out = bytearray()
         self._flush_scheduled = False
         self._batch: list[tuple[MessagePublished, OutgoingMessage]] = []
@@ -87,29 +89,43 @@ class MqttConnection:
         self._reading_paused = False
         self._max_buffered = options.max_buffered_bytes
 
+    @property
+    def closed(self) -> bool:
+        """Nothing more may be sent: the connection closed, even if the event saying so has
+        not been handled yet (packets read with it are answered first)."""
+        return self._done or self.conn.state is State.CLOSED
+
     # ---------------------------------------------------------------- wire side
 
     def data_received(self, data: bytes) -> None:
-        if self.closed:
+        if self._done:
             return
         self.conn.receive_data(data, time.monotonic())
         self._drain_events()
 
     def connection_lost(self) -> None:
-        if not self.closed:
+        if not self._done:
             self.conn.receive_data(b"", time.monotonic())
             self._drain_events()
+        self.frontend.connection_released(self)
 
     def writable(self) -> None:
         if self.session is not None and self.session.link is self:
             self.session.writable()
 
-    def check_keepalive(self, now: float) -> None:
-        self.conn.check_keepalive(now)
+    def check_timeouts(self, now: float) -> None:
+        """The CONNECT timeout and keep alive (the front end's sweep calls this)."""
+        self.conn.check_timeouts(now)
         self._drain_events()
 
+    def refuse_at_once(self) -> None:
+        """Close a connection the front end cannot take (too many open or pending): nothing is
+        read from it and nothing sent."""
+        self._done = True
+        self.wire.abort()
+
     def _write(self, data: bytes) -> None:
-        if not data or self.closed:
+        if not data or self._done:
             return
         self._out += data
         if not self._flush_scheduled:
@@ -118,7 +134,7 @@ class MqttConnection:
 
     def _flush(self) -> None:
         self._flush_scheduled = False
-        if self._out and not self.closed:
+        if self._out and not self._done:
             self.wire.write(bytes(self._out))
         self._out.clear()
 
@@ -152,7 +168,8 @@ class MqttConnection:
         self._write(self.conn.release(packet_id))
 
     def kick(self, reason: ReasonCode) -> None:
-        """Close from the broker's side (takeover, shutdown), telling an MQTT 5 client why."""
+        """Close from the broker's side (takeover, shutdown), telling an MQTT 5 client why. A
+        connection that closed by itself is left to its pending ConnectionClosed."""
         if self.closed:
             return
         self._write(self.conn.disconnect(reason))
@@ -180,12 +197,11 @@ class MqttConnection:
             elif kind is ReleaseRequested:
                 self._on_release(event.packet_id)
             elif kind is ConnectRequested:
+                self.wire.pause_reading()  # nothing is read before CONNACK (3.1.4)
                 self.frontend.spawn(self._connect(event))
             elif kind is ConnectionClosed:
-                if event.detail:  # a protocol error, not just a closed socket
-                    log.info("MQTT client %r from %s disconnected: %s%s", self.client_id,
-                             self.wire.peer, event.reason_code.name,
-                             f" ({event.detail})" if event.detail else "")
+                if event.detail:  # a protocol error or timeout, not just a closed socket
+                    self._log_closed(event)
                 self._flush_publishes()
                 self._write(conn.data_to_send())
                 self._closed(event.will_should_publish, event.session_expiry_interval)
@@ -193,9 +209,21 @@ class MqttConnection:
         self._flush_publishes()
         self._write(conn.data_to_send())
 
+    def _log_closed(self, event: ConnectionClosed) -> None:
+        """One line per connection closed for an error; before authentication one line per
+        peer host and reason a minute, so nobody can fill the log by connecting."""
+        if self.principal is None:
+            self.frontend.denials.denied(
+                _host(self.wire.peer), event.reason_code.name,
+                "MQTT connection from %s closed before CONNACK: %s (%s)", self.wire.peer,
+                event.reason_code.name, clip(event.detail))
+            return
+        log.info("MQTT client %s from %s disconnected: %s (%s)", clip(self.client_id),
+                 self.wire.peer, event.reason_code.name, clip(event.detail))
+
     def _closed(self, will: bool, expiry: int | None) -> None:
         self._flush()
-        self.closed = True
+        self._done = True
         self.wire.close()
         self.frontend.connection_closed(self, will, expiry)
 
@@ -214,7 +242,9 @@ class MqttConnection:
         try:
             self.principal = await frontend.authenticate(event.username, event.password)
         except Unauthenticated as refused:
-            log.info("MQTT client %r from %s refused: %s", event.client_id, self.wire.peer, refused)
+            frontend.denials.denied(
+                _host(self.wire.peer), "login", "MQTT client %s from %s refused: %s",
+                clip(event.client_id), self.wire.peer, clip(str(refused), 300))
             self._refuse(ReasonCode.BadUserNameOrPassword, str(refused))
             return
         if self.closed:
@@ -243,8 +273,14 @@ class MqttConnection:
             session, present = await frontend.open_session(self, client_id, event.clean_start,
                                                            expiry)
         except AccessDenied as refused:
-            log.info("MQTT client %s from %s refused: %s", clip(client_id), self.wire.peer, refused)
+            frontend.denials.denied(self.principal.user, "session", "MQTT client %s of user %s "
+                                    "from %s refused: %s", clip(client_id),
+                                    clip(self.principal.user), self.wire.peer, refused)
             self._refuse(ReasonCode.NotAuthorized, str(refused))
+            return
+        except InvalidArgument as refused:  # a client id core cannot keep (its state key)
+            log.info("MQTT client %s from %s refused: %s", clip(client_id), self.wire.peer, refused)
+            self._refuse(ReasonCode.ClientIdentifierNotValid, str(refused))
             return
         if self.closed:
             frontend.connection_closed(self, False, None)
@@ -258,9 +294,13 @@ class MqttConnection:
                 server_keep_alive=frontend.server_keep_alive(event.keep_alive))
         self._write(self.conn.accept(session_present=present, assigned_client_id=assigned,
                                      properties=props, resume=frontend.resume_state(session)))
-        for data in self.conn.pending_resend():
-            self._write(data)
-        session.attach(self, self.principal)
+        frontend.connection_accepted(self)
+        if not self.closed:  # packets sent right behind CONNECT may have closed it
+            for data in self.conn.pending_resend():
+                self._write(data)
+            session.attach(self, self.principal)
+            if not self._reading_paused:
+                self.wire.resume_reading()
         self._drain_events()
 
     def _check_will(self, will: Will) -> ReasonCode | None:
@@ -277,8 +317,9 @@ class MqttConnection:
             return
         self._write(self.conn.refuse(reason, reason_string))
         self._flush()
-        self.closed = True
+        self._done = True
         self.wire.close()
+        self.frontend.connection_closed(self, False, None)
 
     # ---------------------------------------------------------------- PUBLISH in
 
@@ -433,6 +474,7 @@ class MqttConnection:
         new: list[tuple[SubscriptionOptions, bool]] = []
         for sub in event.subscriptions:
             try:
+                self.frontend.limits.check_filter(sub.topic_filter)
                 check_filter(sub.topic_filter)
                 share, topic_filter = split_shared(sub.topic_filter)
                 check_filter(topic_filter)
@@ -450,6 +492,10 @@ class MqttConnection:
                                              "subscribe to %s", clip(self.client_id),
                                              clip(sub.topic_filter))
                 granted.append(ReasonCode.NotAuthorized)
+                continue
+            if sub.topic_filter not in session.subscriptions and \
+                    len(session.subscriptions) >= self.frontend.options.max_subscriptions:
+                granted.append(ReasonCode.QuotaExceeded)  # 3.1.1: 0x80
                 continue
             options = SubscriptionOptions(topic_filter, sub.qos, sub.no_local,
                                           sub.retain_as_published, sub.retain_handling,
@@ -472,6 +518,11 @@ class MqttConnection:
                  for f in event.filters]
         self.frontend.session_changed(session)
         self._write(self.conn.ack_unsubscribe(event.packet_id, codes))
+
+
+def _host(peer: str) -> str:
+    """The address part of a ``host:port`` peer name: refusals are summarised per host."""
+    return peer.rpartition(":")[0] or peer
 
 
 def will_message(will: Will, client_id: str, retain: bool) -> OutgoingMessage:

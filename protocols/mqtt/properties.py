@@ -23,7 +23,7 @@ from dataclasses import dataclass, fields
 from enum import Enum
 from typing import Any, Final, Literal
 
-from .reason_codes import MalformedPacket, PacketType, ProtocolError
+from .reason_codes import MalformedPacket, MqttError, PacketType, ProtocolError, ReasonCode
 
 MAX_VARINT: Final = 268_435_455
 WILL: Final = "will"
@@ -45,11 +45,14 @@ class DataType(Enum):
 
 
 class Reader:
-    """Reads MQTT data types from one whole packet body; reading past its end is malformed."""
+    """Reads MQTT data types from one whole packet body; reading past its end is malformed.
+    ``max_user_properties`` (None: any number) caps the user properties of every property
+    block read from it."""
 
-    def __init__(self, data: bytes | memoryview) -> None:
+    def __init__(self, data: bytes | memoryview, max_user_properties: int | None = None) -> None:
         self.data = memoryview(data)
         self.pos = 0
+        self.max_user_properties = max_user_properties
 
     def remaining(self) -> int:
         """How many bytes are left unread."""
@@ -291,13 +294,27 @@ def encode_properties(props: Properties, context: Context) -> bytes:
     return varint(len(body)) + bytes(body)
 
 
+class TooManyProperties(MqttError):
+    """More user properties than the receiver accepts in one packet (0x97 Quota exceeded: the
+    spec has no code of its own for this, and 0x97 is "an implementation or administrative
+    imposed limit has been exceeded", allowed in CONNACK and DISCONNECT)."""
+
+    reason_code = ReasonCode.QuotaExceeded
+
+
 def decode_properties(reader: Reader, context: Context) -> Properties:
-    """Read a property block for a packet of type `context` from `reader`."""
+    """Read a property block for a packet of type `context` from `reader`.
+
+    Linear in the block's length: repeated properties are collected in lists and become
+    tuples once. Reading stops at the first user property beyond the reader's
+    ``max_user_properties`` (`TooManyProperties`), so a hostile block costs no more than that."""
+    max_user_properties = reader.max_user_properties
     length = reader.varint()
     if length > reader.remaining():
         raise MalformedPacket("property length runs past the packet")
     block = Reader(reader.take(length))
     found: dict[str, Any] = {}
+    repeated: dict[str, list[Any]] = {}
     while block.remaining():
         spec = PROPERTIES.get(block.varint())
         if spec is None:
@@ -308,11 +325,18 @@ def decode_properties(reader: Reader, context: Context) -> Properties:
         if spec.valid is not None and value not in spec.valid:
             raise ProtocolError(f"{spec.name} may not be {value}")
         if spec.name in _LISTS:
-            if found.get(spec.name) and context not in spec.repeatable_in:
+            items = repeated.setdefault(spec.name, [])
+            if items and context not in spec.repeatable_in:
                 raise ProtocolError(f"{spec.name} may appear only once in {_label(context)}")
-            found[spec.name] = found.get(spec.name, ()) + (value,)
+            items.append(value)
+            if (max_user_properties is not None and spec.name == "user_properties"
+                    and len(items) > max_user_properties):
+                raise TooManyProperties(f"more than {max_user_properties} user properties in "
+                                        f"{_label(context)}")
         elif spec.name in found:
             raise ProtocolError(f"{spec.name} appears twice")
         else:
             found[spec.name] = value
+    for name, items in repeated.items():
+        found[name] = tuple(items)
     return Properties(**found)

@@ -42,7 +42,11 @@ class Action(Enum):
     ACCEPT = auto()
     REFUSE = auto()
     SEND = auto()
-    """publish, ack_subscribe, ack_unsubscribe."""
+    """publish: a message of our own."""
+    ANSWER = auto()
+    """ack_subscribe, ack_unsubscribe, release, complete: answers to client packets. Also
+    allowed once CLOSED, where they send nothing: a packet read just before the connection
+    closed may still be answered by the adapter."""
     ACK_PUBLISH = auto()
     """ack_publish. Also allowed once CLOSED: a message stored after the client went away is
     still acknowledged in the session's in-flight state, so QoS 2 stays exactly once."""
@@ -60,6 +64,8 @@ TRANSITIONS: dict[tuple[State, P | Action], State] = {
     **{(S.CONNECTED, packet): S.CONNECTED for packet in _IN_SESSION},
     (S.CONNECTED, P.DISCONNECT): S.CLOSED,
     (S.CONNECTED, Action.SEND): S.CONNECTED,
+    (S.CONNECTED, Action.ANSWER): S.CONNECTED,
+    (S.CLOSED, Action.ANSWER): S.CLOSED,
     (S.CONNECTED, Action.ACK_PUBLISH): S.CONNECTED,
     (S.CLOSED, Action.ACK_PUBLISH): S.CLOSED,
     **{(state, Action.DISCONNECT): S.CLOSED for state in State},

@@ -1,6 +1,8 @@
 """MQTT over WebSocket (MQTT spec 6.0): an aiohttp server whose binary frames carry MQTT bytes.
 
 Each accepted upgrade becomes a `WebSocketWire` handed to the front end's connection factory.
+A browser page may open one only from the listener's own origin or one of ``allowed_origins``
+(`origin_allowed`); clients that send no Origin header (devices, tools) are not browsers.
 Frame boundaries mean nothing to MQTT: a packet may span frames and a frame may hold many
 packets, so frames go to `data_received` as they are. Writes are coalesced: one writer task per
 connection sends everything queued since its last send as one binary frame.
@@ -12,10 +14,13 @@ import asyncio
 import contextlib
 import logging
 import ssl
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from urllib.parse import urlsplit
 
 from aiohttp import WSCloseCode, WSMsgType, hdrs, web
+from aiohttp.http_exceptions import HttpProcessingError
 
+from core.untrusted import DenialLog, clip
 from protocols.mqtt.wire import ConnectionHandler, Wire
 
 log = logging.getLogger(__name__)
@@ -148,31 +153,114 @@ class WebSocketWire:
             handler.writable()
 
 
-class WebSocketListener:
-    """A running MQTT-over-WebSocket server; `port` is the bound port."""
+def parse_origins(setting: str) -> frozenset[str]:
+    """The Origins of a comma-separated ``ws_allowed_origins`` setting, normalised."""
+    return frozenset(_normal(o) for o in setting.split(",") if o.strip())
 
-    def __init__(self, new_connection: Callable[[Wire], ConnectionHandler], path: str) -> None:
+
+def origin_allowed(origin: str | None, host: str | None, secure: bool,
+                   allowed: frozenset[str]) -> bool:
+    """Whether a WebSocket upgrade with this ``Origin`` header may proceed: no Origin (not a
+    browser), ``*`` in ``allowed``, an Origin listed in ``allowed``, or the same origin (its
+    host and port equal the ``Host`` header's). Never raises, whatever the headers hold."""
+    if origin is None or "*" in allowed or _normal(origin) in allowed:
+        return True
+    if host is None:
+        return False
+    try:
+        asked = urlsplit(origin)
+        served = urlsplit(f"//{host}")
+        default = 443 if asked.scheme in ("https", "wss") else 80
+        mine = 443 if secure else 80
+        return (asked.scheme in ("http", "https", "ws", "wss") and asked.hostname is not None
+                and asked.hostname == served.hostname
+                and (asked.port or default) == (served.port or mine))
+    except ValueError:  # a port that is not a number, a bad IPv6 literal
+        return False
+
+
+def _normal(origin: str) -> str:
+    return origin.strip().rstrip("/").lower()
+
+
+class _RequestLog(logging.LoggerAdapter):
+    """aiohttp's request-handling log: a malformed HTTP request is the peer's doing, so it is
+    one clipped line (summarised per peer host) instead of an error with a traceback; any
+    other error keeps its traceback."""
+
+    def __init__(self, denials: DenialLog) -> None:
+        super().__init__(log, {})
+        self._denials = denials
+
+    def exception(self, msg: object, *args: object, exc_info: object = True, **kw: object) -> None:
+        error = exc_info if isinstance(exc_info, BaseException) else None
+        if isinstance(error, HttpProcessingError):
+            peer = str(args[0]) if args else "?"
+            self._denials.denied(peer, "http", "MQTT over WebSocket: bad HTTP request from %s: %s",
+                                 peer, clip(error.message))
+            return
+        super().exception(msg, *args, exc_info=exc_info, **kw)  # type: ignore[arg-type]
+
+
+class WebSocketListener:
+    """A running MQTT-over-WebSocket server; `port` is the bound port. A connection that has
+    not sent a whole HTTP request within ``request_timeout`` seconds (0: no limit; TLS
+    handshake included) is closed: aiohttp itself waits for a first request for ever."""
+
+    def __init__(self, new_connection: Callable[[Wire], ConnectionHandler], path: str,
+                 allowed_origins: Iterable[str] = (), request_timeout: float = 0.0) -> None:
         self._new_connection = new_connection
         self._path = path
+        self._allowed_origins = frozenset(_normal(o) for o in allowed_origins)
+        self._request_timeout = request_timeout
+        self._denials = DenialLog(log)
         self._wires: set[WebSocketWire] = set()
+        self._awaiting_request: dict[int, asyncio.TimerHandle] = {}
+        """Connections that have not sent a whole request yet, by id of their handler."""
+        self._server: asyncio.base_events.Server | None = None
         app = web.Application()
         app.router.add_route("*", "/{tail:.*}", self._on_request)
         self._runner = web.AppRunner(app, handle_signals=False, access_log=None,
-                                     shutdown_timeout=SHUTDOWN_TIMEOUT)
+                                     shutdown_timeout=SHUTDOWN_TIMEOUT,
+                                     logger=_RequestLog(self._denials))
         self.port = 0
 
     async def _start(self, host: str, port: int, ssl_context: ssl.SSLContext | None) -> None:
         await self._runner.setup()
-        await web.TCPSite(self._runner, host, port, ssl_context=ssl_context).start()
-        self.port = self._runner.addresses[0][1]
+        loop = asyncio.get_running_loop()
+        timeout = {"ssl_handshake_timeout": self._request_timeout} \
+            if ssl_context is not None and self._request_timeout else {}
+        self._server = await loop.create_server(self._accept, host, port, ssl=ssl_context,
+                                                backlog=4096, reuse_address=True, **timeout)
+        self.port = self._server.sockets[0].getsockname()[1]
+
+    def _accept(self) -> asyncio.Protocol:
+        """aiohttp's protocol for a new connection, closed unless its first request comes in
+        time. Runs on the event loop."""
+        server = self._runner.server
+        assert server is not None
+        handler = server()
+        if self._request_timeout:
+            key = id(handler)
+            self._awaiting_request[key] = asyncio.get_running_loop().call_later(
+                self._request_timeout, self._no_request, key, handler)
+        return handler
+
+    def _no_request(self, key: int, handler: asyncio.BaseProtocol) -> None:
+        self._awaiting_request.pop(key, None)
+        transport = getattr(handler, "transport", None)
+        if transport is not None:
+            transport.close()
 
     async def stop(self) -> None:
         """Stop accepting, close every connection with 1001 (going away), release the port.
 
         Waits up to `SHUTDOWN_TIMEOUT` for the clients' closing handshakes, then drops the rest.
         """
-        for site in self._runner.sites:
-            await site.stop()
+        if self._server is not None:
+            self._server.close()
+        for timer in self._awaiting_request.values():
+            timer.cancel()
         for wire in self._wires:
             wire.shut_down()
         with contextlib.suppress(TimeoutError):
@@ -181,8 +269,19 @@ class WebSocketListener:
         await self._runner.cleanup()
 
     async def _on_request(self, request: web.Request) -> web.StreamResponse:
+        timer = self._awaiting_request.pop(id(request.protocol), None)
+        if timer is not None:
+            timer.cancel()
         if request.path != self._path:
             return web.Response(status=404, text=f"MQTT over WebSocket is served on {self._path}\n")
+        origin = request.headers.get(hdrs.ORIGIN)
+        if not origin_allowed(origin, request.headers.get(hdrs.HOST), request.secure,
+                              self._allowed_origins):
+            peer = _peer(request)
+            self._denials.denied(peer.rpartition(":")[0], "origin", "MQTT over WebSocket from %s: "
+                                 "Origin %s refused", peer, clip(origin))
+            return web.Response(status=403, text="this Origin may not open MQTT WebSocket "
+                                                 "connections: add it to mqtt.ws_allowed_origins\n")
         offered = {p.strip() for h in request.headers.getall(hdrs.SEC_WEBSOCKET_PROTOCOL, ())
                    for p in h.split(",")}
         chosen = next((p for p in SUBPROTOCOLS if p in offered), None)
@@ -193,7 +292,12 @@ class WebSocketListener:
                                                  "header to offer \"mqtt\" (or \"mqttv3.1\")\n")
         ws = web.WebSocketResponse(protocols=(chosen,), max_msg_size=MAX_MESSAGE_SIZE, heartbeat=None,
                                    compress=False, timeout=CLOSE_TIMEOUT)
-        await ws.prepare(request)
+        try:
+            await ws.prepare(request)
+        except ValueError as bad:  # aiohttp decodes a non-ASCII Sec-WebSocket-Key with base64
+            self._denials.denied(peer.rpartition(":")[0], "http", "MQTT over WebSocket from %s: "
+                                 "bad upgrade request: %s", peer, clip(str(bad)))
+            return web.Response(status=400, text="malformed WebSocket upgrade request\n")
         if request.transport is None:
             return ws
         wire = WebSocketWire(ws, request.transport, peer)
@@ -211,9 +315,12 @@ def _peer(request: web.Request) -> str:
 
 
 async def start_websocket_listener(new_connection: Callable[[Wire], ConnectionHandler], host: str, port: int,
-                                   *, path: str = "/mqtt",
-                                   ssl_context: ssl.SSLContext | None = None) -> WebSocketListener:
-    """Serve MQTT over WebSocket on ``host:port`` (0 picks a free port) at ``path``; wss with ``ssl_context``."""
-    listener = WebSocketListener(new_connection, path)
+                                   *, path: str = "/mqtt", ssl_context: ssl.SSLContext | None = None,
+                                   allowed_origins: Iterable[str] = (),
+                                   request_timeout: float = 0.0) -> WebSocketListener:
+    """Serve MQTT over WebSocket on ``host:port`` (0 picks a free port) at ``path``; wss with
+    ``ssl_context``. Browser pages of other origins than ``allowed_origins`` get 403; a
+    connection without a whole request in ``request_timeout`` seconds is closed."""
+    listener = WebSocketListener(new_connection, path, allowed_origins, request_timeout)
     await listener._start(host, port, ssl_context)
     return listener

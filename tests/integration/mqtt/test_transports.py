@@ -108,7 +108,7 @@ def test_tls_and_secure_websocket_listeners_serve_mqtt(sluice_server, tmp_path, 
 def test_a_tls_client_that_does_not_trust_the_certificate_is_refused(sluice_server, tmp_path,
                                                                        make_cert_files):
     served, other = make_cert_files("served"), make_cert_files("other")
-    server = sluice_server(tmp_path / "data", "--mqtt-tls-port", "0",
+    server = sluice_server(tmp_path / "data", "--mqtt-tls-port", "0", "--mqtt-wss-port", "0",
                            "--tls-cert", served.cert, "--tls-key", served.key)
     server.wait_ready()
     tls = re.search(r"MQTT TLS\s+(\S+)", "".join(server.output)).group(1)

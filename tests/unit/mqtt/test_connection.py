@@ -224,18 +224,18 @@ def test_pingreq_is_answered_automatically(version: int) -> None:
 def test_keepalive_timeout_after_one_and_a_half_periods(version: int) -> None:
     conn = connected(version)  # keep_alive=10, accepted at t=0
     send(conn, version, PingReq(), now=5.0)
-    conn.check_keepalive(19.9)
+    conn.check_timeouts(19.9)
     assert events(conn) == []
-    conn.check_keepalive(20.0)
+    conn.check_timeouts(20.0)
     assert events(conn) == [ConnectionClosed(ReasonCode.KeepAliveTimeout, True)]
     conn.data_to_send()
-    conn.check_keepalive(100.0)
+    conn.check_timeouts(100.0)
     assert events(conn) == [] and conn.state is State.CLOSED
 
 
 def test_keepalive_zero_never_times_out() -> None:
     conn = connected(V3, Connect("c", keep_alive=0))
-    conn.check_keepalive(1e9)
+    conn.check_timeouts(1e9)
     assert events(conn) == []
 
 

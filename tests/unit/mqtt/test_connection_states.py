@@ -155,7 +155,7 @@ class Driver:
             self.feed(b"")
         elif kind == "tick":
             self.now += arg
-            conn.check_keepalive(self.now)
+            conn.check_timeouts(self.now)
             self.drain()
         elif kind == "publish" and connected:
             try:
