@@ -6,7 +6,10 @@ result lines; add one by writing such a function and listing it. Today:
 - decoding MQTT 5 PUBLISH packets with 1, 1,000 and 100,000 user properties (the broker's
   ``max_user_properties`` cap lifted for the measurement), the time per property for each:
   a decoder linear in its input keeps it flat (the quadratic one of issue 12 took minutes
-  for 790,000).
+  for 790,000);
+- the broker's open descriptors and resident memory with 100,000 persistent MQTT sessions,
+  each with a message in its stored queue (``session_footprint.py``): descriptors stay within
+  the store's cache of queue files however many sessions there are.
 """
 from __future__ import annotations
 
@@ -17,6 +20,9 @@ from pathlib import Path
 
 from protocols.mqtt.codec import Decoder
 from protocols.mqtt.properties import varint
+from store.api import StoreConfig
+
+from . import session_footprint
 
 Log = Callable[[str], None]
 LINEAR_SPREAD = 3.0
@@ -28,10 +34,13 @@ class Settings:
     property_counts: tuple[int, ...] = (1, 1_000, 100_000)
     repeats: int = 5
     """Each decode is timed this many times; the fastest counts (the least disturbed)."""
+    sessions: int = 100_000
+    session_concurrency: int = 32
+    """Sessions opened at once by the measuring client."""
 
     @classmethod
     def smoke(cls) -> Settings:
-        return cls(repeats=1)
+        return cls(repeats=1, sessions=500)
 
 
 @dataclass
@@ -66,7 +75,7 @@ def decode_seconds(packet: bytes, repeats: int) -> float:
     return best
 
 
-def property_decoding(settings: Settings, log: Log) -> tuple[str, list[str]]:
+def property_decoding(settings: Settings, workdir: Path, log: Log) -> tuple[str, list[str]]:
     """Time per user property for each count: flat when decoding is linear."""
     per_property: list[float] = []
     lines = []
@@ -87,8 +96,27 @@ def property_decoding(settings: Settings, log: Log) -> tuple[str, list[str]]:
     return "MQTT 5 PUBLISH decode, user properties cap lifted", lines
 
 
-Measurement = Callable[[Settings, Log], tuple[str, list[str]]]
-MEASUREMENTS: list[Measurement] = [property_decoding]
+def persistent_sessions(settings: Settings, workdir: Path, log: Log) -> tuple[str, list[str]]:
+    """Descriptors and memory of the broker with ``settings.sessions`` persistent sessions."""
+    log(f"opening {settings.sessions:,} persistent MQTT sessions")
+    result = session_footprint.measure(workdir, settings.sessions, settings.session_concurrency, log)
+    cache = StoreConfig().max_open_queue_files
+    rows = [("started", result.start), (f"{result.count:,} sessions", result.sessions),
+            ("a message in each", result.messages)]
+    lines = [f"{label:20} {f.descriptors:>6,} descriptors  {f.rss_bytes / 2**20:8.1f} MiB resident"
+             for label, f in rows]
+    grown = result.messages.descriptors - result.start.descriptors
+    per_session = (result.messages.rss_bytes - result.start.rss_bytes) / result.count
+    lines.append(f"sessions opened at {result.count / result.open_seconds:,.0f}/s, messages stored "
+                 f"and delivered to their queues at {result.count / result.publish_seconds:,.0f}/s")
+    lines.append(f"descriptors grew by {grown:,} (cache of queue files: {cache}): "
+                 f"{'bounded' if grown <= cache + 64 else 'NOT bounded'}; "
+                 f"memory {per_session / 1024:.1f} KiB per session")
+    return f"{result.count:,} persistent MQTT sessions, each with a stored message", lines
+
+
+Measurement = Callable[[Settings, Path, Log], tuple[str, list[str]]]
+MEASUREMENTS: list[Measurement] = [property_decoding, persistent_sessions]
 """Run in order; each returns (title, result lines)."""
 
 
@@ -96,5 +124,5 @@ def run_section(settings: Settings, workdir: Path, log: Log) -> Report:
     """Every measurement of the section; ``workdir`` is for measurements that need files."""
     report = Report(settings)
     for measure in MEASUREMENTS:
-        report.sections.append(measure(settings, log))
+        report.sections.append(measure(settings, workdir, log))
     return report

@@ -71,9 +71,10 @@ def test_latency_bench_smoke_run_measures_publish_to_dashboard(tmp_path):
     assert list(tmp_path.iterdir()) == [], "benchmark files are removed afterwards"
 
 
-def test_hardening_bench_smoke_run_times_property_decoding_per_property(tmp_path):
+def test_hardening_bench_smoke_run_times_property_decoding_and_counts_session_descriptors(tmp_path):
     """The hardening section decodes PUBLISH packets with 1, 1,000 and 100,000 user
-    properties and reports the time per property, which a linear decoder keeps flat."""
+    properties and reports the time per property, which a linear decoder keeps flat; and it
+    measures the descriptors and memory of a broker holding many persistent sessions."""
     done = subprocess.run([sys.executable, "-m", "bench", "hardening", "--quick", "--data-dir", str(tmp_path)],
                           cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -81,4 +82,6 @@ def test_hardening_bench_smoke_run_times_property_decoding_per_property(tmp_path
     for count in ("1 user property ", "1,000 user properties", "100,000 user properties"):
         assert re.search(rf"{count}.*us/property", out), out
     assert re.search(r"varies [\d.]+x: linear", out), out
+    assert "500 persistent MQTT sessions" in out, out
+    assert re.search(r"descriptors grew by -?\d+ \(cache of queue files: \d+\): bounded", out), out
     assert list(tmp_path.iterdir()) == [], "benchmark files are removed afterwards"

@@ -187,9 +187,9 @@ def test_internal_state_topics_are_for_admins_only(started):
 
     async def probe() -> None:
         async with Producer(config, []) as producer:
-            with pytest.raises(SluiceClientError, match="may not publish"):
+            with pytest.raises(SluiceClientError, match="may (not|neither) publish"):
                 await producer.send(Message("%SYS%mqtt.sessions", b"x", keys=["s/victim"]))
-        with pytest.raises(SluiceClientError, match="may not subscribe"):
+        with pytest.raises(SluiceClientError, match="may (not|neither) (publish nor )?subscribe"):
             async with PullConsumer(config, "g", ["%SYS%mqtt.sessions"],
                                     start_from="earliest") as consumer:
                 async for _ in consumer.poll():
