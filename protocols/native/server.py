@@ -14,7 +14,6 @@ import asyncio
 from dataclasses import dataclass
 
 import grpc.aio
-from rocketmq.grpc_protocol import service_pb2_grpc
 
 from core.model import Principal
 from core.service import Broker
@@ -22,6 +21,7 @@ from core.service import Broker
 from .auth import DEFAULT_MAX_SKEW_S, Authenticator
 from .clients import ClientRegistry
 from .context import Edge
+from .decoding import add_servicer
 from .servicer import MessagingServicer
 
 ANONYMOUS = Principal("anonymous")
@@ -81,7 +81,7 @@ async def start_native_server(broker: Broker, host: str = "127.0.0.1", port: int
         ("grpc.max_send_message_length", -1),
         ("grpc.so_reuseport", 0),
     ])
-    service_pb2_grpc.add_MessagingServiceServicer_to_server(MessagingServicer(edge), server)
+    add_servicer(MessagingServicer(edge), server)
     address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
     try:
         edge.port = server.add_insecure_port(address)

@@ -18,6 +18,7 @@ from rocketmq.grpc_protocol import service_pb2_grpc
 
 from . import consume, membership, offsets, produce, routes, telemetry
 from .context import Call, Edge
+from .decoding import MalformedRequest
 from .errors import not_implemented, status_of
 
 Handler = Callable[[Edge, Call, Any], Awaitable[Any]]
@@ -32,7 +33,10 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
     async def _unary(self, handler: Handler, response_type: type, request: Any,
                      context: grpc.aio.ServicerContext) -> Any:
         try:
-            return await handler(self._edge, await self._edge.call(context), request)
+            call = await self._edge.call(context)
+            if isinstance(request, MalformedRequest):
+                raise request.refusal()
+            return await handler(self._edge, call, request)
         except Exception as error:  # noqa: BLE001 - every failure is answered as a Status
             return response_type(status=status_of(error))
 
@@ -40,6 +44,8 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
                       request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
         try:
             call = await self._edge.call(context)
+            if isinstance(request, MalformedRequest):
+                raise request.refusal()
             async for response in handler(self._edge, call, request):
                 yield response
         except Exception as error:  # noqa: BLE001 - the stream ends with the error's Status

@@ -19,6 +19,7 @@ from rocketmq.grpc_protocol import service_pb2 as rpc
 from core.model import RetryPolicy
 
 from .context import Call, Edge
+from .decoding import MalformedRequest
 from .convert import duration, subscription
 from .errors import Code, Status, ok, status_of
 
@@ -36,6 +37,9 @@ async def telemetry(edge: Edge, call: Call,
     edge.telemetry_streams += 1
     try:
         async for command in _until_stopping(edge, commands):
+            if isinstance(command, MalformedRequest):
+                yield rpc.TelemetryCommand(status=status_of(command.refusal()))
+                continue
             kind = command.WhichOneof("command")
             if kind == "settings":
                 yield await _answer(edge, call, command.settings)
