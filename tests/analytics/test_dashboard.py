@@ -6,7 +6,6 @@ import os
 import shutil
 from datetime import datetime, timedelta
 from io import BytesIO
-from pathlib import Path
 
 import pytest
 

@@ -44,13 +44,12 @@ import psutil
 from paho.mqtt.enums import CallbackAPIVersion
 
 from protocols.mqtt.codec import MQTT_5, MQTT_311, encode
-from protocols.mqtt.packets import Connect, PingReq, Publish, Subscribe, Subscription
-from protocols.mqtt.properties import Properties, varint
+from protocols.mqtt.packets import PingReq, Publish, Subscribe, Subscription
+from protocols.mqtt.properties import varint
 from protocols.native.sdk.auth import request_metadata
 from protocols.native.sdk.config import ClientConfig
 from tests.conftest import CONFIG, Server
-from tests.fuzz.mutations import (CORPUS, connects, hostile_websocket, mutate, session_packets,
-                                  ws_frame)
+from tests.fuzz.mutations import connects, hostile_websocket, mutate, session_packets
 from tests.fuzz.native_requests import NativeRequest, valid_requests
 
 FUZZ_CONFIG = CONFIG + """

@@ -23,7 +23,7 @@ from rocketmq.grpc_protocol.service_pb2 import (AckMessageEntry, AckMessageReque
                                                 QueryRouteRequest, ReceiveMessageRequest,
                                                 SendMessageRequest, UpdateOffsetRequest)
 
-from core.model import AclRule, Action
+from core.model import Action
 from protocols.app import start
 from protocols.config import load_config
 from protocols.mqtt.codec import MQTT_5, Decoder, encode

@@ -13,7 +13,7 @@ import struct
 import paho.mqtt.client as mqtt
 
 from protocols.mqtt.codec import MQTT_5, MQTT_311, encode
-from protocols.mqtt.packets import ConnAck, Connect, Disconnect, Publish, Subscribe, Subscription
+from protocols.mqtt.packets import ConnAck, Connect, Disconnect, Subscribe, Subscription
 from protocols.mqtt.properties import Properties
 from tests.integration.mqtt.test_robustness import (PASSWORD, USER, PahoClient, RawClient,
                                                     assert_round_trip, host_port)

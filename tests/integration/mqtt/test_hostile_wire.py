@@ -23,7 +23,7 @@ import pytest
 from protocols.mqtt.codec import MQTT_5, MQTT_311, encode
 from protocols.mqtt.packets import (ConnAck, Connect, Disconnect, Publish, SubAck, Subscribe,
                                     Subscription)
-from protocols.mqtt.properties import Properties, varint
+from protocols.mqtt.properties import varint
 from tests.conftest import CONFIG, Server
 from tests.integration.mqtt.test_robustness import (PASSWORD, USER, Closed, PahoClient,
                                                     RawClient, assert_round_trip, host_port)

@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import socket
 import threading
-import time
 
 import paho.mqtt.client as mqtt
 from paho.mqtt.enums import CallbackAPIVersion
@@ -49,13 +48,6 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def wait_for(condition, what: str, timeout: float = WAIT_S) -> None:
-    """Poll shared state that client threads fill (no event covers a whole set of messages)."""
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(0.02)
 
 
 class Subscriber:
@@ -63,7 +55,8 @@ class Subscriber:
 
     def __init__(self, address: str, client_id: str, topic_filter: str, *, version: int,
                  persistent: bool) -> None:
-        self.lock = threading.Lock()
+        self.lock = threading.Condition()
+        """Guards what the callbacks record, and is notified whenever they record something."""
         self.bodies: set[bytes] = set()
         self.user_properties: dict[bytes, list[tuple[str, str]]] = {}
         self.connacks: list[bool] = []
@@ -82,13 +75,14 @@ class Subscriber:
                             clean_start=not persistent if version == mqtt.MQTTv5
                             else mqtt.MQTT_CLEAN_START_FIRST_ONLY)
         self.client.loop_start()
-        wait_for(lambda: self.connacks, f"{client_id} to connect")
+        self._wait(lambda: self.connacks, f"{client_id} to connect")
         self.client.subscribe(topic_filter, 1)
         assert subscribed.wait(WAIT_S), f"no SUBACK for {client_id}"
 
     def _on_connect(self, client, userdata, flags, reason, properties) -> None:
         with self.lock:
             self.connacks.append(not reason.is_failure)
+            self.lock.notify_all()
 
     def _on_message(self, client, userdata, message: mqtt.MQTTMessage) -> None:
         with self.lock:
@@ -96,14 +90,16 @@ class Subscriber:
             users = getattr(message.properties, "UserProperty", None)
             if users:
                 self.user_properties[message.payload] = list(users)
+            self.lock.notify_all()
 
-    def received_all(self, bodies: set[bytes]) -> bool:
+    def _wait(self, condition, what: str) -> None:
         with self.lock:
-            return bodies <= self.bodies
+            if not self.lock.wait_for(condition, WAIT_S):
+                raise AssertionError(f"timed out after {WAIT_S} s waiting for {what}")
 
     def wait_for_all(self, bodies: set[bytes], who: str) -> None:
         try:
-            wait_for(lambda: self.received_all(bodies), f"{who} to receive every message")
+            self._wait(lambda: bodies <= self.bodies, f"{who} to receive every message")
         except AssertionError:
             with self.lock:
                 missing = sorted(bodies - self.bodies)

@@ -14,7 +14,7 @@ from protocols.mqtt.codec import Decoder, encode
 from protocols.mqtt.connection import ServerConnection
 from protocols.mqtt.events import ConnectionClosed, ConnectRequested, SubscribeRequested
 from protocols.mqtt.limits import Limits, connection_limit
-from protocols.mqtt.packets import (ConnAck, Connect, Disconnect, Publish, SubAck, Subscribe,
+from protocols.mqtt.packets import (ConnAck, Connect, Disconnect, Publish, Subscribe,
                                     Subscription, Will)
 from protocols.mqtt.properties import Properties, Reader, TooManyProperties, decode_properties, varint
 from protocols.mqtt.reason_codes import PacketTooLarge, PacketType, ReasonCode
