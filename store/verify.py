@@ -16,13 +16,10 @@ entry written during the check may point past the log end the check saw.
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING
 
 from . import record
 from .errors import CorruptRecordError
-
-if TYPE_CHECKING:
-    from .reader import StoreReader
+from .reading import StoreView
 
 _BATCH = 4096
 _REBUILD = ("stop the broker, delete the data directory's consumequeue/ and checkpoint, and start "
@@ -31,7 +28,7 @@ _REBUILD = ("stop the broker, delete the data directory's consumequeue/ and chec
 Target = tuple[str, int, int]
 
 
-def verify(reader: StoreReader) -> list[str]:
+def verify(reader: StoreView) -> list[str]:
     """One line per problem found in the store ``reader`` reads; empty if there is none."""
     problems, records_end, corrupt = _check_log(reader)
     lost: dict[Target, int] = {}
@@ -42,7 +39,7 @@ def verify(reader: StoreReader) -> list[str]:
     return problems
 
 
-def _check_log(reader: StoreReader) -> tuple[list[str], int, list[tuple[int, int]]]:
+def _check_log(reader: StoreView) -> tuple[list[str], int, list[tuple[int, int]]]:
     """Problems of the log's records, the offset where its last record ends, and the corrupt
     spans (entries pointing into them are that problem, not another)."""
     problems: list[str] = []
@@ -66,7 +63,7 @@ def _span(segment: str, start: int, stop: int) -> str:
     return f"segment {segment}: corrupt bytes at offsets [{start}, {stop})"
 
 
-def _check_queue(reader: StoreReader, topic: str, queue_id: int, records_end: int,
+def _check_queue(reader: StoreView, topic: str, queue_id: int, records_end: int,
                  corrupt: list[tuple[int, int]], lost: dict[Target, int]) -> list[str]:
     """Problems of one queue's entries; size-0 entries are collected in ``lost``."""
     problems: list[str] = []
@@ -88,7 +85,7 @@ def _check_queue(reader: StoreReader, topic: str, queue_id: int, records_end: in
     return problems
 
 
-def _check_entry(reader: StoreReader, target: Target, phys: int, size: int, records_end: int) -> str | None:
+def _check_entry(reader: StoreView, target: Target, phys: int, size: int, records_end: int) -> str | None:
     """What is wrong with the entry of ``target`` pointing at (``phys``, ``size``), if anything."""
     if phys + size > records_end:
         return (f"points at commit-log offsets [{phys}, {phys + size}), past the end of the log's "
@@ -109,7 +106,7 @@ def _targets(message: record.StoredMessage) -> tuple[Target, ...]:
     return ((message.topic, message.queue_id, message.queue_offset), *message.dispatch)
 
 
-def _lost_but_present(reader: StoreReader, lost: dict[Target, int]) -> list[str]:
+def _lost_but_present(reader: StoreView, lost: dict[Target, int]) -> list[str]:
     """Entries marked lost whose record the log still holds (a queue write that failed)."""
     problems: list[str] = []
     segments = reader.log.segments()
