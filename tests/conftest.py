@@ -1,5 +1,6 @@
 """Fixtures shared by every test directory: ``sluice_server`` starts `sluice serve` as a real
-process; ``cert_files`` makes a self-signed certificate for 127.0.0.1."""
+process; ``cert_files`` makes a self-signed certificate for 127.0.0.1; ``mount_tmpfs`` mounts a
+small real file system that fills up."""
 from __future__ import annotations
 
 import datetime
@@ -11,6 +12,7 @@ import signal
 import subprocess
 import sys
 import threading
+import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import NamedTuple
@@ -157,3 +159,25 @@ def make_cert_files(tmp_path: Path) -> Callable[[str], CertFiles]:
 def cert_files(make_cert_files: Callable[[str], CertFiles]) -> CertFiles:
     """A fresh self-signed certificate and key for 127.0.0.1, as PEM file paths."""
     return make_cert_files("tls")
+
+
+@pytest.fixture
+def mount_tmpfs(tmp_path: Path) -> Iterator[Callable[[str], Path]]:
+    """``mount_tmpfs("24m")``: a fresh tmpfs of that size under ``tmp_path``, unmounted at the
+    end; the test is skipped where mounting is not permitted (fault injection covers those)."""
+    mounted: list[Path] = []
+
+    def mount(size: str) -> Path:
+        mountpoint = tmp_path / f"disk{len(mounted)}"
+        mountpoint.mkdir()
+        done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}",
+                               f"sluice-test-{uuid.uuid4().hex[:8]}", str(mountpoint)],
+                              capture_output=True, text=True)
+        if done.returncode != 0:
+            pytest.skip(f"cannot mount a tmpfs here ({done.stderr.strip() or done.returncode}); "
+                        "the store's fault-injection tests cover a full disk")
+        mounted.append(mountpoint)
+        return mountpoint
+    yield mount
+    for mountpoint in mounted:
+        subprocess.run(["umount", "-l", str(mountpoint)], check=False)

@@ -21,7 +21,6 @@ import signal
 import subprocess
 import sys
 import threading
-import uuid
 from dataclasses import dataclass, field
 
 import pytest
@@ -191,20 +190,9 @@ def test_sigkill_while_the_disk_fails_and_after_it_recovers_loses_nothing_acknow
 
 
 @pytest.fixture
-def small_tmpfs(tmp_path):
-    """A 2 MiB tmpfs at ``tmp_path/disk``; skipped where mounting is not permitted."""
-    mountpoint = tmp_path / "disk"
-    mountpoint.mkdir()
-    source = f"sluice-test-{uuid.uuid4().hex[:8]}"
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", source, str(mountpoint)],
-                             capture_output=True, text=True)
-    if mounted.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here ({mounted.stderr.strip() or mounted.returncode}); "
-                    "the injected faults above cover a full disk")
-    try:
-        yield mountpoint
-    finally:
-        subprocess.run(["umount", "-l", str(mountpoint)], check=False)
+def small_tmpfs(mount_tmpfs):
+    """A 2 MiB tmpfs; the test is skipped where mounting is not permitted."""
+    return mount_tmpfs("2m")
 
 
 def test_a_real_disk_that_fills_up_then_sigkill_loses_nothing_acknowledged(tmp_path, small_tmpfs):

@@ -19,8 +19,6 @@ import threading
 import time
 import urllib.error
 import urllib.request
-import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import paho.mqtt.client as mqtt
@@ -46,19 +44,9 @@ WAIT = 30
 
 
 @pytest.fixture
-def small_tmpfs(tmp_path) -> Iterator[Path]:
-    """A 24 MiB tmpfs; skipped where mounting is not permitted."""
-    mountpoint = tmp_path / "disk"
-    mountpoint.mkdir()
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=24m", f"sluice-{uuid.uuid4().hex[:8]}",
-                              str(mountpoint)], capture_output=True, text=True)
-    if mounted.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here ({mounted.stderr.strip() or mounted.returncode}); the "
-                    "store's fault-injection and crash tests cover a full disk")
-    try:
-        yield mountpoint
-    finally:
-        subprocess.run(["umount", "-l", str(mountpoint)], check=False)
+def small_tmpfs(mount_tmpfs) -> Path:
+    """A 24 MiB tmpfs; the test is skipped where mounting is not permitted."""
+    return mount_tmpfs("24m")
 
 
 class Publisher:
