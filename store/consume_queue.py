@@ -23,7 +23,7 @@ import logging
 import os
 import struct
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from urllib.parse import quote, unquote
 
 from . import fileops
@@ -304,9 +304,18 @@ class ConsumeQueues:
         self._touched.add(queue)
         return queue
 
-    def write_pending(self, force: bool = False) -> None:
-        """Write the buffered entries of queues that gathered enough of them, or of all if ``force``."""
-        self._touched = {queue for queue in self._touched if not queue.write_pending(force)}
+    def write_pending(self, force: bool = False,
+                      batch: Iterable[ConsumeQueue] | None = None) -> None:
+        """Write the buffered entries of the queues of ``batch`` (those one dispatch touched)
+        that gathered enough of them, or with ``force`` of every queue with buffered entries.
+        A dispatch looks at its own queues only, so its cost does not grow with the number of
+        queues waiting for a checkpoint."""
+        if force:
+            self._touched = {queue for queue in self._touched if not queue.write_pending(True)}
+            return
+        for queue in self._touched if batch is None else batch:
+            if queue.write_pending(False):
+                self._touched.discard(queue)
 
     def take_dirty(self) -> list[tuple[ConsumeQueue, list[int]]]:
         """Every queue's files written since the last call (under the store's cycle lock)."""

@@ -63,5 +63,5 @@ class Dispatcher:
             if keys:
                 index(keys, phys, store_ts)
             end = phys + size
-        queues.write_pending()
+        queues.write_pending(batch=touched.values())
         self.dispatched_end = max(self.dispatched_end, end)

@@ -300,3 +300,44 @@ def test_under_the_async_policy_a_failing_fsync_degrades_and_is_retried(tmp_path
         health.wait_for(lambda reasons: reasons[-1] is None)
         assert store.wait_durable(stuck.end_offset, timeout=WAIT)
         assert [m.body for m in store.read("t", 0, 0, 10)] == [b"durable", b"written, not yet durable"]
+
+
+def test_a_checkpoint_of_many_dirty_queue_files_syncs_them_with_one_call(tmp_path, faults):
+    """With thousands of queues (one per persistent session), one fsync per queue file would
+    make each checkpoint take minutes: past ``SYNC_FILES_ONE_BY_ONE`` dirty files it is one
+    ``syncfs``, and if that fails every file is still due at the next checkpoint."""
+    from store.file_store import SYNC_FILES_ONE_BY_ONE
+    directory = str(tmp_path / "data")
+    with FileStore(directory, CONFIG) as store:
+        queues = SYNC_FILES_ONE_BY_ONE * 3
+        appended = store.append_batch([Message(f"q{i}", b"x") for i in range(queues)])
+        assert store.wait_durable(appended[-1].end_offset, WAIT)
+        faults.add(Fault("consumequeue", "sync", errno.EIO))
+        with pytest.raises(OSError):
+            store.checkpoint()
+        faults.lift()
+        synced = faults.add(Fault("consumequeue", "sync"))  # no error: counts the calls
+        store.checkpoint()
+        assert synced.calls == 1, f"{synced.calls} sync calls for {queues} dirty queue files"
+        synced.calls = 0
+        [appended] = store.append_batch([Message("q0", b"y")])
+        assert store.wait_durable(appended.end_offset, WAIT)
+        store.checkpoint()
+        assert synced.calls == 1, "a few dirty files are synced one by one"
+
+
+def test_a_dispatch_writes_only_the_queues_it_touched(tmp_path, monkeypatch):
+    """Queues with a few buffered entries wait for the checkpoint; a dispatch must not look at
+    all of them again, or its cost grows with the number of queues (one per MQTT session)."""
+    from store.consume_queue import ConsumeQueue
+    directory = str(tmp_path / "data")
+    with FileStore(directory, CONFIG) as store:
+        appended = store.append_batch([Message(f"q{i}", b"x") for i in range(2_000)])
+        assert store.wait_durable(appended[-1].end_offset, WAIT)
+        looked_at = []
+        write_pending = ConsumeQueue.write_pending
+        monkeypatch.setattr(ConsumeQueue, "write_pending",
+                            lambda queue, force: looked_at.append(queue.topic) or write_pending(queue, force))
+        [appended] = store.append_batch([Message("q7", b"y")])
+        assert store.wait_durable(appended.end_offset, WAIT)
+        assert looked_at == ["q7"]
