@@ -289,6 +289,11 @@ class Users:
             return False
         return True
 
+    def loaded_principal(self, name: str) -> Principal | None:
+        """``name``'s principal if it is in memory (no I/O), else None."""
+        with self._lock:
+            return self._principals.get(name)
+
     def principal(self, name: str) -> Principal:
         """``name``'s principal with its current permissions, without checking credentials
         (for calls that carry none, when anonymous access is on). A user that does not exist

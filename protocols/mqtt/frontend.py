@@ -330,8 +330,10 @@ class MqttFrontend:
                 continue
             if session.owner is None:
                 continue
-            principal = link.principal if link is not None else await asyncio.to_thread(
-                self.broker.users.principal, session.owner)
+            users = self.broker.users
+            principal = (link.principal if link is not None
+                         else users.loaded_principal(session.owner)
+                         or await asyncio.to_thread(users.principal, session.owner))
             principal = replace(principal, client_id=session.client_id)
             denied = [key for key, options in session.subscriptions.items()
                       if not self.may_subscribe(principal, options.topic_filter)]
