@@ -75,8 +75,8 @@ async def send(args: argparse.Namespace) -> int:
     producer = Producer(client_config(args), [args.topic])
 
     def message(i: int) -> Message:
-        return Message(args.topic, make(i), tag=args.tag or "", keys=args.key or (),
-                       properties=props)
+        keys = [key.replace("{n}", str(i)) for key in args.key or ()]
+        return Message(args.topic, make(i), tag=args.tag or "", keys=keys, properties=props)
 
     async with connected(producer, args):
         if args.count == 1:
@@ -329,7 +329,8 @@ def add_data_commands(commands: argparse._SubParsersAction) -> None:
     sub.add_argument("topic", metavar="TOPIC")
     sub.add_argument("body", nargs="?", metavar="BODY", help="message body ('-' reads stdin)")
     sub.add_argument("--tag", help="message tag (consumers filter on it)")
-    sub.add_argument("--key", action="append", metavar="KEY", help="business key (repeatable)")
+    sub.add_argument("--key", action="append", metavar="KEY",
+                     help="business key (repeatable); {n} is replaced as in BODY")
     sub.add_argument("--property", action="append", metavar="NAME=VALUE", help="user property (repeatable)")
     sub.add_argument("--count", type=positive, default=1, metavar="N", help="send N messages")
     sub.add_argument("--size", type=int, metavar="B", help="body size in bytes when BODY is not given")

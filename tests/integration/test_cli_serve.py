@@ -57,7 +57,7 @@ def test_serve_prints_every_endpoint_and_survives_a_restart(server, data_dir, sl
     assert "created topic orders" in sluice("topic", "create", "orders", "--queues", "2", *admin).stdout
     assert "orders" in sluice("topic", "list", *admin).stdout
 
-    sent = sluice("send", "orders", "order {n}", "--count", "100", *native)
+    sent = sluice("send", "orders", "order {n}", "--key", "batch-{n}", "--count", "100", *native)
     assert "sent 100 messages" in sent.stdout
     assert "sent 100/100" in sent.stderr  # the progress line
     keyed = sluice("send", "orders", "the keyed one", "--key", "order-7", *native)
@@ -88,6 +88,8 @@ def test_serve_prints_every_endpoint_and_survives_a_restart(server, data_dir, sl
         assert sorted(json.loads(line)["body_text"] for line in read.stdout.splitlines()) == sorted(bodies)
         found = sluice("message", "get", "--topic", "orders", "--key", "order-7", *admin).stdout
         assert "body: the keyed one" in found
+        numbered = sluice("message", "get", "--topic", "orders", "--key", "batch-42", *admin).stdout
+        assert "body: order 42" in numbered
         described = json.loads(sluice("group", "describe", "billing", "--json", *admin).stdout)
         assert described["total_lag"] == 0, "committed offsets survive the restart"
         assert "not created (users exist)" in "".join(again.output)
