@@ -1,6 +1,6 @@
 """Fixtures shared by every test directory: ``sluice_server`` starts `sluice serve` as a real
 process; ``cert_files`` makes a self-signed certificate for 127.0.0.1; ``mount_tmpfs`` mounts a
-small real file system that fills up."""
+small real file system that fills up; ``faults`` injects disk faults under the store."""
 from __future__ import annotations
 
 import datetime
@@ -24,6 +24,8 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
 from protocols.app import READY_LINE
+from store import fileops
+from store.faults import FaultyFileOps
 
 ROOT = Path(__file__).resolve().parents[1]
 SLUICE = [sys.executable, "-m", "protocols.cli"]
@@ -181,3 +183,13 @@ def mount_tmpfs(tmp_path: Path) -> Iterator[Callable[[str], Path]]:
     yield mount
     for mountpoint in mounted:
         subprocess.run(["umount", "-l", str(mountpoint)], check=False)
+
+
+@pytest.fixture
+def faults() -> Iterator[FaultyFileOps]:
+    """A ``FaultyFileOps`` serving every store file operation of this process for the test (no
+    fault yet: ``faults.add(Fault(...))``)."""
+    ops = FaultyFileOps()
+    previous = fileops.install(ops)
+    yield ops
+    fileops.install(previous)

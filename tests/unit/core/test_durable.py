@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import errno
 import logging
-from collections.abc import Iterator
 
 import pytest
 
@@ -15,20 +14,13 @@ from core.errors import QuotaExceeded
 from core.metadata import MetadataRepository
 from core.model import SYSTEM, OutgoingMessage, TopicConfig
 from core.service import Broker, CoreConfig
-from store import FileStore, StoreConfig, fileops
+from store import FileStore, StoreConfig
 from store.api import Message
-from store.faults import Fault, FaultyFileOps
+from store.faults import Fault
 
 WAIT = 30
 STORE = StoreConfig(segment_size=1 << 20, index_slot_count=97, index_max_entries=64)
 
-
-@pytest.fixture
-def faults() -> Iterator[FaultyFileOps]:
-    ops = FaultyFileOps()
-    previous = fileops.install(ops)
-    yield ops
-    fileops.install(previous)
 
 
 def test_one_raising_callback_does_not_keep_the_other_waiters_unanswered(caplog):

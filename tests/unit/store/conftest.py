@@ -5,9 +5,7 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from store import fileops
 from store.api import StoreConfig
-from store.faults import FaultyFileOps
 from store.file_store import FileStore
 from store.memory_store import MemoryStore
 
@@ -42,11 +40,3 @@ def config() -> StoreConfig:
     """The small test geometry."""
     return SMALL
 
-
-@pytest.fixture
-def faults() -> Iterator[FaultyFileOps]:
-    """A ``FaultyFileOps`` serving every store file operation for the test (no fault yet)."""
-    ops = FaultyFileOps()
-    previous = fileops.install(ops)
-    yield ops
-    fileops.install(previous)
