@@ -88,8 +88,12 @@ async def tail_topic(request: web.Request, principal: Principal) -> web.StreamRe
         await response.prepare(request)
         stream = _Stream(broker, principal, topic, response)
         try:
-            history_end = {queue_id: await stream.history(queue_id, since_ms)
-                           for queue_id in range(config.queue_count)}
+            if minutes:
+                history_end = {queue_id: await stream.history(queue_id, since_ms)
+                               for queue_id in range(config.queue_count)}
+            else:  # only new messages: not even one stored in this very millisecond
+                history_end = {queue_id: broker.offset_at(topic, queue_id, "latest")
+                               for queue_id in range(config.queue_count)}
             await stream.live(feed, history_end)
         except AccessDenied as error:  # the right was revoked (or the user deleted) meanwhile
             await response.write(_json_line({"error": "forbidden", "message": str(error)}))
