@@ -119,9 +119,6 @@ class RuleSet:
     def __init__(self, rules: Iterable[AclRule]) -> None:
         self._rules = tuple(rules)
 
-    def __bool__(self) -> bool:
-        return bool(self._rules)
-
     def decide(self, action: Action, user: str, client_id: str, subject_or_filter: str,
                is_filter: bool = False) -> bool | None:
         """True/False if a rule decides ``action`` on the subject (or subscription filter);

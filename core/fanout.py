@@ -113,8 +113,3 @@ class Fanout:
         route = Route(tuple(sorted(queues)), tuple(listeners)) if queues or listeners else NO_ROUTE
         self._cache.put(subject, route, ROUTE_TARGET_BYTES * (len(queues) + len(listeners)))
         return route
-
-    @property
-    def cached_bytes(self) -> int:
-        """Approximate bytes the route cache holds."""
-        return self._cache.size

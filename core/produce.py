@@ -23,20 +23,12 @@ from .errors import InvalidArgument, MessageTooLarge, NotSupported
 from .fanout import Fanout, Listener
 from .model import (MESSAGE_GROUP_PROPERTY, SUBJECT_PROPERTY, Delivery, MessageType,
                     OutgoingMessage, SendResult, TopicConfig)
-from .subjects import topic_of_subject
+from .subjects import in_topic
 
 MAX_PROPERTY_BYTES = 16 << 10
 MAX_KEY_BYTES = 16 << 10
 """UTF-8 bytes of a message's keys together (business keys, compacted state keys such as an
 MQTT session's client id); the store's limit is 64 KB."""
-
-
-def _in_topic(subject: str, topic: str) -> bool:
-    """Whether ``subject`` lies in ``topic`` (its first level, escaped, is the topic's name)."""
-    first = subject.partition("/")[0]
-    if first == topic and "%" not in topic and topic.strip("."):
-        return True  # the common case, without escaping anything
-    return topic_of_subject(subject) == topic
 
 
 class Producer:
@@ -98,7 +90,7 @@ class Producer:
         if message.message_group:
             properties = {**properties, MESSAGE_GROUP_PROPERTY: message.message_group}
         subject = properties.get(SUBJECT_PROPERTY)
-        if subject and not _in_topic(subject, topic.name):
+        if subject and not in_topic(subject, topic.name):
             raise InvalidArgument(f"subject {subject[:200]!r} does not belong to topic "
                                   f"{topic.name!r}; a subject's first level names its topic")
         route = self._fanout.route(subject or topic.name)

@@ -34,7 +34,7 @@ from .model import (SUBJECT_PROPERTY, Action, ConsumeMode, Delivery, GroupConfig
                     OutgoingMessage, Principal, PullResult, QueueLag, ResourceKind, SendResult,
                     Subscription, TopicConfig)
 from .produce import Producer
-from .subjects import topic_of_subject
+from .subjects import in_topic, topic_of_subject
 
 log = logging.getLogger(__name__)
 
@@ -443,7 +443,7 @@ class Broker:
         if not subject:
             self._allow(principal, Action.PUBLISH, ResourceKind.TOPIC, message.topic)
             return
-        if topic_of_subject(subject) != message.topic:
+        if not in_topic(subject, message.topic):
             raise InvalidArgument(
                 f"subject {subject[:200]!r} does not belong to topic {message.topic!r}: a "
                 f"subject's first level names its topic ({topic_of_subject(subject)!r}); send it "

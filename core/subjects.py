@@ -34,6 +34,14 @@ def topic_of_subject(subject: str) -> str:
                    for c in first)
 
 
+def in_topic(subject: str, topic: str) -> bool:
+    """Whether ``subject`` lies in ``topic`` (its first level, escaped, is the topic's name)."""
+    first = subject.partition(SEPARATOR)[0]
+    if first == topic and "%" not in topic and topic.strip("."):
+        return True  # the common case, without escaping anything
+    return topic_of_subject(subject) == topic
+
+
 def levels(subject_or_filter: str) -> list[str]:
     """A subject or filter split into its levels."""
     return subject_or_filter.split(SEPARATOR)
