@@ -17,7 +17,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from protocols.native.sdk.packing import BATCH_PROPERTY, unpack_bodies
+from sluice.client.packing import BATCH_PROPERTY, unpack_bodies
 from store.errors import CorruptRecordError
 from store.reading import RecordRun
 from store.record import HEADER, HEADER_SIZE

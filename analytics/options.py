@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from pyspark.sql.types import StructType
 
-from protocols.native.sdk import ClientConfig
+from sluice.client import ClientConfig
 
 from .remote import client_config
 from .schema import COLUMN_TYPES

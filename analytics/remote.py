@@ -10,8 +10,8 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Iterator, Mapping
 
-from protocols.native.sdk import ClientConfig, PullConsumer
-from protocols.native.sdk.errors import NotFoundError
+from sluice.client import ClientConfig, PullConsumer
+from sluice.client.errors import NotFoundError
 from rocketmq.grpc_protocol.definition_pb2 import QueryOffsetPolicy
 
 READER_GROUP = "sluice-spark"

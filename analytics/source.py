@@ -44,7 +44,7 @@ from pyspark.sql.streaming.datasource import (ReadAllAvailable, ReadLimit, ReadM
                                               SupportsTriggerAvailableNow)
 from pyspark.sql.types import StructType
 
-from protocols.native.sdk.packing import BATCH_PROPERTY, unpack_bodies
+from sluice.client.packing import BATCH_PROPERTY, unpack_bodies
 
 from .options import EARLIEST, LATEST, SourceError, SourceOptions, parse_options
 from .remote import RemoteTopicNotFound, Row

@@ -44,7 +44,7 @@ class ResultsTopic:
 
     def publish(self, batch: DataFrame, batch_id: int) -> None:
         """``foreachBatch`` sink: runs on the driver, one request per 256 windows."""
-        from protocols.native.sdk import ClientConfig, Message, SyncProducer
+        from sluice.client import ClientConfig, Message, SyncProducer
 
         rows = batch.drop("date").collect()
         if not rows:

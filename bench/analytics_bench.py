@@ -21,7 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from protocols.simulator import Fleet
+from sluice.cli.simulator import Fleet
 from store import FileStore, StoreConfig
 from store.api import Message
 

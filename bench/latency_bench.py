@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from http.client import HTTPConnection
 from pathlib import Path
 
-from protocols.cli_demo import CHECKPOINT_INTERVAL_MS, RESULTS_TOPIC as RESULTS
+from sluice.cli.demo import CHECKPOINT_INTERVAL_MS, RESULTS_TOPIC as RESULTS
 
 from .processes import LOOPBACK, stop_process_group
 from .sluice_server import REPO_ROOT, SluiceServer, serve_process
@@ -140,7 +140,7 @@ def run_section(settings: Settings, workdir: Path, log: Log) -> Report:
             user, password = server.credentials
             total = settings.rate * (settings.warmup_s + settings.seconds)
             simulator = subprocess.Popen(
-                [sys.executable, "-m", "protocols.cli", "simulate", "--mqtt",
+                [sys.executable, "-m", "sluice.cli", "simulate", "--mqtt",
                  f"{LOOPBACK}:{broker.ports['--mqtt-port']}", "--user", user, "--password", password,
                  "--devices", str(settings.devices), "--rate", str(settings.rate), "--count", str(total)],
                 cwd=REPO_ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)

@@ -18,7 +18,7 @@ from typing import Any
 
 import uvloop
 
-from protocols.native.sdk import (ClientConfig, Message, Producer, PullConsumer, SimpleConsumer,
+from sluice.client import (ClientConfig, Message, Producer, PullConsumer, SimpleConsumer,
                                   unpack_bodies)
 
 from .native_workloads import READY, Consumed, Job, Published, make_body, percentiles

@@ -75,17 +75,17 @@ class SluiceServer:
 
 
 def _serve_command() -> list[str]:
-    return [sys.executable, "-m", "protocols.cli", "serve"]
+    return [sys.executable, "-m", "sluice.cli", "serve"]
 
 
 def unavailable_reason() -> str | None:
     """Why the native benchmark cannot run against Sluice, or None when it can.
 
-    Needs the SDK (``protocols.native.sdk`` with the producer and both consumers) and a
+    Needs the SDK (``sluice.client`` with the producer and both consumers) and a
     ``sluice serve`` that starts the native listener with sync flush.
     """
     try:
-        import protocols.native.sdk as sdk
+        import sluice.client as sdk
     except Exception as error:  # noqa: BLE001 - any import failure means "not there yet"
         return f"the native SDK does not import ({type(error).__name__}: {error})"
     missing = [name for name in SDK_NAMES if not hasattr(sdk, name)]

@@ -23,12 +23,12 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
-from protocols.app import READY_LINE
+from sluice.server.app import READY_LINE
 from store import fileops
 from store.faults import FaultyFileOps
 
 ROOT = Path(__file__).resolve().parents[1]
-SLUICE = [sys.executable, "-m", "protocols.cli"]
+SLUICE = [sys.executable, "-m", "sluice.cli"]
 CONFIG = """
 [store]
 segment_size = 4_194_304

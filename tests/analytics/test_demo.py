@@ -31,7 +31,7 @@ def free_ports(count: int) -> list[int]:
 def test_the_demo_runs_the_pipeline_end_to_end_and_stops_cleanly(tmp_path):
     admin, native, mqtt = free_ports(3)
     demo = subprocess.Popen(
-        [sys.executable, "-m", "protocols.cli", "demo", "--data-dir", str(tmp_path / "demo"),
+        [sys.executable, "-m", "sluice.cli", "demo", "--data-dir", str(tmp_path / "demo"),
          "--admin-port", str(admin), "--native-port", str(native), "--mqtt-port", str(mqtt),
          "--devices", "20", "--rate", "100", "--window", "5 seconds", "--watermark", "5 seconds"],
         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)

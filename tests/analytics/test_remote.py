@@ -6,7 +6,7 @@ import base64
 import json
 import urllib.request
 
-from protocols.native.sdk import ClientConfig, Message, SyncProducer
+from sluice.client import ClientConfig, Message, SyncProducer
 
 COLUMNS = ("topic", "queue", "offset", "batch_index", "msg_id", "keys", "tag", "subject", "body")
 

@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from protocols.native.sdk.packing import BATCH_PROPERTY, pack_bodies
+from sluice.client.packing import BATCH_PROPERTY, pack_bodies
 from store import FileStore, StoreConfig
 
 

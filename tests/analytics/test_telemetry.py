@@ -123,7 +123,7 @@ def test_the_cli_runs_the_job_on_a_data_directory(telemetry, tmp_path):
     from pathlib import Path
 
     done = subprocess.run(
-        [sys.executable, "-m", "protocols.cli", "analytics", "telemetry", "--data-dir", telemetry["path"],
+        [sys.executable, "-m", "sluice.cli", "analytics", "telemetry", "--data-dir", telemetry["path"],
          "--output", str(tmp_path / "out"), "--checkpoint", str(tmp_path / "cp"), "--available-now"],
         cwd=Path(__file__).resolve().parents[2], capture_output=True, text=True, timeout=300)
     causes = [line for line in done.stderr.splitlines() if "ERROR" in line or "Caused by" in line]

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from protocols.native.sdk import ClientConfig, Message, Producer, SimpleConsumer, SluiceClientError
+from sluice.client import ClientConfig, Message, Producer, SimpleConsumer, SluiceClientError
 
 COMMIT_INTERVAL_MS = 500
 CONFIG = f"""

@@ -46,8 +46,8 @@ from paho.mqtt.enums import CallbackAPIVersion
 from protocols.mqtt.codec import MQTT_5, MQTT_311, encode
 from protocols.mqtt.packets import PingReq, Publish, Subscribe, Subscription
 from protocols.mqtt.properties import varint
-from protocols.native.sdk.auth import request_metadata
-from protocols.native.sdk.config import ClientConfig
+from sluice.client.auth import request_metadata
+from sluice.client.config import ClientConfig
 from tests.conftest import CONFIG, Server
 from tests.fuzz.mutations import connects, hostile_websocket, mutate, session_packets
 from tests.fuzz.native_requests import NativeRequest, valid_requests

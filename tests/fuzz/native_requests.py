@@ -8,10 +8,10 @@ from typing import Literal
 from rocketmq.grpc_protocol import definition_pb2 as pb
 from rocketmq.grpc_protocol import service_pb2 as rpc
 
-from protocols.native.sdk.config import ClientConfig
-from protocols.native.sdk.convert import (duration, endpoints, message_to_proto, new_message_id,
+from sluice.client.config import ClientConfig
+from sluice.client.convert import (duration, endpoints, message_to_proto, new_message_id,
                                           resource, tag_filter)
-from protocols.native.sdk.model import Message
+from sluice.client.model import Message
 
 SERVICE = rpc.DESCRIPTOR.services_by_name["MessagingService"]
 TOPIC, GROUP = "fuzz", "fuzz-group"

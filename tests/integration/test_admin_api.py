@@ -18,9 +18,9 @@ from typing import Any
 import pytest
 
 from core.model import SYSTEM, OutgoingMessage
-from protocols import app
+from sluice.server import app
 from protocols.admin.routes import ROUTES
-from protocols.config import load_config
+from sluice.server.config import load_config
 
 
 class BrokerThread:

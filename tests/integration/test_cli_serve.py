@@ -17,7 +17,7 @@ import pytest
 
 
 ROOT = Path(__file__).resolve().parents[2]
-SLUICE = [sys.executable, "-m", "protocols.cli"]
+SLUICE = [sys.executable, "-m", "sluice.cli"]
 CLEAN_ENV = {k: v for k, v in os.environ.items() if not k.startswith("SLUICE_")}
 """The commands' environment: no SLUICE_* settings leak in from the shell running the tests."""
 CONFIG = """
@@ -150,7 +150,7 @@ def test_a_bad_config_file_names_the_key(tmp_path):
 def test_anonymous_clients_get_the_rights_of_the_anonymous_user(sluice_server, data_dir):
     import asyncio
 
-    from protocols.native.sdk import (ClientConfig, ForbiddenError, Message, Producer, SimpleConsumer,
+    from sluice.client import (ClientConfig, ForbiddenError, Message, Producer, SimpleConsumer,
                                       UnauthorizedError)
     server = sluice_server(data_dir, "--allow-anonymous")
     server.wait_ready()

@@ -25,7 +25,7 @@ import paho.mqtt.client as mqtt
 import pytest
 from paho.mqtt.enums import CallbackAPIVersion
 
-from protocols.native.sdk import ClientConfig, Message, SyncProducer, TooManyRequestsError
+from sluice.client import ClientConfig, Message, SyncProducer, TooManyRequestsError
 from store.reader import StoreReader
 from tests.conftest import ROOT, Server
 
@@ -202,6 +202,6 @@ def test_a_full_disk_refuses_publishes_cleanly_and_the_broker_resumes_when_space
     assert restarted.stop() == 0
     missing = acked - stored_bodies(data_dir, "disk")
     assert not missing, f"{len(missing)} acknowledged messages were lost"
-    done = subprocess.run([sys.executable, "-m", "protocols.cli", "store", "verify", str(data_dir)],
+    done = subprocess.run([sys.executable, "-m", "sluice.cli", "store", "verify", str(data_dir)],
                           capture_output=True, text=True, cwd=ROOT, timeout=60)
     assert (done.returncode, done.stdout) == (0, "ok\n"), done.stdout + done.stderr

@@ -24,15 +24,15 @@ from rocketmq.grpc_protocol.service_pb2 import (AckMessageEntry, AckMessageReque
                                                 SendMessageRequest, UpdateOffsetRequest)
 
 from core.model import Action
-from protocols.app import start
-from protocols.config import load_config
+from sluice.server.app import start
+from sluice.server.config import load_config
 from protocols.mqtt.codec import MQTT_5, Decoder, encode
 from protocols.mqtt.packets import (ConnAck, Connect, PubAck, Publish, SubAck, Subscribe,
                                     Subscription, Will)
 from protocols.mqtt.properties import Properties
-from protocols.native.sdk import ClientConfig, Message
-from protocols.native.sdk.convert import duration, message_to_proto, new_message_id
-from protocols.native.sdk.transport import Transport
+from sluice.client import ClientConfig, Message
+from sluice.client.convert import duration, message_to_proto, new_message_id
+from sluice.client.transport import Transport
 
 ROLES = ("admin", "owner", "publisher", "other", "none", "anonymous")
 PASSWORD = "pw"

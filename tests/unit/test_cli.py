@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from protocols.cli import main
+from sluice.cli import main
 from store.api import StoreConfig
 from store.file_store import FileStore
 
@@ -67,7 +67,7 @@ def leaf_commands(parser, prefix=()):
 
 
 def test_every_leaf_command_has_help(capsys):
-    from protocols.cli import build_parser
+    from sluice.cli.main import build_parser
 
     leaves = list(leaf_commands(build_parser()))
     for expected in [("serve",), ("topic", "create"), ("group", "reset-offset"), ("message", "get"),
@@ -81,7 +81,7 @@ def test_every_leaf_command_has_help(capsys):
 
 
 def test_admin_and_data_commands_default_to_local_endpoints_and_env_credentials(monkeypatch):
-    from protocols.cli import build_parser
+    from sluice.cli.main import build_parser
 
     monkeypatch.setenv("SLUICE_USER", "ops")
     monkeypatch.delenv("SLUICE_PASSWORD", raising=False)
@@ -92,8 +92,8 @@ def test_admin_and_data_commands_default_to_local_endpoints_and_env_credentials(
 
 
 def test_serve_flags_override_only_what_is_given(monkeypatch):
-    from protocols.cli import SERVE_FLAGS, build_parser
-    from protocols.config import load_config
+    from sluice.cli.main import SERVE_FLAGS, build_parser
+    from sluice.server.config import load_config
 
     args = build_parser().parse_args(["serve", "--native-port", "9999", "--flush", "async"])
     config = load_config(None, {"SLUICE_NATIVE_PORT": "1", "SLUICE_ADMIN_PORT": "2"},
@@ -110,7 +110,7 @@ def test_consume_needs_a_group_or_a_start_offset(capsys):
 
 
 def test_a_bad_reset_time_is_a_usage_error():
-    from protocols.cli_admin import CliError, parse_time
+    from sluice.cli.admin import CliError, parse_time
 
     assert parse_time("1700000000000") == 1_700_000_000_000
     assert parse_time("2024-01-01T00:00:00+00:00") == 1_704_067_200_000
@@ -119,7 +119,7 @@ def test_a_bad_reset_time_is_a_usage_error():
 
 
 def test_printed_metadata_urls_hide_the_password():
-    from protocols.app import masked
+    from sluice.server.app import masked
 
     assert masked("postgresql+psycopg://sluice:s3cr3t@db:5432/sluice") == \
         "postgresql+psycopg://sluice:***@db:5432/sluice"
@@ -127,8 +127,8 @@ def test_printed_metadata_urls_hide_the_password():
 
 
 def test_serve_lists_every_setting_with_its_environment_variable(capsys):
-    from protocols.cli import main
-    from protocols.config import leaf_paths
+    from sluice.cli import main
+    from sluice.server.config import leaf_paths
     assert main(["serve", "--settings"]) == 0
     printed = capsys.readouterr().out
     assert "SLUICE_NATIVE_PORT" in printed and "store.flush " in printed

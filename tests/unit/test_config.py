@@ -5,7 +5,7 @@ import dataclasses
 
 import pytest
 
-from protocols.config import Config, ConfigError, describe_sources, env_name, leaf_paths, load_config
+from sluice.server.config import Config, ConfigError, describe_sources, env_name, leaf_paths, load_config
 
 
 def write(tmp_path, text: str):

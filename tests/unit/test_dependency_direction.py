@@ -32,8 +32,8 @@ class Rule:
 RULES = [
     Rule("store", ("core", "protocols", "analytics", "asyncio", "sqlalchemy", "grpc")),
     Rule("core", ("protocols", "analytics", "grpc", "pamqp", "amqtt", "paho")),
-    Rule("analytics", ("core", "protocols"), allowed=("protocols.native.sdk",)),
-    Rule("protocols.native.sdk", ("core",), must_exist=False),
+    Rule("analytics", ("core", "protocols"), allowed=("sluice.client",)),
+    Rule("sluice.client", ("core",), must_exist=False),
     Rule("protocols.mqtt", ("protocols.amqp", "protocols.native")),
     Rule("protocols.amqp", ("protocols.mqtt", "protocols.native")),
     Rule("protocols.native", ("protocols.mqtt", "protocols.amqp")),
@@ -100,5 +100,5 @@ def test_checker_flags_forbidden_import() -> None:
     assert [(line, m) for line, m in found if store_rule.violates(m)] == [(2, "core.x.y")]
     relative = imports_in_source("from ..amqp import codec\n", "protocols.mqtt.session")
     assert [m for _, m in relative if mqtt_rule.violates(m)] == ["protocols.amqp.codec"]
-    assert not analytics_rule.violates("protocols.native.sdk.client")
+    assert not analytics_rule.violates("sluice.client.client")
     assert analytics_rule.violates("protocols.native.server")

@@ -8,7 +8,8 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 
 
-@pytest.mark.parametrize("folder", ["store", "core", "protocols", "protocols/mqtt", "protocols/amqp",
+@pytest.mark.parametrize("folder", ["sluice", "sluice/server", "sluice/cli", "sluice/client", "store", "core",
+                                    "protocols", "protocols/mqtt", "protocols/amqp",
                                     "protocols/native", "analytics", "bench"])
 def test_every_source_folder_is_a_package(folder):
     assert (ROOT / folder / "__init__.py").is_file(), f"{folder}/ has no __init__.py: installs would skip it"

@@ -4,7 +4,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from protocols.config import load_config
+from sluice.server.config import load_config
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 

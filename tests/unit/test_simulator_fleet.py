@@ -5,7 +5,7 @@ import itertools
 import json
 from collections import Counter
 
-from protocols.simulator import Fleet, FleetModel
+from sluice.cli.simulator import Fleet, FleetModel
 
 
 def take(fleet: Fleet, count: int) -> list[tuple[str, dict]]:

@@ -19,8 +19,8 @@ from protocols.mqtt.codec import MQTT_5, MQTT_311
 from protocols.mqtt.packets import (ConnAck, Connect, Disconnect, PubAck, Publish, SubAck,
                                     Subscribe, Subscription, Will)
 from protocols.mqtt.properties import Properties
-from protocols.native.sdk import ClientConfig, Message, Producer, PullConsumer
-from protocols.native.sdk.errors import SluiceClientError
+from sluice.client import ClientConfig, Message, Producer, PullConsumer
+from sluice.client.errors import SluiceClientError
 from tests.integration.mqtt.test_robustness import (PASSWORD, USER, PahoClient, RawClient,
                                                     sluice_cli, started)  # noqa: F401
 

@@ -26,7 +26,7 @@ from paho.mqtt.properties import Properties as PahoProperties
 from core.model import SUBJECT_PROPERTY
 from protocols.mqtt.mapping import (CONTENT_TYPE_PROPERTY, CORRELATION_PROPERTY, QOS_PROPERTY,
                                     RESPONSE_TOPIC_PROPERTY, USER_PROPERTIES_PROPERTY)
-from protocols.native.sdk import ClientConfig, Message, Producer, PullConsumer, ReceivedMessage
+from sluice.client import ClientConfig, Message, Producer, PullConsumer, ReceivedMessage
 from tests.integration.mqtt.test_robustness import (PASSWORD, USER, PahoClient, sluice_cli,  # noqa: F401
                                                     started)
 

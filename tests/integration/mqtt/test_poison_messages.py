@@ -24,7 +24,7 @@ from core.model import SUBJECT_PROPERTY
 from protocols.mqtt.mapping import (CORRELATION_PROPERTY, EXPIRY_PROPERTY,
                                     PAYLOAD_FORMAT_PROPERTY, QOS_PROPERTY, RETAIN_PROPERTY,
                                     USER_PROPERTIES_PROPERTY)
-from protocols.native.sdk import ClientConfig, Message, Producer
+from sluice.client import ClientConfig, Message, Producer
 from tests.integration.mqtt.test_robustness import PASSWORD, USER, host_port
 
 WAIT_S = 20

@@ -632,7 +632,7 @@ def test_bad_credentials_are_refused(started, version):
 
 
 def sluice_cli(*args: str) -> str:
-    done = subprocess.run([sys.executable, "-m", "protocols.cli", *args], cwd=ROOT,
+    done = subprocess.run([sys.executable, "-m", "sluice.cli", *args], cwd=ROOT,
                           capture_output=True, text=True, timeout=120, env=clean_env())
     assert done.returncode == 0, f"sluice {' '.join(args)}: {done.stdout}{done.stderr}"
     return done.stdout

@@ -31,7 +31,7 @@ from core.model import TopicConfig
 from protocols.mqtt.codec import MQTT_5, MQTT_311, encode
 from protocols.mqtt.packets import PubAck, Publish, PubRec, SubAck, Subscribe, Subscription
 from protocols.mqtt.properties import Properties
-from protocols.native.sdk import ClientConfig, Message, Producer
+from sluice.client import ClientConfig, Message, Producer
 from tests.conftest import CONFIG, Server
 from tests.integration.mqtt.test_robustness import PASSWORD, USER, RawClient, sluice_cli
 

@@ -15,7 +15,7 @@ from rocketmq.grpc_protocol import service_pb2_grpc
 from rocketmq.v5.util.signature import Signature
 
 from core.model import Action, Permission, ResourceKind
-from protocols.config import ConfigError, load_config
+from sluice.server.config import ConfigError, load_config
 from protocols.native.server import start_native_server
 
 Code = pb.Code

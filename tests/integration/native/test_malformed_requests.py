@@ -13,8 +13,8 @@ from rocketmq.grpc_protocol.definition_pb2 import Code
 from rocketmq.grpc_protocol import service_pb2
 
 from protocols.native.decoding import SERVICE
-from protocols.native.sdk.auth import request_metadata
-from protocols.native.sdk.config import ClientConfig
+from sluice.client.auth import request_metadata
+from sluice.client.config import ClientConfig
 
 GARBAGE = b"\x0a\xff\xff\xff\xff\x0f"  # field 1, length-delimited, with a length past the end
 NOT_IMPLEMENTED = {"SyncLiteSubscription"}

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from core.model import SYSTEM, ConsumeMode, GroupConfig
-from protocols.native.sdk import (ClientConfig, InvalidReceiptHandleError, Message, Producer,
+from sluice.client import (ClientConfig, InvalidReceiptHandleError, Message, Producer,
                                   PullConsumer, PushConsumer, ReceivedMessage, SimpleConsumer,
                                   SyncProducer, SyncSimpleConsumer, TopicNotFoundError,
                                   UnauthorizedError)
@@ -318,7 +318,7 @@ def test_a_broadcast_group_delivers_every_message_to_every_member(native_broker)
 
 
 def test_a_pull_consumer_can_take_packed_records_whole(native_broker):
-    from protocols.native.sdk import BATCH_PROPERTY, unpack_bodies
+    from sluice.client import BATCH_PROPERTY, unpack_bodies
     native_broker.create_topic("stream", queues=1)
 
     async def test() -> None:

@@ -11,7 +11,7 @@ import pytest
 
 from analytics.columnar import record_batch
 from analytics.source import ARROW_SCHEMA, QueueRange, SharedRanges, SluiceBatchReader, _record_batch
-from protocols.native.sdk.packing import BATCH_PROPERTY, pack_bodies
+from sluice.client.packing import BATCH_PROPERTY, pack_bodies
 from store import FileStore, StoreConfig, record
 from store.errors import CorruptRecordError
 from store.reader import StoreReader

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from protocols.native.sdk import PackedBatchError, SluiceClientError, pack_bodies, unpack_bodies
+from sluice.client import PackedBatchError, SluiceClientError, pack_bodies, unpack_bodies
 
 bodies_strategy = st.lists(st.binary(max_size=300), max_size=60)
 

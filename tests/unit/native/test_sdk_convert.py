@@ -14,15 +14,15 @@ from rocketmq import ClientConfiguration, Credentials
 from rocketmq.grpc_protocol import definition_pb2 as pb
 from rocketmq.v5.util import signature as official
 
-from protocols.native.sdk import (BATCH_PROPERTY, BadRequestError, ClientConfig,
+from sluice.client import (BATCH_PROPERTY, BadRequestError, ClientConfig,
                                   InvalidReceiptHandleError, Message, PackedBatchError,
                                   ReceivedMessage, RetryPolicy, ServerError, TopicNotFoundError,
                                   pack_bodies)
-from protocols.native.sdk.auth import request_metadata, sign
-from protocols.native.sdk.config import new_client_id
-from protocols.native.sdk.convert import (duration, endpoints, expand_packed, message_from_proto,
+from sluice.client.auth import request_metadata, sign
+from sluice.client.config import new_client_id
+from sluice.client.convert import (duration, endpoints, expand_packed, message_from_proto,
                                           message_to_proto, new_message_id)
-from protocols.native.sdk.errors import error_from_status, raise_for_status
+from sluice.client.errors import error_from_status, raise_for_status
 
 BORN_MS = 1_700_000_000_123
 
@@ -205,7 +205,7 @@ def test_retry_policy_from_the_brokers_settings():
 def test_importing_the_sdk_loads_no_broker_code():
     """Spark executors import the SDK with no broker around: not even parent packages may pull
     in core, store or another adapter."""
-    code = ("import sys, protocols.native.sdk; "
+    code = ("import sys, sluice.client; "
             "print(sorted(m for m in sys.modules if m.split('.')[0] in ('core', 'store') "
             "or m.startswith(('protocols.mqtt', 'protocols.amqp', 'protocols.native.server'))))")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,

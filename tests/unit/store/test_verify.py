@@ -57,7 +57,7 @@ def test_an_entry_lost_to_a_short_write_is_reported_when_the_log_holds_its_recor
     overwrite_entry(data_dir, "t/0", 5, bytes(ENTRY_SIZE))
     found = problems(data_dir)
     assert len(found) == 1 and "'t'/0 offset 5" in found[0] and "marked lost (size 0)" in found[0]
-    done = subprocess.run([sys.executable, "-m", "protocols.cli", "store", "verify", data_dir],
+    done = subprocess.run([sys.executable, "-m", "sluice.cli", "store", "verify", data_dir],
                           capture_output=True, text=True, cwd=REPO, timeout=60)
     assert done.returncode == 1 and done.stdout.splitlines() == found
 

@@ -1,9 +1,9 @@
 """The `sluice` command: `serve` (the broker), admin and data commands against it, offline store tools.
 
 `serve` builds the configuration (file, then SLUICE_* environment, then these flags) and hands it
-to the composition root in ``protocols.app``. `topic`, `group`, `message` and `user` talk to a
-running broker's admin HTTP API (``protocols.cli_admin``); `send` and `consume` use the native
-SDK (``protocols.cli_data``); `store inspect|verify` read a data directory offline.
+to the composition root in ``sluice.server.app``. `topic`, `group`, `message` and `user` talk to a
+running broker's admin HTTP API (``sluice.cli.admin``); `send` and `consume` use the native
+SDK (``sluice.cli.data``); `store inspect|verify` read a data directory offline.
 """
 
 from __future__ import annotations
@@ -15,11 +15,11 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from .cli_admin import add_admin_commands
-from .cli_analytics import add_analytics_commands
-from .cli_data import add_data_commands
-from .cli_demo import add_demo_command
-from .cli_simulate import add_simulate_command
+from .admin import add_admin_commands
+from .analytics import add_analytics_commands
+from .data import add_data_commands
+from .demo import add_demo_command
+from .simulate import add_simulate_command
 
 SERVE_FLAGS = {  # flag destination -> config path it overrides
     "data_dir": "data_dir", "flush": "store.flush", "flush_interval_ms": "store.flush_interval_ms",
@@ -33,8 +33,8 @@ SERVE_FLAGS = {  # flag destination -> config path it overrides
 
 def _serve(args: argparse.Namespace) -> int:
     """Run the broker until SIGTERM/SIGINT with the configuration from file, environment and flags."""
-    from .app import serve
-    from .config import ConfigError, describe_sources, load_config
+    from ..server.app import serve
+    from ..server.config import ConfigError, describe_sources, load_config
 
     if args.settings:
         print(f"{'config file key':<40} {'environment variable':<44} default")
@@ -165,6 +165,3 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     return args.handler(args)
 
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -24,7 +24,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from .app import READY_LINE
+from ..server.app import READY_LINE
 
 RESULTS_TOPIC = "telemetry.results"
 TELEMETRY_TOPIC = "devices"
@@ -90,7 +90,7 @@ def _demo(args: argparse.Namespace) -> int:
     root = Path(args.data_dir).resolve()
     root.mkdir(parents=True, exist_ok=True)
     signal.signal(signal.SIGTERM, _interrupt)  # stop the children on SIGTERM too
-    sluice = [sys.executable, "-m", "protocols.cli"]
+    sluice = [sys.executable, "-m", "sluice.cli"]
     events: queue.Queue = queue.Queue()
     children: list[Child] = []
     config = root / "sluice.toml"

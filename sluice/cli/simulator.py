@@ -17,8 +17,8 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
-from .mqtt.codec import MQTT_311, Decoder, encode
-from .mqtt.packets import ConnAck, Connect, PubAck, Publish
+from protocols.mqtt.codec import MQTT_311, Decoder, encode
+from protocols.mqtt.packets import ConnAck, Connect, PubAck, Publish
 
 WINDOW = 256
 """QoS 1 publishes in flight at once."""

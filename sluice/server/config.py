@@ -25,7 +25,7 @@ from typing import Any
 
 from core.service import CoreConfig
 from store.api import StoreConfig
-from .mqtt.options import MqttOptions
+from protocols.mqtt.options import MqttOptions
 
 ENV_PREFIX = "SLUICE_"
 HOST_ALIAS = "host"

@@ -27,10 +27,10 @@ from core.service import Broker
 from store.errors import StoreError, StoreLockedError
 from store.file_store import FileStore
 
-from .admin import AdminDeps, AdminServer, start_admin_server
+from protocols.admin import AdminDeps, AdminServer, start_admin_server
 from .config import Config, env_name
-from .mqtt.frontend import MqttFrontend
-from .mqtt.listeners import MqttListeners, start_mqtt_listeners
+from protocols.mqtt.frontend import MqttFrontend
+from protocols.mqtt.listeners import MqttListeners, start_mqtt_listeners
 
 log = logging.getLogger("sluice")
 
@@ -193,7 +193,7 @@ it what anonymous clients may do (`sluice user create anonymous`, `sluice user g
 
 
 def _start_native(running: RunningBroker):
-    from .native.server import start_native_server
+    from protocols.native.server import start_native_server
 
     native, auth = running.config.native, running.config.auth
     anonymous = running.broker.users.principal(ANONYMOUS_USER) if auth.allow_anonymous else None

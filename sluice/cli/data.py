@@ -19,7 +19,7 @@ import time
 from collections.abc import AsyncGenerator, Awaitable, Callable
 from typing import Any, TextIO
 
-from .cli_admin import START_HINT, CliError, add_credentials
+from .admin import START_HINT, CliError, add_credentials
 
 DEFAULT_SERVER = "127.0.0.1:8081"
 
@@ -67,8 +67,8 @@ class Progress:
 
 
 async def send(args: argparse.Namespace) -> int:
-    from .native.sdk.model import Message
-    from .native.sdk.producer import Producer
+    from sluice.client.model import Message
+    from sluice.client.producer import Producer
 
     make = body_maker(args)
     props = parse_properties(args.property)
@@ -143,7 +143,7 @@ class PopSource:
     """Pops for ``--group``; each message is acked once printed. Ends after ``--wait`` idle seconds."""
 
     def __init__(self, args: argparse.Namespace) -> None:
-        from .native.sdk.simple_consumer import SimpleConsumer
+        from sluice.client.simple_consumer import SimpleConsumer
 
         self.args = args
         self.budget = min(args.count or 32, 32)
@@ -181,7 +181,7 @@ class OffsetSource:
     GROUP = "sluice-cli-reader"
 
     def __init__(self, args: argparse.Namespace) -> None:
-        from .native.sdk.pull_consumer import PullConsumer
+        from sluice.client.pull_consumer import PullConsumer
 
         self.args = args
         self.budget = 32
@@ -190,7 +190,7 @@ class OffsetSource:
                                    await_duration=min(args.wait, 5.0) if args.wait else 5.0)
 
     async def open(self) -> None:
-        from .native.sdk.client import readable
+        from sluice.client.client import readable
 
         queues = readable(await self.client.route(self.args.topic))
         self.queues = [q for q in queues if self.args.queue in (None, q.id)]
@@ -260,7 +260,7 @@ def render(message: Any, as_json: bool) -> str:
 # --- shared ---
 
 def client_config(args: argparse.Namespace) -> Any:
-    from .native.sdk.config import ClientConfig
+    from sluice.client.config import ClientConfig
 
     try:
         return ClientConfig(endpoint=args.server, access_key=args.user, secret_key=args.password,
@@ -292,7 +292,7 @@ class connected:
         return False
 
     def translate(self, error: BaseException) -> BaseException:
-        from .native.sdk.errors import (ClientTimeoutError, SluiceClientError, UnauthorizedError,
+        from sluice.client.errors import (ClientTimeoutError, SluiceClientError, UnauthorizedError,
                                         UnavailableError)
 
         if isinstance(error, (UnavailableError, ClientTimeoutError)):
