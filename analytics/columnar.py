@@ -19,7 +19,7 @@ import pyarrow.compute as pc
 
 from sluice.client.packing import BATCH_PROPERTY, unpack_bodies
 from store.errors import CorruptRecordError
-from store.reading import RecordRun
+from store.view import RecordRun
 from store.record import HEADER, HEADER_SIZE
 
 from .schema import ARROW_SCHEMA, SUBJECT_PROPERTY

@@ -2,7 +2,7 @@
 
 What ``sluice demo`` runs, measured: a broker (``sluice serve``, sync flush), the simulator
 publishing ``rate`` readings per second over MQTT QoS 1, and the telemetry job
-(``analytics.telemetry.start``, the same queries as ``sluice analytics telemetry``) reading the
+(``analytics.telemetry_job.start``, the same queries as ``sluice analytics telemetry``) reading the
 broker's data directory (queue entries written out every 250 ms) and publishing window
 aggregates back into the broker over the native endpoint. The
 benchmark reads that topic exactly as the dashboard does (``GET /topics/{topic}/tail``), and
@@ -135,7 +135,7 @@ def run_section(settings: Settings, workdir: Path, log: Log) -> Report:
         simulator = None
         stream = None
         try:
-            from analytics.telemetry import JobSettings, ResultsTopic, start
+            from analytics.telemetry_job import JobSettings, ResultsTopic, start
 
             user, password = server.credentials
             total = settings.rate * (settings.warmup_s + settings.seconds)

@@ -29,7 +29,7 @@ from .durable_files import replace_file
 from .record import StoredMessage, decode_any
 
 if TYPE_CHECKING:
-    from .reading import StoreView
+    from .view import StoreView
 
 _HEADER = struct.Struct("<4sIQI")
 _MAGIC = b"SLCS"

@@ -29,12 +29,12 @@ from .api import (AppendResult, HealthListener, Message, ProgressListener, Recov
 from .commit_log import CommitLog
 from .compaction import CompactedTopics
 from .consume_queue import ConsumeQueues
-from .appender import RecordBuilder
+from .record_builder import RecordBuilder
 from .dispatcher import Dispatcher
 from .errors import StoreClosedError, StoreDegradedError, StoreError, StoreLockedError, describe_write_failure
 from .flusher import AppendBuffer, Checkpointer, Flusher, Progress
 from .key_index import KeyIndex
-from .reading import StoreView
+from .view import StoreView
 from .recovery import recover
 from .retention import apply_retention
 

@@ -11,7 +11,7 @@ import time
 from collections.abc import Mapping, Sequence
 
 from .api import AppendResult, HealthListener, Message, ProgressListener, RetentionReport, StoreConfig
-from .appender import RecordBuilder, generated_id_offset
+from .record_builder import RecordBuilder, generated_id_offset
 from .dispatcher import business_key, id_key
 from .errors import (CorruptRecordError, OffsetOutOfRangeError, RecordTooLargeError, StoreClosedError,
                      StoreError)

@@ -13,7 +13,7 @@ import os
 from . import checkpoint, layout
 from .commit_log import CommitLog
 from .consume_queue import ConsumeQueues
-from .reading import StoreView
+from .view import StoreView
 from .verify import verify
 
 

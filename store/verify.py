@@ -19,7 +19,7 @@ import os
 
 from . import record
 from .errors import CorruptRecordError
-from .reading import StoreView
+from .view import StoreView
 
 _BATCH = 4096
 _REBUILD = ("stop the broker, delete the data directory's consumequeue/ and checkpoint, and start "

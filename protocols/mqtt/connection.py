@@ -8,7 +8,7 @@ bytes to write (`accept`, `ack_publish`, `publish`, ...); write those first, the
 `data_to_send()`. A timer calls `check_timeouts(now)` (the CONNECT timeout and keep alive).
 `Limits` bound what a client can make it parse or hold, before and after CONNECT.
 
-Nothing here imports asyncio or core; the state table is in `states.py`, the events in
+Nothing here imports asyncio or core; the state table is in `state_table.py`, the events in
 `events.py`. Not thread-safe: one connection is driven by one task.
 """
 
@@ -29,7 +29,7 @@ from .limits import Limits
 from .properties import NO_PROPERTIES, Properties, varint
 from .reason_codes import (REASON_CODES_BY_PACKET, V311_CONNACK_FOR, MqttError, PacketType,
                            ProtocolError, ReasonCode, TopicNameInvalid)
-from .states import TRANSITIONS, Action, State
+from .state_table import TRANSITIONS, Action, State
 
 __all__ = ["ConnectionStateError", "FlowControlFull", "Inflight", "ServerConnection"]
 

@@ -33,7 +33,7 @@ from .reason_codes import PacketType, ReasonCode
 from .retained import RetainedMessages
 from .session import Session
 from .shared import SharedGroup
-from .state import NEVER_EXPIRES, Qos2State, SessionRecord, SessionStore
+from .session_store import NEVER_EXPIRES, Qos2State, SessionRecord, SessionStore
 from .wire import Wire
 
 log = logging.getLogger(__name__)

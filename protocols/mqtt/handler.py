@@ -29,8 +29,8 @@ from .mapping import RETAIN_PROPERTY, now_ms, to_outgoing
 from .packets import Will
 from .properties import NO_PROPERTIES, Properties
 from .reason_codes import ReasonCode
-from .state import NEVER_EXPIRES, RETAINED_QUEUE, SubscriptionOptions
-from .states import State
+from .session_store import NEVER_EXPIRES, RETAINED_QUEUE, SubscriptionOptions
+from .state_table import State
 from .topics import InvalidFilter, check_filter, split_shared
 from .wire import Wire
 

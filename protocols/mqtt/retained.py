@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from core.service import Broker
 
 from .mapping import Inbound, from_stored, now_ms
-from .state import RETAINED_QUEUE
+from .session_store import RETAINED_QUEUE
 
 
 _Retained = tuple[str, bytes, Mapping[str, str]]

@@ -28,7 +28,7 @@ from core.model import Action, Delivery, Principal
 
 from .mapping import Inbound, now_ms
 from .properties import Properties
-from .state import Qos2State, SubscriptionOptions
+from .session_store import Qos2State, SubscriptionOptions
 from .topics import matches, session_queue
 
 if TYPE_CHECKING:

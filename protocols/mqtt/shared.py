@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 from core.service import Broker
 
 from .mapping import now_ms
-from .state import SubscriptionOptions
+from .session_store import SubscriptionOptions
 from .topics import shared_queue
 
 if TYPE_CHECKING:

@@ -16,7 +16,7 @@ import grpc.aio
 from rocketmq.grpc_protocol import service_pb2 as rpc
 from rocketmq.grpc_protocol import service_pb2_grpc
 
-from . import consume, membership, offsets, produce, routes, telemetry
+from . import consume, membership, offsets, produce, routes, settings_stream
 from .context import Call, Edge
 from .decoding import MalformedRequest
 from .errors import not_implemented, status_of
@@ -106,6 +106,6 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
         return rpc.SyncLiteSubscriptionResponse(status=not_implemented("lite topics (SyncLiteSubscription)"))
 
     async def Telemetry(self, request_iterator, context):
-        async for response in self._stream(telemetry.telemetry, rpc.TelemetryCommand,
+        async for response in self._stream(settings_stream.telemetry, rpc.TelemetryCommand,
                                            request_iterator, context):
             yield response

@@ -54,7 +54,7 @@ def _telemetry(args: argparse.Namespace) -> int:
     os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))
     from pyspark.sql import SparkSession
 
-    from analytics.telemetry import JobSettings, ResultsTopic, start
+    from analytics.telemetry_job import JobSettings, ResultsTopic, start
 
     spark = (SparkSession.builder.master("local[*]").appName("sluice-telemetry")
              .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")

@@ -9,7 +9,7 @@ from io import BytesIO
 
 import pytest
 
-from analytics.telemetry import JobSettings, ResultsTopic, aggregate
+from analytics.telemetry_job import JobSettings, ResultsTopic, aggregate
 from tests.analytics.test_remote import create_topic
 
 CHROMIUM, CHROMEDRIVER = "/usr/bin/chromium", "/usr/bin/chromedriver"

@@ -8,7 +8,7 @@ from collections import defaultdict
 
 import pytest
 
-from analytics.telemetry import JobSettings, aggregate, parse, start
+from analytics.telemetry_job import JobSettings, aggregate, parse, start
 from store import FileStore, StoreConfig
 
 BASE_MS = 1_767_225_600_000  # 2026-01-01 00:00:00 UTC, on a minute boundary
@@ -85,22 +85,22 @@ def test_the_streaming_job_writes_closed_windows_and_the_quarantine(spark, telem
 
 
 def test_aggregates_are_published_back_into_a_sluice_topic(spark, telemetry, tmp_path, sluice_server):
-    from analytics.telemetry import ResultsTopic
+    from analytics.telemetry_job import ResultsTopic
     from store.reader import StoreReader
     from tests.analytics.test_remote import create_topic
 
     server = sluice_server(tmp_path / "broker")
     server.wait_ready()
-    create_topic(server.admin, "analytics.telemetry", 1)
+    create_topic(server.admin, "analytics.telemetry_job", 1)
     queries = start(spark, {"path": telemetry["path"], "subscribe": "devices"},
                     str(tmp_path / "out"), str(tmp_path / "checkpoint"), available_now=True,
-                    results=ResultsTopic(server.native, "analytics.telemetry"))
+                    results=ResultsTopic(server.native, "analytics.telemetry_job"))
     for query in queries:
         query.awaitTermination(180)
         assert query.exception() is None, query.exception()
     assert server.stop() == 0
     reader = StoreReader(str(tmp_path / "broker"))
-    messages = reader.read("analytics.telemetry", 0, 0, 1000)
+    messages = reader.read("analytics.telemetry_job", 0, 0, 1000)
     reader.close()
     newest = {}  # the newest message per key is the window's value (update mode)
     for message in messages:

@@ -15,7 +15,7 @@ from sluice.client.packing import BATCH_PROPERTY, pack_bodies
 from store import FileStore, StoreConfig, record
 from store.errors import CorruptRecordError
 from store.reader import StoreReader
-from store.reading import RecordRun
+from store.view import RecordRun
 
 WAIT = 120
 MESSAGES = [  # (body, tag, keys, properties, msg_id)

@@ -19,7 +19,7 @@ from protocols.mqtt.packets import (Auth, ConnAck, Connect, Disconnect, PingReq,
                                     Subscription, UnsubAck, Unsubscribe, Will)
 from protocols.mqtt.properties import Properties
 from protocols.mqtt.reason_codes import ConnectReturnCode, ReasonCode
-from protocols.mqtt.states import State
+from protocols.mqtt.state_table import State
 
 V3, V5 = 4, 5
 BOTH = pytest.mark.parametrize("version", [V3, V5])

@@ -1,5 +1,5 @@
 """ServerConnection as a state machine (h2 `test_state_machines` style): every state × every
-client packet agrees with the table in `states.py`, and random interleavings of client packets,
+client packet agrees with the table in `state_table.py`, and random interleavings of client packets,
 garbage, EOF, time and adapter actions never raise and close at most once."""
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from protocols.mqtt.packets import (Auth, ConnAck, Connect, Disconnect, PingReq,
                                     Subscription, UnsubAck, Unsubscribe)
 from protocols.mqtt.properties import Properties
 from protocols.mqtt.reason_codes import ReasonCode
-from protocols.mqtt.states import TRANSITIONS, State
+from protocols.mqtt.state_table import TRANSITIONS, State
 
 SAMPLES = [Connect("x"), ConnAck(), Publish("t", b"p", 1, packet_id=1), PubAck(1), PubRec(1),
            PubRel(1), PubComp(1), Subscribe(1, (Subscription("a"),)), SubAck(1, (0,)),

@@ -7,7 +7,7 @@ from core.service import Broker
 from protocols.mqtt.frontend import MqttFrontend
 from protocols.mqtt.options import MqttOptions
 from protocols.mqtt.session import Session
-from protocols.mqtt.state import SubscriptionOptions
+from protocols.mqtt.session_store import SubscriptionOptions
 from tests.unit.core.test_broker import run
 
 

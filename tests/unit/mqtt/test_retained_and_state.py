@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from protocols.mqtt.mapping import EXPIRY_PROPERTY
 from protocols.mqtt.retained import RetainedMessages
-from protocols.mqtt.state import BadRecord, Qos2State, SessionRecord, SubscriptionOptions
+from protocols.mqtt.session_store import BadRecord, Qos2State, SessionRecord, SubscriptionOptions
 from protocols.mqtt.topics import matches
 
 

@@ -18,7 +18,7 @@ from protocols.mqtt.packets import (ConnAck, Connect, Disconnect, Publish, Subsc
                                     Subscription, Will)
 from protocols.mqtt.properties import Properties, Reader, TooManyProperties, decode_properties, varint
 from protocols.mqtt.reason_codes import PacketTooLarge, PacketType, ReasonCode
-from protocols.mqtt.states import State
+from protocols.mqtt.state_table import State
 
 V3, V5 = 4, 5
 LIMITS = Limits(max_connect_packet_size=64 << 10, connect_timeout=10.0, max_client_id_length=23,

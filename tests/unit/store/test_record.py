@@ -7,7 +7,7 @@ from hypothesis import strategies as st
 
 from store import record
 from store.api import Message
-from store.appender import RecordBuilder
+from store.record_builder import RecordBuilder
 from store.errors import CorruptRecordError
 
 

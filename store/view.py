@@ -14,7 +14,7 @@ from crc32c import crc32c
 
 from .commit_log import CommitLog
 from .consume_queue import ConsumeQueue, ConsumeQueues, Entry
-from .appender import generated_id_offset
+from .record_builder import generated_id_offset
 from .dispatcher import business_key, id_key
 from .errors import CorruptRecordError, OffsetOutOfRangeError
 from .key_index import KeyIndex
