@@ -5,6 +5,11 @@ Every message says what went wrong and what the caller can do next.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import TypeVar
+
+Code = TypeVar("Code")
+
 
 class SluiceError(Exception):
     """Base of every error core raises on purpose."""
@@ -87,3 +92,15 @@ class QuotaExceeded(SluiceError):
 
 class Unavailable(SluiceError):
     """The broker is shutting down or cannot serve the request right now; retry later."""
+
+
+def nearest(table: Mapping[type[BaseException], Code], error: BaseException) -> Code | None:
+    """The entry of an adapter's error table for ``error``: its class, else the nearest base along
+    its MRO (so a new subclass of ``NotFound`` maps like ``NotFound``); None when none is listed.
+
+    Every adapter keeps one such table, class to wire code, in its own ``errors.py``.
+    """
+    for cls in type(error).__mro__:
+        if (found := table.get(cls)) is not None:
+            return found
+    return None

@@ -11,7 +11,7 @@ from aiohttp import web
 
 from core import errors as core
 
-STATUS: dict[type[Exception], tuple[int, str]] = {
+STATUS: dict[type[BaseException], tuple[int, str]] = {
     core.Unauthenticated: (401, "unauthenticated"),
     core.AccessDenied: (403, "forbidden"),
     core.NotFound: (404, "not_found"),
@@ -46,10 +46,7 @@ def status_for(error: Exception) -> tuple[int, str]:
     """(HTTP status, error code) for ``error``: the nearest class in STATUS along its MRO."""
     if isinstance(error, HttpProblem):
         return error.status, error.code
-    for cls in type(error).__mro__:
-        if cls in STATUS:
-            return STATUS[cls]
-    return 500, "internal"
+    return core.nearest(STATUS, error) or (500, "internal")
 
 
 def error_response(error: Exception) -> web.Response:

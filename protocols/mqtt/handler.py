@@ -22,6 +22,7 @@ from core.model import Action, OutgoingMessage, Principal
 from core.untrusted import clip
 
 from .codec import MQTT_5
+from .errors import reason_for
 from .connection import ServerConnection
 from .events import (ConnectionClosed, ConnectRequested, MessagePublished, PublishAcknowledged,
                      PublishReceived, ReleaseRequested, SubscribeRequested, UnsubscribeRequested)
@@ -42,23 +43,6 @@ log = logging.getLogger(__name__)
 
 MAX_UNSTORED = 8192
 """Messages of one connection read but not yet stored before reading from it pauses."""
-
-_ERROR_REASONS: dict[type[Exception], ReasonCode] = {
-    errors.AccessDenied: ReasonCode.NotAuthorized,
-    errors.MessageTooLarge: ReasonCode.PacketTooLarge,
-    errors.InvalidArgument: ReasonCode.TopicNameInvalid,
-    errors.QuotaExceeded: ReasonCode.QuotaExceeded,
-    errors.Unavailable: ReasonCode.ServerUnavailable,
-}
-
-
-def reason_for(error: Exception) -> ReasonCode:
-    """The MQTT 5 reason code for a core error: the nearest class of the table along its MRO."""
-    for cls in type(error).__mro__:
-        if (reason := _ERROR_REASONS.get(cls)) is not None:
-            return reason
-    return ReasonCode.ImplementationSpecificError
-
 
 class MqttConnection:
     """The front end's handler for one wire; also the `Link` its session delivers through."""

@@ -19,36 +19,34 @@ Status = definition_pb2.Status
 
 log = logging.getLogger("sluice.native")
 
-ERROR_CODES: tuple[tuple[type[Exception], int], ...] = (
-    # Most specific first: the first class the error is an instance of wins.
-    (errors.BadFilter, Code.ILLEGAL_FILTER_EXPRESSION),
-    (errors.MessageTooLarge, Code.MESSAGE_BODY_TOO_LARGE),
-    (errors.InvalidReceiptHandle, Code.INVALID_RECEIPT_HANDLE),
-    (errors.OffsetOutOfRange, Code.ILLEGAL_OFFSET),
-    (errors.InvalidArgument, Code.BAD_REQUEST),
-    (errors.TopicNotFound, Code.TOPIC_NOT_FOUND),
-    (errors.GroupNotFound, Code.CONSUMER_GROUP_NOT_FOUND),
-    (errors.MessageNotFound, Code.MESSAGE_NOT_FOUND),
-    (errors.NotFound, Code.NOT_FOUND),
-    (errors.AlreadyExists, Code.BAD_REQUEST),
+ERROR_CODES: dict[type[BaseException], int] = {
+    # An error class missing here maps like its nearest listed base (core.errors.nearest).
+    errors.BadFilter: Code.ILLEGAL_FILTER_EXPRESSION,
+    errors.MessageTooLarge: Code.MESSAGE_BODY_TOO_LARGE,
+    errors.InvalidReceiptHandle: Code.INVALID_RECEIPT_HANDLE,
+    errors.OffsetOutOfRange: Code.ILLEGAL_OFFSET,
+    errors.InvalidArgument: Code.BAD_REQUEST,
+    errors.TopicNotFound: Code.TOPIC_NOT_FOUND,
+    errors.GroupNotFound: Code.CONSUMER_GROUP_NOT_FOUND,
+    errors.MessageNotFound: Code.MESSAGE_NOT_FOUND,
+    errors.NotFound: Code.NOT_FOUND,
+    errors.AlreadyExists: Code.BAD_REQUEST,
     # The clients stop retrying an ack or a nack on INVALID_RECEIPT_HANDLE: right for an expired
     # receipt too, since the message is redelivered anyway.
-    (errors.ReceiptExpired, Code.INVALID_RECEIPT_HANDLE),
-    (errors.Unauthenticated, Code.UNAUTHORIZED),
-    (errors.AccessDenied, Code.FORBIDDEN),
-    (errors.NotSupported, Code.UNSUPPORTED),
-    (errors.Unavailable, Code.TOO_MANY_REQUESTS),
-    (errors.QuotaExceeded, Code.TOO_MANY_REQUESTS),
-    (errors.SluiceError, Code.INTERNAL_ERROR),
-)
+    errors.ReceiptExpired: Code.INVALID_RECEIPT_HANDLE,
+    errors.Unauthenticated: Code.UNAUTHORIZED,
+    errors.AccessDenied: Code.FORBIDDEN,
+    errors.NotSupported: Code.UNSUPPORTED,
+    errors.Unavailable: Code.TOO_MANY_REQUESTS,
+    errors.QuotaExceeded: Code.TOO_MANY_REQUESTS,
+    errors.SluiceError: Code.INTERNAL_ERROR,
+}
 
 
 def code_of(error: Exception) -> int:
     """The RocketMQ code for ``error``; INTERNAL_ERROR for anything core did not raise on purpose."""
-    for error_type, code in ERROR_CODES:
-        if isinstance(error, error_type):
-            return code
-    return Code.INTERNAL_ERROR
+    code = errors.nearest(ERROR_CODES, error)
+    return Code.INTERNAL_ERROR if code is None else code
 
 
 def status_of(error: Exception) -> Status:

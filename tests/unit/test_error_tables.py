@@ -1,0 +1,43 @@
+"""Every adapter answers a core error through one table resolved along the class hierarchy, so a
+subclass the table does not list (BadFilter, OffsetOutOfRange, a future one) maps like its base."""
+
+from __future__ import annotations
+
+import pytest
+from rocketmq.grpc_protocol.definition_pb2 import Code
+
+from core import errors
+from protocols.admin.errors import status_for
+from protocols.mqtt.errors import reason_for
+from protocols.mqtt.reason_codes import ReasonCode
+from protocols.native.errors import code_of
+
+
+class NewKindOfMissingTopic(errors.TopicNotFound):
+    """A subclass no table lists."""
+
+
+def test_nearest_prefers_the_class_then_its_bases() -> None:
+    table = {errors.InvalidArgument: "bad", errors.SluiceError: "other"}
+    assert errors.nearest(table, errors.BadFilter("x")) == "bad"
+    assert errors.nearest(table, errors.TopicNotFound("t")) == "other"
+    assert errors.nearest(table, ValueError("x")) is None
+
+
+@pytest.mark.parametrize("error, reason", [
+    (errors.BadFilter("a/#/b"), ReasonCode.TopicNameInvalid),
+    (errors.OffsetOutOfRange("9"), ReasonCode.TopicNameInvalid),
+    (errors.AccessDenied("no"), ReasonCode.NotAuthorized),
+    (errors.QuotaExceeded("full"), ReasonCode.QuotaExceeded),
+    (RuntimeError("bug"), ReasonCode.ImplementationSpecificError),
+])
+def test_mqtt_reason_codes_follow_the_class_hierarchy(error, reason) -> None:
+    assert reason_for(error) == reason
+
+
+def test_native_and_admin_codes_follow_the_class_hierarchy() -> None:
+    missing = NewKindOfMissingTopic("t")
+    assert code_of(missing) == Code.TOPIC_NOT_FOUND
+    assert status_for(missing) == (404, "topic_not_found")
+    assert code_of(errors.OffsetOutOfRange("9")) == Code.ILLEGAL_OFFSET
+    assert status_for(RuntimeError("bug")) == (500, "internal")
