@@ -53,6 +53,10 @@ class UserNotFound(NotFound):
     """The user does not exist."""
 
 
+class ClientNotFound(NotFound):
+    """No client of that protocol and id is connected or has a kept session."""
+
+
 class MessageNotFound(NotFound):
     """No message has the given id or key."""
 

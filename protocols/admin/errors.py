@@ -19,6 +19,7 @@ STATUS: dict[type[BaseException], tuple[int, str]] = {
     core.GroupNotFound: (404, "group_not_found"),
     core.UserNotFound: (404, "user_not_found"),
     core.MessageNotFound: (404, "message_not_found"),
+    core.ClientNotFound: (404, "client_not_found"),
     core.AlreadyExists: (409, "already_exists"),
     core.InvalidArgument: (400, "invalid_argument"),
     core.BadFilter: (400, "bad_filter"),

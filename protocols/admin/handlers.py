@@ -20,6 +20,7 @@ from typing import Any
 
 from aiohttp import web
 
+from core.clients import ClientDirectory
 from core.errors import AccessDenied, MessageNotFound, NotFound, UserNotFound
 from core.model import (Action, ConsumeMode, Delivery, GroupConfig, MessageType, Permission,
                         Principal, ResourceKind, RetryPolicy, TopicConfig)
@@ -36,8 +37,8 @@ class AdminDeps:
     broker: Any
     store: Any = None
     metadata: Any = None
-    connected_clients: Callable[[], int] | None = None
-    """Live protocol connections (e.g. the native server's), for /metrics; None if unknown."""
+    clients: ClientDirectory | None = None
+    """Every protocol's clients, for /clients and /metrics; None if no listener reports them."""
 
 
 DEPS: web.AppKey[AdminDeps] = web.AppKey("deps", AdminDeps)

@@ -127,10 +127,10 @@ class BrokerCollector(Collector):
             for topic, committed in per_topic.items():
                 consumed.add_metric([group.name, topic], committed)
         yield from (lag, inflight, consumed, members)
-        clients = self.deps.connected_clients() if self.deps.connected_clients else live
+        clients = self.deps.clients.connected_count() if self.deps.clients else live
         yield GaugeMetricFamily("sluice_connected_clients",
-                                "Connected protocol clients (live group members when the "
-                                "listeners do not report connections)", value=clients)
+                                "Connected protocol clients (live group members when no "
+                                "listener reports connections)", value=clients)
 
     def _counters(self, broker: Any) -> Iterator[Metric]:
         """The broker's own counters since start: ``(metric, topic or group) -> count``."""

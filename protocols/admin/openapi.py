@@ -77,6 +77,11 @@ SCHEMAS: dict[str, dict[str, Any]] = {
     "Grant": _obj(["kind", "pattern", "actions"], kind={"type": "string", "enum": ["topic", "group"]},
                   pattern={"type": "string", "description": "a name, or a pattern with * wildcards"},
                   actions=_ACTIONS),
+    "Client": _obj(["protocol", "client_id", "connected"], protocol=_STR, client_id=_STR,
+                   user=_STR, address=_STR, connected=_BOOL,
+                   connected_at_ms={"type": "integer", "nullable": True},
+                   subscriptions=_list(_STR),
+                   details={"type": "object", "description": "what only this protocol has"}),
     "AclRule": _obj([], user=_STR, pattern=_STR, actions=_ACTIONS,
                     effect={"type": "string", "enum": ["allow", "deny"]}),
     "AclRuleCreate": _obj(

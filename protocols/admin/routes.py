@@ -15,7 +15,7 @@ from aiohttp import web
 
 from core.model import Principal
 
-from . import acl, dashboard, metrics, tail
+from . import acl, clients, dashboard, metrics, tail
 from . import handlers as h
 from .access import Access
 
@@ -129,4 +129,18 @@ ROUTES: tuple[Route, ...] = (
       query=(Query("pattern", "the rule's pattern, exactly as added", required=True),
              Query("effect", "allow or deny", required=True),
              Query("user", "the rule's user (default *, everyone)"))),
+
+    R("GET", "/clients", clients.list_clients,
+      "List connected clients and kept sessions of every protocol", "clients", A.ADMIN,
+      response="[Client]",
+      query=(Query("protocol", "only this protocol's clients (mqtt, native)"),
+             Query("user", "only this user's clients"),
+             Query("connected", "true: only connected clients, not kept sessions",
+                   type="boolean"))),
+    R("GET", "/clients/{protocol}/{client_id}", clients.show_client,
+      "Show one client: address, user, subscriptions, protocol details", "clients", A.ADMIN,
+      response="Client"),
+    R("DELETE", "/clients/{protocol}/{client_id}", clients.kick_client,
+      "Disconnect a client (its session stays as the protocol keeps it)", "clients", A.ADMIN,
+      status=204),
 )

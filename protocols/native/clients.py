@@ -46,6 +46,10 @@ class ClientRegistry:
         info.last_seen = time.monotonic()
         return info
 
+    def known(self, client_id: str) -> ClientInfo | None:
+        """The entry for ``client_id`` if there is one (does not mark it seen)."""
+        return self._clients.get(client_id)
+
     def settle(self, client_id: str, client_type: int, group: str,
                subscriptions: list[Subscription]) -> ClientInfo:
         """Record what a settings command says; its subscriptions replace the known ones.

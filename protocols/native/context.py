@@ -14,6 +14,7 @@ from core.service import Broker, CoreConfig
 
 from .auth import CLIENT_ID_HEADER, Authenticator
 from .clients import ClientRegistry
+from .connections import NativeClients
 from .convert import endpoints_for
 
 DEADLINE_MARGIN_MS = 500
@@ -31,10 +32,13 @@ class Edge:
     host: str
     port: int = 0
     advertised_host: str | None = None
-    telemetry_streams: int = 0
+    connections: NativeClients = field(init=False)
     """Open Telemetry streams: every running RocketMQ 5 client holds one."""
     stopping: asyncio.Event = field(default_factory=asyncio.Event)
     """Set when the server stops: Telemetry streams end instead of holding the shutdown."""
+
+    def __post_init__(self) -> None:
+        self.connections = NativeClients(self.clients)
 
     @property
     def config(self) -> CoreConfig:

@@ -20,6 +20,7 @@ from core.service import Broker
 
 from .auth import DEFAULT_MAX_SKEW_S, Authenticator
 from .clients import ClientRegistry
+from .connections import NativeClients
 from .context import Edge
 from .decoding import add_servicer
 from .servicer import MessagingServicer
@@ -40,9 +41,10 @@ class NativeServer:
     """The port actually bound (useful after asking for port 0)."""
     edge: Edge
 
-    def connection_count(self) -> int:
-        """Clients connected now: each running RocketMQ 5 client keeps one Telemetry stream open."""
-        return self.edge.telemetry_streams
+    @property
+    def clients(self) -> NativeClients:
+        """Connected clients (one per Telemetry stream), for core's client directory."""
+        return self.edge.connections
 
     async def stop(self, grace: float | None = None) -> None:
         """Stop accepting calls; let running ones finish for ``grace`` seconds, then cancel them.

@@ -18,6 +18,7 @@ from rocketmq.grpc_protocol import service_pb2 as rpc
 
 from core.model import RetryPolicy
 
+from .connections import TelemetryStream
 from .context import Call, Edge
 from .decoding import MalformedRequest
 from .convert import duration, subscription
@@ -33,10 +34,12 @@ PRODUCER_RETRY = RetryPolicy(max_attempts=3, initial_backoff_ms=100, max_backoff
 async def telemetry(edge: Edge, call: Call,
                     commands: AsyncIterator[rpc.TelemetryCommand]) -> AsyncIterator[rpc.TelemetryCommand]:
     """Answer each ``settings`` command; note the client's answers to server commands.
-    The stream stays open until the client closes it or the server stops."""
-    edge.telemetry_streams += 1
+    The stream stays open until the client closes it, an administrator kicks the client, or
+    the server stops."""
+    stream = edge.connections.open(call.client_id, call.principal.user, call.context.peer())
+    reason = "closed by the client"
     try:
-        async for command in _until_stopping(edge, commands):
+        async for command in _until_ended(edge, stream, commands):
             if isinstance(command, MalformedRequest):
                 yield rpc.TelemetryCommand(status=status_of(command.refusal()))
                 continue
@@ -49,23 +52,28 @@ async def telemetry(edge: Edge, call: Call,
             else:
                 yield rpc.TelemetryCommand(status=Status(
                     code=Code.BAD_REQUEST, message=f"telemetry command {kind!r} is not one a client sends"))
+        if stream.kicked.is_set():
+            reason = "kicked by an administrator"
+        elif edge.stopping.is_set():
+            reason = "the broker is stopping"
     finally:
-        edge.telemetry_streams -= 1
+        edge.connections.close(stream, reason)
 
 
-async def _until_stopping(edge: Edge, commands: AsyncIterator[rpc.TelemetryCommand]
-                          ) -> AsyncIterator[rpc.TelemetryCommand]:
-    """The client's commands until it closes the stream or the server stops (a stream never
-    ends on its own, and an open one would hold the server's shutdown for its grace period)."""
+async def _until_ended(edge: Edge, stream: TelemetryStream,
+                       commands: AsyncIterator[rpc.TelemetryCommand]) -> AsyncIterator[rpc.TelemetryCommand]:
+    """The client's commands until it closes the stream, an administrator kicks the client, or
+    the server stops (a stream never ends on its own, and an open one would hold the server's
+    shutdown for its grace period)."""
     iterator = commands.__aiter__()
-    stopping = asyncio.ensure_future(edge.stopping.wait())
+    ending = (asyncio.ensure_future(edge.stopping.wait()), asyncio.ensure_future(stream.kicked.wait()))
     reading: asyncio.Future | None = None
     try:
         while True:
             reading = asyncio.ensure_future(iterator.__anext__())
             # The read may end (end of stream, cancelled call) after this generator is gone.
             reading.add_done_callback(_outcome_seen)
-            await asyncio.wait((reading, stopping), return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait((reading, *ending), return_when=asyncio.FIRST_COMPLETED)
             if not reading.done():
                 return
             try:
@@ -74,7 +82,7 @@ async def _until_stopping(edge: Edge, commands: AsyncIterator[rpc.TelemetryComma
                 return
             yield command
     finally:
-        for pending in (reading, stopping):
+        for pending in (reading, *ending):
             if pending is not None:
                 pending.cancel()
 

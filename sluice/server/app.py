@@ -21,6 +21,7 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
+from core.clients import ClientDirectory
 from core.errors import SluiceError
 from core.metadata import MetadataRepository
 from core.service import Broker
@@ -57,6 +58,8 @@ class RunningBroker:
     admin: AdminServer | None = None
     mqtt: MqttFrontend | None = None
     mqtt_listeners: MqttListeners | None = None
+    clients: ClientDirectory = field(default_factory=ClientDirectory)
+    """Every protocol's connected clients, for the admin API."""
     default_user_created: bool = False
     _stopped: bool = field(default=False, repr=False)
 
@@ -152,6 +155,7 @@ async def start(config: Config) -> RunningBroker:
         await running.mqtt.start()  # sessions are bound before anything can publish
         running.native = await _listen("native", config.native.host, config.native.port,
                                        _start_native(running))
+        running.clients.register(running.native.clients)
         running.admin = await _listen("admin", config.admin.host, config.admin.port,
                                       start_admin_server(_admin_deps(running), config.admin.host,
                                                          config.admin.port))
@@ -204,9 +208,7 @@ def _start_native(running: RunningBroker):
 
 
 def _admin_deps(running: RunningBroker) -> AdminDeps:
-    counter = getattr(running.native, "connection_count", None)
-    return AdminDeps(running.broker, running.store, running.metadata,
-                     connected_clients=counter if callable(counter) else None)
+    return AdminDeps(running.broker, running.store, running.metadata, clients=running.clients)
 
 
 async def _listen(name: str, host: str, port: int, starting: Any) -> Any:

@@ -1,0 +1,79 @@
+"""`sluice client list|show|kick`: connected clients and kept sessions of every protocol."""
+
+from __future__ import annotations
+
+import argparse
+import urllib.parse
+from datetime import datetime
+from typing import Any
+
+from .admin import AdminClient, admin_options, run, show, table
+
+
+def _since(ms: int | None) -> str:
+    return "" if ms is None else datetime.fromtimestamp(ms / 1000).strftime("%Y-%m-%d %H:%M:%S")
+
+
+def _path(args: argparse.Namespace) -> str:
+    quote = lambda part: urllib.parse.quote(part, safe="")  # noqa: E731
+    return f"/clients/{quote(args.protocol)}/{quote(args.client_id)}"
+
+
+def client_list(client: AdminClient, args: argparse.Namespace) -> int:
+    query = {k: v for k, v in (("protocol", args.protocol), ("user", args.for_user),
+                               ("connected", "true" if args.connected else None)) if v}
+    return show(args, client.call("GET", "/clients", query=query or None), lambda found: table(
+        [(c["protocol"], c["client_id"], c["user"], c["address"] if c["connected"] else "(away)",
+          _since(c["connected_at_ms"]), len(c["subscriptions"])) for c in found],
+        ["PROTOCOL", "CLIENT ID", "USER", "ADDRESS", "CONNECTED SINCE", "SUBSCRIPTIONS"])
+        if found else "no clients")
+
+
+def render_client(c: dict[str, Any]) -> str:
+    """One client, its details and subscriptions, as lines."""
+    lines = [f"{c['protocol']} client {c['client_id']}",
+             f"  user:      {c['user']}",
+             f"  address:   {c['address'] if c['connected'] else '(not connected; session kept)'}"]
+    if c["connected_at_ms"] is not None:
+        lines.append(f"  connected: {_since(c['connected_at_ms'])}")
+    lines += [f"  {key}: {value}" for key, value in sorted(c["details"].items())]
+    lines.append("  subscriptions:" + ("" if c["subscriptions"] else " none"))
+    lines += [f"    {s}" for s in c["subscriptions"]]
+    return "\n".join(lines)
+
+
+def client_show(client: AdminClient, args: argparse.Namespace) -> int:
+    return show(args, client.call("GET", _path(args)), render_client)
+
+
+def client_kick(client: AdminClient, args: argparse.Namespace) -> int:
+    client.call("DELETE", _path(args))
+    print(f"disconnected {args.protocol} client {args.client_id}")
+    return 0
+
+
+def add_client_commands(commands: argparse._SubParsersAction) -> None:
+    """Register `client list|show|kick` under ``commands``."""
+    common = admin_options()
+    text = "List, show and disconnect the clients of every protocol (admin only)."
+    parser = commands.add_parser("client", help=text, description=text)
+    sub = parser.add_subparsers(dest="client_command", required=True, metavar="COMMAND")
+
+    def add(name: str, help_text: str, handler: Any) -> argparse.ArgumentParser:
+        command = sub.add_parser(name, help=help_text, description=help_text, parents=[common])
+        command.set_defaults(handler=lambda args: run(handler, args))
+        return command
+
+    listing = add("list", "List connected clients and kept sessions.", client_list)
+    listing.add_argument("--protocol", help="only this protocol's clients (mqtt, native)")
+    listing.add_argument("--for", dest="for_user", metavar="USER", help="only this user's clients")
+    listing.add_argument("--connected", action="store_true",
+                         help="only connected clients, not sessions kept while away")
+    for name, help_text, handler in (
+            ("show", "Show one client: address, user, subscriptions, protocol details.",
+             client_show),
+            ("kick", "Disconnect a client now (its session stays as the protocol keeps it).",
+             client_kick)):
+        command = add(name, help_text, handler)
+        command.add_argument("protocol", metavar="PROTOCOL", help="mqtt or native")
+        command.add_argument("client_id", metavar="CLIENT_ID")
