@@ -88,9 +88,14 @@ TABLE = [
     Cell("POST", "/acl", "/acl", only_admin(201),
          body={"pattern": "new-rule-{n}/#", "actions": ["publish"], "effect": "deny"}),
     Cell("DELETE", "/acl?pattern={target}&effect=allow", "/acl", only_admin(204), fresh="rule"),
+    Cell("GET", "/clients", "/clients", only_admin(200)),
+    Cell("GET", "/clients/native/nobody", "/clients/{protocol}/{client_id}", only_admin(404)),
+    Cell("DELETE", "/clients/native/nobody", "/clients/{protocol}/{client_id}", only_admin(404)),
 ]
 """Every cell of a non-admin write names a resource that exists, so a 403 is the rule, not a
-missing thing; the victims of refused writes are checked to be untouched afterwards."""
+missing thing; the victims of refused writes are checked to be untouched afterwards. (The
+client cells name no connected client: tests/integration/test_clients.py refuses a non-admin's
+kick of a connected one.)"""
 
 
 @dataclass
