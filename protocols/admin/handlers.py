@@ -16,6 +16,7 @@ import json
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from aiohttp import web
@@ -38,6 +39,8 @@ class AdminDeps:
     metadata: Any = None
     connected_clients: Callable[[], int] | None = None
     """Live protocol connections (e.g. the native server's), for /metrics; None if unknown."""
+    dashboard_dir: Path | None = None
+    """The telemetry dashboard's static files (``dashboard.py``); None: no dashboard."""
 
 
 DEPS: web.AppKey[AdminDeps] = web.AppKey("deps", AdminDeps)

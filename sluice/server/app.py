@@ -21,6 +21,7 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
+import analytics
 from core.errors import SluiceError
 from core.metadata import MetadataRepository
 from core.service import Broker
@@ -206,7 +207,8 @@ def _start_native(running: RunningBroker):
 def _admin_deps(running: RunningBroker) -> AdminDeps:
     counter = getattr(running.native, "connection_count", None)
     return AdminDeps(running.broker, running.store, running.metadata,
-                     connected_clients=counter if callable(counter) else None)
+                     connected_clients=counter if callable(counter) else None,
+                     dashboard_dir=analytics.DASHBOARD_DIR)
 
 
 async def _listen(name: str, host: str, port: int, starting: Any) -> Any:
