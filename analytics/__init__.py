@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
+
+DASHBOARD_DIR = Path(__file__).resolve().parent / "dashboard"
+"""The live telemetry dashboard's static files, which the broker's admin API serves."""
 
 
 def register(spark: Any) -> None:

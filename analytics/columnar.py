@@ -1,79 +1,65 @@
 """Columnar decoding for the Spark source: a run of store records straight into one Arrow batch.
 
 Decoding record by record costs microseconds of Python each. Here every step works on a whole
-``RecordRun`` (``StoreView.read_runs``) at once. Each field is cut out of the log bytes for all
-records by one Arrow ``take`` over a binary array whose offsets are the field boundaries (see
-``_slices``): first the fixed-size headers, which numpy then reads as records, then the message
-ids, tags, bodies, keys and properties they locate. Keys and properties, a variable number per
-record, are walked one item per step for all records together. Records carrying a packed batch
-(``sluice.batch``) are unpacked in Python, one row per body. Runs on executors; holds no state.
+run at once: the store locates every field of every record of a run (``RecordColumns``, from
+``StoreReader.read_columns``), and each column is cut out of the log bytes for all records by
+one Arrow ``take`` over a binary array whose offsets are the field boundaries (see ``_slices``).
+Records carrying a packed batch (``sluice.batch``) are unpacked in Python, one row per body.
+Runs on executors; holds no state.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from sluice.client.packing import BATCH_PROPERTY, unpack_bodies
-from store.errors import CorruptRecordError
-from store.view import RecordRun
-from store.record import HEADER, HEADER_SIZE
 
 from .schema import ARROW_SCHEMA, SUBJECT_PROPERTY
 
-_HEADER = np.dtype({
-    "names": ["size", "magic", "version", "flags", "crc", "phys", "queue_id", "queue_offset",
-              "born_ts", "store_ts", "topic_len", "msg_id_len", "tag_len", "keys_len", "props_len",
-              "dispatch_len", "body_len"],
-    "formats": ["<" + code for code in HEADER.format.lstrip("<")],
-})
-"""The record header (store/record.py) as a numpy record."""
-assert _HEADER.itemsize == HEADER_SIZE
+if TYPE_CHECKING:
+    from store.record_columns import RecordColumns, Spans
 
-_SECTIONS = ("topic_len", "msg_id_len", "tag_len", "keys_len", "props_len", "dispatch_len", "body_len")
-_TOPIC, _MSG_ID, _TAG, _KEYS, _PROPS, _DISPATCH, _BODY = range(len(_SECTIONS))
 _KEYS_TYPE = ARROW_SCHEMA.field("keys").type
 _PROPS_TYPE = ARROW_SCHEMA.field("properties").type
 _MICROS = ARROW_SCHEMA.field("born_ts").type
-_EMPTY = np.zeros(0, np.int64)  # np.concatenate needs at least one array
 _NO_TAG = pa.scalar(None, pa.binary())
 _SUBJECT, _PACKED = (pa.scalar(name.encode(), pa.binary()) for name in (SUBJECT_PROPERTY, BATCH_PROPERTY))
 _PACKED_NAME = BATCH_PROPERTY.encode()
 """Typed scalars: pyarrow spends ~100 us guessing the type of a bare Python value."""
 
 
-def record_batch(run: RecordRun, topic: str, queue: int, first_offset: int,
+def record_batch(records: RecordColumns, topic: str, queue: int, first_offset: int,
                  columns: Sequence[str] = tuple(ARROW_SCHEMA.names)) -> pa.RecordBatch:
-    """The rows of ``run``, whose first record has queue offset ``first_offset`` in ``queue`` of
+    """The rows of ``records``, whose first has queue offset ``first_offset`` in ``queue`` of
     ``topic``, as a batch of ``columns`` of ``ARROW_SCHEMA`` (only those are decoded). Raises
-    CorruptRecordError for a record whose sections do not add up (the store checked its CRC, so
-    only a writer bug makes one)."""
-    if len(run.data) >= 1 << 31:  # Arrow's binary offsets are int32; a run is a few MB
-        raise ValueError(f"a run of {len(run.data)} bytes is too large for one Arrow batch")
-    data = pa.py_buffer(run.data)
-    head, edges = _headers(run, data)
-    count = len(head)
+    CorruptRecordError for a record whose keys or properties overrun their section."""
+    if len(records.data) >= 1 << 31:  # Arrow's binary offsets are int32; a run is a few MB
+        raise ValueError(f"a run of {len(records.data)} bytes is too large for one Arrow batch")
+    data = pa.py_buffer(records.data)
+    count = len(records)
     # A packed record names the batch property in its properties section, so a run without
     # those bytes anywhere has none: its properties need no decoding unless asked for.
-    packed = _PACKED_NAME in run.data
+    packed = _PACKED_NAME in records.data
     build = ARROW_SCHEMA.names if packed else columns
-    properties = _Properties(run, data, edges) if packed or {"subject", "properties"} & set(build) else None
+    properties = _Properties(records, data) if packed or {"subject", "properties"} & set(build) else None
     builders: dict[str, Callable[[], pa.Array]] = {
         "topic": lambda: pa.repeat(pa.scalar(topic, pa.string()), count),
         "queue": lambda: pa.repeat(pa.scalar(queue, pa.int32()), count),
         "offset": lambda: pa.array(np.arange(first_offset, first_offset + count)),
         "batch_index": lambda: pa.nulls(count, pa.int32()),
-        "msg_id": lambda: _slices(data, edges[_MSG_ID], edges[_MSG_ID + 1]).cast(pa.string()),
-        "keys": lambda: _keys(run, data, edges),
-        "tag": lambda: _tags(data, edges[_TAG], edges[_TAG + 1]),
+        "msg_id": lambda: _slices(data, records.spans("msg_id")).cast(pa.string()),
+        "keys": lambda: _keys(records, data),
+        "tag": lambda: _tags(data, records.spans("tag")),
         "subject": lambda: properties.value(_SUBJECT).cast(pa.string()),
         "properties": lambda: properties.map(),
-        "body": lambda: _slices(data, edges[_BODY], edges[_BODY + 1]),
-        "born_ts": lambda: pa.array(head["born_ts"] * 1000).view(_MICROS),
-        "store_ts": lambda: pa.array(head["store_ts"] * 1000).view(_MICROS),
+        "body": lambda: _slices(data, records.spans("body")),
+        "born_ts": lambda: pa.array(records.born_ts * 1000).view(_MICROS),
+        "store_ts": lambda: pa.array(records.store_ts * 1000).view(_MICROS),
     }
     batch = pa.RecordBatch.from_arrays([builders[name]() for name in build],
                                        schema=pa.schema([ARROW_SCHEMA.field(name) for name in build]))
@@ -83,10 +69,11 @@ def record_batch(run: RecordRun, topic: str, queue: int, first_offset: int,
 
 
 class _Properties:
-    """The properties sections of a run, decoded once for every column that needs them."""
+    """The properties of a run, as Arrow arrays once for every column that needs them."""
 
-    def __init__(self, run: RecordRun, data: pa.Buffer, edges: np.ndarray) -> None:
-        self.offsets, (self.names, self.values) = _items(run, data, edges[_PROPS], edges[_PROPS + 1], (2, 4))
+    def __init__(self, records: RecordColumns, data: pa.Buffer) -> None:
+        self.offsets, (names, values) = records.properties()
+        self.names, self.values = _slices(data, names), _slices(data, values)
 
     def value(self, name: pa.Scalar) -> pa.BinaryArray:
         """Each record's value of property ``name``, null where it has none."""
@@ -97,31 +84,19 @@ class _Properties:
                                        self.values.cast(pa.string()), type=_PROPS_TYPE)
 
 
-def _keys(run: RecordRun, data: pa.Buffer, edges: np.ndarray) -> pa.ListArray:
-    offsets, (keys,) = _items(run, data, edges[_KEYS], edges[_KEYS + 1], (2,))
-    return pa.ListArray.from_arrays(offsets, keys.cast(pa.string()), type=_KEYS_TYPE)
+def _keys(records: RecordColumns, data: pa.Buffer) -> pa.ListArray:
+    offsets, (keys,) = records.keys()
+    return pa.ListArray.from_arrays(offsets, _slices(data, keys).cast(pa.string()), type=_KEYS_TYPE)
 
 
-def _headers(run: RecordRun, data: pa.Buffer) -> tuple[np.ndarray, np.ndarray]:
-    """The records' headers, and where their sections lie: section k of record i is
-    ``data[edges[k, i]:edges[k + 1, i]]`` (k indexes ``_SECTIONS``)."""
-    starts = np.frombuffer(run.positions, np.int64)
-    head = np.frombuffer(_slices(data, starts, starts + HEADER_SIZE).buffers()[2], _HEADER, len(starts))
-    edges = np.cumsum([starts + HEADER_SIZE] + [head[name].astype(np.int64) for name in _SECTIONS], axis=0)
-    bad = np.flatnonzero(edges[-1] != starts + head["size"])
-    if bad.size:
-        raise CorruptRecordError(run.base + int(starts[bad[0]]), "its section lengths do not add up "
-                                 "to its size", run.segment)
-    return head, edges
-
-
-def _slices(data: pa.Buffer, starts: np.ndarray, stops: np.ndarray) -> pa.BinaryArray:
+def _slices(data: pa.Buffer, spans: Spans) -> pa.BinaryArray:
     """``data[starts[i]:stops[i]]`` for every i, copied into one array.
 
     The ranges ascend without overlapping, so ``starts[0], stops[0], starts[1], ...`` are the
     offsets of an array over ``data`` whose even elements are the wanted values: one ``take``
     copies them out.
     """
+    starts, stops = spans
     bounds = np.empty(2 * len(starts) + 1, np.int32)
     bounds[0:-1:2] = starts
     bounds[1::2] = stops
@@ -130,44 +105,12 @@ def _slices(data: pa.Buffer, starts: np.ndarray, stops: np.ndarray) -> pa.Binary
     return pieces.take(pa.array(np.arange(0, len(bounds) - 1, 2)))
 
 
-def _tags(data: pa.Buffer, starts: np.ndarray, stops: np.ndarray) -> pa.StringArray:
+def _tags(data: pa.Buffer, spans: Spans) -> pa.StringArray:
     """The tag column: null for an empty tag (no tag)."""
+    starts, stops = spans
     if not (stops > starts).any():
         return pa.nulls(len(starts), pa.string())
-    return pc.if_else(pa.array(stops > starts), _slices(data, starts, stops), _NO_TAG).cast(pa.string())
-
-
-def _items(run: RecordRun, data: pa.Buffer, begin: np.ndarray, end: np.ndarray,
-           widths: tuple[int, ...]) -> tuple[np.ndarray, list[pa.BinaryArray]]:
-    """Decode the sections ``[begin[i], end[i])`` whose items are each a sequence of strings,
-    every one after its little-endian length of the given byte width: keys are ``(2,)``,
-    properties ``(2, 4)``. Returns list offsets (items per record, int32) and one array per
-    string of an item. Step k takes the k-th item of every record that has one."""
-    raw = np.frombuffer(data, np.uint8)
-    starts, stops = [[] for _ in widths], [[] for _ in widths]
-    cursor, owners = begin.copy(), []
-    active = np.flatnonzero(cursor < end)
-    while active.size:
-        at = cursor[active]
-        for k, width in enumerate(widths):  # clip: a bad length must not index past the buffer
-            length = raw.take(at[:, None] + np.arange(width), mode="clip").view(f"<u{width}").ravel()
-            starts[k].append(at + width)
-            at = at + width + length
-            stops[k].append(at)
-        owners.append(active)
-        cursor[active] = at
-        active = active[at < end[active]]
-    bad = np.flatnonzero(cursor != end)
-    if bad.size:
-        raise CorruptRecordError(run.base + int(begin[bad[0]]), "its keys or properties overrun "
-                                 "their section", run.segment)
-    owner = np.concatenate([_EMPTY, *owners])
-    order = np.argsort(owner, kind="stable")  # record by record, items in the order written
-    strings = [_slices(data, np.concatenate([_EMPTY, *first])[order],
-                       np.concatenate([_EMPTY, *last])[order]) for first, last in zip(starts, stops)]
-    offsets = np.zeros(len(begin) + 1, np.int32)
-    np.cumsum(np.bincount(owner, minlength=len(begin)), out=offsets[1:])
-    return offsets, strings
+    return pc.if_else(pa.array(stops > starts), _slices(data, spans), _NO_TAG).cast(pa.string())
 
 
 def _property(offsets: np.ndarray, names: pa.BinaryArray, values: pa.BinaryArray, name: pa.Scalar) -> pa.BinaryArray:

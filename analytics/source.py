@@ -183,7 +183,7 @@ def _opened(path: str, store=None) -> Iterator:
     if store is not None:
         yield store
         return
-    from store.reader import StoreReader
+    from store import StoreReader
 
     reader = StoreReader(path)
     try:
@@ -217,7 +217,7 @@ class SluiceStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def _ranges(self) -> dict[QueueKey, tuple[int, int]]:
         if self.batch.options.remote is not None:
             return self.batch.queue_ranges()
-        from store.reader import StoreReader
+        from store import StoreReader
 
         if self._store is None:
             self._store = StoreReader(self.batch.options.path)
@@ -343,9 +343,9 @@ def _ordered(offsets: Offsets) -> Offsets:
 
 
 def _local_batches(path: str, partition: QueueRange, columns: tuple[str, ...]) -> Iterator[pa.RecordBatch]:
-    """The rows of one queue range, read on an executor with its own store reader and decoded
-    a run of records at a time (columnar.py)."""
-    from store.reader import StoreReader
+    """The rows of one queue range, read on an executor with its own store reader a run of
+    records at a time, as columns (columnar.py)."""
+    from store import StoreReader
 
     from .columnar import record_batch  # numpy: loaded on executors only
 
@@ -353,13 +353,13 @@ def _local_batches(path: str, partition: QueueRange, columns: tuple[str, ...]) -
     try:
         offset = partition.start
         while offset < partition.end:
-            runs = reader.read_runs(partition.topic, partition.queue, offset,
-                                    min(READ_BATCH, partition.end - offset))
-            if not runs:
+            before = offset
+            for records in reader.read_columns(partition.topic, partition.queue, offset,
+                                               min(READ_BATCH, partition.end - offset)):
+                yield record_batch(records, partition.topic, partition.queue, offset, columns)
+                offset += len(records)
+            if offset == before:
                 break
-            for run in runs:
-                yield record_batch(run, partition.topic, partition.queue, offset, columns)
-                offset += len(run.positions)
     finally:
         reader.close()
 

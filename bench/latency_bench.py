@@ -26,13 +26,14 @@ from dataclasses import dataclass, field
 from http.client import HTTPConnection
 from pathlib import Path
 
-from sluice.cli.demo import CHECKPOINT_INTERVAL_MS, RESULTS_TOPIC as RESULTS
-
 from .processes import LOOPBACK, stop_process_group
 from .sluice_server import REPO_ROOT, SluiceServer, serve_process
 
 Log = Callable[[str], None]
 TARGET_P50_MS = 1000.0
+RESULTS = "telemetry.results"
+CHECKPOINT_INTERVAL_MS = 250
+"""The results topic and how often the broker writes queue entries out, as ``sluice demo`` has them."""
 
 
 @dataclass(frozen=True)

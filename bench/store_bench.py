@@ -21,8 +21,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from store import FileStore
 from store.api import FlushPolicy
-from store.file_store import FileStore
 
 from . import raw_io
 from . import store_workloads as work

@@ -17,10 +17,10 @@ from pathlib import Path
 
 import uvloop
 
+from store import FileStore
 from store.api import FlushPolicy, Message, StoreConfig
-from store.file_store import FileStore
 
-from core.durable import BatchingAppender, DurableWaiters
+from .loop_durability import DurableFutures, TickBatcher
 from .report import Sample
 
 TOPIC = "bench"
@@ -100,16 +100,16 @@ def sync_tasks(store: FileStore, body: bytes, writers: int, seconds: float, max_
     """``writers`` tasks on one uvloop: append, await durability, repeat.
 
     ``batched``: appends made in one loop iteration are coalesced into one ``append_batch``
-    (``BatchingAppender``), as the broker core does; otherwise each task calls ``append``.
+    (``TickBatcher``), as the broker core does; otherwise each task calls ``append``.
     """
     return run_on_uvloop(_sync_tasks(store, body, writers, seconds, max_count, batched))
 
 
 async def _sync_tasks(store: FileStore, body: bytes, writers: int, seconds: float, max_count: int,
                       batched: bool) -> Sample:
-    waiters = DurableWaiters(asyncio.get_running_loop(), store.durable_offset)
+    waiters = DurableFutures(asyncio.get_running_loop(), store.durable_offset)
     store.add_listener(waiters.listener)
-    appender = BatchingAppender(store, waiters) if batched else None
+    appender = TickBatcher(store, waiters) if batched else None
     tickets = itertools.count()
     start = time.perf_counter()
     deadline = start + seconds

@@ -19,7 +19,7 @@ import os
 import threading
 from dataclasses import dataclass, field
 
-from store.durable_files import replace_file
+from store import replace_file
 
 FILE_NAME = "offsets.json"
 _HEAP_SLACK = 1024

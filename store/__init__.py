@@ -1,8 +1,13 @@
 """The store: one commit log for every topic, consume queues, key index, compacted copies.
 
-Bytes on disk only; imports nothing else from Sluice. See ``api.py`` for the contract.
+Bytes on disk only; imports nothing else from Sluice. See ``api.py`` for the contract. What this
+module exports, with ``store.api`` and ``store.errors``, is the store's public API; its read-only
+part, for code running with no broker, is ``StoreReader`` (``reader.py``) with the columns it
+reads (``record_columns.py``, which needs numpy). The rest of Sluice imports nothing else of the
+store (tests/unit/test_dependency_direction.py).
 """
 from .api import AppendResult, Message, RecoveryReport, RetentionReport, Store, StoreConfig
+from .durable_files import replace_file
 from .errors import (CorruptRecordError, InvalidRecordError, OffsetOutOfRangeError, RecordTooLargeError,
                      StoreClosedError, StoreDegradedError, StoreError, StoreLockedError)
 from .file_store import FileStore
@@ -14,5 +19,5 @@ __all__ = [
     "AppendResult", "CorruptRecordError", "FileStore", "InvalidRecordError", "MemoryStore", "Message",
     "OffsetOutOfRangeError", "RecordTooLargeError", "RecoveryReport", "RetentionReport", "Store",
     "StoreClosedError", "StoreConfig", "StoreDegradedError", "StoreError", "StoreLockedError", "StoreReader",
-    "StoredMessage",
+    "StoredMessage", "replace_file",
 ]

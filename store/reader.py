@@ -4,17 +4,23 @@ It takes no lock and repairs nothing: it may run beside a live broker. Consume q
 written after the log, so every entry it sees points at bytes already in a segment. The broker
 writes queue entries out at least every ``checkpoint_interval_ms`` (or at once with
 ``FileStore.checkpoint()``); call ``refresh`` to see what it appended since. Key lookups are not offered here (the key
-index belongs to the writer); queue reads, ``read_at`` and time lookups are.
+index belongs to the writer); queue reads, ``read_at`` and time lookups are, and reads of many
+records at once as columns (``read_columns``).
 """
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 from . import checkpoint, layout
 from .commit_log import CommitLog
 from .consume_queue import ConsumeQueues
 from .view import StoreView
 from .verify import verify
+
+if TYPE_CHECKING:
+    from .record_columns import RecordColumns
 
 
 class StoreReader(StoreView):
@@ -42,6 +48,19 @@ class StoreReader(StoreView):
         for queue in self.consume_queues:
             queue.refresh()
         self.consume_queues.advance_min(self.log.min_offset)
+
+    def read_columns(self, topic: str, queue_id: int, queue_offset: int, max_count: int,
+                     max_bytes: int = 16 << 20) -> Iterator[RecordColumns]:
+        """Up to ``max_count`` records of a queue from ``queue_offset``, as columns: one
+        ``RecordColumns`` per run of records read with one pread (record_columns.py; needs
+        numpy), decoded as it is iterated. Checked and ended as ``read_runs`` is: stops before a
+        corrupt record, raises CorruptRecordError at once if the first one is corrupt and
+        OffsetOutOfRangeError below the earliest retained offset; a run holding a record whose
+        sections do not add up raises CorruptRecordError when reached. Nothing at the end of the
+        queue."""
+        from .record_columns import decode  # numpy: only column readers load it
+
+        return map(decode, self.read_runs(topic, queue_id, queue_offset, max_count, max_bytes))
 
     def close(self) -> None:
         """Close the segment and queue files it holds open."""

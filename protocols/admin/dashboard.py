@@ -1,4 +1,5 @@
-"""The live telemetry dashboard: static files from ``analytics/dashboard`` served as they are.
+"""The live telemetry dashboard: its static files served as they are, from the directory the
+composition root gives in ``AdminDeps.dashboard_dir`` (``analytics/dashboard``).
 
 The page holds no data: its script asks for credentials, then reads the results topic through
 ``GET /topics/{topic}/tail`` (see ``tail.py``) and draws the charts in the browser. The page's
@@ -8,16 +9,14 @@ server, so nothing injected into it (a topic name, a message body) can run or se
 
 from __future__ import annotations
 
-from pathlib import Path
 
 from aiohttp import web
 
-import analytics
 from core.model import Principal
 
 from .errors import HttpProblem
+from .handlers import deps
 
-DASHBOARD_DIR = Path(analytics.__file__).resolve().parent / "dashboard"
 ASSETS = {"dashboard.js": "text/javascript", "dashboard.css": "text/css"}
 PAGE_CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; img-src data:; "
             "connect-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'")
@@ -25,7 +24,7 @@ PAGE_CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; img-src da
 
 
 async def page(request: web.Request, principal: Principal) -> web.StreamResponse:
-    response = _file("index.html", "text/html")
+    response = _file(request, "index.html", "text/html")
     response.headers["Content-Security-Policy"] = PAGE_CSP
     return response
 
@@ -35,9 +34,12 @@ async def asset(request: web.Request, principal: Principal) -> web.StreamRespons
     if name not in ASSETS:
         raise HttpProblem(404, "not_found", f"the dashboard has no file {name!r}; it has "
                           f"{', '.join(sorted(ASSETS))}")
-    return _file(name, ASSETS[name])
+    return _file(request, name, ASSETS[name])
 
 
-def _file(name: str, content_type: str) -> web.Response:
-    return web.Response(body=(DASHBOARD_DIR / name).read_bytes(), content_type=content_type,
+def _file(request: web.Request, name: str, content_type: str) -> web.Response:
+    directory = deps(request).dashboard_dir
+    if directory is None:
+        raise HttpProblem(404, "not_found", "this server has no dashboard")
+    return web.Response(body=(directory / name).read_bytes(), content_type=content_type,
                         charset="utf-8", headers={"Cache-Control": "no-cache"})

@@ -16,6 +16,7 @@ import json
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from aiohttp import web
@@ -39,6 +40,8 @@ class AdminDeps:
     metadata: Any = None
     clients: ClientDirectory | None = None
     """Every protocol's clients, for /clients and /metrics; None if no listener reports them."""
+    dashboard_dir: Path | None = None
+    """The telemetry dashboard's static files (``dashboard.py``); None: no dashboard."""
 
 
 DEPS: web.AppKey[AdminDeps] = web.AppKey("deps", AdminDeps)

@@ -21,6 +21,7 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
+import analytics
 from core.clients import ClientDirectory
 from core.errors import SluiceError
 from core.metadata import MetadataRepository
@@ -208,7 +209,8 @@ def _start_native(running: RunningBroker):
 
 
 def _admin_deps(running: RunningBroker) -> AdminDeps:
-    return AdminDeps(running.broker, running.store, running.metadata, clients=running.clients)
+    return AdminDeps(running.broker, running.store, running.metadata, clients=running.clients,
+                     dashboard_dir=analytics.DASHBOARD_DIR)
 
 
 async def _listen(name: str, host: str, port: int, starting: Any) -> Any:

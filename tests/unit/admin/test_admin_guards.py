@@ -8,8 +8,9 @@ import re
 import pytest
 from aiohttp.test_utils import make_mocked_request
 
+from analytics import DASHBOARD_DIR
 from core.model import RetryPolicy
-from protocols.admin.dashboard import DASHBOARD_DIR, PAGE_CSP
+from protocols.admin.dashboard import PAGE_CSP
 from protocols.admin.errors import HttpProblem
 from protocols.admin.guards import check_same_origin, require_json
 from protocols.admin.handlers import RETRY_FIELDS
