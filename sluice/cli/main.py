@@ -28,6 +28,7 @@ SERVE_FLAGS = {  # flag destination -> config path it overrides
     "allow_anonymous": "auth.allow_anonymous", "mqtt_port": "mqtt.port",
     "mqtt_ws_port": "mqtt.ws_port", "mqtt_tls_port": "mqtt.tls_port",
     "mqtt_wss_port": "mqtt.wss_port", "tls_cert": "mqtt.tls_cert", "tls_key": "mqtt.tls_key",
+    "log_level": "log.level", "log_format": "log.format",
 }
 
 
@@ -85,6 +86,10 @@ def _add_serve(commands: argparse._SubParsersAction) -> None:
                        help="SQLAlchemy URL of the metadata database (default: SQLite in the data dir)")
     serve.add_argument("--allow-anonymous", action="store_true", default=None,
                        help="let clients without credentials connect (default: refuse them)")
+    serve.add_argument("--log-level", choices=["debug", "info", "warning", "error"],
+                       help="least severe log lines written to stderr (default: info)")
+    serve.add_argument("--log-format", choices=["text", "json"],
+                       help="log lines as text, or one JSON object each (default: text)")
     serve.add_argument("--settings", action="store_true",
                        help="list every setting with its environment variable and default, and exit")
     serve.set_defaults(handler=_serve)

@@ -195,3 +195,41 @@ def test_simulate_publishes_telemetry_that_lands_in_the_devices_topic(sluice_ser
     for message in stored:
         reading = json.loads(message.body)
         assert message.properties["sluice.subject"] == f"devices/{reading['device']}/telemetry"
+
+
+def test_a_taken_websocket_port_is_named_as_the_websocket_port(data_dir):
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        done = subprocess.run([*SLUICE, "serve", "--data-dir", str(data_dir), "--native-port", "0",
+                               "--admin-port", "0", "--mqtt-port", "0", "--mqtt-ws-port", str(port)],
+                              cwd=ROOT, capture_output=True, text=True, timeout=60, env=CLEAN_ENV)
+    assert done.returncode == 1
+    assert f"port {port} on 127.0.0.1 (MQTT WebSocket)" in done.stderr
+    assert "--mqtt-ws-port" in done.stderr and "SLUICE_MQTT_WS_PORT" in done.stderr
+
+
+def test_a_second_broker_on_the_same_data_dir_is_told_of_the_first(server, data_dir):
+    server.wait_ready()
+    admin_port = server.admin.rsplit(":", 1)[1]
+    done = subprocess.run([*SLUICE, "serve", "--data-dir", str(data_dir), "--admin-port", admin_port],
+                          cwd=ROOT, capture_output=True, text=True, timeout=60, env=CLEAN_ENV)
+    assert done.returncode == 1
+    assert "is in use by another broker" in done.stderr
+    assert "port" not in done.stderr, "the lock is the reason, not the ports it also holds"
+
+
+def test_logs_can_be_json_lines_at_a_chosen_level(sluice_server, tmp_path):
+    server = sluice_server(tmp_path / "data", "--log-format", "json")
+    server.wait_ready()
+    assert server.stop() == 0
+    lines = [json.loads(line) for line in server.process.stderr.read().splitlines()]
+    assert any(entry["message"].startswith("stopping") for entry in lines)
+    assert all({"ts", "level", "logger", "message"} <= set(entry) for entry in lines)
+
+    quiet = sluice_server(tmp_path / "data", "--log-level", "warning")
+    quiet.wait_ready()
+    assert quiet.stop() == 0
+    assert "stopping" not in quiet.process.stderr.read()
+
