@@ -233,3 +233,30 @@ def test_logs_can_be_json_lines_at_a_chosen_level(sluice_server, tmp_path):
     assert quiet.stop() == 0
     assert "stopping" not in quiet.process.stderr.read()
 
+
+def test_an_interrupted_send_says_how_many_it_sent(server):
+    import signal
+
+    server.wait_ready()
+    sluice("topic", "create", "bulk", "--admin", server.admin)
+    sender = subprocess.Popen([*SLUICE, "send", "bulk", "m{n}", "--count", "100000000",
+                               "--server", server.native], cwd=ROOT, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True, env=CLEAN_ENV)
+    try:
+        first = sender.stderr.readline()  # the first progress line: sending is under way
+        assert first.startswith("sent "), first
+        sender.send_signal(signal.SIGINT)
+        out, err = sender.communicate(timeout=60)
+    finally:
+        sender.kill()
+    assert "of 100000000 messages before it was interrupted" in out
+    assert "Traceback" not in err
+
+
+def test_consuming_a_missing_topic_leaves_no_group_behind(server):
+    server.wait_ready()
+    done = sluice("consume", "no-such-topic", "--group", "typo-group", "--wait", "1",
+                  "--server", server.native, check=False)
+    assert done.returncode == 1 and "no-such-topic" in done.stderr
+    assert "typo-group" not in sluice("group", "list", "--admin", server.admin).stdout
+
