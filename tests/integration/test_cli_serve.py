@@ -260,3 +260,8 @@ def test_consuming_a_missing_topic_leaves_no_group_behind(server):
     assert done.returncode == 1 and "no-such-topic" in done.stderr
     assert "typo-group" not in sluice("group", "list", "--admin", server.admin).stdout
 
+
+def test_topic_list_hides_internal_topics_unless_asked(server):
+    server.wait_ready()
+    assert "%SYS%" not in sluice("topic", "list", "--admin", server.admin).stdout
+    assert "%SYS%" in sluice("topic", "list", "--all", "--admin", server.admin).stdout
