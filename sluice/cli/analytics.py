@@ -53,7 +53,13 @@ def _telemetry(args: argparse.Namespace) -> int:
         print("error: --results-topic needs --endpoint or --results-endpoint", file=sys.stderr)
         return 2
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)  # Spark's workers: this Python
-    from pyspark.sql import SparkSession
+    try:
+        from pyspark.sql import SparkSession
+    except ImportError:
+        print("error: the Spark job needs PySpark, which the broker's own install leaves out: "
+              "install the analytics extra (.venv/bin/pip install -e '.[analytics]', or run "
+              "`make demo` once); Spark also needs Java 17 or later", file=sys.stderr)
+        return 2
 
     from analytics.telemetry_job import JobSettings, ResultsTopic, start
 
