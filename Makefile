@@ -1,9 +1,23 @@
-# Every target bootstraps .venv on first use; editing pyproject.toml reinstalls.
+# Every target bootstraps .venv on first use; editing pyproject.toml reinstalls. Each target
+# installs what it needs: `make run` the broker alone, `make demo` the broker and Spark (the
+# `analytics` extra), `make test`, `make bench` and `make fuzz` the test tools as well.
 VENV := .venv
 PYTHON := $(VENV)/bin/python
+RUN_STAMP := $(VENV)/.run-stamp
+DEMO_STAMP := $(VENV)/.demo-stamp
 STAMP := $(VENV)/.installed-stamp
 
 .PHONY: test bench fuzz run demo clean
+
+$(RUN_STAMP): pyproject.toml
+	test -d $(VENV) || python3 -m venv $(VENV)
+	$(VENV)/bin/pip install -q -e .
+	touch $@
+
+$(DEMO_STAMP): pyproject.toml
+	test -d $(VENV) || python3 -m venv $(VENV)
+	$(VENV)/bin/pip install -q -e '.[analytics]'
+	touch $@
 
 $(STAMP): pyproject.toml
 	test -d $(VENV) || python3 -m venv $(VENV)
@@ -21,10 +35,10 @@ bench: $(STAMP)
 fuzz: $(STAMP)
 	$(PYTHON) -m tests.fuzz.live_fuzz $(FUZZ_ARGS)
 
-run: $(STAMP)
+run: $(RUN_STAMP)
 	$(VENV)/bin/sluice serve
 
-demo: $(STAMP)
+demo: $(DEMO_STAMP)
 	$(VENV)/bin/sluice demo $(DEMO_ARGS)
 
 clean:

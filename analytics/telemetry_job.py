@@ -132,14 +132,15 @@ def aggregate(readings: DataFrame, settings: JobSettings = JobSettings()) -> Dat
 
 def start(spark: Any, source: dict[str, str], output: str, checkpoint: str,
           settings: JobSettings = JobSettings(), available_now: bool = False,
-          results: ResultsTopic | None = None) -> list[Any]:
+          results: ResultsTopic | None = None,
+          cancel: threading.Event | None = None) -> list[Any]:
     """Start the streaming queries: with ``results``, the aggregates published back into
     Sluice in update mode (every micro-batch republishes the windows it changed, open ones
     included, so subscribers see live values); aggregates to ``output``/aggregates (Parquet,
     partitioned by date, append mode: windows the watermark closed); the quarantine to
     ``output``/quarantine. Each query starts once the one before it has read messages (see
-    ``start_one_by_one``): with none on the topic yet, this waits for them. Returns the
-    queries."""
+    ``start_one_by_one``): with none on the topic yet, this waits for them, until ``cancel``
+    is set. Returns the queries started."""
     spark.conf.set("spark.sql.shuffle.partitions", str(settings.state_partitions))
 
     def parsed() -> tuple[DataFrame, DataFrame]:
@@ -166,12 +167,14 @@ def start(spark: Any, source: dict[str, str], output: str, checkpoint: str,
         writer = writer.trigger(**({"availableNow": True} if available_now
                                    else {"processingTime": settings.archive_every}))
         writers.append(writer.queryName(f"telemetry-{name}"))
-    return start_one_by_one(spark, writers)
+    return start_one_by_one(spark, writers, cancel)
 
 
-def start_one_by_one(spark: Any, writers: list[Any]) -> list[Any]:
+def start_one_by_one(spark: Any, writers: list[Any],
+                     cancel: threading.Event | None = None) -> list[Any]:
     """Start streaming queries in order, each once the one before it has run a micro-batch
-    that read messages (or has ended). With no messages yet, this waits for the first.
+    that read messages (or has ended). With no messages yet, this waits for the first, or
+    until ``cancel`` is set (then the queries started so far are returned).
 
     In a Spark 4.3 driver that has run no micro-batch yet, the first micro-batches of
     queries reading a Python data source, run at the same moment, now and then fail to
@@ -182,9 +185,11 @@ def start_one_by_one(spark: Any, writers: list[Any]) -> list[Any]:
     try:
         queries = []
         for writer in writers:
+            if cancel is not None and cancel.is_set():
+                break
             query = writer.start()
             queries.append(query)
-            first_batches.wait(query)
+            first_batches.wait(query, cancel)
         return queries
     finally:
         spark.streams.removeListener(first_batches)
@@ -201,13 +206,14 @@ class FirstBatches(StreamingQueryListener):
         with self._lock:
             self._done[str(query_id)].set()
 
-    def wait(self, query: Any) -> None:
-        """Block until ``query`` has read rows in a micro-batch, or has ended."""
+    def wait(self, query: Any, cancel: threading.Event | None = None) -> None:
+        """Block until ``query`` has read rows in a micro-batch, or has ended, or ``cancel``
+        is set."""
         with self._lock:
             done = self._done[str(query.id)]
         while not done.wait(1.0):
-            if not query.isActive:  # ended before the listener heard of it
-                return
+            if not query.isActive or (cancel is not None and cancel.is_set()):
+                return  # ended before the listener heard of it, or no longer wanted
 
     def onQueryStarted(self, event: Any) -> None:
         """Nothing to do: a started query has run nothing yet."""

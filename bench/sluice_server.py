@@ -149,7 +149,8 @@ def serve_process(parent: Path, *, wait_for: tuple[str, ...], extra: tuple[str, 
             command += [flag, str(port)]
         password = password or secrets.token_hex(8)
         env = {key: value for key, value in os.environ.items() if not key.startswith("SLUICE_")}
-        env.update(SLUICE_AUTH_DEFAULT_USER=USER, SLUICE_AUTH_DEFAULT_PASSWORD=password)
+        env.update(SLUICE_AUTH_DEFAULT_USER=USER, SLUICE_AUTH_DEFAULT_PASSWORD=password,
+                   SLUICE_STORE_PREALLOCATE="eager")  # measured as a server runs
         started = time.monotonic()
         process = subprocess.Popen(command, cwd=REPO_ROOT, env=env, stdin=subprocess.DEVNULL,
                                    stdout=output, stderr=subprocess.STDOUT, start_new_session=True)

@@ -43,7 +43,7 @@ def make_body(size: int) -> bytes:
 @contextmanager
 def fresh_store(directory: Path, flush: FlushPolicy) -> Iterator[FileStore]:
     """A store in a new directory, closed and deleted afterwards."""
-    store = FileStore(str(directory), StoreConfig(flush=flush))
+    store = FileStore(str(directory), StoreConfig(flush=flush, preallocate="eager"))
     try:
         yield store
     finally:
@@ -213,5 +213,5 @@ def catch_up_read(store: FileStore, expected: int) -> Sample:
 def open_store(directory: Path) -> tuple[FileStore, float]:
     """Reopen an existing store directory; return it and how long opening took."""
     start = time.perf_counter()
-    store = FileStore(str(directory), StoreConfig(flush="async"))
+    store = FileStore(str(directory), StoreConfig(flush="async", preallocate="eager"))
     return store, time.perf_counter() - start

@@ -54,6 +54,13 @@ def pattern_matches(pattern: str, name: str) -> bool:
     return True
 
 
+def _wrong_credentials(what: str, name: str) -> str:
+    """The refusal of a login, the same whether or not the user exists (so it tells nobody
+    which names exist), with what an operator can do about it."""
+    return (f"{what}: check both; an admin can list users (`sluice user list`) and set a "
+            f"password (`sluice user passwd {name}`)")
+
+
 def _allows(permission: Permission, action: Action, kind: ResourceKind, name: str) -> bool:
     granted = permission.actions
     return (permission.kind is kind
@@ -103,9 +110,8 @@ class Users:
             generation = self._generation
         if known is None or not hmac.compare_digest(known, digest):
             if self._repository.verify_password(username, password) is None:
-                raise Unauthenticated(
-                    f"user name or password is wrong for {username!r}: check both, or create the "
-                    f"user with `sluice user create {username}`")
+                raise Unauthenticated(_wrong_credentials(f"user name or password is wrong for "
+                                                         f"{username!r}", username))
             with self._lock:
                 if self._generation == generation:
                     self._verified[username] = digest
@@ -125,10 +131,9 @@ class Users:
         expected = hmac.new(secret or _DECOY_SECRET, signed, hashlib.sha1).hexdigest().encode()
         given = signature_hex.strip().lower().encode("utf-8", "replace")
         if not hmac.compare_digest(expected, given) or secret is None:
-            raise Unauthenticated(
-                f"signature check failed for access key {access_key!r}: check the access key and "
-                f"secret key (the user's password), or create the user with "
-                f"`sluice user create {access_key}`")
+            raise Unauthenticated(_wrong_credentials(
+                f"signature check failed for access key {access_key!r} (the user name; the "
+                "secret key is its password)", access_key))
         return self._principal(access_key)
 
     # --- authorization ---

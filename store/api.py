@@ -8,6 +8,7 @@ from typing import Literal, NamedTuple, Protocol
 from .record import StoredMessage, Target
 
 FlushPolicy = Literal["sync", "async"]
+Preallocation = Literal["lazy", "eager"]
 ProgressListener = Callable[[int, int], None]
 """Called with (visible_end, durable_end) commit-log offsets whenever either moves."""
 HealthListener = Callable[[str | None], None]
@@ -30,6 +31,12 @@ class StoreConfig:
     max_open_queue_files: int = 256
     """Consume-queue files kept open at once, whatever the number of queues (least recently
     used closed first)."""
+    preallocate: Preallocation = "lazy"
+    """``lazy``: a new store holds no zero-filled file; the next segment is written ahead once
+    the current one is half full (an empty data directory takes a few kilobytes). ``eager``:
+    the first segment is written ahead when the store is created and the next one is kept
+    ready at all times, so no group commit ever grows a file (servers; two segments of disk,
+    256 MiB by default, from the start)."""
 
 
 class Message(NamedTuple):

@@ -17,6 +17,7 @@ import threading
 from dataclasses import dataclass
 
 from . import fileops
+from .api import Preallocation
 from .durable_files import fsync_directory
 from .preallocator import Preallocator
 
@@ -60,7 +61,8 @@ class Segment:
 class CommitLog:
     """Segment files of the commit log, for writing or (``read_only=True``) for reading only."""
 
-    def __init__(self, directory: str, segment_size: int, read_only: bool = False) -> None:
+    def __init__(self, directory: str, segment_size: int, read_only: bool = False,
+                 preallocate: Preallocation = "eager") -> None:
         self.directory = directory
         self.segment_size = segment_size
         self.read_only = read_only
@@ -74,9 +76,11 @@ class CommitLog:
         try:
             for index, base in enumerate(bases):
                 self._open_segment(base, bases[index + 1] if index + 1 < len(bases) else None)
-            self.preallocator = None if read_only else Preallocator(directory, segment_size)
+            eager = preallocate == "eager"
+            self.preallocator = None if read_only else Preallocator(directory, segment_size, eager)
             if not read_only and not self._segments:
-                self._open_segment(0, create=True, wait=True)  # a new log starts preallocated too
+                # an eager log starts preallocated too; a lazy one with a growing file
+                self._open_segment(0, create=True, wait=eager)
         except BaseException:
             self.close()
             raise
@@ -169,6 +173,8 @@ class CommitLog:
                 segment = self._open_segment(base, create=True)
         fileops.pwritev(segment.fd, views, at - base, site=_SITE, path=segment.path)
         segment.size = at - base + sum(map(len, views))
+        if segment.size * 2 >= self.segment_size and self.preallocator is not None:
+            self.preallocator.want()  # lazy: half full, time to prepare the next one
         return segment
 
     @staticmethod

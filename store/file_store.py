@@ -58,7 +58,8 @@ class FileStore(StoreView):
             self._lock_fd = _lock_directory(directory)
             undo.callback(os.close, self._lock_fd)
             self._checkpoint_path = os.path.join(directory, "checkpoint")
-            commit_log = CommitLog(os.path.join(directory, "commitlog"), config.segment_size)
+            commit_log = CommitLog(os.path.join(directory, "commitlog"), config.segment_size,
+                                   preallocate=config.preallocate)
             undo.callback(commit_log.close)
             queues = ConsumeQueues(os.path.join(directory, "consumequeue"),
                                    layout.queue_entries_per_file(directory, config.queue_entries_per_file),

@@ -6,6 +6,10 @@ about half again as fast. So, as RocketMQ's AllocateMappedFileService does, a ba
 thread writes the next segment file in full (``next.tmp``), fsyncs it and renames it to
 ``next.prealloc``; a roll renames that to the segment's 20-digit name. Until one is ready a
 roll creates an ordinary, growing file.
+
+Eager (a server): a file is prepared from the start and again after every roll. Lazy (the
+default): nothing is prepared until the log asks (``want``, once the current segment is half
+full), so an idle or new store holds no segment-sized files of zeros.
 """
 from __future__ import annotations
 
@@ -31,9 +35,10 @@ class Preallocator:
     so that it holds no space, the failure is logged once, and the next roll tries again.
     """
 
-    def __init__(self, directory: str, segment_size: int) -> None:
+    def __init__(self, directory: str, segment_size: int, eager: bool = True) -> None:
         self.directory = directory
         self.segment_size = segment_size
+        self.eager = eager
         self._ready = os.path.join(directory, _READY)
         self._partial = os.path.join(directory, _PARTIAL)
         self._wanted = threading.Event()
@@ -41,9 +46,21 @@ class Preallocator:
         self._stopping = False
         self._failing = False
         self._discard_leftovers()
+        self._asked = False
         self._thread = threading.Thread(target=self._run, name="sluice-store-preallocator", daemon=True)
-        self._wanted.set()
+        if eager:
+            self._wanted.set()
+        else:
+            self._prepared.set()  # nothing is being prepared: waiting for it returns at once
         self._thread.start()
+
+    def want(self) -> None:
+        """Lazy mode: prepare the next segment file now (once per roll). Runs on the flusher
+        thread."""
+        if not (self.eager or self._asked):
+            self._asked = True
+            self._prepared.clear()
+            self._wanted.set()
 
     def _discard_leftovers(self) -> None:
         """A partial file from a crash, or a ready one of another size, is thrown away."""
@@ -67,7 +84,11 @@ class Preallocator:
         except FileNotFoundError:
             return False
         finally:
-            self._wanted.set()
+            self._asked = False
+            if self.eager:
+                self._wanted.set()
+            else:
+                self._prepared.set()
         return True
 
     def _run(self) -> None:

@@ -23,8 +23,8 @@ from aiohttp import web
 
 from core.clients import ClientDirectory
 from core.errors import AccessDenied, MessageNotFound, NotFound, UserNotFound
-from core.model import (Action, ConsumeMode, Delivery, GroupConfig, MessageType, Permission,
-                        Principal, ResourceKind, RetryPolicy, TopicConfig)
+from core.model import (INTERNAL_PREFIX, Action, ConsumeMode, Delivery, GroupConfig, MessageType,
+                        Permission, Principal, ResourceKind, RetryPolicy, TopicConfig)
 
 from .access import may_read
 from .errors import HttpProblem
@@ -179,8 +179,12 @@ def topic_json(config: TopicConfig) -> dict[str, Any]:
 
 
 async def list_topics(request: web.Request, principal: Principal) -> list[dict[str, Any]]:
+    """The topics ``principal`` may see; internal ones (the broker's own state, for admins
+    only) just with ``?internal=true``."""
+    internal = request.query.get("internal", "").lower() in ("1", "true", "yes")
     return [topic_json(t) for t in deps(request).broker.list_topics()
-            if may_read(principal, ResourceKind.TOPIC, t.name)]
+            if (internal or not t.name.startswith(INTERNAL_PREFIX))
+            and may_read(principal, ResourceKind.TOPIC, t.name)]
 
 
 async def create_topic(request: web.Request, principal: Principal) -> dict[str, Any]:

@@ -73,7 +73,9 @@ ROUTES: tuple[Route, ...] = (
       "console", A.PUBLIC, response="asset"),
     R("GET", "/openapi.json", openapi, "This document", "service", A.PUBLIC, response="object"),
 
-    R("GET", "/topics", h.list_topics, "List topics", "topics", A.USER, response="[Topic]"),
+    R("GET", "/topics", h.list_topics, "List topics", "topics", A.USER, response="[Topic]",
+      query=(Query("internal", "true: include internal topics (%SYS%..., the broker's own "
+                   "state; admins only)", type="boolean"),)),
     R("POST", "/topics", h.create_topic, "Create a topic", "topics", A.ADMIN, status=201,
       body="TopicCreate", response="Topic"),
     R("GET", "/topics/{topic}", h.describe_topic, "Describe a topic with per-queue offset ranges",

@@ -100,7 +100,8 @@ def topic_create(client: AdminClient, args: argparse.Namespace) -> int:
 
 
 def topic_list(client: AdminClient, args: argparse.Namespace) -> int:
-    return show(args, client.call("GET", "/topics"), lambda topics: table(
+    query = {"internal": "true"} if args.all else None
+    return show(args, client.call("GET", "/topics", query=query), lambda topics: table(
         [(t["name"], t["queue_count"], t["message_type"], t["retention_ms"] or "default",
           "yes" if t["compacted"] else "no") for t in topics],
         ["TOPIC", "QUEUES", "TYPE", "RETENTION_MS", "COMPACTED"]) if topics else "no topics")
@@ -339,7 +340,9 @@ def add_admin_commands(commands: argparse._SubParsersAction) -> None:
                      help="message type (default: %(default)s)")
     sub.add_argument("--retention-ms", type=int, help="keep messages this long (default: store-wide)")
     sub.add_argument("--compacted", action="store_true", help="keep the newest message per key")
-    add(topic, "list", "List topics.", topic_list)
+    add(topic, "list", "List topics.", topic_list).add_argument(
+        "--all", action="store_true",
+        help="include internal topics (%%SYS%%..., the broker's own state; admins only)")
     add(topic, "describe", "Show a topic's queues and offsets.", topic_describe).add_argument(
         "name", metavar="TOPIC")
     add(topic, "delete", "Delete a topic.", topic_delete).add_argument("name", metavar="TOPIC")

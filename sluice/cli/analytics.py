@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
-from pathlib import Path
+import threading
+import time
+from typing import Any
 
 
 def add_analytics_commands(commands: argparse._SubParsersAction) -> None:
@@ -49,16 +52,21 @@ def _telemetry(args: argparse.Namespace) -> int:
     if args.results_topic and not results_endpoint:
         print("error: --results-topic needs --endpoint or --results-endpoint", file=sys.stderr)
         return 2
-    root = str(Path(__file__).resolve().parents[1])
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))
-    from pyspark.sql import SparkSession
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)  # Spark's workers: this Python
+    try:
+        from pyspark.sql import SparkSession
+    except ImportError:
+        print("error: the Spark job needs PySpark, which the broker's own install leaves out: "
+              "install the analytics extra (.venv/bin/pip install -e '.[analytics]', or run "
+              "`make demo` once); Spark also needs Java 17 or later", file=sys.stderr)
+        return 2
 
     from analytics.telemetry_job import JobSettings, ResultsTopic, start
 
     spark = (SparkSession.builder.master("local[*]").appName("sluice-telemetry")
              .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
              .getOrCreate())
+    stop = _stop_requested()  # after getOrCreate, which installs a SIGINT handler of its own
     spark.sparkContext.setLogLevel("WARN")
     source = {"subscribe": args.topic, "user": args.user, "password": args.password}
     source.update({"path": args.data_dir} if args.data_dir else {"endpoint": args.endpoint})
@@ -70,20 +78,43 @@ def _telemetry(args: argparse.Namespace) -> int:
         queries = start(spark, source, args.output, args.checkpoint,
                         JobSettings(args.window, args.watermark, args.anomaly_threshold,
                                     args.archive_every),
-                        available_now=args.available_now, results=results)
-        print(f"telemetry job running: {len(queries)} queries, output in {args.output}", flush=True)
-        for query in queries:
-            while not query.awaitTermination(10):
-                progress = query.lastProgress
-                if progress:
-                    print(f"  {query.name}: batch {progress['batchId']}, "
-                          f"{progress['numInputRows']} rows", flush=True)
-            if query.exception() is not None:
-                print(f"error: {query.name} failed: {query.exception()}", file=sys.stderr)
-                return 1
-    except KeyboardInterrupt:  # also while the queries are still starting
+                        available_now=args.available_now, results=results, cancel=stop)
+        if not stop.is_set():
+            print(f"telemetry job running: {len(queries)} queries, output in {args.output}",
+                  flush=True)
+        return _watch(queries, stop)
+    finally:
+        if stop.is_set():
+            print("stopping the telemetry job", flush=True)
+            spark.sparkContext.setLogLevel("OFF")  # queries stopped mid-batch are not errors
         for query in spark.streams.active:
             query.stop()
-    finally:
         spark.stop()
+
+
+def _stop_requested() -> threading.Event:
+    """An event SIGINT (Ctrl+C) and SIGTERM set. PySpark's own SIGINT handler calls into the
+    JVM from inside the signal handler, in the middle of whatever call the main thread is
+    making, and both sides print pages of tracebacks; this one only sets the event, which the
+    main thread checks between its (short) calls."""
+    stop = threading.Event()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, lambda *_: stop.set())
+    return stop
+
+
+def _watch(queries: list[Any], stop: threading.Event) -> int:
+    """Wait for the queries to end (or ``stop``), printing progress every 10 s; 1 if one failed."""
+    reported = time.monotonic()
+    for query in queries:
+        while not stop.is_set() and not query.awaitTermination(1):
+            if time.monotonic() - reported >= 10 and (progress := query.lastProgress):
+                reported = time.monotonic()
+                print(f"  {query.name}: batch {progress['batchId']}, "
+                      f"{progress['numInputRows']} rows", flush=True)
+        if stop.is_set():
+            return 0
+        if query.exception() is not None:
+            print(f"error: {query.name} failed: {query.exception()}", file=sys.stderr)
+            return 1
     return 0

@@ -62,6 +62,11 @@ class Progress:
             print(f"{start}sent {self.done}/{self.total} ({self.rate():,.0f} msg/s)", end=end,
                   file=self.out, flush=True)
 
+    def end(self) -> None:
+        """Finish a line left open on a terminal (an interrupted run)."""
+        if self.tty and self.done < self.total:
+            print(file=self.out, flush=True)
+
     def rate(self) -> float:
         return self.done / max(time.monotonic() - self.started, 1e-9)
 
@@ -96,10 +101,16 @@ async def send(args: argparse.Namespace) -> int:
                 sizes += sum(len(m.body) for m in batch)
                 progress.add(len(batch))
 
-        await asyncio.gather(*(worker() for _ in range(args.concurrency)))
-        seconds = time.monotonic() - progress.started
-        print(f"sent {args.count} messages ({sizes} body bytes) to {args.topic} in {seconds:.2f} s "
-              f"({progress.rate():,.0f} msg/s)")
+        try:
+            await asyncio.gather(*(worker() for _ in range(args.concurrency)))
+        finally:  # an interrupted run (Ctrl+C cancels it) says how far it got
+            progress.end()
+            seconds = time.monotonic() - progress.started
+            what = (f"{args.count} messages" if progress.done == args.count else
+                    f"{progress.done} of {args.count} messages before it was interrupted (a batch "
+                    "in flight then may have been stored too)")
+            print(f"sent {what} ({sizes} body bytes) to {args.topic} in {seconds:.2f} s "
+                  f"({progress.rate():,.0f} msg/s)", flush=True)
     return 0
 
 
@@ -151,6 +162,9 @@ class PopSource:
                                      await_duration=min(args.wait, 5.0) if args.wait else 5.0)
 
     async def open(self) -> None:
+        """Join the group, once the topic is known to exist: joining creates the group, which
+        a mistyped topic name must not leave behind."""
+        await self.client.route(self.args.topic)
         await self.client.start()
 
     async def messages(self) -> AsyncGenerator[Any, None]:

@@ -58,10 +58,14 @@ def add_demo_command(commands: argparse._SubParsersAction) -> None:
 
 
 class Child:
-    """A child process in its own session whose output lines are echoed with ``name``."""
+    """A child process in its own session whose output lines are echoed with ``name`` until
+    ``muted`` is set (once the demo stops on request: what children say while stopping is
+    of no interest)."""
 
-    def __init__(self, name: str, command: list[str], events: queue.Queue) -> None:
+    def __init__(self, name: str, command: list[str], events: queue.Queue,
+                 muted: threading.Event) -> None:
         self.name = name
+        self._muted = muted
         self.process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                         stdin=subprocess.DEVNULL, text=True, start_new_session=True,
                                         env={**os.environ, "PYTHONUNBUFFERED": "1"})
@@ -70,7 +74,8 @@ class Child:
 
     def _echo(self) -> None:
         for line in self.process.stdout:
-            print(f"[{self.name}] {line}", end="", flush=True)
+            if not self._muted.is_set():
+                print(f"[{self.name}] {line}", end="", flush=True)
             self._events.put((self.name, line))
         self._events.put((self.name, None))
 
@@ -92,6 +97,7 @@ def _demo(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGTERM, _interrupt)  # stop the children on SIGTERM too
     sluice = [sys.executable, "-m", "sluice.cli"]
     events: queue.Queue = queue.Queue()
+    muted = threading.Event()
     children: list[Child] = []
     config = root / "sluice.toml"
     config.write_text(f"[store]\ncheckpoint_interval_ms = {CHECKPOINT_INTERVAL_MS}\n")
@@ -99,7 +105,7 @@ def _demo(args: argparse.Namespace) -> int:
         broker = Child("broker", [*sluice, "serve", "--config", str(config), "--data-dir", str(root / "broker"),
                                   "--admin-port", str(args.admin_port), "--native-port",
                                   str(args.native_port), "--mqtt-port", str(args.mqtt_port),
-                                  "--mqtt-ws-port", "-1"], events)
+                                  "--mqtt-ws-port", "-1"], events, muted)
         children.append(broker)
         if not _wait_ready(events):
             print("[demo] error: the broker did not start (its output is above)", file=sys.stderr)
@@ -109,7 +115,7 @@ def _demo(args: argparse.Namespace) -> int:
             _create_topic(admin, topic)
         children.append(Child("simulator", [
             *sluice, "simulate", "--mqtt", f"127.0.0.1:{args.mqtt_port}", "--devices", str(args.devices),
-            "--rate", str(args.rate), "--count", "0"], events))
+            "--rate", str(args.rate), "--count", "0"], events, muted))
         if not _wait_for_messages(root / "broker", TELEMETRY_TOPIC):
             print(f"[demo] error: no telemetry reached topic {TELEMETRY_TOPIC} in {START_TIMEOUT_S} s "
                   "(the simulator's output is above)", file=sys.stderr)
@@ -119,7 +125,7 @@ def _demo(args: argparse.Namespace) -> int:
             "--results-endpoint", f"127.0.0.1:{args.native_port}",
             "--topic", TELEMETRY_TOPIC, "--results-topic", RESULTS_TOPIC,
             "--output", str(root / "analytics"), "--checkpoint", str(root / "checkpoint"),
-            "--window", args.window, "--watermark", args.watermark], events))
+            "--window", args.window, "--watermark", args.watermark], events, muted))
         print(f"[demo] dashboard: {admin}/dashboard (user sluice, password sluice); "
               "Spark needs about 20 s before the first results. Ctrl+C stops everything.", flush=True)
         while True:
@@ -129,9 +135,11 @@ def _demo(args: argparse.Namespace) -> int:
                       file=sys.stderr)
                 return 1
     except KeyboardInterrupt:
-        print("[demo] stopping", flush=True)
+        muted.set()
+        print("[demo] stopping the simulator, the Spark job and the broker", flush=True)
         return 0
     finally:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl+C must not cut this short
         for child in reversed(children):
             child.stop(signal.SIGINT if child.name == "job" else signal.SIGTERM)
 

@@ -29,6 +29,7 @@ SERVE_FLAGS = {  # flag destination -> config path it overrides
     "allow_anonymous": "auth.allow_anonymous", "mqtt_port": "mqtt.port",
     "mqtt_ws_port": "mqtt.ws_port", "mqtt_tls_port": "mqtt.tls_port",
     "mqtt_wss_port": "mqtt.wss_port", "tls_cert": "mqtt.tls_cert", "tls_key": "mqtt.tls_key",
+    "log_level": "log.level", "log_format": "log.format",
 }
 
 
@@ -86,6 +87,10 @@ def _add_serve(commands: argparse._SubParsersAction) -> None:
                        help="SQLAlchemy URL of the metadata database (default: SQLite in the data dir)")
     serve.add_argument("--allow-anonymous", action="store_true", default=None,
                        help="let clients without credentials connect (default: refuse them)")
+    serve.add_argument("--log-level", choices=["debug", "info", "warning", "error"],
+                       help="least severe log lines written to stderr (default: info)")
+    serve.add_argument("--log-format", choices=["text", "json"],
+                       help="log lines as text, or one JSON object each (default: text)")
     serve.add_argument("--settings", action="store_true",
                        help="list every setting with its environment variable and default, and exit")
     serve.set_defaults(handler=_serve)
@@ -138,6 +143,7 @@ def _store_verify(args: argparse.Namespace) -> int:
 def build_parser() -> argparse.ArgumentParser:
     """Build the argument parser for `sluice` and its subcommands."""
     parser = argparse.ArgumentParser(prog="sluice", description="Sluice message broker.")
+    parser.add_argument("--version", action="version", version=f"sluice {_version()}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     _add_serve(commands)
@@ -162,8 +168,47 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("sluice")
+    except PackageNotFoundError:  # run from a source tree that was never installed
+        return "unknown (not installed)"
+
+
+def _parse(parser: argparse.ArgumentParser, argv: list[str] | None) -> argparse.Namespace:
+    """Parse ``argv``; an unknown flag is reported with the usage of the subcommand it was
+    given to (argparse would show the top-level usage, which does not list the flag's peers)."""
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:
+        _chosen(parser, args).error(f"unrecognized arguments: {' '.join(unknown)}")
+    return args
+
+
+def _chosen(parser: argparse.ArgumentParser, args: argparse.Namespace) -> argparse.ArgumentParser:
+    """The innermost subcommand parser ``args`` came from."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            name = getattr(args, action.dest, None)
+            if name in action.choices:
+                return _chosen(action.choices[name], args)
+    return parser
+
+
 def main(argv: list[str] | None = None) -> int:
-    """Run the `sluice` command with `argv` (default: sys.argv[1:]) and return its exit code."""
-    args = build_parser().parse_args(argv)
-    return args.handler(args)
+    """Run the `sluice` command with `argv` (default: sys.argv[1:]) and return its exit code.
+
+    Output piped into a reader that stops early (``sluice ... | head``) ends the command
+    quietly, as other Unix tools do."""
+    args = _parse(build_parser(), argv)
+    try:
+        code = args.handler(args)
+        sys.stdout.flush()
+        return code
+    except BrokenPipeError:
+        # Python would report the pipe again when it flushes stdout at exit: point stdout at
+        # /dev/null so that nothing is left to flush.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141  # 128 + SIGPIPE, what a shell reports for a writer killed by the pipe
 

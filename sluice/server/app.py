@@ -31,6 +31,7 @@ from store.file_store import FileStore
 
 from protocols.admin import AdminDeps, AdminServer, start_admin_server
 from .config import Config, env_name
+from .logs import configure_logging
 from protocols.mqtt.frontend import MqttFrontend
 from protocols.mqtt.listeners import MqttListeners, start_mqtt_listeners
 
@@ -39,8 +40,12 @@ log = logging.getLogger("sluice")
 READY_LINE = "Sluice is ready."
 """Printed after every endpoint; scripts and tests wait for it."""
 
-_PORT_FLAGS = {"native": ("native gRPC", "--native-port"), "admin": ("admin API", "--admin-port"),
-               "mqtt": ("MQTT", "--mqtt-port")}
+_PORTS = {  # config path -> (what listens there, the flag that moves it)
+    "native.port": ("native gRPC", "--native-port"), "admin.port": ("admin API", "--admin-port"),
+    "mqtt.port": ("MQTT", "--mqtt-port"), "mqtt.ws_port": ("MQTT WebSocket", "--mqtt-ws-port"),
+    "mqtt.tls_port": ("MQTT TLS", "--mqtt-tls-port"),
+    "mqtt.wss_port": ("MQTT secure WebSocket", "--mqtt-wss-port"),
+}
 
 
 class StartupError(Exception):
@@ -136,9 +141,13 @@ async def start(config: Config) -> RunningBroker:
     Runs on the event loop that will serve. Raises StartupError with a message for the operator
     (a port in use, a data dir locked by another broker); everything opened so far is closed.
     """
-    for name, listener in config.listeners.items():
-        _check_port(name, listener.host, listener.port)
-    store = await asyncio.to_thread(_open_store, config)
+    store = await asyncio.to_thread(_open_store, config)  # a broker already on it says so first
+    try:
+        for dotted, host, port in _listening_ports(config):
+            _check_port(dotted, host, port)
+    except StartupError:
+        await asyncio.to_thread(store.close)
+        raise
     running: RunningBroker | None = None
     try:
         metadata = await asyncio.to_thread(_open_metadata, config)
@@ -154,13 +163,12 @@ async def start(config: Config) -> RunningBroker:
         running.mqtt = MqttFrontend(broker, config.mqtt, allow_anonymous=config.auth.allow_anonymous,
                                     anonymous_principal=anonymous)
         await running.mqtt.start()  # sessions are bound before anything can publish
-        running.native = await _listen("native", config.native.host, config.native.port,
-                                       _start_native(running))
+        running.native = await _listen(config, "native", _start_native(running))
         running.clients.register(running.native.clients)
-        running.admin = await _listen("admin", config.admin.host, config.admin.port,
+        running.admin = await _listen(config, "admin",
                                       start_admin_server(_admin_deps(running), config.admin.host,
                                                          config.admin.port))
-        running.mqtt_listeners = await _listen("mqtt", config.mqtt.host, config.mqtt.port,
+        running.mqtt_listeners = await _listen(config, "mqtt",
                                                start_mqtt_listeners(running.mqtt, config.mqtt))
         return running
     except BaseException:
@@ -213,20 +221,36 @@ def _admin_deps(running: RunningBroker) -> AdminDeps:
                      dashboard_dir=analytics.DASHBOARD_DIR)
 
 
-async def _listen(name: str, host: str, port: int, starting: Any) -> Any:
-    """Await a server start; a port that turns out to be taken becomes a StartupError."""
+async def _listen(config: Config, section: str, starting: Any) -> Any:
+    """Await a server start; a port of ``section`` that turns out to be taken becomes a
+    StartupError naming that port."""
     try:
         return await starting
     except (OSError, RuntimeError, ValueError) as error:
-        if port > 0 and _port_taken(host, port):
-            raise _port_error(name, host, port) from None
-        raise StartupError(f"cannot start the {_PORT_FLAGS[name][0]} listener on "
-                           f"{_hostport(host, port)}: {error}") from error
+        ports = [p for p in _listening_ports(config) if p[0].startswith(section + ".")]
+        for dotted, host, port in ports:
+            _check_port(dotted, host, port)
+        what = " and ".join(f"{_PORTS[dotted][0]} on {_hostport(host, port)}"
+                            for dotted, host, port in ports)
+        raise StartupError(f"cannot start the {what} listener: {error}") from error
 
 
-def _check_port(name: str, host: str, port: int) -> None:
+def _listening_ports(config: Config) -> list[tuple[str, str, int]]:
+    """(config path, host, port) of every listener this configuration opens."""
+    mqtt = config.mqtt
+    secure = bool(mqtt.tls_cert and mqtt.tls_key)
+    found = [("native.port", config.native.host, config.native.port),
+             ("admin.port", config.admin.host, config.admin.port),
+             ("mqtt.port", mqtt.host, mqtt.port), ("mqtt.ws_port", mqtt.host, mqtt.ws_port)]
+    if secure:
+        found += [("mqtt.tls_port", mqtt.host, mqtt.tls_port),
+                  ("mqtt.wss_port", mqtt.host, mqtt.wss_port)]
+    return [(dotted, host, port) for dotted, host, port in found if port >= 0]
+
+
+def _check_port(dotted: str, host: str, port: int) -> None:
     if port > 0 and _port_taken(host, port):
-        raise _port_error(name, host, port)
+        raise _port_error(dotted, host, port)
 
 
 def _port_taken(host: str, port: int) -> bool:
@@ -240,11 +264,12 @@ def _port_taken(host: str, port: int) -> bool:
     return False
 
 
-def _port_error(name: str, host: str, port: int) -> StartupError:
-    what, flag = _PORT_FLAGS[name]
+def _port_error(dotted: str, host: str, port: int) -> StartupError:
+    what, flag = _PORTS[dotted]
+    section, key = dotted.split(".")
     return StartupError(f"port {port} on {host} ({what}) is already in use; stop whatever holds "
-                        f"it, or pick another port with {flag} N (or {env_name(name + '.port')}, "
-                        f"or [{name}] port in the config file)")
+                        f"it, or pick another port with {flag} N (or {env_name(dotted)}, "
+                        f"or [{section}] {key} in the config file)")
 
 
 def masked(url: str) -> str:
@@ -317,8 +342,7 @@ def serve(config: Config) -> int:
 
     tune_garbage_collector()
     faulthandler.register(signal.SIGUSR1, all_threads=True)
-    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    configure_logging(config.log)
     try:
         uvloop.run(run_until_signalled(config))
     except (StartupError, SluiceError, StoreError, OSError) as error:

@@ -27,6 +27,8 @@ from core.service import CoreConfig
 from store.api import StoreConfig
 from protocols.mqtt.options import MqttOptions
 
+from .logs import LogConfig
+
 ENV_PREFIX = "SLUICE_"
 HOST_ALIAS = "host"
 """Override path that sets the host of every listener."""
@@ -80,6 +82,7 @@ class Config:
     admin: AdminListener = field(default_factory=AdminListener)
     auth: AuthConfig = field(default_factory=AuthConfig)
     mqtt: MqttOptions = field(default_factory=MqttOptions)
+    log: LogConfig = field(default_factory=LogConfig)
 
     @property
     def listeners(self) -> dict[str, NativeListener | AdminListener | MqttOptions]:

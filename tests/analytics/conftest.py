@@ -4,20 +4,16 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
-
-ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="session")
 def spark() -> Iterator[object]:
-    # Workers are started by the JVM: they need this venv's Python and, for the editable install,
-    # the repository on their path so that PySpark discovers the pyspark_sluice module.
+    # Workers are started by the JVM: they need this venv's Python, where PySpark discovers
+    # the pyspark_sluice module (test_discovery.py checks that from outside the repository).
     os.environ["PYSPARK_PYTHON"] = sys.executable
     os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
-    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
     from pyspark.sql import SparkSession
 
     session = (SparkSession.builder.master("local[2]").appName("sluice-tests")

@@ -131,3 +131,31 @@ def test_the_cli_runs_the_job_on_a_data_directory(telemetry, tmp_path):
     assert "telemetry job running: 2 queries" in done.stdout
     assert list((tmp_path / "out" / "aggregates").glob("date=*/*.parquet"))
     assert list((tmp_path / "out" / "quarantine").glob("*.parquet"))
+
+
+def test_ctrl_c_stops_the_job_with_one_line(telemetry, tmp_path):
+    """SIGINT to the job's process group, as Ctrl+C in a terminal sends it: no tracebacks
+    from Python or the JVM, one line, exit status 0."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    job = subprocess.Popen(
+        [sys.executable, "-m", "sluice.cli", "analytics", "telemetry", "--data-dir",
+         telemetry["path"], "--output", str(tmp_path / "out"), "--checkpoint", str(tmp_path / "cp")],
+        cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        start_new_session=True, env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"})
+    try:
+        for line in job.stdout:
+            if line.startswith("telemetry job running"):
+                break
+        else:
+            raise AssertionError(f"the job ended before running: {job.wait()}")
+        os.killpg(job.pid, signal.SIGINT)
+        rest = job.stdout.read()
+        assert job.wait(timeout=120) == 0, rest[-3000:]
+    finally:
+        if job.poll() is None:
+            job.kill()
+    assert rest.splitlines() == ["stopping the telemetry job"], rest[-3000:]

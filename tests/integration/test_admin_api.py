@@ -188,6 +188,13 @@ def test_topic_lifecycle(http):
     assert status == 404 and body["error"] == "topic_not_found" and "sluice topic create" in body["message"]
 
 
+def test_internal_topics_are_listed_only_when_asked_for(http):
+    internal = [t["name"] for t in http("GET", "/topics?internal=true")[1]
+                if t["name"].startswith("%SYS%")]
+    assert internal, "the MQTT front end keeps its sessions in an internal topic"
+    assert not set(internal) & {t["name"] for t in http("GET", "/topics")[1]}
+
+
 @pytest.mark.parametrize("body, fragment", [
     ({"name": "bad name!"}, "invalid"),
     ({"queue_count": 2}, "'name' is required"),

@@ -195,3 +195,73 @@ def test_simulate_publishes_telemetry_that_lands_in_the_devices_topic(sluice_ser
     for message in stored:
         reading = json.loads(message.body)
         assert message.properties["sluice.subject"] == f"devices/{reading['device']}/telemetry"
+
+
+def test_a_taken_websocket_port_is_named_as_the_websocket_port(data_dir):
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        done = subprocess.run([*SLUICE, "serve", "--data-dir", str(data_dir), "--native-port", "0",
+                               "--admin-port", "0", "--mqtt-port", "0", "--mqtt-ws-port", str(port)],
+                              cwd=ROOT, capture_output=True, text=True, timeout=60, env=CLEAN_ENV)
+    assert done.returncode == 1
+    assert f"port {port} on 127.0.0.1 (MQTT WebSocket)" in done.stderr
+    assert "--mqtt-ws-port" in done.stderr and "SLUICE_MQTT_WS_PORT" in done.stderr
+
+
+def test_a_second_broker_on_the_same_data_dir_is_told_of_the_first(server, data_dir):
+    server.wait_ready()
+    admin_port = server.admin.rsplit(":", 1)[1]
+    done = subprocess.run([*SLUICE, "serve", "--data-dir", str(data_dir), "--admin-port", admin_port],
+                          cwd=ROOT, capture_output=True, text=True, timeout=60, env=CLEAN_ENV)
+    assert done.returncode == 1
+    assert "is in use by another broker" in done.stderr
+    assert "port" not in done.stderr, "the lock is the reason, not the ports it also holds"
+
+
+def test_logs_can_be_json_lines_at_a_chosen_level(sluice_server, tmp_path):
+    server = sluice_server(tmp_path / "data", "--log-format", "json")
+    server.wait_ready()
+    assert server.stop() == 0
+    lines = [json.loads(line) for line in server.process.stderr.read().splitlines()]
+    assert any(entry["message"].startswith("stopping") for entry in lines)
+    assert all({"ts", "level", "logger", "message"} <= set(entry) for entry in lines)
+
+    quiet = sluice_server(tmp_path / "data", "--log-level", "warning")
+    quiet.wait_ready()
+    assert quiet.stop() == 0
+    assert "stopping" not in quiet.process.stderr.read()
+
+
+def test_an_interrupted_send_says_how_many_it_sent(server):
+    import signal
+
+    server.wait_ready()
+    sluice("topic", "create", "bulk", "--admin", server.admin)
+    sender = subprocess.Popen([*SLUICE, "send", "bulk", "m{n}", "--count", "100000000",
+                               "--server", server.native], cwd=ROOT, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True, env=CLEAN_ENV)
+    try:
+        first = sender.stderr.readline()  # the first progress line: sending is under way
+        assert first.startswith("sent "), first
+        sender.send_signal(signal.SIGINT)
+        out, err = sender.communicate(timeout=60)
+    finally:
+        sender.kill()
+    assert "of 100000000 messages before it was interrupted" in out
+    assert "Traceback" not in err
+
+
+def test_consuming_a_missing_topic_leaves_no_group_behind(server):
+    server.wait_ready()
+    done = sluice("consume", "no-such-topic", "--group", "typo-group", "--wait", "1",
+                  "--server", server.native, check=False)
+    assert done.returncode == 1 and "no-such-topic" in done.stderr
+    assert "typo-group" not in sluice("group", "list", "--admin", server.admin).stdout
+
+
+def test_topic_list_hides_internal_topics_unless_asked(server):
+    server.wait_ready()
+    assert "%SYS%" not in sluice("topic", "list", "--admin", server.admin).stdout
+    assert "%SYS%" in sluice("topic", "list", "--all", "--admin", server.admin).stdout

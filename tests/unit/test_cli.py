@@ -133,3 +133,42 @@ def test_serve_lists_every_setting_with_its_environment_variable(capsys):
     printed = capsys.readouterr().out
     assert "SLUICE_NATIVE_PORT" in printed and "store.flush " in printed
     assert all(path in printed for path in leaf_paths())
+
+
+def test_version_names_the_installed_release(capsys):
+    from importlib.metadata import version
+
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--version"])
+    assert exit_info.value.code == 0
+    assert capsys.readouterr().out.strip() == f"sluice {version('sluice')}"
+
+
+@pytest.mark.parametrize("argv, usage, unknown", [
+    (["topic", "list", "--bogus"], "usage: sluice topic list", "--bogus"),
+    (["send", "orders", "x", "--countt", "3"], "usage: sluice send", "--countt 3"),
+    (["serve", "--nope"], "usage: sluice serve", "--nope"),
+])
+def test_a_wrong_flag_shows_the_usage_of_its_subcommand(argv, usage, unknown, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(argv)
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith(usage) and f"unrecognized arguments: {unknown}" in err
+
+
+def test_output_into_a_closed_pipe_ends_without_a_traceback():
+    """`sluice ... | head` where head has already exited: no BrokenPipeError report."""
+    import os
+    import subprocess
+    import sys
+
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    try:
+        done = subprocess.run([sys.executable, "-m", "sluice.cli", "serve", "--settings"],
+                              stdout=write_end, stderr=subprocess.PIPE, text=True, timeout=60)
+    finally:
+        os.close(write_end)
+    assert done.returncode == 141
+    assert done.stderr == ""

@@ -52,8 +52,10 @@ def test_authenticate_returns_the_principal_with_its_permissions(users):
 @pytest.mark.parametrize("name, password", [("alice", "wrong"), ("nobody", "s3cret"), ("alice", "")])
 def test_wrong_credentials_say_what_to_do(users, name, password):
     users.create_user("alice", "s3cret")
-    with pytest.raises(Unauthenticated, match=r"check both.*`sluice user create"):
+    with pytest.raises(Unauthenticated, match=rf"check both.*`sluice user passwd {name}`") as refused:
         users.authenticate(name, password)
+    # The same answer whether or not the user exists: it suggests creating nobody.
+    assert "user create" not in str(refused.value)
 
 
 def test_a_good_signature_authenticates_in_either_case(users):

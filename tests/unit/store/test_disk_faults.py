@@ -236,7 +236,8 @@ def test_preallocation_failures_remove_the_partial_file_and_are_retried(tmp_path
     commitlog = os.path.join(directory, "commitlog")
     faults.add(Fault("preallocate", op, KINDS[kind]))
     acked: dict = {}
-    with caplog.at_level(logging.WARNING), FileStore(directory, CONFIG) as store:
+    eager = StoreConfig(**{**CONFIG.__dict__, "preallocate": "eager"})
+    with caplog.at_level(logging.WARNING), FileStore(directory, eager) as store:
         following, refused = append_until_refused(store, acked, 0)
         assert refused is None and len(store.log.segments()) > 3, "appends must roll on without it"
         store.log.preallocator.wait_ready(WAIT)

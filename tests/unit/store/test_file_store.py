@@ -1,6 +1,7 @@
 """FileStore on disk: reopening, recovery, torn tails, corruption, locking, the read-only reader."""
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import shutil
@@ -110,9 +111,13 @@ def test_a_crash_after_clean_writes_needs_no_truncation(config, data_dir):
         assert store.append("t", b"next").phys_offset == results[-1].end_offset
 
 
-def test_segments_start_preallocated_and_roll_into_prepared_files(config, data_dir):
-    def sizes():
-        return [os.path.getsize(os.path.join(data_dir, "commitlog", name)) for name in segment_files(data_dir)]
+def segment_sizes(data_dir):
+    return [os.path.getsize(os.path.join(data_dir, "commitlog", name)) for name in segment_files(data_dir)]
+
+
+def test_eager_segments_start_preallocated_and_roll_into_prepared_files(config, data_dir):
+    config = StoreConfig(**{**config.__dict__, "preallocate": "eager"})
+    sizes = functools.partial(segment_sizes, data_dir)
 
     with FileStore(data_dir, config) as store:
         assert sizes() == [config.segment_size], "a new store's first segment is written ahead"
@@ -122,6 +127,21 @@ def test_segments_start_preallocated_and_roll_into_prepared_files(config, data_d
             while len(segment_files(data_dir)) == before:  # append until the log rolls
                 store.wait_durable(store.append("t", bytes(700)).end_offset, WAIT)
         assert sizes() == [config.segment_size] * 4
+    with FileStore(data_dir, config) as store:
+        assert store.recovery.clean and len(bodies(store, "t", 0)) == store.queue_range("t", 0)[1]
+
+
+def test_a_lazy_store_writes_nothing_ahead_until_a_segment_is_half_full(config, data_dir):
+    prepared = os.path.join(data_dir, "commitlog", "next.prealloc")
+    with FileStore(data_dir, config) as store:
+        assert segment_sizes(data_dir) == [0] and not os.path.exists(prepared)
+        while store.log.end_offset * 2 < config.segment_size:
+            assert not os.path.exists(prepared), "prepared before the segment was half full"
+            store.wait_durable(store.append("t", bytes(700)).end_offset, WAIT)
+        assert store.log.preallocator.wait_ready(WAIT) and os.path.exists(prepared)
+        while len(segment_files(data_dir)) == 1:  # append until the log rolls
+            store.wait_durable(store.append("t", bytes(700)).end_offset, WAIT)
+        assert segment_sizes(data_dir)[1] == config.segment_size, "it rolled into the prepared file"
     with FileStore(data_dir, config) as store:
         assert store.recovery.clean and len(bodies(store, "t", 0)) == store.queue_range("t", 0)[1]
 
