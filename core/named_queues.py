@@ -19,6 +19,7 @@ import asyncio
 from .clock import now_ms
 from .consume import pop_queue
 from .engine import Engine
+from .errors import CorruptMessage
 from .fanout import Listener, QueueTarget
 from .filters import parse_filter
 from .model import Delivery
@@ -65,12 +66,18 @@ class NamedQueues:
     def read(self, queue: str, offset: int, max_messages: int) -> tuple[list[Delivery], int]:
         """Up to ``max_messages`` of ``queue`` from ``offset``: (messages, next offset).
         Deliveries carry the queue's own offsets; a start below the earliest retained message
-        skips ahead."""
+        skips ahead, and so does a corrupt message (logged, acked: it is never delivered)."""
         reader = self._engine.reader
         earliest, end = reader.range(queue, 0)
         offset = max(offset, earliest)
-        messages = reader.read(queue, 0, offset, min(max_messages, end - offset))
-        return messages, (messages[-1].queue_offset + 1 if messages else offset)
+        while True:
+            try:
+                messages = reader.read(queue, 0, offset, min(max_messages, end - offset))
+            except CorruptMessage as corrupt:  # logged by the reader; its consumer goes on
+                self.ack(queue, corrupt.offset)
+                offset = corrupt.offset + 1
+                continue
+            return messages, (messages[-1].queue_offset + 1 if messages else offset)
 
     def signal(self, queue: str) -> asyncio.Future[None]:
         """A future resolved when ``queue`` next gets deliverable messages (or a popped message
@@ -81,11 +88,17 @@ class NamedQueues:
 
     def pop(self, queue: str, max_messages: int, invisible_ms: int) -> list[Delivery]:
         """Message-level consumption of ``queue`` shared by several consumers: each message goes
-        to one of them and comes back after ``invisible_ms`` unless settled."""
+        to one of them and comes back after ``invisible_ms`` unless settled. A corrupt message
+        is skipped (logged, settled: it is never delivered)."""
         reader = self._engine.reader
         cursor = self._cursors.open((queue, queue, 0), reader.range(queue, 0)[0])
-        return pop_queue(reader, cursor, queue, queue, 0, _EVERY_TAG, now_ms(), invisible_ms,
-                         max_messages, _NO_DEAD_LETTERS).deliveries
+        while True:
+            try:
+                return pop_queue(reader, cursor, queue, queue, 0, _EVERY_TAG, now_ms(),
+                                 invisible_ms, max_messages, _NO_DEAD_LETTERS).deliveries
+            except CorruptMessage as corrupt:  # logged by the reader; never delivered
+                cursor.next = max(cursor.next, corrupt.offset + 1)
+                cursor.ack(corrupt.offset)
 
     def next_redelivery_ms(self, queue: str) -> int | None:
         """When the earliest popped, unsettled message of ``queue`` becomes visible again."""
