@@ -49,3 +49,12 @@ def test_a_corrupt_message_is_an_internal_error_with_its_message() -> None:
     assert status_for(corrupt) == (500, "internal")
     assert reason_for(corrupt) == ReasonCode.ImplementationSpecificError
 
+
+@pytest.mark.parametrize("error, text", [
+    (errors.TopicNotFound("orders"), "topic 'orders' does not exist; create it first "
+                                     "(`sluice topic create orders`) or check the name"),
+    (errors.GroupNotFound("g1"), "consumer group 'g1' does not exist; create it (`sluice group "
+                                 "create g1`) or let a consumer's heartbeat create it"),
+])
+def test_not_found_errors_are_built_from_a_name_and_read_as_one_sentence(error, text) -> None:
+    assert str(error) == text

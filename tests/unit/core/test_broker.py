@@ -7,7 +7,7 @@ from collections.abc import Awaitable, Callable
 
 import pytest
 
-from core.errors import (AccessDenied, BadFilter, InvalidReceiptHandle,
+from core.errors import (AccessDenied, BadFilter, GroupNotFound, InvalidReceiptHandle,
                          MessageTooLarge, NotSupported, ReceiptExpired, TopicNotFound)
 from core.metadata import MetadataRepository
 from core.model import (SYSTEM, Action, ConsumeMode, GroupConfig, OutgoingMessage, Permission,
@@ -313,3 +313,29 @@ def test_in_flight_bookkeeping_stays_proportional_to_what_is_unacked():
     assert cursor.committed == 50_000 and not cursor.inflight
     assert len(cursor.expiries) <= 2_000
 
+
+def test_not_found_errors_name_the_resource_in_one_sentence(tmp_path):
+    """Every raise site hands TopicNotFound/GroupNotFound a name, which they put in a sentence;
+    a sentence handed in would read as one sentence wrapped in another."""
+    async def scenario(broker: Broker) -> None:
+        errors = []
+        for attempt in (broker.send(SYSTEM, [OutgoingMessage("nope", b"x")]),
+                        broker.send(SYSTEM, [OutgoingMessage("nope", b"x")], create_topics=True),
+                        broker.receive(SYSTEM, "ghost", "nope", "c1"),
+                        broker.pull(SYSTEM, "g", "nope", 0, 0),
+                        broker.delete_topic(SYSTEM, "nope")):
+            with pytest.raises(TopicNotFound) as missing:
+                await attempt
+            errors.append(str(missing.value))
+        with pytest.raises(GroupNotFound) as missing_group:
+            await broker.delete_group(SYSTEM, "ghost")
+        errors.append(str(missing_group.value))
+        await topic(broker, queues=1)
+        with pytest.raises(GroupNotFound) as missing_group:
+            await broker.receive(SYSTEM, "ghost", "orders", "c1")
+        errors.append(str(missing_group.value))
+        assert set(errors[:5]) == {"topic 'nope' does not exist; create it first "
+                                   "(`sluice topic create nope`) or check the name"}
+        assert set(errors[5:]) == {"consumer group 'ghost' does not exist; create it (`sluice "
+                                   "group create ghost`) or let a consumer's heartbeat create it"}
+    run(tmp_path, scenario, config=CoreConfig(auto_create_topics=False, auto_create_groups=False))
