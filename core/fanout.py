@@ -65,7 +65,6 @@ class Fanout:
     """Subject filters bound to queue targets and listeners."""
 
     def __init__(self, syntax: TopicSyntax) -> None:
-        self.syntax = syntax
         self._separator = syntax.separator
         self._trie = TopicTrie(syntax)
         self._cache: BoundedCache[Route] = BoundedCache(ROUTE_CACHE_BYTES, MAX_CACHED_SUBJECT)

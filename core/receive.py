@@ -86,7 +86,7 @@ class Receiver:
         earliest, end = self._engine.reader.range(topic, queue_id)
         return end if "@" in consumer else earliest
 
-    def in_flight(self, group: str, topic: str, receipt_handle: str) -> tuple[str, int, Cursor, int]:
+    def _in_flight(self, group: str, topic: str, receipt_handle: str) -> tuple[str, int, Cursor, int]:
         """(consumer, queue id, cursor, offset) of the live delivery ``receipt_handle`` names;
         InvalidReceiptHandle or ReceiptExpired if it names none."""
         engine = self._engine
@@ -108,19 +108,19 @@ class Receiver:
 
     def ack(self, group: str, topic: str, receipt_handle: str) -> None:
         """Settle a received message; ReceiptExpired if its invisible duration had ended."""
-        _, _, cursor, offset = self.in_flight(group, topic, receipt_handle)
+        _, _, cursor, offset = self._in_flight(group, topic, receipt_handle)
         cursor.ack(offset)
 
     def change_invisible(self, group: str, topic: str, receipt_handle: str, invisible_ms: int) -> str:
         """Hide a received message for ``invisible_ms`` from now; return its new receipt handle."""
-        consumer, queue_id, cursor, offset = self.in_flight(group, topic, receipt_handle)
+        consumer, queue_id, cursor, offset = self._in_flight(group, topic, receipt_handle)
         flight = cursor.extend(offset, now_ms(), invisible_ms)
         self._engine.signals.notify(topic)  # long polls recompute when the next redelivery is due
         return make_handle(consumer, topic, queue_id, offset, flight.version)
 
     async def forward_to_dead_letter(self, group: str, topic: str, receipt_handle: str) -> None:
         """Move a received message to the group's dead-letter topic and settle it."""
-        consumer, queue_id, cursor, offset = self.in_flight(group, topic, receipt_handle)
+        consumer, queue_id, cursor, offset = self._in_flight(group, topic, receipt_handle)
         message = self._engine.reader.read_one(topic, queue_id, offset)
         if message is not None:
             attempt = cursor.inflight[offset].attempt
