@@ -2,7 +2,9 @@
 
 Topic permissions (``core.auth``) grant rights on whole topics, which for MQTT is the first
 topic level. Rules refine that below the first level, as Mosquitto's ``pattern`` lines and
-EMQX's ACL do: a rule is a topic filter (``+`` one level, ``#`` the rest), the actions it covers
+EMQX's ACL do: a rule is a subject filter in the syntax the composition root gives core (MQTT's:
+``+`` one level, ``#`` the rest; ``core.routing.TopicSyntax`` validates and matches it; a syntax
+whose multi-level wildcard may stand anywhere is not supported here), the actions it covers
 (publish, subscribe) and whether it allows or denies. ``%u`` in a pattern stands for the user
 name and ``%c`` for the client id, so one rule for everyone confines each device::
 
@@ -32,6 +34,7 @@ from dataclasses import dataclass
 
 from .errors import InvalidArgument
 from .model import AclRule, Action
+from .routing import TopicSyntax
 
 EVERYONE = "*"
 """The user name of rules that apply to every user."""
@@ -39,17 +42,12 @@ MAX_PATTERN_LENGTH = 1024
 _RULE_ACTIONS = frozenset({Action.PUBLISH, Action.SUBSCRIBE})
 
 
-def check_rule(rule: AclRule) -> AclRule:
+def check_rule(rule: AclRule, syntax: TopicSyntax) -> AclRule:
     """Return ``rule`` if it is well formed, else raise InvalidArgument saying what to fix."""
     pattern = rule.pattern
     if not pattern or len(pattern) > MAX_PATTERN_LENGTH:
         raise InvalidArgument(f"rule pattern must be 1-{MAX_PATTERN_LENGTH} characters")
-    parts = pattern.split("/")
-    for position, level in enumerate(parts):
-        if level == "#" and position != len(parts) - 1:
-            raise InvalidArgument(f"'#' must be the last level of rule pattern {pattern!r}")
-        if level not in ("+", "#") and ("+" in level or "#" in level):
-            raise InvalidArgument(f"a wildcard must be a whole level in rule pattern {pattern!r}")
+    syntax.check_filter(pattern)
     if not rule.actions or not rule.actions <= _RULE_ACTIONS:
         raise InvalidArgument("a rule covers publish, subscribe or both")
     return rule
@@ -63,50 +61,36 @@ class _Compiled:
     actions: frozenset[Action]
 
 
-def _compile(rule: AclRule, user: str, client_id: str) -> _Compiled:
-    levels = tuple(_fill(level, user, client_id) for level in rule.pattern.split("/"))
-    literal = sum(1 for level in levels if level not in ("+", "#"))
-    return _Compiled(levels, (literal, len(levels), 0 if levels[-1] == "#" else 1),
+def _compile(rule: AclRule, user: str, client_id: str, syntax: TopicSyntax) -> _Compiled:
+    levels = tuple(_fill(level, user, client_id, syntax) for level in syntax.levels(rule.pattern))
+    literal = sum(1 for level in levels if not syntax.is_wildcard(level))
+    return _Compiled(levels, (literal, len(levels), 0 if levels[-1] == syntax.multi else 1),
                      rule.allow, rule.actions)
 
 
-def _fill(level: str, user: str, client_id: str) -> str:
+def _fill(level: str, user: str, client_id: str, syntax: TopicSyntax) -> str:
     if "%" not in level:
         return level
     filled = level.replace("%u", user).replace("%c", client_id)
     # A filled-in level is a literal: one that would read as a wildcard or as nothing matches
     # no level at all (NUL never occurs in a subject).
-    return "\0" + filled if filled in ("", "+", "#") else filled
+    return "\0" + filled if not filled or syntax.is_wildcard(filled) else filled
 
 
-def _matches(pattern: Sequence[str], subject: Sequence[str]) -> bool:
-    """Whether rule ``pattern`` matches ``subject`` (MQTT matching; ``$`` subjects are not
-    matched by a leading wildcard)."""
-    if subject and subject[0].startswith("$") and pattern[0] in ("+", "#"):
-        return False
-    for position, level in enumerate(pattern):
-        if level == "#":
-            return True
-        if position >= len(subject):
-            return False
-        if level != "+" and level != subject[position]:
-            return False
-    return len(pattern) == len(subject)
-
-
-def _covers(pattern: Sequence[str], topic_filter: Sequence[str]) -> bool:
+def _covers(pattern: Sequence[str], topic_filter: Sequence[str], syntax: TopicSyntax) -> bool:
     """Whether every subject ``topic_filter`` can match is matched by rule ``pattern``."""
-    if topic_filter and pattern[0] in ("+", "#") and topic_filter[0].startswith("$"):
+    if syntax.hides(pattern, topic_filter):
         return False
+    single, multi = syntax.single, syntax.multi
     for position, level in enumerate(pattern):
-        if level == "#":
+        if level == multi:
             return True
         if position >= len(topic_filter):
             return False
         wanted = topic_filter[position]
-        if wanted == "#":
+        if wanted == multi:
             return False
-        if level != "+" and (wanted == "+" or level != wanted):
+        if level != single and (wanted == single or level != wanted):
             return False
     return len(pattern) == len(topic_filter)
 
@@ -114,23 +98,25 @@ def _covers(pattern: Sequence[str], topic_filter: Sequence[str]) -> bool:
 class RuleSet:
     """The rules that apply to one user (its own and everyone's), ready to decide."""
 
-    __slots__ = ("_rules",)
+    __slots__ = ("_rules", "_syntax")
 
-    def __init__(self, rules: Iterable[AclRule]) -> None:
+    def __init__(self, rules: Iterable[AclRule], syntax: TopicSyntax) -> None:
         self._rules = tuple(rules)
+        self._syntax = syntax
 
     def decide(self, action: Action, user: str, client_id: str, subject_or_filter: str,
                is_filter: bool = False) -> bool | None:
         """True/False if a rule decides ``action`` on the subject (or subscription filter);
         None when no rule applies and the topic permission decides."""
-        levels = subject_or_filter.split("/")
-        applies = _covers if is_filter else _matches
+        syntax = self._syntax
+        levels = syntax.levels(subject_or_filter)
         best: _Compiled | None = None
         for rule in self._rules:
             if action not in rule.actions:
                 continue
-            compiled = _compile(rule, user, client_id)
-            if not applies(compiled.levels, levels):
+            compiled = _compile(rule, user, client_id, syntax)
+            if not (_covers(compiled.levels, levels, syntax) if is_filter
+                    else syntax.levels_match(compiled.levels, levels)):
                 continue
             if (best is None or compiled.specificity > best.specificity
                     or (compiled.specificity == best.specificity and not compiled.allow)):

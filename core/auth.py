@@ -23,6 +23,7 @@ from .acl import EVERYONE, RuleSet, check_rule
 from .errors import AccessDenied, AlreadyExists, Unauthenticated, UserNotFound
 from .metadata import MetadataRepository
 from .model import INTERNAL_PREFIX, AclRule, Action, Permission, Principal, ResourceKind, User
+from .routing import TopicSyntax
 from .subjects import topic_of_subject
 from .untrusted import clip
 
@@ -76,8 +77,10 @@ class Users:
     callers run them in an executor.
     """
 
-    def __init__(self, repository: MetadataRepository) -> None:
+    def __init__(self, repository: MetadataRepository, subject_syntax: TopicSyntax) -> None:
+        """``subject_syntax``: how access-control rules and subscription filters are written."""
         self._repository = repository
+        self._syntax = subject_syntax
         self._lock = threading.Lock()          # guards _principals and _generation
         self._manage_lock = threading.Lock()   # orders management changes and their reloads
         self._principals: dict[str, Principal] = {}
@@ -196,26 +199,25 @@ class Users:
             return False
         return any(_allows(p, action, kind, name) for p in current.permissions)
 
-    @staticmethod
-    def _may_subject(current: Principal, principal: Principal, key: tuple) -> bool:
+    def _may_subject(self, current: Principal, principal: Principal, key: tuple) -> bool:
         action, subject = key[2], key[4]
         topic = topic_of_subject(subject)
         if topic.startswith(INTERNAL_PREFIX):
             return False
-        verdict = RuleSet(current.acl).decide(action, current.user, principal.client_id,
+        verdict = RuleSet(current.acl, self._syntax).decide(action, current.user, principal.client_id,
                                               subject) if current.acl else None
         if verdict is None:
             verdict = any(_allows(p, action, ResourceKind.TOPIC, topic) for p in current.permissions)
         return verdict
 
-    @staticmethod
-    def _may_filter(current: Principal, principal: Principal, key: tuple) -> bool:
-        topic_filter = key[4]
-        verdict = RuleSet(current.acl).decide(Action.SUBSCRIBE, current.user, principal.client_id,
-                                              topic_filter, is_filter=True) if current.acl else None
+    def _may_filter(self, current: Principal, principal: Principal, key: tuple) -> bool:
+        topic_filter, syntax = key[4], self._syntax
+        verdict = RuleSet(current.acl, syntax).decide(
+            Action.SUBSCRIBE, current.user, principal.client_id, topic_filter,
+            is_filter=True) if current.acl else None
         if verdict is None:
-            first = topic_filter.split("/", 1)[0]
-            topic = "*" if first in ("+", "#") else topic_of_subject(first)
+            first = topic_filter.split(syntax.separator, 1)[0]
+            topic = "*" if syntax.is_wildcard(first) else topic_of_subject(first)
             verdict = not topic.startswith(INTERNAL_PREFIX) and any(
                 _allows(p, Action.SUBSCRIBE, ResourceKind.TOPIC, topic) for p in current.permissions)
         return verdict
@@ -264,7 +266,7 @@ class Users:
 
     def put_rule(self, rule: AclRule) -> None:
         """Add or replace an access-control rule; applies at once to open connections."""
-        check_rule(rule)
+        check_rule(rule, self._syntax)
         with self._manage_lock:
             self._repository.put_rule(rule)
             self._reload_for_rule(rule.user)

@@ -11,19 +11,22 @@ Runs on the event loop; not thread-safe.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 import zlib
 from collections.abc import Callable
 from typing import NamedTuple
 
 from store.api import Store
-from store.errors import StoreError
+from store.errors import CorruptRecordError, OffsetOutOfRangeError, StoreError
 
 from .cursors import Cursor
 from .delivery import RecentMessages
-from .errors import InvalidReceiptHandle, OffsetOutOfRange, ReceiptExpired
+from .errors import CorruptMessage, InvalidReceiptHandle, OffsetOutOfRange, ReceiptExpired, Unavailable
 from .filters import TagFilter
 from .model import Delivery
+
+log = logging.getLogger(__name__)
 
 MAX_IN_FLIGHT_SPAN = 100_000
 """A pop cursor stops taking new messages when this many offsets separate it from the oldest
@@ -84,7 +87,12 @@ def _queue_delivery(stored, topic: str, queue_id: int, offset: int) -> Delivery:
 
 
 class Reader:
-    """Reads queues through the recent-message cache, falling back to the store."""
+    """Reads queues through the recent-message cache, falling back to the store.
+
+    A read below the earliest retained offset is empty (retention removed those messages); a
+    corrupt record is an error (``CorruptMessage``, logged), never an empty read: nothing
+    corrupt is delivered, and a consumer is told why it gets nothing.
+    """
 
     def __init__(self, store: Store, recent: RecentMessages, deliverable_end: Callable[[str, int], int],
                  floors: dict[tuple[str, int], int]) -> None:
@@ -110,12 +118,20 @@ class Reader:
             return cached
         try:
             stored = self._store.read(topic, queue_id, offset, limit)
-        except StoreError:
+        except OffsetOutOfRangeError:
             return []
+        except CorruptRecordError as corrupt:
+            log.error("message at offset %d of queue %d of topic %s is corrupt and was not "
+                      "delivered: %s", offset, queue_id, topic, corrupt)
+            raise CorruptMessage(topic, queue_id, offset, corrupt.reason) from corrupt
+        except StoreError as error:
+            raise Unavailable(f"the store cannot read queue {queue_id} of topic {topic!r} now "
+                              f"({error}); retry later") from error
         return [_queue_delivery(m, topic, queue_id, offset + i) for i, m in enumerate(stored)]
 
     def read_one(self, topic: str, queue_id: int, offset: int) -> Delivery | None:
-        """The message at ``offset``, or None if it is gone (retention) or unreadable."""
+        """The message at ``offset``, or None if it is gone (retention); CorruptMessage if it
+        is corrupt."""
         found = self.read(topic, queue_id, offset, 1)
         return found[0] if found and found[0].queue_offset == offset else None
 
@@ -130,7 +146,8 @@ class Popped(NamedTuple):
 
 def pop_queue(reader: Reader, cursor: Cursor, consumer: str, topic: str, queue_id: int,
               tags: TagFilter, now_ms: int, invisible_ms: int, limit: int, max_attempts: int) -> Popped:
-    """Take up to ``limit`` messages from one queue: due redeliveries first, then new ones."""
+    """Take up to ``limit`` messages from one queue: due redeliveries first, then new ones.
+    CorruptMessage if the first new message to take is corrupt."""
     out: list[Delivery] = []
     dead: list[Delivery] = []
     for offset in cursor.expired(now_ms, limit):
@@ -146,7 +163,12 @@ def pop_queue(reader: Reader, cursor: Cursor, consumer: str, topic: str, queue_i
     if cursor.next < earliest:
         cursor.skip_to(earliest)
     while len(out) < limit and cursor.next < end and cursor.next - cursor.committed < MAX_IN_FLIGHT_SPAN:
-        batch = reader.read(topic, queue_id, cursor.next, min(limit - len(out), end - cursor.next) + 16)
+        try:
+            batch = reader.read(topic, queue_id, cursor.next, min(limit - len(out), end - cursor.next) + 16)
+        except CorruptMessage:
+            if out or dead:  # hand out what was taken; the next pop reports the corruption
+                break
+            raise
         if not batch:
             break
         for message in batch:
@@ -204,7 +226,8 @@ def settle(cursor: Cursor, handle: Handle) -> int:
 
 def pull_queue(reader: Reader, topic: str, queue_id: int, offset: int, limit: int,
                tags: TagFilter) -> tuple[list[Delivery], int, int, int]:
-    """Read by offset: (matching messages, next offset, earliest, deliverable end)."""
+    """Read by offset: (matching messages, next offset, earliest, deliverable end).
+    CorruptMessage if the message at ``offset`` is corrupt."""
     earliest, end = reader.range(topic, queue_id)
     if offset > end:
         raise OffsetOutOfRange(f"offset {offset} is past the end of queue {queue_id} of topic "
@@ -212,7 +235,12 @@ def pull_queue(reader: Reader, topic: str, queue_id: int, offset: int, limit: in
     offset = max(offset, earliest)
     out: list[Delivery] = []
     while offset < end and len(out) < limit:
-        batch = reader.read(topic, queue_id, offset, limit - len(out))
+        try:
+            batch = reader.read(topic, queue_id, offset, limit - len(out))
+        except CorruptMessage:
+            if out:  # answer with what was read; the next pull, from ``offset``, reports it
+                break
+            raise
         if not batch:
             break
         for message in batch:

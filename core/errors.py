@@ -77,6 +77,19 @@ class OffsetOutOfRange(InvalidArgument):
     """A pull asked for an offset outside the queue's current range."""
 
 
+class CorruptMessage(SluiceError):
+    """A stored message failed its checks when read (CRC, framing): it is not delivered."""
+
+    def __init__(self, topic: str, queue_id: int, offset: int, reason: str) -> None:
+        super().__init__(f"the message at offset {offset} of queue {queue_id} of topic {topic!r} "
+                         f"is corrupt on disk ({reason}) and is not delivered; the broker's log "
+                         f"names the file: restore it from a replica or backup, or consume past "
+                         f"it from offset {offset + 1}")
+        self.topic = topic
+        self.queue_id = queue_id
+        self.offset = offset
+
+
 class Unauthenticated(SluiceError):
     """Credentials are missing or wrong."""
 

@@ -1,7 +1,8 @@
 """Fan-out by subject: which extra queues and live listeners a message reaches.
 
-Adapters bind subject filters (MQTT syntax: levels split on ``/``, ``+`` one level, ``#`` the
-rest; filters starting with a wildcard skip subjects starting with ``$``) to targets:
+Adapters bind subject filters, written in the ``TopicSyntax`` the composition root gives core
+(MQTT's: levels split on ``/``, ``+`` one level, ``#`` the rest; filters starting with a
+wildcard skip subjects starting with ``$``), to targets:
 
 - a ``QueueTarget``: the message is indexed into that named queue when it is appended (the
   store's fan-out without copying; the routing decision is recorded in the log record, so
@@ -26,7 +27,7 @@ from typing import Protocol
 
 from .bounded_cache import BoundedCache
 from .model import Delivery
-from .routing import MAX_LEVELS, TopicTrie, check_depth
+from .routing import MAX_LEVELS, TopicSyntax, TopicTrie, check_depth
 
 ROUTE_CACHE_BYTES = 16 << 20
 MAX_CACHED_SUBJECT = 1024
@@ -63,21 +64,17 @@ NO_ROUTE = Route((), ())
 class Fanout:
     """Subject filters bound to queue targets and listeners."""
 
-    def __init__(self) -> None:
-        self._trie = TopicTrie("+", "#", protect_dollar=True)
+    def __init__(self, syntax: TopicSyntax) -> None:
+        self._separator = syntax.separator
+        self._trie = TopicTrie(syntax)
         self._cache: BoundedCache[Route] = BoundedCache(ROUTE_CACHE_BYTES, MAX_CACHED_SUBJECT)
 
     def __len__(self) -> int:
         return len(self._trie)
 
-    @staticmethod
-    def levels(subject_or_filter: str) -> list[str]:
+    def levels(self, subject_or_filter: str) -> list[str]:
         """A subject or filter as trie levels."""
-        return subject_or_filter.split("/")
-
-    def check_filter(self, subject_filter: str) -> None:
-        """Raise InvalidArgument unless ``subject_filter`` is a well-formed filter."""
-        self._trie.check_filter(self.levels(subject_filter))
+        return subject_or_filter.split(self._separator)
 
     def bind(self, subject_filter: str, target: QueueTarget | Hashable) -> bool:
         """Route subjects matching ``subject_filter`` to ``target``; False if bound already."""
@@ -99,7 +96,7 @@ class Fanout:
         route = self._cache.get(subject)
         if route is not None:
             return route
-        if subject.count("/") >= MAX_LEVELS:
+        if subject.count(self._separator) >= MAX_LEVELS:
             check_depth(self.levels(subject), "subject")
         if not len(self._trie):
             return NO_ROUTE

@@ -306,3 +306,30 @@ class Member:
     client_id: str
     last_heartbeat_ms: int
     queues: tuple[tuple[str, int], ...] = ()
+
+
+@dataclass(frozen=True)
+class QueueStats:
+    """One queue of a topic: its offset range."""
+
+    queue_id: int
+    min_offset: int
+    max_offset: int
+
+
+@dataclass(frozen=True)
+class TopicStats:
+    """A topic's settings and its queues."""
+
+    config: TopicConfig
+    queues: tuple[QueueStats, ...]
+
+
+@dataclass(frozen=True)
+class GroupStats:
+    """A group's settings, live members, subscriptions and lag per queue."""
+
+    config: GroupConfig
+    members: tuple[Member, ...]
+    subscriptions: tuple[Subscription, ...]
+    lag: tuple[QueueLag, ...]

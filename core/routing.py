@@ -1,15 +1,17 @@
-"""A topic trie: which subscriptions match a hierarchical subject.
+"""A topic trie: which subscriptions match a hierarchical subject, in a syntax the adapter gives.
 
-Subjects and filters are lists of levels (MQTT splits on ``/``, AMQP on ``.``; the adapter
-splits). A filter level may be the single-level wildcard (MQTT ``+``, AMQP ``*``) or the
-multi-level wildcard ``#``, which matches zero or more levels (MQTT allows it only as the last
-level; AMQP anywhere). Matching walks
-only the branches the subject's levels select, so its cost grows with the subject's depth and
-the number of matching wildcard branches, not with the number of unrelated subscriptions.
+Subjects and filters are levels joined by a separator; a filter level may be the single-level
+wildcard or the multi-level wildcard, which matches zero or more levels. ``TopicSyntax`` says
+which characters those are and where the multi-level wildcard may stand, so one trie serves
+MQTT (``/``, ``+``, ``#`` last only, ``$`` topics hidden from leading wildcards) and AMQP topic
+exchanges (``.``, ``*``, ``#`` anywhere: ``a.#.b``). The syntax also owns filter validation
+and the matching of one filter against one subject, so adapters never write either again.
 
-Matching is iterative and visits each (trie node, subject depth) pair at most once, so neither a
-deep subject nor a chain of AMQP ``#`` levels can exhaust the stack or take exponential time;
-filters and subjects deeper than ``MAX_LEVELS`` are refused with InvalidArgument.
+Matching walks only the branches the subject's levels select, so its cost grows with the
+subject's depth and the number of matching wildcard branches, not with the number of unrelated
+subscriptions. It is iterative and visits each (trie node, subject depth) pair at most once, so
+neither a deep subject nor a chain of ``#`` levels can exhaust the stack or take exponential
+time; filters and subjects deeper than ``MAX_LEVELS`` are refused with InvalidArgument.
 
 Runs on the event loop; not thread-safe.
 """
@@ -20,10 +22,112 @@ from collections.abc import Hashable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 from .errors import InvalidArgument
+from .untrusted import clip
 
 MAX_LEVELS = 1024
 """Most levels a filter or subject may have. Adapters cap lower (MQTT: ``max_topic_levels``);
 this bound keeps core safe on its own."""
+
+
+@dataclass(frozen=True)
+class TopicSyntax:
+    """How an adapter writes subjects and filters: the level separator, the two wildcards, and
+    two rules (MQTT: ``TopicSyntax("/", "+", "#", multi_last=True, dollar_hidden=True)``;
+    AMQP topic exchanges: ``TopicSyntax(".", "*", "#")``)."""
+
+    separator: str
+    single: str
+    multi: str
+    multi_last: bool = False
+    """The multi-level wildcard may only be a filter's last level (MQTT), not anywhere (AMQP)."""
+    dollar_hidden: bool = False
+    """A wildcard in a filter's first level does not match a first level starting with ``$``
+    (MQTT's ``$SYS/...``); a filter must name such a level literally."""
+
+    def levels(self, text: str) -> list[str]:
+        """A subject or filter split into its levels."""
+        return text.split(self.separator)
+
+    def check_filter(self, text: str) -> list[str]:
+        """The levels of filter ``text``; InvalidArgument unless it is well formed (not empty,
+        at most ``MAX_LEVELS`` levels, wildcards occupying whole levels, the multi-level one
+        last where the syntax says so)."""
+        if not text:
+            raise InvalidArgument("a topic filter must not be empty")
+        levels = self.levels(text)
+        self.check_levels(levels, text)
+        return levels
+
+    def check_levels(self, levels: Sequence[str], text: str = "") -> None:
+        """InvalidArgument unless ``levels`` form a well-formed filter (``text`` names it)."""
+        check_depth(levels, "filter")
+        single, multi, last = self.single, self.multi, len(levels) - 1
+        for position, level in enumerate(levels):
+            if level == multi:
+                if self.multi_last and position != last:
+                    raise InvalidArgument(f"'{multi}' must be the last level of filter "
+                                          f"{clip(text or self.separator.join(levels))}")
+            elif level != single and (single in level or multi in level):
+                raise InvalidArgument(f"a wildcard must occupy a whole level in filter "
+                                      f"{clip(text or self.separator.join(levels))}")
+
+    def is_wildcard(self, level: str) -> bool:
+        """Whether filter level ``level`` is one of the two wildcards."""
+        return level == self.single or level == self.multi
+
+    def matches(self, topic_filter: str, subject: str) -> bool:
+        """Whether ``subject`` matches the well-formed filter ``topic_filter``, for checking a
+        single filter (a trie matches many at once)."""
+        if self.single not in topic_filter and self.multi not in topic_filter:
+            return topic_filter == subject
+        return self.levels_match(self.levels(topic_filter), self.levels(subject))
+
+    def levels_match(self, pattern: Sequence[str], subject: Sequence[str]) -> bool:
+        """Whether filter levels ``pattern`` match subject levels ``subject``."""
+        if self.hides(pattern, subject):
+            return False
+        single, multi = self.single, self.multi
+        if multi not in pattern[:-1]:  # no ``#`` before the last level: one linear pass
+            for position, wanted in enumerate(pattern):
+                if wanted == multi:
+                    return True
+                if position >= len(subject) or (wanted != single and wanted != subject[position]):
+                    return False
+            return len(pattern) == len(subject)
+        # positions in ``pattern`` reachable after consuming each subject level; ``#`` may
+        # consume zero or more levels, so this is linear in len(pattern) x len(subject)
+        reach = _close({0}, pattern, multi)
+        for level in subject:
+            step = set()
+            for position in reach:
+                if position < len(pattern):
+                    wanted = pattern[position]
+                    if wanted == multi:
+                        step.add(position)
+                    elif wanted == single or wanted == level:
+                        step.add(position + 1)
+            reach = _close(step, pattern, multi)
+            if not reach:
+                return False
+        return len(pattern) in reach
+
+    def hides(self, pattern: Sequence[str], subject: Sequence[str]) -> bool:
+        """Whether the syntax hides ``subject`` from ``pattern``: a ``$`` first level against a
+        wildcard first level, when ``dollar_hidden``."""
+        return (self.dollar_hidden and bool(subject) and bool(pattern)
+                and subject[0].startswith("$") and self.is_wildcard(pattern[0]))
+
+
+def _close(positions: set[int], pattern: Sequence[str], multi: str) -> set[int]:
+    """``positions`` plus every position reached by letting ``#`` levels match nothing."""
+    out = set(positions)
+    stack = list(positions)
+    while stack:
+        position = stack.pop()
+        if position < len(pattern) and pattern[position] == multi and position + 1 not in out:
+            out.add(position + 1)
+            stack.append(position + 1)
+    return out
 
 
 @dataclass
@@ -38,14 +142,8 @@ class _Node:
 class TopicTrie:
     """Subscriptions (any hashable value) stored under filters, matched against subjects."""
 
-    def __init__(self, single: str = "+", multi: str = "#", *, multi_anywhere: bool = False,
-                 protect_dollar: bool = False) -> None:
-        """``multi_anywhere``: ``#`` may stand at any level (AMQP), not only the last (MQTT).
-        ``protect_dollar``: wildcards in the first filter level skip subjects starting with ``$``."""
-        self.single = single
-        self.multi = multi
-        self.multi_anywhere = multi_anywhere
-        self.protect_dollar = protect_dollar
+    def __init__(self, syntax: TopicSyntax) -> None:
+        self.syntax = syntax
         self._root = _Node()
         self._count = 0
         self.visited = 0
@@ -54,18 +152,10 @@ class TopicTrie:
     def __len__(self) -> int:
         return self._count
 
-    def check_filter(self, levels: Sequence[str]) -> None:
-        """Raise InvalidArgument unless ``levels`` is a well-formed filter."""
-        check_depth(levels, "filter")
-        for position, level in enumerate(levels):
-            if level == self.multi and position != len(levels) - 1 and not self.multi_anywhere:
-                raise InvalidArgument(f"'{self.multi}' must be the last level of a filter")
-            if level not in (self.single, self.multi) and (self.single in level or self.multi in level):
-                raise InvalidArgument(f"a wildcard must occupy a whole level, not {level!r}")
-
     def add(self, levels: Sequence[str], value: Hashable) -> bool:
-        """Store ``value`` under filter ``levels``; return False if it was there already."""
-        self.check_filter(levels)
+        """Store ``value`` under filter ``levels``; return False if it was there already.
+        InvalidArgument if the filter is malformed (``TopicSyntax.check_levels``)."""
+        self.syntax.check_levels(levels)
         node = self._root
         for level in levels:
             node = node.children.setdefault(level, _Node())
@@ -98,8 +188,9 @@ class TopicTrie:
         InvalidArgument if it is deeper than ``MAX_LEVELS``."""
         check_depth(subject, "subject")
         found: set[Hashable] = set()
-        root, end, multi_key, single_key = self._root, len(subject), self.multi, self.single
-        dollar_root = root if self.protect_dollar and subject and subject[0].startswith("$") else None
+        syntax = self.syntax
+        root, end, multi_key, single_key = self._root, len(subject), syntax.multi, syntax.single
+        dollar_root = root if syntax.dollar_hidden and subject and subject[0].startswith("$") else None
         pending: list[tuple[_Node, int]] = [(root, 0)]
         # (id of a multi-level node, depth) pairs already queued: below several ``#`` levels
         # a node is reached at the same depth along many paths, and is walked once

@@ -20,7 +20,9 @@ from dataclasses import replace
 from core.acl import EVERYONE
 from core.errors import AccessDenied, SluiceError, Unauthenticated
 from core.model import Delivery, OutgoingMessage, Principal, SendResult
+from core.named_queues import NamedQueues
 from core.service import Broker
+from core.state_store import StateStore
 from core.untrusted import DenialLog, clip
 
 from .connection import Inflight
@@ -47,9 +49,12 @@ save consumer offsets, which then cover them."""
 class MqttFrontend:
     """Everything MQTT that outlives a single connection."""
 
-    def __init__(self, broker: Broker, options: MqttOptions, *, allow_anonymous: bool = False,
+    def __init__(self, broker: Broker, queues: NamedQueues, state: StateStore,
+                 options: MqttOptions, *, allow_anonymous: bool = False,
                  anonymous_principal: Principal | None = None) -> None:
         self.broker = broker
+        self.queues = queues
+        self.state = state
         self.options = options
         self.allow_anonymous = allow_anonymous
         self.anonymous_principal = anonymous_principal
@@ -68,7 +73,7 @@ class MqttFrontend:
         """Connections not yet answered with a CONNACK."""
         self._attached: dict[str, MqttConnection] = {}
         self._groups: dict[tuple[str, str], SharedGroup] = {}
-        self._store = SessionStore(broker)
+        self._store = SessionStore(state)
         self._expiry_timers: dict[str, asyncio.TimerHandle] = {}
         self._delayed_wills: dict[str, tuple[asyncio.TimerHandle, MqttConnection]] = {}
         self._tasks: set[asyncio.Task] = set()
@@ -81,7 +86,7 @@ class MqttFrontend:
     async def start(self) -> None:
         """Restore persistent sessions and retained messages; start the keep-alive sweep."""
         records, qos2 = await self._store.load()
-        self.retained.load(self.broker)
+        self.retained.load(self.state)
         now = now_ms()
         for client_id, record in records.items():
             session = Session(self, client_id, record.expiry_s)
@@ -434,7 +439,7 @@ class MqttFrontend:
         key = (share, topic_filter)
         group = self._groups.get(key)
         if group is None:
-            group = self._groups[key] = SharedGroup(self.broker, share, topic_filter,
+            group = self._groups[key] = SharedGroup(self.queues, share, topic_filter,
                                                     self.options.shared_invisible_ms)
         return group
 

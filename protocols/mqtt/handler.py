@@ -374,8 +374,7 @@ class MqttConnection:
             # The messages and, right behind them, the QoS 2 ids awaiting PUBREL go into the
             # same append: the log is durable as a prefix, so a saved id implies its message
             # is stored, and a restart in between cannot store a resent message twice.
-            stored = asyncio.ensure_future(frontend.broker.send(self.principal, messages,
-                                                                create_topics=True))
+            stored = asyncio.ensure_future(frontend.broker.send_decided(messages))
             saved = None
             if exactly_once:
                 session.qos2.awaiting_release.update(exactly_once)
@@ -462,7 +461,6 @@ class MqttConnection:
                 check_filter(sub.topic_filter)
                 share, topic_filter = split_shared(sub.topic_filter)
                 check_filter(topic_filter)
-                self.frontend.broker.check_subject_filter(topic_filter)
             except (InvalidFilter, errors.InvalidArgument) as bad:
                 self.frontend.denials.denied(self.client_id, "filter", "client %s: %s",
                                              clip(self.client_id), bad)

@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from core.service import Broker
+from core.state_store import StateStore
 
 from .mapping import Inbound, from_stored, now_ms
 from .session_store import RETAINED_QUEUE
@@ -54,12 +54,12 @@ class RetainedMessages:
     def __len__(self) -> int:
         return self._count
 
-    def load(self, broker: Broker) -> None:
+    def load(self, state: StateStore) -> None:
         """Rebuild from the store's compacted view: every unexpired message, even beyond the
         limits (they were admitted when published)."""
         self._root, self._count, self.bytes = _Node(), 0, 0
         now = now_ms()
-        for message in broker.load_state(RETAINED_QUEUE):
+        for message in state.load(RETAINED_QUEUE):
             topic = message.keys[0] if message.keys else ""
             if topic and not from_stored(topic, b"", message.properties).expired(now):
                 self._put(topic, message.body, message.properties)

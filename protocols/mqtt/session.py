@@ -81,6 +81,7 @@ class Session:
     def __init__(self, frontend: MqttFrontend, client_id: str, expiry_s: int) -> None:
         self.frontend = frontend
         self.broker = frontend.broker
+        self.queues = frontend.queues
         self.client_id = client_id
         self.expiry_s = expiry_s
         self.persistent = expiry_s > 0
@@ -136,18 +137,18 @@ class Session:
         if options.share is not None:
             self.frontend.shared_group(options.share, options.topic_filter).add_member(self, options)
         elif self.persistent:
-            self.broker.bind_queue(options.topic_filter, self.queue)
+            self.queues.bind(options.topic_filter, self.queue)
         else:
-            self.broker.add_listener(options.topic_filter, self)
+            self.queues.add_listener(options.topic_filter, self)
 
     def _unbind(self, options: SubscriptionOptions) -> None:
         self._matches.clear()
         if options.share is not None:
             self.frontend.leave_shared_group(options.share, options.topic_filter, self)
         elif self.persistent:
-            self.broker.unbind_queue(options.topic_filter, self.queue)
+            self.queues.unbind(options.topic_filter, self.queue)
         else:
-            self.broker.remove_listener(options.topic_filter, self)
+            self.queues.remove_listener(options.topic_filter, self)
 
     def end(self) -> None:
         """The session is over: unbind everything and drop its queue position."""
@@ -155,7 +156,7 @@ class Session:
             self._unbind(options)
         self.subscriptions.clear()
         if self.persistent:
-            self.broker.forget_queue(self.queue)
+            self.queues.forget(self.queue)
 
     def _match(self, topic: str) -> Match | None:
         """How a message on ``topic`` reaches this session, None if it does not: no filter
@@ -198,10 +199,10 @@ class Session:
         self.principal = principal
         self._matches.clear()
         if self.persistent:
-            committed, acked = self.broker.queue_position(self.queue)
+            committed, acked = self.queues.position(self.queue)
             self._next = committed
             self._skip = set(acked) | set(self.qos2.completed) | set(self.qos2.received)
-            self._dup_below = self.broker.queue_bounds(self.queue)[1]
+            self._dup_below = self.queues.bounds(self.queue)[1]
             self._by_pid = {pid: offset for offset, pid in self.qos2.received.items()}
         self._resume()
 
@@ -337,14 +338,14 @@ class Session:
     def _fill(self) -> None:
         """Send stored messages while the client's window has room."""
         link = self.link
-        broker, queue, by_pid, skip = self.broker, self.queue, self._by_pid, self._skip
+        queues, queue, by_pid, skip = self.queues, self.queue, self._by_pid, self._skip
         while link is not None and self.link is link:
             quota = link.send_quota
             if quota <= 0 or link.congested or self._pending:
                 return
             if by_pid and self._next - min(by_pid.values()) >= PID_SPAN - READ_BATCH:
                 return
-            messages, _ = broker.read_queue(queue, self._next, min(quota, READ_BATCH))
+            messages, _ = queues.read(queue, self._next, min(quota, READ_BATCH))
             if not messages:
                 self._arm()
                 return
@@ -359,18 +360,18 @@ class Session:
                 match = self._match(inbound.topic)
                 if match is None or inbound.expired(now) or (
                         match.no_local and inbound.publisher == self.client_id):
-                    broker.ack_queue(queue, offset)
+                    queues.ack(queue, offset)
                     continue
                 qos = min(inbound.qos, match.qos)
                 retain = inbound.retain and match.retain_as_published
                 if qos == 0:
                     self._send(inbound, 0, retain, match.identifiers)
-                    broker.ack_queue(queue, offset)
+                    queues.ack(queue, offset)
                     continue
                 packet_id = offset % PID_SPAN + 1
                 if self._send(inbound, qos, retain, match.identifiers, packet_id,
                               dup=offset < self._dup_below) is None:  # too large for the client
-                    broker.ack_queue(queue, offset)
+                    queues.ack(queue, offset)
                     continue
                 by_pid[packet_id] = offset
                 if link.send_quota <= 0:
@@ -379,7 +380,7 @@ class Session:
     def _arm(self) -> None:
         if not self._armed:
             self._armed = True
-            self.broker.queue_signal(self.queue).add_done_callback(self._signalled)
+            self.queues.signal(self.queue).add_done_callback(self._signalled)
 
     def _signalled(self, _: asyncio.Future[None]) -> None:
         self._armed = False
@@ -406,7 +407,7 @@ class Session:
             if entry is not None:
                 entry[0].settle(entry[1])
         elif (offset := self._by_pid.pop(packet_id, None)) is not None:
-            self.broker.ack_queue(self.queue, offset)
+            self.queues.ack(self.queue, offset)
             if self.qos2.received.pop(offset, None) is not None:
                 self.qos2.completed[offset] = now_ms()
                 self.frontend.save_qos2_soon(self)

@@ -24,7 +24,7 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any
 
-from core.service import Broker
+from core.state_store import StateStore
 from core.untrusted import clip
 
 from .properties import MAX_VARINT
@@ -187,16 +187,16 @@ class Qos2State:
 class SessionStore:
     """Loads and saves session records through core's compacted state."""
 
-    def __init__(self, broker: Broker) -> None:
-        self._broker = broker
+    def __init__(self, state: StateStore) -> None:
+        self._state = state
 
     async def load(self) -> tuple[dict[str, SessionRecord], dict[str, Qos2State]]:
         """Every saved session and QoS 2 state, by client id."""
-        await self._broker.ensure_compacted(SESSIONS_TOPIC)
-        self._broker.enable_compacted_queue(RETAINED_QUEUE)
+        await self._state.ensure_compacted(SESSIONS_TOPIC)
+        self._state.enable_compacted_queue(RETAINED_QUEUE)
         sessions: dict[str, SessionRecord] = {}
         qos2: dict[str, Qos2State] = {}
-        for message in self._broker.load_state(SESSIONS_TOPIC):
+        for message in self._state.load(SESSIONS_TOPIC):
             key = message.keys[0] if message.keys else ""
             kind, _, client_id = key.partition("/")
             try:
@@ -213,11 +213,11 @@ class SessionStore:
         return sessions, qos2
 
     async def save(self, record: SessionRecord) -> None:
-        await self._broker.put_state(SESSIONS_TOPIC, "s/" + record.client_id, record.encode())
+        await self._state.put(SESSIONS_TOPIC, "s/" + record.client_id, record.encode())
 
     async def save_qos2(self, client_id: str, state: Qos2State) -> None:
-        await self._broker.put_state(SESSIONS_TOPIC, "q/" + client_id, state.encode())
+        await self._state.put(SESSIONS_TOPIC, "q/" + client_id, state.encode())
 
     async def delete(self, client_id: str) -> None:
-        await self._broker.put_state(SESSIONS_TOPIC, "s/" + client_id, b"")
-        await self._broker.put_state(SESSIONS_TOPIC, "q/" + client_id, b"")
+        await self._state.put(SESSIONS_TOPIC, "s/" + client_id, b"")
+        await self._state.put(SESSIONS_TOPIC, "q/" + client_id, b"")

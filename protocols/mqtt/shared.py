@@ -16,7 +16,7 @@ import asyncio
 import itertools
 from typing import TYPE_CHECKING
 
-from core.service import Broker
+from core.named_queues import NamedQueues
 
 from .mapping import now_ms
 from .session_store import SubscriptionOptions
@@ -31,8 +31,9 @@ MAX_POP = 256
 class SharedGroup:
     """One shared subscription group: its queue and its member sessions."""
 
-    def __init__(self, broker: Broker, share: str, topic_filter: str, invisible_ms: int) -> None:
-        self.broker = broker
+    def __init__(self, queues: NamedQueues, share: str, topic_filter: str,
+                 invisible_ms: int) -> None:
+        self.queues = queues
         self.share = share
         self.topic_filter = topic_filter
         self.queue = shared_queue(share, topic_filter)
@@ -45,7 +46,7 @@ class SharedGroup:
 
     def add_member(self, session: Session, options: SubscriptionOptions) -> None:
         if not self.members:
-            self.broker.bind_queue(self.topic_filter, self.queue)
+            self.queues.bind(self.topic_filter, self.queue)
         self.members[session] = options
         self.dispatch()
 
@@ -53,16 +54,16 @@ class SharedGroup:
         """Drop a member; the last one leaving ends the group and its queue."""
         self.members.pop(session, None)
         if not self.members:
-            self.broker.unbind_queue(self.topic_filter, self.queue)
-            self.broker.forget_queue(self.queue)
+            self.queues.unbind(self.topic_filter, self.queue)
+            self.queues.forget(self.queue)
             if self._timer is not None:
                 self._timer.cancel()
 
     def settle(self, offset: int) -> None:
-        self.broker.settle_popped(self.queue, offset)
+        self.queues.settle(self.queue, offset)
 
     def release(self, offset: int) -> None:
-        self.broker.release_popped(self.queue, offset)
+        self.queues.release(self.queue, offset)
 
     def dispatch(self) -> None:
         """Hand out as many messages as the online members have room for."""
@@ -85,7 +86,7 @@ class SharedGroup:
             total = sum(room.values())
             if total <= 0:
                 return
-            popped = self.broker.pop_queue(self.queue, min(total, MAX_POP), self.invisible_ms)
+            popped = self.queues.pop(self.queue, min(total, MAX_POP), self.invisible_ms)
             if not popped:
                 self._arm()
                 return
@@ -100,8 +101,8 @@ class SharedGroup:
     def _arm(self) -> None:
         if not self._armed:
             self._armed = True
-            self.broker.queue_signal(self.queue).add_done_callback(self._signalled)
-        due = self.broker.next_redelivery_ms(self.queue)
+            self.queues.signal(self.queue).add_done_callback(self._signalled)
+        due = self.queues.next_redelivery_ms(self.queue)
         if due is not None and self._timer is None:
             loop = asyncio.get_running_loop()
             self._timer = loop.call_later(max(0.0, (due - now_ms()) / 1000), self._redeliver)

@@ -1,10 +1,19 @@
-"""MQTT topic filters: shared-subscription prefixes, validation, matching one filter."""
+"""MQTT topic filters: their syntax for core, shared-subscription prefixes, named queues.
+
+Validation and matching are core's (``core.routing.TopicSyntax``); this module says only what
+MQTT's syntax is and what is MQTT's own (``$share/<name>/<filter>``, the queues of sessions).
+"""
 
 from __future__ import annotations
 
 import hashlib
 
+from core.errors import InvalidArgument
+from core.routing import TopicSyntax
 from core.untrusted import clip
+
+SYNTAX = TopicSyntax(separator="/", single="+", multi="#", multi_last=True, dollar_hidden=True)
+"""MQTT's topic syntax, which core's fan-out and access-control rules use for subjects."""
 
 SHARE_PREFIX = "$share/"
 
@@ -26,32 +35,15 @@ def split_shared(topic_filter: str) -> tuple[str | None, str]:
 
 def check_filter(topic_filter: str) -> None:
     """Raise InvalidFilter unless wildcards occupy whole levels and ``#`` comes last."""
-    if not topic_filter:
-        raise InvalidFilter("a topic filter must not be empty")
-    levels = topic_filter.split("/")
-    for position, level in enumerate(levels):
-        if level == "#" and position != len(levels) - 1:
-            raise InvalidFilter(f"'#' must be the last level of {clip(topic_filter)}")
-        if level not in ("+", "#") and ("+" in level or "#" in level):
-            raise InvalidFilter(f"a wildcard must occupy a whole level in {clip(topic_filter)}")
+    try:
+        SYNTAX.check_filter(topic_filter)
+    except InvalidArgument as bad:
+        raise InvalidFilter(str(bad)) from None
 
 
 def matches(topic_filter: str, topic: str) -> bool:
     """Whether ``topic`` matches ``topic_filter`` (wildcards never match a leading ``$``)."""
-    if "+" not in topic_filter and "#" not in topic_filter:
-        return topic_filter == topic
-    if topic.startswith("$") and topic_filter[0] in "+#":
-        return False
-    f_levels = topic_filter.split("/")
-    t_levels = topic.split("/")
-    for position, level in enumerate(f_levels):
-        if level == "#":
-            return True
-        if position >= len(t_levels):
-            return False
-        if level != "+" and level != t_levels[position]:
-            return False
-    return len(f_levels) == len(t_levels)
+    return SYNTAX.matches(topic_filter, topic)
 
 
 def _digest(text: str) -> str:

@@ -10,7 +10,8 @@ from rocketmq.grpc_protocol import definition_pb2 as pb
 
 from core.errors import InvalidArgument
 from core.model import Principal
-from core.service import Broker, CoreConfig
+from core.service import Broker
+from core.settings import CoreConfig
 
 from .auth import CLIENT_ID_HEADER, Authenticator
 from .clients import ClientRegistry

@@ -1,4 +1,8 @@
-"""The composition root: one store, one metadata repository, one Broker, every listener.
+"""The composition root: one store, one metadata repository, one core, every listener.
+
+Each adapter gets only the faces of core it uses: the native adapter and the admin API the
+client API (``Broker``); MQTT also the named queues and the compacted state store, and gives
+core its topic syntax for subject filters.
 
 ``start(config)`` opens everything and returns a ``RunningBroker``; ``await running.stop()``
 shuts it down in order (stop accepting, stop servers, persist offsets, checkpoint and close the
@@ -24,6 +28,7 @@ from typing import Any, TextIO
 import analytics
 from core.clients import ClientDirectory
 from core.errors import SluiceError
+from core.assembly import Core
 from core.metadata import MetadataRepository
 from core.service import Broker
 from store.errors import StoreError, StoreLockedError
@@ -34,6 +39,7 @@ from .config import Config, env_name
 from .logs import configure_logging
 from protocols.mqtt.frontend import MqttFrontend
 from protocols.mqtt.listeners import MqttListeners, start_mqtt_listeners
+from protocols.mqtt.topics import SYNTAX as MQTT_TOPIC_SYNTAX
 
 log = logging.getLogger("sluice")
 
@@ -59,7 +65,7 @@ class RunningBroker:
     config: Config
     store: FileStore
     metadata: MetadataRepository
-    broker: Broker
+    core: Core
     native: Any = None
     admin: AdminServer | None = None
     mqtt: MqttFrontend | None = None
@@ -68,6 +74,11 @@ class RunningBroker:
     """Every protocol's connected clients, for the admin API."""
     default_user_created: bool = False
     _stopped: bool = field(default=False, repr=False)
+
+    @property
+    def broker(self) -> Broker:
+        """Core's client API."""
+        return self.core.broker
 
     @property
     def native_address(self) -> str:
@@ -127,9 +138,9 @@ class RunningBroker:
         await asyncio.sleep(0)
         # Closing the broker now answers pending long polls at once, so the servers drain in
         # milliseconds instead of waiting out the grace period for tailing consumers.
-        self.broker.begin_shutdown()
+        self.core.begin_shutdown()
         await stopping
-        await self.broker.close()  # persists the offsets, including acks that landed while draining
+        await self.core.close()  # persists the offsets, including acks that landed while draining
         await asyncio.to_thread(self.store.checkpoint)
         await asyncio.to_thread(self.store.close)
         await asyncio.to_thread(self.metadata.close)
@@ -151,16 +162,19 @@ async def start(config: Config) -> RunningBroker:
     running: RunningBroker | None = None
     try:
         metadata = await asyncio.to_thread(_open_metadata, config)
-        broker = Broker(store, metadata, config.data_dir, config.core, flush=config.store.flush)
-        running = RunningBroker(config, store, metadata, broker)
-        await broker.start()
+        core = Core(store, metadata, config.data_dir, config.core, flush=config.store.flush,
+                    subject_syntax=MQTT_TOPIC_SYNTAX)
+        running = RunningBroker(config, store, metadata, core)
+        await core.start()
+        broker = core.broker
         if config.auth.create_default_user:
             running.default_user_created = await asyncio.to_thread(
                 broker.users.ensure_default_user, config.auth.default_user,
                 config.auth.default_password)
         anonymous = (broker.users.principal(ANONYMOUS_USER) if config.auth.allow_anonymous
                      else None)
-        running.mqtt = MqttFrontend(broker, config.mqtt, allow_anonymous=config.auth.allow_anonymous,
+        running.mqtt = MqttFrontend(broker, core.queues, core.state, config.mqtt,
+                                    allow_anonymous=config.auth.allow_anonymous,
                                     anonymous_principal=anonymous)
         await running.mqtt.start()  # sessions are bound before anything can publish
         running.native = await _listen(config, "native", _start_native(running))

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from core.service import CoreConfig
+from core.settings import CoreConfig
 from store.api import StoreConfig
 from protocols.mqtt.options import MqttOptions
 

@@ -41,3 +41,20 @@ def test_native_and_admin_codes_follow_the_class_hierarchy() -> None:
     assert status_for(missing) == (404, "topic_not_found")
     assert code_of(errors.OffsetOutOfRange("9")) == Code.ILLEGAL_OFFSET
     assert status_for(RuntimeError("bug")) == (500, "internal")
+
+
+def test_a_corrupt_message_is_an_internal_error_with_its_message() -> None:
+    corrupt = errors.CorruptMessage("orders", 0, 1, "CRC32C mismatch")
+    assert code_of(corrupt) == Code.INTERNAL_ERROR
+    assert status_for(corrupt) == (500, "internal")
+    assert reason_for(corrupt) == ReasonCode.ImplementationSpecificError
+
+
+@pytest.mark.parametrize("error, text", [
+    (errors.TopicNotFound("orders"), "topic 'orders' does not exist; create it first "
+                                     "(`sluice topic create orders`) or check the name"),
+    (errors.GroupNotFound("g1"), "consumer group 'g1' does not exist; create it (`sluice group "
+                                 "create g1`) or let a consumer's heartbeat create it"),
+])
+def test_not_found_errors_are_built_from_a_name_and_read_as_one_sentence(error, text) -> None:
+    assert str(error) == text

@@ -24,7 +24,10 @@ sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), "..",
 from core.errors import AlreadyExists  # noqa: E402
 from core.metadata import MetadataRepository  # noqa: E402
 from core.model import SYSTEM, GroupConfig, MessageType, RetryPolicy, TopicConfig  # noqa: E402
-from core.service import Broker, CoreConfig  # noqa: E402
+from core.assembly import Core  # noqa: E402
+from core.service import Broker  # noqa: E402
+from core.settings import CoreConfig  # noqa: E402
+from protocols.mqtt.topics import SYNTAX as MQTT_TOPIC_SYNTAX  # noqa: E402
 from protocols.native.server import start_native_server  # noqa: E402
 from store import FileStore, StoreConfig  # noqa: E402
 
@@ -48,8 +51,10 @@ async def main(args: argparse.Namespace) -> None:
     store = FileStore(os.path.join(args.data_dir, "store"), StoreConfig(flush="sync"))
     metadata = MetadataRepository.for_data_dir(args.data_dir)
     config = dataclasses.replace(CoreConfig(), **json.loads(args.core))
-    broker = Broker(store, metadata, args.data_dir, config, flush="sync")
-    await broker.start()
+    core = Core(store, metadata, args.data_dir, config, flush="sync",
+                subject_syntax=MQTT_TOPIC_SYNTAX)
+    await core.start()
+    broker = core.broker
     await _setup(broker, json.loads(args.setup))
     server = await start_native_server(broker, "127.0.0.1", args.port)
     print(f"READY {server.port}", flush=True)
@@ -59,7 +64,7 @@ async def main(args: argparse.Namespace) -> None:
         loop.add_signal_handler(signum, stopping.set)
     await stopping.wait()
     await server.stop(1)
-    await broker.close()
+    await core.close()
     store.close()
     metadata.close()
 

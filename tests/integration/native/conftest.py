@@ -48,9 +48,12 @@ from typing import Any
 
 import pytest
 
+from core.assembly import Core
 from core.metadata import MetadataRepository
 from core.model import SYSTEM, GroupConfig, MessageType, Principal, RetryPolicy, TopicConfig
-from core.service import Broker, CoreConfig
+from core.service import Broker
+from core.settings import CoreConfig
+from protocols.mqtt.topics import SYNTAX as MQTT_TOPIC_SYNTAX
 from protocols.native.server import NativeServer, start_native_server
 from store import FileStore, StoreConfig
 
@@ -73,6 +76,7 @@ class NativeBroker:
         self._thread.start()
         self.store: FileStore | None = None
         self.metadata: MetadataRepository | None = None
+        self.core: Core | None = None
         self.broker: Broker | None = None
         self.server: NativeServer | None = None
         try:
@@ -94,8 +98,10 @@ class NativeBroker:
                      anonymous_principal: Principal | None) -> None:
         self.store = FileStore(str(self.data_dir / "store"), StoreConfig(flush="sync"))
         self.metadata = MetadataRepository.for_data_dir(str(self.data_dir))
-        self.broker = Broker(self.store, self.metadata, str(self.data_dir), core, flush="sync")
-        await self.broker.start()
+        self.core = Core(self.store, self.metadata, str(self.data_dir), core, flush="sync",
+                         subject_syntax=MQTT_TOPIC_SYNTAX)
+        await self.core.start()
+        self.broker = self.core.broker
         await asyncio.to_thread(self.broker.users.create_user, ADMIN_USER, ADMIN_PASSWORD, True)
         self.server = await start_native_server(self.broker, "127.0.0.1", 0,
                                                 allow_anonymous=allow_anonymous,
@@ -129,8 +135,8 @@ class NativeBroker:
         async def stop() -> None:
             if self.server is not None:
                 await self.server.stop(0)
-            if self.broker is not None:
-                await self.broker.close()
+            if self.core is not None:
+                await self.core.close()
             if self.store is not None:
                 await asyncio.to_thread(self.store.close)
             if self.metadata is not None:

@@ -13,6 +13,7 @@ from core.errors import AccessDenied, InvalidArgument, UserNotFound
 from core.metadata import MetadataRepository
 from core.metadata.schema import MIGRATIONS, schema_version
 from core.model import AclRule, Action, Permission, Principal, ResourceKind
+from tests.unit.core.test_broker import SUBJECTS
 
 PUB, SUB = Action.PUBLISH, Action.SUBSCRIBE
 BOTH = frozenset({PUB, SUB})
@@ -24,7 +25,7 @@ def _rule(pattern: str, allow: bool = True, actions=BOTH, user: str = EVERYONE) 
 
 # --- deciding -------------------------------------------------------------------------------
 
-CONFINED = RuleSet([_rule("devices/#", allow=False), _rule("devices/%c/#")])
+CONFINED = RuleSet([_rule("devices/#", allow=False), _rule("devices/%c/#")], SUBJECTS)
 
 
 @pytest.mark.parametrize("client, subject, expected", [
@@ -54,7 +55,7 @@ def test_a_subscription_is_decided_by_the_most_specific_rule_covering_the_whole_
 
 
 def test_everything_except_a_private_branch():
-    rules = RuleSet([_rule("test/#"), _rule("test/private/#", allow=False)])
+    rules = RuleSet([_rule("test/#"), _rule("test/private/#", allow=False)], SUBJECTS)
     assert rules.decide(SUB, "u", "c", "test/public/a") is True
     assert rules.decide(SUB, "u", "c", "test/private/a") is False
     assert rules.decide(SUB, "u", "c", "test/#", is_filter=True) is True
@@ -63,14 +64,14 @@ def test_everything_except_a_private_branch():
 
 def test_deny_wins_between_equally_specific_rules_and_actions_are_separate():
     rules = RuleSet([_rule("a/+", actions={PUB}), _rule("a/+", allow=False, actions={PUB}),
-                     _rule("a/b", actions={SUB})])
+                     _rule("a/b", actions={SUB})], SUBJECTS)
     assert rules.decide(PUB, "u", "c", "a/x") is False
     assert rules.decide(SUB, "u", "c", "a/b") is True
     assert rules.decide(SUB, "u", "c", "a/x") is None
 
 
 def test_user_placeholder_and_dollar_subjects():
-    rules = RuleSet([_rule("home/%u/#"), _rule("#", allow=False)])
+    rules = RuleSet([_rule("home/%u/#"), _rule("#", allow=False)], SUBJECTS)
     assert rules.decide(PUB, "alice", "c", "home/alice/lamp") is True
     assert rules.decide(PUB, "bob", "c", "home/alice/lamp") is False
     assert rules.decide(PUB, "bob", "c", "$SYS/x") is None  # a leading wildcard skips '$'
@@ -79,12 +80,12 @@ def test_user_placeholder_and_dollar_subjects():
 @pytest.mark.parametrize("pattern", ["", "a/#/b", "a/b+", "x" * 1025])
 def test_malformed_patterns_are_refused(pattern):
     with pytest.raises(InvalidArgument):
-        check_rule(_rule(pattern))
+        check_rule(_rule(pattern), SUBJECTS)
 
 
 def test_a_rule_needs_publish_or_subscribe():
     with pytest.raises(InvalidArgument):
-        check_rule(_rule("a/#", actions={Action.ADMIN}))
+        check_rule(_rule("a/#", actions={Action.ADMIN}), SUBJECTS)
 
 
 # --- storage ----------------------------------------------------------------------------------
@@ -138,7 +139,7 @@ def test_no_user_may_be_named_everyone(repo):
 @pytest.fixture
 def users(tmp_path) -> Iterator[Users]:
     repository = MetadataRepository(f"sqlite:///{tmp_path}/metadata.db", Fernet.generate_key())
-    yield Users(repository)
+    yield Users(repository, SUBJECTS)
     repository.close()
 
 

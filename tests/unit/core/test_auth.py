@@ -15,6 +15,7 @@ from core.auth import Users, pattern_matches
 from core.errors import AccessDenied, Unauthenticated
 from core.metadata import MetadataRepository
 from core.model import SYSTEM, Action, Permission, Principal, ResourceKind, User
+from tests.unit.core.test_broker import SUBJECTS
 
 TOPIC, GROUP = ResourceKind.TOPIC, ResourceKind.GROUP
 PUB, SUB, ADMIN = Action.PUBLISH, Action.SUBSCRIBE, Action.ADMIN
@@ -29,7 +30,7 @@ def repository(tmp_path) -> Iterator[MetadataRepository]:
 
 @pytest.fixture
 def users(repository) -> Users:
-    return Users(repository)
+    return Users(repository, SUBJECTS)
 
 
 def _grant(users: Users, user: str, pattern: str, *actions: Action, kind: ResourceKind = TOPIC) -> None:

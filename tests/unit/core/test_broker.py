@@ -7,33 +7,46 @@ from collections.abc import Awaitable, Callable
 
 import pytest
 
-from core.errors import (AccessDenied, BadFilter, InvalidReceiptHandle, MessageTooLarge, NotSupported,
-                         ReceiptExpired, TopicNotFound)
+from core.errors import (AccessDenied, BadFilter, GroupNotFound, InvalidReceiptHandle,
+                         MessageTooLarge, NotSupported, ReceiptExpired, TopicNotFound)
 from core.metadata import MetadataRepository
 from core.model import (SYSTEM, Action, ConsumeMode, GroupConfig, OutgoingMessage, Permission,
                         ResourceKind, RetryPolicy, TopicConfig)
-from core.service import Broker, CoreConfig
+from core.assembly import Core
+from core.routing import TopicSyntax
+from core.service import Broker
+from core.settings import CoreConfig
 from store import FileStore, MemoryStore, StoreConfig
 
 CONFIG = CoreConfig(heartbeat_timeout_ms=300, offset_commit_interval_ms=50)
+SUBJECTS = TopicSyntax("/", "+", "#", multi_last=True, dollar_hidden=True)
+"""Subject filters as MQTT writes them (the composition root gives core MQTT's syntax)."""
 Scenario = Callable[[Broker], Awaitable[None]]
 
 
-def run(tmp_path, scenario: Scenario, *, store: str = "memory", config: CoreConfig = CONFIG) -> None:
-    """Run ``scenario`` against a started broker, then close it."""
+def run_core(tmp_path, scenario: Callable[[Core], Awaitable[None]], *, store: str = "memory",
+             config: CoreConfig = CONFIG) -> None:
+    """Run ``scenario`` against a started core, then close it."""
     async def main() -> None:
         opened = (MemoryStore() if store == "memory"
                   else FileStore(str(tmp_path / "store"), StoreConfig(segment_size=1 << 20)))
         metadata = MetadataRepository.for_data_dir(str(tmp_path))
-        broker = Broker(opened, metadata, str(tmp_path), config)
-        await broker.start()
+        core = Core(opened, metadata, str(tmp_path), config, subject_syntax=SUBJECTS)
+        await core.start()
         try:
-            await scenario(broker)
+            await scenario(core)
         finally:
-            await broker.close()
+            await core.close()
             opened.close()
             metadata.close()
     asyncio.run(main())
+
+
+def run(tmp_path, scenario: Scenario, *, store: str = "memory", config: CoreConfig = CONFIG) -> None:
+    """Run ``scenario`` against the client API of a started core, then close it."""
+    async def with_broker(core: Core) -> None:
+        await scenario(core.broker)
+    run_core(tmp_path, with_broker, store=store, config=config)
 
 
 async def topic(broker: Broker, name: str = "orders", queues: int = 4) -> None:
@@ -275,19 +288,20 @@ def test_permissions_are_checked_on_domain_names(tmp_path):
 
 
 def test_a_topic_retention_limit_hides_older_messages_from_consumers(tmp_path):
-    async def scenario(broker: Broker) -> None:
+    async def scenario(core: Core) -> None:
+        broker = core.broker
         await broker.create_topic(SYSTEM, TopicConfig("short", queue_count=1, retention_ms=60_000))
         await topic(broker, "long", queues=1)
         await send(broker, 3, "short")
         await send(broker, 3, "long")
         stored = broker.describe_topic("short").queues[0]
         assert (stored.min_offset, stored.max_offset) == (0, 3)
-        await broker.apply_retention(now_ms=int(time.time() * 1000) + 120_000)
+        await core.apply_retention(now_ms=int(time.time() * 1000) + 120_000)
         assert broker.describe_topic("short").queues[0].min_offset == 3
         assert (await broker.pull(SYSTEM, "g", "short", 0, 0)).messages == []
         assert await broker.receive(SYSTEM, "g", "short", "c1") == []
         assert len((await broker.pull(SYSTEM, "g", "long", 0, 0)).messages) == 3
-    run(tmp_path, scenario)
+    run_core(tmp_path, scenario)
 
 
 def test_in_flight_bookkeeping_stays_proportional_to_what_is_unacked():
@@ -298,3 +312,30 @@ def test_in_flight_bookkeeping_stays_proportional_to_what_is_unacked():
         cursor.ack(offset)
     assert cursor.committed == 50_000 and not cursor.inflight
     assert len(cursor.expiries) <= 2_000
+
+
+def test_not_found_errors_name_the_resource_in_one_sentence(tmp_path):
+    """Every raise site hands TopicNotFound/GroupNotFound a name, which they put in a sentence;
+    a sentence handed in would read as one sentence wrapped in another."""
+    async def scenario(broker: Broker) -> None:
+        errors = []
+        for attempt in (broker.send(SYSTEM, [OutgoingMessage("nope", b"x")]),
+                        broker.send(SYSTEM, [OutgoingMessage("nope", b"x")], create_topics=True),
+                        broker.receive(SYSTEM, "ghost", "nope", "c1"),
+                        broker.pull(SYSTEM, "g", "nope", 0, 0),
+                        broker.delete_topic(SYSTEM, "nope")):
+            with pytest.raises(TopicNotFound) as missing:
+                await attempt
+            errors.append(str(missing.value))
+        with pytest.raises(GroupNotFound) as missing_group:
+            await broker.delete_group(SYSTEM, "ghost")
+        errors.append(str(missing_group.value))
+        await topic(broker, queues=1)
+        with pytest.raises(GroupNotFound) as missing_group:
+            await broker.receive(SYSTEM, "ghost", "orders", "c1")
+        errors.append(str(missing_group.value))
+        assert set(errors[:5]) == {"topic 'nope' does not exist; create it first "
+                                   "(`sluice topic create nope`) or check the name"}
+        assert set(errors[5:]) == {"consumer group 'ghost' does not exist; create it (`sluice "
+                                   "group create ghost`) or let a consumer's heartbeat create it"}
+    run(tmp_path, scenario, config=CoreConfig(auto_create_topics=False, auto_create_groups=False))

@@ -9,14 +9,15 @@ import logging
 
 import pytest
 
+from core.assembly import Core
 from core.durable import BatchingAppender, DurableWaiters
 from core.errors import QuotaExceeded
 from core.metadata import MetadataRepository
 from core.model import SYSTEM, OutgoingMessage, TopicConfig
-from core.service import Broker, CoreConfig
 from store import FileStore, StoreConfig
 from store.api import Message
 from store.faults import Fault
+from tests.unit.core.test_broker import SUBJECTS
 
 WAIT = 30
 STORE = StoreConfig(segment_size=1 << 20, index_slot_count=97, index_max_entries=64)
@@ -85,8 +86,9 @@ def test_the_broker_answers_sends_with_quota_exceeded_while_the_disk_is_full(tmp
     async def main() -> None:
         store = FileStore(str(tmp_path / "store"), STORE)
         metadata = MetadataRepository.for_data_dir(str(tmp_path))
-        broker = Broker(store, metadata, str(tmp_path), CoreConfig())
-        await broker.start()
+        core = Core(store, metadata, str(tmp_path), subject_syntax=SUBJECTS)
+        await core.start()
+        broker = core.broker
         loop, writable = asyncio.get_running_loop(), asyncio.Event()
         store.add_health_listener(lambda reason: reason is None and loop.call_soon_threadsafe(writable.set))
         try:
@@ -103,7 +105,7 @@ def test_the_broker_answers_sends_with_quota_exceeded_while_the_disk_is_full(tmp
             assert [m.body for m in pulled.messages] == [b"kept", b"lost", b"after"], \
                 "the stuck record is delivered once written; the refused ones were never stored"
         finally:
-            await broker.close()
+            await core.close()
             store.close()
             metadata.close()
     asyncio.run(main())

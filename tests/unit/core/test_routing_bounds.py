@@ -13,18 +13,19 @@ import tracemalloc
 
 import pytest
 
+from core.assembly import Core
 from core.bounded_cache import BoundedCache
 from core.errors import InvalidArgument
 from core.fanout import ROUTE_CACHE_BYTES, Fanout
 from core.model import SUBJECT_PROPERTY, SYSTEM, GroupConfig, OutgoingMessage, TopicConfig
 from core.routing import MAX_LEVELS, TopicTrie
-from core.service import Broker
-from tests.unit.core.test_broker import run, topic
+from tests.unit.core.test_broker import SUBJECTS, run_core, topic
 from tests.unit.core.test_fanout import Recorder
+from tests.unit.core.test_routing import AMQP
 
 
 def test_filters_and_subjects_deeper_than_the_bound_are_refused():
-    trie = TopicTrie("+", "#", protect_dollar=True)
+    trie = TopicTrie(SUBJECTS)
     with pytest.raises(InvalidArgument, match="at most 1024 levels"):
         trie.add(["a"] * 5_000, "s")
     with pytest.raises(InvalidArgument, match="at most 1024 levels"):
@@ -33,7 +34,7 @@ def test_filters_and_subjects_deeper_than_the_bound_are_refused():
 
 
 def test_the_deepest_allowed_subject_matches_without_recursion():
-    trie = TopicTrie("+", "#", protect_dollar=True)
+    trie = TopicTrie(SUBJECTS)
     deep = [f"l{i}" for i in range(MAX_LEVELS)]
     trie.add(deep, "exact")
     trie.add(["+"] * (MAX_LEVELS - 1) + ["#"], "wild")
@@ -44,7 +45,7 @@ def test_the_deepest_allowed_subject_matches_without_recursion():
 def test_a_chain_of_amqp_hashes_is_not_exponential():
     """``#.#.#...`` against a long key: each (node, depth) is walked once, so the visits stay
     below nodes x depth instead of growing as depth ** hashes."""
-    trie = TopicTrie("*", "#", multi_anywhere=True)
+    trie = TopicTrie(AMQP)
     trie.add(["#"] * 12 + ["end"], "q")
     key = ["w"] * 200 + ["end"]
     assert trie.match(key) == {"q"}
@@ -53,12 +54,13 @@ def test_a_chain_of_amqp_hashes_is_not_exponential():
 
 
 def test_sends_with_a_too_deep_subject_are_refused_and_binds_too(tmp_path):
-    async def scenario(broker: Broker) -> None:
+    async def scenario(core: Core) -> None:
+        broker = core.broker
         await topic(broker, "devices")
         listener = Recorder()
-        broker.add_listener("devices/#", listener)
+        core.queues.add_listener("devices/#", listener)
         with pytest.raises(InvalidArgument):
-            broker.bind_queue("/".join(["x"] * 5_000), "session-deep")
+            core.queues.bind("/".join(["x"] * 5_000), "session-deep")
         deep = "devices/" + "/".join(["x"] * 5_000)
         with pytest.raises(InvalidArgument, match="levels"):
             await broker.send(SYSTEM, [OutgoingMessage("devices", b"deep",
@@ -66,14 +68,14 @@ def test_sends_with_a_too_deep_subject_are_refused_and_binds_too(tmp_path):
         await broker.send(SYSTEM, [OutgoingMessage("devices", b"ok",
                                                    properties={SUBJECT_PROPERTY: "devices/d1"})])
         assert listener.got == [b"ok"]
-    run(tmp_path, scenario)
+    run_core(tmp_path, scenario)
 
 
 def test_the_route_cache_stays_within_its_byte_budget():
     """Routing 1,000 distinct 60 KB subjects (60 MB of names) and 2,000 distinct 1 KB ones
     leaves the fan-out holding a few MB at most: long subjects are never cached and the rest
     is bounded in bytes."""
-    fanout = Fanout()
+    fanout = Fanout(SUBJECTS)
     fanout.bind("devices/#", "listener")
     tracemalloc.start()
     try:
@@ -117,12 +119,12 @@ def test_a_refused_name_is_clipped_in_the_error():
 @pytest.mark.parametrize("store", ["memory", "file"])
 def test_state_keys_too_long_for_the_store_are_refused(tmp_path, store):
     """A 65,535-byte client id as a session key used to fail inside the store."""
-    async def scenario(broker: Broker) -> None:
-        await broker.ensure_compacted("%SYS%state")
+    async def scenario(core: Core) -> None:
+        await core.state.ensure_compacted("%SYS%state")
         with pytest.raises(InvalidArgument, match="keys exceed"):
-            await broker.put_state("%SYS%state", "s/" + "c" * 65_535, b"{}")
+            await core.state.put("%SYS%state", "s/" + "c" * 65_535, b"{}")
         with pytest.raises(InvalidArgument, match="keys exceed"):
-            await broker.put_state("%SYS%state", "s/" + "é" * 20_000, b"{}")
-        await broker.put_state("%SYS%state", "s/" + "c" * 256, b"{}")
-        assert [m.keys[0] for m in broker.load_state("%SYS%state")] == ["s/" + "c" * 256]
-    run(tmp_path, scenario, store=store)
+            await core.state.put("%SYS%state", "s/" + "é" * 20_000, b"{}")
+        await core.state.put("%SYS%state", "s/" + "c" * 256, b"{}")
+        assert [m.keys[0] for m in core.state.load("%SYS%state")] == ["s/" + "c" * 256]
+    run_core(tmp_path, scenario, store=store)

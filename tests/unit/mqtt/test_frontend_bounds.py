@@ -3,19 +3,19 @@ from __future__ import annotations
 
 import tracemalloc
 
-from core.service import Broker
+from core.assembly import Core
 from protocols.mqtt.frontend import MqttFrontend
 from protocols.mqtt.options import MqttOptions
 from protocols.mqtt.session import Session
 from protocols.mqtt.session_store import SubscriptionOptions
-from tests.unit.core.test_broker import run
+from tests.unit.core.test_broker import run_core
 
 
 def test_shared_groups_left_empty_are_forgotten(tmp_path):
     """A client subscribing to and leaving 2,000 distinct shared groups leaves nothing behind
     (each group used to stay in the front end for good)."""
-    async def scenario(broker: Broker) -> None:
-        frontend = MqttFrontend(broker, MqttOptions())
+    async def scenario(core: Core) -> None:
+        frontend = MqttFrontend(core.broker, core.queues, core.state, MqttOptions())
         session = Session(frontend, "hopper", 0)
         tracemalloc.start()
         try:
@@ -28,4 +28,4 @@ def test_shared_groups_left_empty_are_forgotten(tmp_path):
         finally:
             tracemalloc.stop()
         assert held < 512 << 10, f"{held} bytes left behind"
-    run(tmp_path, scenario)
+    run_core(tmp_path, scenario)

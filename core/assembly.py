@@ -1,0 +1,53 @@
+"""One core over one store: the shared ``Engine`` and the three faces adapters are given.
+
+- ``broker``: the authenticated client API (``core.service.Broker``);
+- ``queues``: named queues fed by subject fan-out (``core.named_queues.NamedQueues``);
+- ``state``: compacted state (``core.state_store.StateStore``).
+
+The composition root builds one ``Core`` and passes each adapter only the faces it uses.
+``await start()`` on the event loop that will call it; ``await close()`` before closing the
+store.
+"""
+
+from __future__ import annotations
+
+from store.api import RetentionReport, Store
+
+from .auth import Users
+from .engine import Engine
+from .metadata import MetadataRepository
+from .named_queues import NamedQueues
+from .routing import TopicSyntax
+from .service import Broker
+from .settings import CoreConfig
+from .state_store import StateStore
+
+
+class Core:
+    """The engine and its faces. Runs on the event loop; not thread-safe."""
+
+    def __init__(self, store: Store, metadata: MetadataRepository, data_dir: str,
+                 config: CoreConfig = CoreConfig(), *, subject_syntax: TopicSyntax,
+                 flush: str = "sync") -> None:
+        """``subject_syntax``: how adapters write the subject filters they bind (MQTT's)."""
+        self.engine = Engine(store, metadata, data_dir, config, flush=flush,
+                             subject_syntax=subject_syntax)
+        self.broker = Broker(self.engine, Users(metadata, subject_syntax))
+        self.queues = NamedQueues(self.engine)
+        self.state = StateStore(self.engine)
+
+    async def start(self) -> None:
+        """Load metadata and start the timers."""
+        await self.engine.start()
+
+    def begin_shutdown(self) -> None:
+        """Answer every pending long poll at once and refuse new sends; acks still count."""
+        self.engine.begin_shutdown()
+
+    async def close(self) -> None:
+        """Stop timers, wake every long poll, persist offsets."""
+        await self.engine.close()
+
+    async def apply_retention(self, now_ms: int | None = None) -> RetentionReport:
+        """Apply the store's and every topic's retention now (it also runs on a timer)."""
+        return await self.engine.apply_retention(now_ms)

@@ -1,0 +1,143 @@
+"""What core's faces share: one store with its writer and reader, the topic and group
+registries, cursors, fan-out, and the timers that save offsets, expire members and apply
+retention.
+
+``core.assembly.Core`` builds one and hands it to the faces (``Broker``, ``NamedQueues``,
+``StateStore``); adapters never see it. Runs on the event loop; not thread-safe.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import Counter
+
+from store.api import RetentionReport, Store
+
+from . import clock
+from .consume import Reader
+from .cursors import CursorBook
+from .delivery import RecentMessages, TopicSignals
+from .durable import DurableWaiters
+from .fanout import Fanout
+from .groups import Groups
+from .metadata import MetadataRepository
+from .model import Delivery
+from .produce import Producer
+from .routing import TopicSyntax
+from .settings import CoreConfig
+from .topics import Topics
+
+log = logging.getLogger(__name__)
+
+
+class Engine:
+    """Core's shared state over one store and one metadata repository.
+
+    ``await start()`` on the event loop that will use it, ``await close()`` before closing the
+    store. ``producer`` and ``reader`` exist once started.
+    """
+
+    def __init__(self, store: Store, metadata: MetadataRepository, data_dir: str,
+                 config: CoreConfig, *, flush: str, subject_syntax: TopicSyntax) -> None:
+        self.store = store
+        self.metadata = metadata
+        self.config = config
+        self._durable_sends = flush == "sync"
+        self.cursors = CursorBook(data_dir)
+        self.recent = RecentMessages(config.recent_cache_bytes)
+        self.signals = TopicSignals()
+        self.fanout = Fanout(subject_syntax)
+        self.topics = Topics(store, metadata, config)
+        self.groups = Groups(metadata, config, self.cursors)
+        self.closing = False
+        """Shutting down: long polls answer at once and sends are refused."""
+        self.counters: Counter[tuple[str, str]] = Counter()
+        """(metric, topic or group) -> count: ``messages_in``, ``bytes_in``, ``messages_out``,
+        ``bytes_out`` per topic and ``dead_lettered`` per group."""
+        self.producer: Producer
+        self.reader: Reader
+        self._retention_floors: dict[tuple[str, int], int] = {}
+        """(topic, queue) -> first offset within the topic's own retention limit."""
+        self._tasks: list[asyncio.Task] = []
+
+    async def start(self) -> None:
+        """Load metadata; start the writer, the reader and the timers. Runs on the loop."""
+        loop = asyncio.get_running_loop()
+        store = self.store
+        durable = store.durable_offset
+        waiters = DurableWaiters(loop, durable, getattr(store, "visible_offset", durable))
+        store.add_listener(waiters.listener)
+        store.add_health_listener(waiters.health_listener)
+        waiters.store_health(store.degraded)
+        self.producer = Producer(store, waiters, self.recent, self.signals, self.fanout,
+                                 durable=self._durable_sends,
+                                 max_message_bytes=self.config.max_message_bytes)
+        self.counters = self.producer.counters
+        self.reader = Reader(store, self.recent, self.producer.deliverable_end,
+                             self._retention_floors)
+        metadata = self.metadata
+        topics, groups, subscriptions = await asyncio.to_thread(
+            lambda: (metadata.list_topics(), metadata.list_groups(), metadata.list_subscriptions()))
+        self.topics.load(topics)
+        self.groups.load(groups, subscriptions)
+        self._tasks = [asyncio.create_task(self.groups.expire_members()),
+                       asyncio.create_task(self._commit_offsets()),
+                       asyncio.create_task(self._retain())]
+
+    def begin_shutdown(self) -> None:
+        """Answer every pending long poll at once and refuse new sends; acks still count."""
+        self.closing = True
+        self.signals.notify_all()
+
+    async def close(self) -> None:
+        """Stop timers, wake every long poll with an empty answer, persist offsets."""
+        self.begin_shutdown()
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self.signals.notify_all()
+        self.cursors.write(self.cursors.snapshot())
+
+    def count_out(self, topic: str, deliveries: list[Delivery]) -> None:
+        """Count messages handed to consumers of ``topic``."""
+        if deliveries:
+            self.counters["messages_out", topic] += len(deliveries)
+            self.counters["bytes_out", topic] += sum(len(d.body) for d in deliveries)
+
+    async def apply_retention(self, now_ms: int | None = None) -> RetentionReport:
+        """Run the store's retention (whole segments, off the loop), then hide messages older
+        than each topic's own ``retention_ms`` from its consumers."""
+        now = clock.now_ms() if now_ms is None else now_ms
+        report = await asyncio.to_thread(self.store.apply_retention, now)
+        if report.deleted_segments:
+            log.info("retention deleted %d segments (%d bytes); the log now starts at offset %d",
+                     len(report.deleted_segments), report.deleted_bytes, report.log_min_offset)
+        self._retention_floors.update(self.topics.retention_floors(now))
+        return report
+
+    async def _commit_offsets(self) -> None:
+        period = self.config.offset_commit_interval_ms / 1000
+        failing = False
+        while True:
+            await asyncio.sleep(period)
+            try:
+                await asyncio.to_thread(self.cursors.write, self.cursors.snapshot())
+            except OSError as error:  # a full disk: logged once, retried every interval
+                if not failing:
+                    log.error("could not save consumer offsets (%s); retrying every %.1f s",
+                              error, period)
+                failing = True
+            else:
+                if failing:
+                    log.info("consumer offsets are saved again")
+                failing = False
+
+    async def _retain(self) -> None:
+        period = self.config.retention_check_interval_ms / 1000
+        while True:
+            await asyncio.sleep(period)
+            try:
+                await self.apply_retention()
+            except Exception:  # noqa: BLE001 - the next interval tries again
+                log.exception("retention pass failed; retrying next interval")

@@ -1,0 +1,139 @@
+"""Named queues for adapters: queues fed by subject fan-out instead of by producers.
+
+An adapter binds subject filters (in the syntax the composition root gave core) to a named
+queue (queue id 0), and every message whose subject matches is indexed into it when appended,
+stored once. MQTT's persistent sessions and shared subscriptions read such queues, and AMQP
+queues will: ``bind``/``unbind``, message-level ``pop`` with ``settle``/``release`` for queues
+shared by several consumers, and ``position``/``ack`` for a queue with one consumer. Live
+listeners (``add_listener``) get matching messages in memory, nothing stored.
+
+Bindings live in memory: adapters restore theirs before serving. The adapter authorizes what it
+binds and delivers; nothing here is checked against a principal. Runs on the event loop; not
+thread-safe.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from .clock import now_ms
+from .consume import pop_queue
+from .engine import Engine
+from .errors import CorruptMessage
+from .fanout import Listener, QueueTarget
+from .filters import parse_filter
+from .model import Delivery
+
+_EVERY_TAG = parse_filter("*")
+_NO_DEAD_LETTERS = 1 << 30
+"""Attempts after which a popped message would be dead-lettered: never, for named queues."""
+
+
+class NamedQueues:
+    """Bindings, reads and consumption state of named queues."""
+
+    def __init__(self, engine: Engine) -> None:
+        self._fanout = engine.fanout
+        self._cursors = engine.cursors
+        self._signals = engine.signals
+        self._engine = engine
+
+    # --- what feeds a queue ---
+
+    def bind(self, subject_filter: str, queue: str) -> bool:
+        """Index every message whose subject matches into ``queue`` from now on; False if it
+        was bound already. InvalidArgument for a malformed filter."""
+        return self._fanout.bind(subject_filter, QueueTarget(queue))
+
+    def unbind(self, subject_filter: str, queue: str) -> bool:
+        """Undo ``bind``; False if it was not bound."""
+        return self._fanout.unbind(subject_filter, QueueTarget(queue))
+
+    def add_listener(self, subject_filter: str, listener: Listener) -> bool:
+        """Hand ``listener`` every message whose subject matches, once deliverable."""
+        return self._fanout.bind(subject_filter, listener)
+
+    def remove_listener(self, subject_filter: str, listener: Listener) -> bool:
+        """Undo ``add_listener``."""
+        return self._fanout.unbind(subject_filter, listener)
+
+    # --- reading ---
+
+    def bounds(self, queue: str) -> tuple[int, int]:
+        """(earliest, deliverable end) of ``queue``."""
+        return self._engine.reader.range(queue, 0)
+
+    def read(self, queue: str, offset: int, max_messages: int) -> tuple[list[Delivery], int]:
+        """Up to ``max_messages`` of ``queue`` from ``offset``: (messages, next offset).
+        Deliveries carry the queue's own offsets; a start below the earliest retained message
+        skips ahead, and so does a corrupt message (logged, acked: it is never delivered)."""
+        reader = self._engine.reader
+        earliest, end = reader.range(queue, 0)
+        offset = max(offset, earliest)
+        while True:
+            try:
+                messages = reader.read(queue, 0, offset, min(max_messages, end - offset))
+            except CorruptMessage as corrupt:  # logged by the reader; its consumer goes on
+                self.ack(queue, corrupt.offset)
+                offset = corrupt.offset + 1
+                continue
+            return messages, (messages[-1].queue_offset + 1 if messages else offset)
+
+    def signal(self, queue: str) -> asyncio.Future[None]:
+        """A future resolved when ``queue`` next gets deliverable messages (or a popped message
+        of it becomes visible again through ``release``)."""
+        return self._signals.future(queue)
+
+    # --- several consumers: pop, settle, release ---
+
+    def pop(self, queue: str, max_messages: int, invisible_ms: int) -> list[Delivery]:
+        """Message-level consumption of ``queue`` shared by several consumers: each message goes
+        to one of them and comes back after ``invisible_ms`` unless settled. A corrupt message
+        is skipped (logged, settled: it is never delivered)."""
+        reader = self._engine.reader
+        cursor = self._cursors.open((queue, queue, 0), reader.range(queue, 0)[0])
+        while True:
+            try:
+                return pop_queue(reader, cursor, queue, queue, 0, _EVERY_TAG, now_ms(),
+                                 invisible_ms, max_messages, _NO_DEAD_LETTERS).deliveries
+            except CorruptMessage as corrupt:  # logged by the reader; never delivered
+                cursor.next = max(cursor.next, corrupt.offset + 1)
+                cursor.ack(corrupt.offset)
+
+    def next_redelivery_ms(self, queue: str) -> int | None:
+        """When the earliest popped, unsettled message of ``queue`` becomes visible again."""
+        cursor = self._cursors.get((queue, queue, 0))
+        return None if cursor is None else cursor.next_deadline()
+
+    def settle(self, queue: str, offset: int) -> None:
+        """The popped message at ``offset`` of ``queue`` is done."""
+        cursor = self._cursors.get((queue, queue, 0))
+        if cursor is not None and offset in cursor.inflight:
+            cursor.ack(offset)
+
+    def release(self, queue: str, offset: int) -> None:
+        """Make the popped message at ``offset`` of ``queue`` visible again now (its consumer
+        left), and wake those waiting on the queue."""
+        cursor = self._cursors.get((queue, queue, 0))
+        if cursor is not None and offset in cursor.inflight:
+            cursor.extend(offset, now_ms(), 0)
+            self._signals.notify(queue)
+
+    # --- one consumer: position and ack ---
+
+    def position(self, queue: str) -> tuple[int, frozenset[int]]:
+        """Where the single consumer of ``queue`` stands: (first offset not yet acked, offsets
+        above it acked out of order). A queue never acked starts at its earliest."""
+        cursor = self._cursors.get((queue, queue, 0))
+        if cursor is None:
+            return self._engine.reader.range(queue, 0)[0], frozenset()
+        return cursor.committed, frozenset(cursor.acked)
+
+    def ack(self, queue: str, offset: int) -> None:
+        """The single consumer of ``queue`` is done with ``offset`` (saved with the offsets
+        every commit interval)."""
+        self._cursors.open((queue, queue, 0), self._engine.reader.range(queue, 0)[0]).ack(offset)
+
+    def forget(self, queue: str) -> None:
+        """Drop the consumption state of ``queue`` (a session or group that ended)."""
+        self._cursors.drop_consumer(queue)

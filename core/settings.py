@@ -1,0 +1,23 @@
+"""Core's broker-wide settings (the ``[core]`` section of the broker's configuration)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class CoreConfig:
+    """Broker-wide behaviour of core. Durations in milliseconds."""
+
+    max_message_bytes: int = 4 << 20
+    auto_create_groups: bool = True
+    auto_create_topics: bool = True
+    """A publish (MQTT) to a topic that does not exist creates it with ``auto_topic_queues``."""
+    auto_topic_queues: int = 4
+    heartbeat_timeout_ms: int = 30_000
+    offset_commit_interval_ms: int = 1_000
+    default_invisible_ms: int = 30_000
+    max_long_poll_ms: int = 30_000
+    recent_cache_bytes: int = 64 << 20
+    retention_check_interval_ms: int = 60_000
+    """How often the store's retention runs and topics' own retention limits are applied."""

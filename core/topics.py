@@ -1,0 +1,95 @@
+"""The topic registry: every topic's settings, in memory and in the metadata database.
+
+No authorization here: the faces that call it (``Broker``, ``StateStore``) decide first.
+Runs on the event loop; not thread-safe (metadata writes go to a thread).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from store.api import Store
+
+from .errors import AlreadyExists, TopicNotFound
+from .metadata import MetadataRepository
+from .model import TopicConfig
+from .settings import CoreConfig
+
+log = logging.getLogger(__name__)
+
+
+class Topics:
+    """Topic name -> settings, loaded at start and kept in step with the metadata database."""
+
+    def __init__(self, store: Store, metadata: MetadataRepository, config: CoreConfig) -> None:
+        self._store = store
+        self._metadata = metadata
+        self._config = config
+        self._topics: dict[str, TopicConfig] = {}
+
+    def load(self, topics: list[TopicConfig]) -> None:
+        """Start from the topics the metadata database holds."""
+        self._topics = {t.name: t for t in topics}
+
+    def __contains__(self, name: str) -> bool:
+        return name in self._topics
+
+    def get(self, name: str) -> TopicConfig:
+        """The topic's settings; TopicNotFound if there is none."""
+        topic = self._topics.get(name)
+        if topic is None:
+            raise TopicNotFound(name)
+        return topic
+
+    def list(self) -> list[TopicConfig]:
+        """Every topic, by name."""
+        return sorted(self._topics.values(), key=lambda t: t.name)
+
+    async def create(self, config: TopicConfig) -> TopicConfig:
+        """Create a topic; AlreadyExists if the name is taken."""
+        if config.name in self._topics:
+            raise AlreadyExists(f"topic {config.name!r} exists already")
+        await asyncio.to_thread(self._metadata.create_topic, config)
+        self._topics[config.name] = config
+        if config.compacted:
+            self._store.enable_compaction(config.name)
+        return config
+
+    async def ensure(self, config: TopicConfig) -> TopicConfig:
+        """Topic ``config.name``, created with ``config`` unless it exists (the broker's own
+        topics: dead-letter topics, compacted state, auto-created topics)."""
+        if config.name not in self._topics:
+            try:
+                await asyncio.to_thread(self._metadata.create_topic, config)
+            except AlreadyExists:
+                pass
+            self._topics.setdefault(config.name, config)
+            log.info("created topic %s", config.name)
+        if config.compacted:
+            self._store.enable_compaction(config.name)
+        return self._topics[config.name]
+
+    async def auto_create(self, name: str) -> TopicConfig:
+        """Topic ``name`` for a publish already authorized, created with default settings if
+        ``auto_create_topics`` is on; TopicNotFound otherwise."""
+        if not self._config.auto_create_topics:
+            raise TopicNotFound(name)
+        return await self.ensure(TopicConfig(name, self._config.auto_topic_queues))
+
+    async def delete(self, name: str) -> None:
+        """Delete a topic's metadata; TopicNotFound if there is none."""
+        self.get(name)
+        await asyncio.to_thread(self._metadata.delete_topic, name)
+        del self._topics[name]
+
+    def retention_floors(self, now_ms: int) -> dict[tuple[str, int], int]:
+        """(topic, queue) -> first offset within the topic's own ``retention_ms``, for every
+        topic that has one."""
+        floors = {}
+        for topic in list(self._topics.values()):
+            if topic.retention_ms is not None:
+                for q in range(topic.queue_count):
+                    floors[(topic.name, q)] = self._store.offset_for_time(
+                        topic.name, q, now_ms - topic.retention_ms)
+        return floors
