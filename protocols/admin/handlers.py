@@ -22,6 +22,7 @@ from typing import Any
 from aiohttp import web
 
 from core.clients import ClientDirectory
+from core.named_queues import NamedQueues
 from core.errors import AccessDenied, MessageNotFound, NotFound, UserNotFound
 from core.model import (INTERNAL_PREFIX, Action, ConsumeMode, Delivery, GroupConfig, MessageType,
                         Permission, Principal, ResourceKind, RetryPolicy, TopicConfig)
@@ -38,6 +39,8 @@ class AdminDeps:
     broker: Any
     store: Any = None
     metadata: Any = None
+    queues: NamedQueues | None = None
+    """Core's live listeners, for ``/topics/{topic}/tail``."""
     clients: ClientDirectory | None = None
     """Every protocol's clients, for /clients and /metrics; None if no listener reports them."""
     dashboard_dir: Path | None = None

@@ -71,7 +71,7 @@ class LiveFeed:
 
 async def tail_topic(request: web.Request, principal: Principal) -> web.StreamResponse:
     """Stream the topic (see the module docstring). Runs on the event loop."""
-    broker = deps(request).broker
+    broker, queues = deps(request).broker, deps(request).queues
     topic = request.match_info["topic"]
     config = broker.get_topic(topic)  # NotFound: 404 with the topic's name
     minutes = query_int(request, "minutes", 60)
@@ -80,7 +80,7 @@ async def tail_topic(request: web.Request, principal: Principal) -> web.StreamRe
     since_ms = int(time.time() * 1000) - minutes * 60_000
     feed = LiveFeed()
     subjects = f"{topic}/#"
-    broker.add_listener(subjects, feed)
+    queues.add_listener(subjects, feed)
     request.app[TAILS].add(feed)
     response = web.StreamResponse(headers={"Content-Type": "application/x-ndjson",
                                            "Cache-Control": "no-cache"})
@@ -100,7 +100,7 @@ async def tail_topic(request: web.Request, principal: Principal) -> web.StreamRe
     except ConnectionResetError:
         pass  # the client went away
     finally:
-        broker.remove_listener(subjects, feed)
+        queues.remove_listener(subjects, feed)
         request.app[TAILS].discard(feed)
     return response
 

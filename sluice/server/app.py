@@ -231,7 +231,8 @@ def _start_native(running: RunningBroker):
 
 
 def _admin_deps(running: RunningBroker) -> AdminDeps:
-    return AdminDeps(running.broker, running.store, running.metadata, clients=running.clients,
+    return AdminDeps(running.broker, running.store, running.metadata, queues=running.core.queues,
+                     clients=running.clients,
                      dashboard_dir=analytics.DASHBOARD_DIR)
 
 
