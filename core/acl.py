@@ -77,24 +77,6 @@ def _fill(level: str, user: str, client_id: str, syntax: TopicSyntax) -> str:
     return "\0" + filled if not filled or syntax.is_wildcard(filled) else filled
 
 
-def _covers(pattern: Sequence[str], topic_filter: Sequence[str], syntax: TopicSyntax) -> bool:
-    """Whether every subject ``topic_filter`` can match is matched by rule ``pattern``."""
-    if syntax.hides(pattern, topic_filter):
-        return False
-    single, multi = syntax.single, syntax.multi
-    for position, level in enumerate(pattern):
-        if level == multi:
-            return True
-        if position >= len(topic_filter):
-            return False
-        wanted = topic_filter[position]
-        if wanted == multi:
-            return False
-        if level != single and (wanted == single or level != wanted):
-            return False
-    return len(pattern) == len(topic_filter)
-
-
 class RuleSet:
     """The rules that apply to one user (its own and everyone's), ready to decide."""
 
@@ -115,7 +97,7 @@ class RuleSet:
             if action not in rule.actions:
                 continue
             compiled = _compile(rule, user, client_id, syntax)
-            if not (_covers(compiled.levels, levels, syntax) if is_filter
+            if not (syntax.covers(compiled.levels, levels) if is_filter
                     else syntax.levels_match(compiled.levels, levels)):
                 continue
             if (best is None or compiled.specificity > best.specificity

@@ -82,6 +82,38 @@ class TopicSyntax:
             return topic_filter == subject
         return self.levels_match(self.levels(topic_filter), self.levels(subject))
 
+    def covers(self, pattern: Sequence[str], topic_filter: Sequence[str]) -> bool:
+        """Whether every subject filter levels ``topic_filter`` can match is matched by filter
+        levels ``pattern`` (for a syntax whose multi-level wildcard comes last)."""
+        if self.hides(pattern, topic_filter):
+            return False
+        single, multi = self.single, self.multi
+        for position, level in enumerate(pattern):
+            if level == multi:
+                return True
+            if position >= len(topic_filter):
+                return False
+            wanted = topic_filter[position]
+            if wanted == multi:
+                return False
+            if level != single and (wanted == single or level != wanted):
+                return False
+        return len(pattern) == len(topic_filter)
+
+    def overlaps(self, first: Sequence[str], second: Sequence[str]) -> bool:
+        """Whether some subject matches both filter levels (multi-level wildcard last)."""
+        single, multi = self.single, self.multi
+        for position in range(min(len(first), len(second))):
+            a, b = first[position], second[position]
+            if a == multi or b == multi:
+                return True
+            if a != single and b != single and a != b:
+                return False
+        if len(first) == len(second):
+            return True
+        longer = first if len(first) > len(second) else second
+        return longer[min(len(first), len(second))] == multi  # ``a/#`` also matches ``a``
+
     def levels_match(self, pattern: Sequence[str], subject: Sequence[str]) -> bool:
         """Whether filter levels ``pattern`` match subject levels ``subject``."""
         if self.hides(pattern, subject):
