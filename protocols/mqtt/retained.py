@@ -17,8 +17,9 @@ Runs on the event loop; not thread-safe.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
+from core.model import OutgoingMessage
 from core.state_store import StateStore
 
 from .mapping import Inbound, from_stored, now_ms
@@ -27,6 +28,11 @@ from .session_store import RETAINED_QUEUE
 
 _Retained = tuple[str, bytes, Mapping[str, str]]
 """(MQTT topic, payload, stored properties) of one retained message."""
+
+
+def as_retained(message: OutgoingMessage, topic: str) -> OutgoingMessage:
+    """``message`` also indexed into the retained queue under its MQTT topic."""
+    return replace(message, keys=(topic,), also_into=(RETAINED_QUEUE,))
 
 
 @dataclass

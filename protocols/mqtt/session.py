@@ -13,6 +13,9 @@ Three delivery paths, all callback-driven (no task per session or message):
 - Shared subscriptions are delivered by their `SharedGroup`, which pops its own queue and
   offers messages to members with room in their window.
 
+A session knows the connection attached to it only as a `Link`, and the registry holding it
+only as a `SessionHost`, injected when it is made.
+
 Runs on the event loop; not thread-safe.
 """
 
@@ -25,6 +28,8 @@ from typing import TYPE_CHECKING, NamedTuple, Protocol
 
 from core.bounded_cache import BoundedCache
 from core.model import Action, Delivery, Principal
+from core.named_queues import NamedQueues
+from core.service import Broker
 
 from .mapping import Inbound, now_ms
 from .properties import Properties
@@ -32,7 +37,6 @@ from .session_store import Qos2State, SubscriptionOptions
 from .topics import matches, session_queue
 
 if TYPE_CHECKING:
-    from .frontend import MqttFrontend
     from .shared import SharedGroup
 
 log = logging.getLogger(__name__)
@@ -66,6 +70,32 @@ class Link(Protocol):
     def release(self, packet_id: int) -> None: ...
 
 
+class SessionHost(Protocol):
+    """What a session needs from the registry that holds it (one object, injected)."""
+
+    @property
+    def broker(self) -> Broker: ...
+
+    @property
+    def queues(self) -> NamedQueues: ...
+
+    @property
+    def max_queued_messages(self) -> int:
+        """QoS 1/2 messages a non-persistent session queues for a slow client."""
+
+    def inbound(self, delivery: Delivery) -> Inbound:
+        """The MQTT view of ``delivery`` (shared by every session that gets it)."""
+
+    def shared_group(self, share: str, topic_filter: str) -> SharedGroup:
+        """The group of ``$share/<share>/<topic_filter>``, created on first use."""
+
+    def leave_shared_group(self, share: str, topic_filter: str, session: Session) -> None:
+        """``session`` leaves the group."""
+
+    def save_qos2_soon(self, session: Session) -> None:
+        """Save the session's QoS 2 state in the background."""
+
+
 class Match(NamedTuple):
     """How a message reaches a session through its (non-shared) subscriptions."""
 
@@ -78,10 +108,10 @@ class Match(NamedTuple):
 class Session:
     """An MQTT session, attached to at most one connection."""
 
-    def __init__(self, frontend: MqttFrontend, client_id: str, expiry_s: int) -> None:
-        self.frontend = frontend
-        self.broker = frontend.broker
-        self.queues = frontend.queues
+    def __init__(self, host: SessionHost, client_id: str, expiry_s: int) -> None:
+        self.host = host
+        self.broker = host.broker
+        self.queues = host.queues
         self.client_id = client_id
         self.expiry_s = expiry_s
         self.persistent = expiry_s > 0
@@ -135,7 +165,7 @@ class Session:
     def _bind(self, options: SubscriptionOptions) -> None:
         self._matches.clear()
         if options.share is not None:
-            self.frontend.shared_group(options.share, options.topic_filter).add_member(self, options)
+            self.host.shared_group(options.share, options.topic_filter).add_member(self, options)
         elif self.persistent:
             self.queues.bind(options.topic_filter, self.queue)
         else:
@@ -144,7 +174,7 @@ class Session:
     def _unbind(self, options: SubscriptionOptions) -> None:
         self._matches.clear()
         if options.share is not None:
-            self.frontend.leave_shared_group(options.share, options.topic_filter, self)
+            self.host.leave_shared_group(options.share, options.topic_filter, self)
         elif self.persistent:
             self.queues.unbind(options.topic_filter, self.queue)
         else:
@@ -219,7 +249,7 @@ class Session:
         self._by_pid.clear()
         for options in self.subscriptions.values():
             if options.share is not None:
-                self.frontend.shared_group(options.share, options.topic_filter).dispatch()
+                self.host.shared_group(options.share, options.topic_filter).dispatch()
 
     # ---------------------------------------------------------------- sending
 
@@ -274,7 +304,7 @@ class Session:
         link = self.link
         if link is None:
             return
-        inbound = self.frontend.inbound(delivery)
+        inbound = self.host.inbound(delivery)
         match = self._match(inbound.topic)
         if match is None or (match.no_local and inbound.publisher == self.client_id):
             return
@@ -291,12 +321,12 @@ class Session:
             self._queue_pending(inbound, qos, retain, match.identifiers)
 
     def _queue_pending(self, inbound: Inbound, qos: int, retain: bool, ids: tuple[int, ...]) -> None:
-        if len(self._pending) >= self.frontend.options.max_queued_messages:
+        if len(self._pending) >= self.host.max_queued_messages:
             self.dropped += 1
             if self.dropped == 1 or self.dropped % 10_000 == 0:
                 log.warning("client %s is not keeping up: %d QoS 1/2 messages dropped (queue of "
                             "%d full); use a persistent session to keep them", self.client_id,
-                            self.dropped, self.frontend.options.max_queued_messages)
+                            self.dropped, self.host.max_queued_messages)
             return
         self._pending.append((inbound, qos, retain, ids))
 
@@ -319,7 +349,7 @@ class Session:
 
     def send_shared(self, group: SharedGroup, delivery: Delivery, options: SubscriptionOptions) -> None:
         """A message a shared group popped for this member."""
-        inbound = self.frontend.inbound(delivery)
+        inbound = self.host.inbound(delivery)
         offset = delivery.queue_offset
         qos = min(inbound.qos, options.qos)
         if self.link is None or inbound.expired(now_ms()) or not self._may_receive(inbound.topic):
@@ -356,7 +386,7 @@ class Session:
                 if offset in skip:
                     skip.discard(offset)
                     continue
-                inbound = self.frontend.inbound(delivery)
+                inbound = self.host.inbound(delivery)
                 match = self._match(inbound.topic)
                 if match is None or inbound.expired(now) or (
                         match.no_local and inbound.publisher == self.client_id):
@@ -398,7 +428,7 @@ class Session:
             self._fill()
         for options in self.subscriptions.values():
             if options.share is not None:
-                self.frontend.shared_group(options.share, options.topic_filter).dispatch()
+                self.host.shared_group(options.share, options.topic_filter).dispatch()
 
     def acknowledged(self, packet_id: int) -> None:
         """PUBACK or PUBCOMP (or a refusing PUBREC) for a message this session sent."""
@@ -410,7 +440,7 @@ class Session:
             self.queues.ack(self.queue, offset)
             if self.qos2.received.pop(offset, None) is not None:
                 self.qos2.completed[offset] = now_ms()
-                self.frontend.save_qos2_soon(self)
+                self.host.save_qos2_soon(self)
         self._resume()
 
     def needs_persisted_release(self, packet_id: int) -> bool:

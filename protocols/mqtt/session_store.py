@@ -14,19 +14,22 @@ queue in the commit log, not here.
 
 Records are checked field by field when loaded: one that is not what this version writes (bad
 JSON, wrong shapes, an invalid filter, a key of another kind) is skipped with one log line at
-start, and every other session is restored.
+start, and every other session is restored. `SessionStore` is the only reader and writer; it
+knows a session only as `Persisted`.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Awaitable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from core.state_store import StateStore
 from core.untrusted import clip
 
+from .mapping import now_ms
 from .properties import MAX_VARINT
 from .topics import InvalidFilter, check_filter
 
@@ -38,6 +41,9 @@ RETAINED_QUEUE = "%SYS%mqtt.retained"
 NEVER_EXPIRES = 0xFFFFFFFF
 MAX_PACKET_ID = 0xFFFF
 MAX_OFFSET = 1 << 63
+COMPLETED_KEEP_MS = 10_000
+"""Completed QoS 2 offsets are kept this long in the saved state: longer than core takes to
+save consumer offsets, which then cover them."""
 
 
 class BadRecord(ValueError):
@@ -184,8 +190,21 @@ class Qos2State:
                     for o, t in _pairs(doc.get("done"), "done")})
 
 
+class Persisted(Protocol):
+    """What is saved of a session."""
+
+    client_id: str
+    expiry_s: int
+    owner: str | None
+    subscriptions: dict[str, SubscriptionOptions]
+    qos2: Qos2State
+
+
 class SessionStore:
-    """Loads and saves session records through core's compacted state."""
+    """Loads and saves session records through core's compacted state.
+
+    Runs on the event loop; each save returns once core has stored it (durable under ``sync``
+    flush)."""
 
     def __init__(self, state: StateStore) -> None:
         self._state = state
@@ -212,11 +231,22 @@ class SessionStore:
                             SESSIONS_TOPIC, bad)
         return sessions, qos2
 
-    async def save(self, record: SessionRecord) -> None:
-        await self._state.put(SESSIONS_TOPIC, "s/" + record.client_id, record.encode())
+    def save(self, session: Persisted, disconnected_at_ms: int | None = None) -> Awaitable[None]:
+        """Save the session as it is now (``disconnected_at_ms``: when its connection closed,
+        None while one is attached); the awaitable finishes once it is stored."""
+        record = SessionRecord(session.client_id, session.expiry_s, session.subscriptions,
+                               disconnected_at_ms, session.owner)
+        return self._state.put(SESSIONS_TOPIC, "s/" + record.client_id, record.encode())
 
-    async def save_qos2(self, client_id: str, state: Qos2State) -> None:
-        await self._state.put(SESSIONS_TOPIC, "q/" + client_id, state.encode())
+    async def save_qos2(self, session: Persisted) -> None:
+        """Save the session's QoS 2 state, forgetting offsets completed long enough ago."""
+        completed = session.qos2.completed
+        if completed:
+            horizon = now_ms() - COMPLETED_KEEP_MS
+            for offset in [o for o, at in completed.items() if at < horizon]:
+                del completed[offset]
+        await self._state.put(SESSIONS_TOPIC, "q/" + session.client_id,
+                                     session.qos2.encode())
 
     async def delete(self, client_id: str) -> None:
         await self._state.put(SESSIONS_TOPIC, "s/" + client_id, b"")

@@ -5,7 +5,8 @@ every member is offline. Whenever the queue gets messages or a member gets room 
 ``dispatch`` pops as many messages as the members can take and hands them out round-robin.
 A popped message stays reserved for its member until acknowledged; when the member disconnects
 it is released at once for the others, and after ``shared_invisible_ms`` without an ack it is
-popped again. QoS 0 deliveries are settled when written.
+popped again. QoS 0 deliveries are settled when written. Members are sessions, known here
+only as `Member`.
 
 Runs on the event loop; not thread-safe.
 """
@@ -14,18 +15,27 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-from typing import TYPE_CHECKING
+from typing import Protocol
 
+from core.model import Delivery
 from core.named_queues import NamedQueues
 
 from .mapping import now_ms
 from .session_store import SubscriptionOptions
 from .topics import shared_queue
 
-if TYPE_CHECKING:
-    from .session import Session
-
 MAX_POP = 256
+
+
+class Member(Protocol):
+    """What a group needs from a member session."""
+
+    def shared_capacity(self) -> int:
+        """How many QoS 1/2 messages the member can take now."""
+
+    def send_shared(self, group: SharedGroup, delivery: Delivery,
+                    options: SubscriptionOptions) -> None:
+        """Deliver a message the group popped for this member (it settles or releases it)."""
 
 
 class SharedGroup:
@@ -38,19 +48,19 @@ class SharedGroup:
         self.topic_filter = topic_filter
         self.queue = shared_queue(share, topic_filter)
         self.invisible_ms = invisible_ms
-        self.members: dict[Session, SubscriptionOptions] = {}
+        self.members: dict[Member, SubscriptionOptions] = {}
         self._rotation = itertools.count()
         self._armed = False
         self._timer: asyncio.TimerHandle | None = None
         self._dispatching = False
 
-    def add_member(self, session: Session, options: SubscriptionOptions) -> None:
+    def add_member(self, session: Member, options: SubscriptionOptions) -> None:
         if not self.members:
             self.queues.bind(self.topic_filter, self.queue)
         self.members[session] = options
         self.dispatch()
 
-    def remove_member(self, session: Session) -> None:
+    def remove_member(self, session: Member) -> None:
         """Drop a member; the last one leaving ends the group and its queue."""
         self.members.pop(session, None)
         if not self.members:

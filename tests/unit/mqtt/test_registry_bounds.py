@@ -1,22 +1,23 @@
-"""What sessions leave behind in the MQTT front end stays bounded, over an in-process broker."""
+"""What sessions leave behind in the MQTT session registry stays bounded, over an in-process broker."""
 from __future__ import annotations
 
 import tracemalloc
 
 from core.assembly import Core
-from protocols.mqtt.frontend import MqttFrontend
 from protocols.mqtt.options import MqttOptions
+from protocols.mqtt.registry import SessionRegistry
 from protocols.mqtt.session import Session
-from protocols.mqtt.session_store import SubscriptionOptions
+from protocols.mqtt.session_store import SessionStore, SubscriptionOptions
 from tests.unit.core.test_broker import run_core
 
 
 def test_shared_groups_left_empty_are_forgotten(tmp_path):
     """A client subscribing to and leaving 2,000 distinct shared groups leaves nothing behind
-    (each group used to stay in the front end for good)."""
+    (each group used to stay in the registry for good)."""
     async def scenario(core: Core) -> None:
-        frontend = MqttFrontend(core.broker, core.queues, core.state, MqttOptions())
-        session = Session(frontend, "hopper", 0)
+        registry = SessionRegistry(core.broker, core.queues, core.state, MqttOptions(),
+                                   SessionStore(core.state))
+        session = Session(registry, "hopper", 0)
         tracemalloc.start()
         try:
             before = tracemalloc.get_traced_memory()[0]

@@ -1,0 +1,112 @@
+"""The CONNECT decision: who a client is, the client id and session expiry it gets, whether
+its will may be published, and what the CONNACK adds; or why it is refused.
+
+Runs on the event loop; not thread-safe.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass, replace
+
+from core.errors import Unauthenticated
+from core.model import Action, Principal
+from core.service import Broker
+from core.untrusted import DenialLog, clip
+
+from .codec import MQTT_5
+from .events import ConnectRequested
+from .options import MqttOptions
+from .properties import NO_PROPERTIES, Properties
+from .reason_codes import ReasonCode
+from .session_store import NEVER_EXPIRES
+
+
+@dataclass(frozen=True)
+class Login:
+    """A CONNECT let in: the session to open and what the CONNACK says."""
+
+    principal: Principal
+    """Who the client acts for, ``client_id`` set."""
+    client_id: str
+    assigned_client_id: str | None
+    """The client id made for a client that sent none (MQTT 5 tells it in the CONNACK)."""
+    expiry_s: int
+    """Session expiry interval, capped by ``max_session_expiry_s``."""
+    properties: Properties
+    """CONNACK properties (MQTT 5): the expiry or keep alive where ours override the client's."""
+
+
+class Refused(Exception):
+    """A CONNECT that is answered with ``reason`` and closed."""
+
+    def __init__(self, reason: ReasonCode, detail: str = "") -> None:
+        super().__init__(detail or reason.name)
+        self.reason = reason
+        self.detail = detail
+
+
+def peer_host(peer: str) -> str:
+    """The address part of a ``host:port`` peer name: refusals are summarised per host."""
+    return peer.rpartition(":")[0] or peer
+
+
+class Logins:
+    """Authenticates CONNECTs and settles their client id, expiry and will."""
+
+    def __init__(self, broker: Broker, options: MqttOptions, denials: DenialLog, *,
+                 allow_anonymous: bool = False, anonymous_principal: Principal | None = None) -> None:
+        self._broker = broker
+        self._options = options
+        self._denials = denials
+        self._allow_anonymous = allow_anonymous
+        self._anonymous_principal = anonymous_principal
+
+    async def authenticate(self, username: str | None, password: bytes | None) -> Principal:
+        """The principal for CONNECT credentials; Unauthenticated if refused."""
+        if username is None:
+            if self._allow_anonymous and self._anonymous_principal is not None:
+                return self._anonymous_principal
+            raise Unauthenticated("anonymous access is off: connect with a username and password")
+        secret = (password or b"").decode("utf-8", "replace")
+        return await self._broker.authenticate(username, secret)
+
+    def server_keep_alive(self, asked: int) -> int | None:
+        """The Server Keep Alive to announce, if ours overrides what the client asked."""
+        limit = self._options.max_keep_alive_s
+        if limit and (asked == 0 or asked > limit):
+            return limit
+        return None
+
+    async def log_in(self, event: ConnectRequested, peer: str) -> Login:
+        """Let ``event`` in, or raise `Refused` (the refusal is logged)."""
+        try:
+            principal = await self.authenticate(event.username, event.password)
+        except Unauthenticated as refused:
+            self._denials.denied(peer_host(peer), "login", "MQTT client %s from %s refused: %s",
+                                 clip(event.client_id), peer, clip(str(refused), 300))
+            raise Refused(ReasonCode.BadUserNameOrPassword, str(refused)) from None
+        v5 = event.version == MQTT_5
+        client_id, assigned = event.client_id, None
+        if not client_id:
+            if not event.clean_start and not v5:
+                raise Refused(ReasonCode.ClientIdentifierNotValid,
+                              "a persistent session needs a client identifier")
+            client_id = assigned = f"sluice-{uuid.uuid4().hex}"
+        asked = event.properties.session_expiry_interval or 0
+        if v5:
+            expiry = asked
+        else:
+            expiry = 0 if event.clean_start else NEVER_EXPIRES
+        expiry = min(expiry, self._options.max_session_expiry_s)
+        principal = replace(principal, client_id=client_id)
+        will = event.will
+        if will is not None and not self._broker.subject_allowed(principal, Action.PUBLISH,
+                                                                 will.topic):
+            raise Refused(ReasonCode.NotAuthorized,
+                          f"not authorized to publish the will on {will.topic}")
+        properties = NO_PROPERTIES
+        if v5:
+            properties = Properties(session_expiry_interval=expiry if expiry != asked else None,
+                                    server_keep_alive=self.server_keep_alive(event.keep_alive))
+        return Login(principal, client_id, assigned, expiry, properties)

@@ -1,0 +1,201 @@
+"""PUBLISHes from one client into the store: checked as read, stored in order, then acked.
+
+Each PUBLISH is authorised and mapped as it is read (`add`); those read in one chunk are
+stored with one core send (`flush`), behind the previous chunk's. Their PUBACK/PUBREC go out
+once stored (durable under ``sync`` flush). The QoS 2 ids of a persistent session that await
+PUBREL are saved in the same append, and retained messages become retained once stored. One
+task per chunk, none per message; a PUBREL is completed once the chunks before it are stored
+and the session's QoS 2 state is saved.
+
+Runs on the event loop; not thread-safe.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Coroutine
+from dataclasses import replace
+from typing import Any, Protocol
+
+from core.errors import SluiceError
+from core.model import Action, OutgoingMessage, Principal
+from core.service import Broker
+from core.untrusted import DenialLog, clip
+
+from .codec import MQTT_5
+from .connection import ServerConnection
+from .errors import reason_for
+from .events import MessagePublished
+from .flow_control import FlowControl
+from .mapping import RETAIN_PROPERTY, now_ms, to_outgoing
+from .reason_codes import ReasonCode
+from .retained import RetainedMessages, as_retained
+from .session import Session
+
+log = logging.getLogger(__name__)
+
+_Batch = list[tuple[MessagePublished, OutgoingMessage]]
+
+
+class IntakeServices(Protocol):
+    """What an intake needs from the session registry."""
+
+    @property
+    def broker(self) -> Broker: ...
+
+    @property
+    def denials(self) -> DenialLog: ...
+
+    @property
+    def retained(self) -> RetainedMessages: ...
+
+    def may_retain(self, client_id: str, topic: str, payload: bytes) -> bool:
+        """Whether a retained PUBLISH fits the retained limits (room is then reserved)."""
+
+    async def save_qos2(self, session: Session) -> None:
+        """Save a persistent session's QoS 2 state."""
+
+    def save_qos2_soon(self, session: Session) -> None:
+        """Save it in the background."""
+
+    def spawn(self, coroutine: Coroutine[Any, Any, Any]) -> None:
+        """Run ``coroutine`` as a task the registry keeps."""
+
+
+class PublishIntake:
+    """The inbound PUBLISHes of one connection, from `start` (its CONNACK) on."""
+
+    def __init__(self, services: IntakeServices, conn: ServerConnection, flow: FlowControl,
+                 write: Callable[[bytes], None], kick: Callable[[ReasonCode], None]) -> None:
+        self._services = services
+        self._conn = conn
+        self._flow = flow
+        self._write = write
+        self._kick = kick
+        self._principal: Principal | None = None
+        self._client_id = ""
+        self._session: Session | None = None
+        self._batch: _Batch = []
+        self.last_store: asyncio.Future | None = None
+        """The newest chunk's store, done once it and every earlier one finished."""
+
+    def start(self, principal: Principal, client_id: str, session: Session) -> None:
+        """The connection was accepted for ``principal`` as ``client_id``."""
+        self._principal, self._client_id, self._session = principal, client_id, session
+
+    def add(self, event: MessagePublished) -> None:
+        """A PUBLISH read from the client: answered now if refused, else batched."""
+        services, client_id = self._services, self._client_id
+        assert self._principal is not None
+        if not services.broker.subject_allowed(self._principal, Action.PUBLISH, event.topic):
+            services.denials.denied(client_id, "publish", "client %s may not publish to %s",
+                                    clip(client_id), clip(event.topic))
+            self._answer(event, ReasonCode.NotAuthorized)
+            return
+        message = to_outgoing(event.topic, event.payload, event.qos, event.retain, client_id,
+                              event.properties, now_ms())
+        if event.properties.payload_format_indicator == 1:
+            try:
+                event.payload.decode()
+            except UnicodeDecodeError:
+                self._answer(event, ReasonCode.PayloadFormatInvalid)
+                return
+        if event.retain:
+            if services.may_retain(client_id, event.topic, event.payload):
+                message = as_retained(message, event.topic)
+            elif self._conn.version == MQTT_5:
+                self._answer(event, ReasonCode.QuotaExceeded)
+                return
+            else:  # 3.1.1 has no way to say why: stored and delivered, but not retained
+                message = replace(message, properties={
+                    k: v for k, v in message.properties.items() if k != RETAIN_PROPERTY})
+        self._batch.append((event, message))
+
+    def flush(self) -> None:
+        """Store what was batched since the last flush, behind the previous chunk."""
+        if not self._batch:
+            return
+        batch, self._batch = self._batch, []
+        previous = self.last_store
+        self.last_store = asyncio.get_running_loop().create_task(self._store(batch, previous))
+        self._flow.storing(len(batch))
+
+    async def _store(self, batch: _Batch, previous: asyncio.Future | None) -> None:
+        try:
+            await self._store_batch(batch, previous)
+        except Exception:  # unexpected: the client resends what was not acknowledged
+            log.exception("client %s: storing %d messages failed; closing the connection",
+                          self._client_id, len(batch))
+            self._kick(ReasonCode.UnspecifiedError)
+        finally:
+            self._flow.stored(len(batch))
+
+    async def _store_batch(self, batch: _Batch, previous: asyncio.Future | None) -> None:
+        services, session = self._services, self._session
+        if previous is not None and not previous.done():
+            await asyncio.wait([previous])  # for order only: how it ended is its own business
+        messages = [message for _, message in batch]
+        exactly_once = [event.packet_id for event, _ in batch if event.qos == 2] \
+            if session is not None and session.persistent else []
+        stored: asyncio.Future | None = None
+        try:
+            # The messages and, right behind them, the QoS 2 ids awaiting PUBREL go into the
+            # same append: the log is durable as a prefix, so a saved id implies its message
+            # is stored, and a restart in between cannot store a resent message twice.
+            stored = asyncio.ensure_future(services.broker.send_decided(messages))
+            saved = None
+            if exactly_once:
+                session.qos2.awaiting_release.update(exactly_once)
+                saved = asyncio.ensure_future(services.save_qos2(session))
+            await stored
+            if saved is not None:
+                await saved
+        except SluiceError as error:
+            log.info("client %s: %d messages not stored: %s", clip(self._client_id), len(batch),
+                     error)
+            if exactly_once:
+                session.qos2.awaiting_release.difference_update(exactly_once)
+                services.save_qos2_soon(session)
+            if self._conn.version != MQTT_5:
+                self._kick(ReasonCode.UnspecifiedError)
+                return
+            for event, _ in batch:
+                self._answer(event, reason_for(error))
+            return
+        finally:
+            self._settle_retained(batch, stored)
+        conn, write = self._conn, self._write
+        for event, _ in batch:
+            if event.qos:
+                write(conn.ack_publish(event.packet_id))
+
+    def release_requested(self, packet_id: int) -> None:
+        """A PUBREL: PUBCOMP once every earlier message is stored and the session's QoS 2
+        state saved without ``packet_id``."""
+        session = self._session
+        assert session is not None
+        session.qos2.awaiting_release.discard(packet_id)
+        self._services.spawn(self._complete_after_saving(session, packet_id))
+
+    async def _complete_after_saving(self, session: Session, packet_id: int) -> None:
+        if self.last_store is not None and not self.last_store.done():
+            await asyncio.wait([self.last_store])
+        await self._services.save_qos2(session)
+        self._write(self._conn.complete(packet_id))  # nothing once the connection closed
+
+    def _settle_retained(self, batch: _Batch, stored: asyncio.Future | None) -> None:
+        """Retained messages of ``batch`` become retained if stored; else their room is freed."""
+        ok = stored is not None and stored.done() and not stored.cancelled() \
+            and stored.exception() is None
+        retained_messages = self._services.retained
+        for event, message in batch:
+            if message.also_into:
+                if ok:
+                    retained_messages.update(event.topic, message.body, message.properties)
+                else:
+                    retained_messages.cancel(event.topic)
+
+    def _answer(self, event: MessagePublished, reason: ReasonCode) -> None:
+        if event.qos:
+            self._write(self._conn.ack_publish(event.packet_id, reason))
