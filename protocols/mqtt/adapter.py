@@ -17,6 +17,7 @@ import logging
 import time
 from typing import Protocol
 
+from core.clients import log_connected, log_disconnected
 from core.model import Principal
 from core.untrusted import clip
 
@@ -26,6 +27,7 @@ from .events import (ConnectionClosed, ConnectRequested, MessagePublished, Publi
                      PublishReceived, ReleaseRequested, SubscribeRequested, UnsubscribeRequested)
 from .flow_control import FlowControl
 from .limits import Limits
+from .mapping import now_ms
 from .login import Login, Refused, peer_host
 from .options import MqttOptions
 from .packets import Will
@@ -38,6 +40,9 @@ from .state_table import State
 from .wire import Wire
 
 log = logging.getLogger(__name__)
+
+PROTOCOL = "mqtt"
+"""The protocol's name in client lists and connect/disconnect log lines."""
 
 
 class Registry(IntakeServices, Protocol):
@@ -87,6 +92,8 @@ class MqttAdapter:
         self.flow = FlowControl(wire, options.max_buffered_bytes)
         self.intake = PublishIntake(registry, self.conn, self.flow, self._write, self.kick)
         self.principal: Principal | None = None
+        self.connected_at_ms: int | None = None
+        """When the CONNACK was sent (None before): the client counts as connected from then."""
         self.session: Session | None = None
         self.client_id = ""
         self.will: Will | None = None
@@ -98,6 +105,10 @@ class MqttAdapter:
     @property
     def peer(self) -> str:
         return self.wire.peer
+
+    def details(self) -> dict[str, object]:
+        return {"mqtt_version": "5.0" if self.conn.version == MQTT_5 else "3.1.1",
+                "keep_alive_s": self.conn.keep_alive}
 
     @property
     def closed(self) -> bool:
@@ -183,7 +194,8 @@ class MqttAdapter:
         if self.closed:
             return
         self._write(self.conn.disconnect(reason))
-        self._closed(will=reason is not ReasonCode.NormalDisconnection, expiry=None)
+        self._closed(will=reason is not ReasonCode.NormalDisconnection, expiry=None,
+                     reason=f"closed by the broker: {reason.name}")
 
     # ---------------------------------------------------------------- events
 
@@ -216,27 +228,27 @@ class MqttAdapter:
                     self._log_closed(event)
                 intake.flush()
                 self._write(conn.data_to_send())
-                self._closed(event.will_should_publish, event.session_expiry_interval)
+                self._closed(event.will_should_publish, event.session_expiry_interval,
+                             _close_reason(event))
                 return
         intake.flush()
         self._write(conn.data_to_send())
 
     def _log_closed(self, event: ConnectionClosed) -> None:
-        """One line per connection closed for an error; before authentication one line per
-        peer host and reason a minute, so nobody can fill the log by connecting."""
-        if self.principal is None:
+        """A connection closed for an error before its CONNACK: one line per peer host and
+        reason a minute, so nobody can fill the log by connecting."""
+        if self.connected_at_ms is None:  # after CONNACK the disconnect line says what was wrong
             self.registry.denials.denied(
                 peer_host(self.peer), event.reason_code.name,
                 "MQTT connection from %s closed before CONNACK: %s (%s)", self.peer,
                 event.reason_code.name, clip(event.detail))
-            return
-        log.info("MQTT client %s from %s disconnected: %s (%s)", clip(self.client_id),
-                 self.peer, event.reason_code.name, clip(event.detail))
 
-    def _closed(self, will: bool, expiry: int | None) -> None:
+    def _closed(self, will: bool, expiry: int | None, reason: str) -> None:
         self._flush()
         self._done = True
         self.wire.close()
+        if self.connected_at_ms is not None and self.principal is not None:
+            log_disconnected(PROTOCOL, self.client_id, self.principal.user, self.peer, reason)
         self.registry.connection_closed(self, will, expiry)
 
     # ---------------------------------------------------------------- CONNECT
@@ -269,6 +281,11 @@ class MqttAdapter:
                                      properties=login.properties,
                                      resume=registry.resume_state(session)))
         registry.connection_accepted(self)
+        self.connected_at_ms = now_ms()
+        details = self.details()
+        log_connected(PROTOCOL, login.client_id, login.principal.user, self.peer,
+                      f"MQTT {details['mqtt_version']}, keep alive {details['keep_alive_s']} s, "
+                      f"session {'resumed' if present else 'new'}")
         if not self.closed:  # packets sent right behind CONNECT may have closed it
             for data in self.conn.pending_resend():
                 self._write(data)
@@ -310,3 +327,12 @@ class MqttAdapter:
         await self.registry.save_qos2(session)
         if not self.closed:
             self.release(packet_id)
+
+
+def _close_reason(event: ConnectionClosed) -> str:
+    """Why a connection ended, for its disconnect log line."""
+    if event.reason_code is ReasonCode.UnspecifiedError and not event.detail:
+        return "connection lost"
+    if event.reason_code.value == 0 and not event.detail:
+        return "the client sent DISCONNECT"
+    return event.reason_code.name + (f": {clip(event.detail)}" if event.detail else "")

@@ -65,8 +65,14 @@ class Connection(Protocol):
     will: Will | None
     session: Session | None
 
+    connected_at_ms: int | None
+    """When its CONNACK was sent; None before."""
+
     @property
     def peer(self) -> str: ...
+
+    def details(self) -> dict[str, object]:
+        """What the admin API shows of the connection (MQTT version, keep alive)."""
 
     def kick(self, reason: ReasonCode) -> None:
         """Close from the broker's side, telling an MQTT 5 client why."""
@@ -193,6 +199,15 @@ class SessionRegistry:
             return (f"{len(self._pending)} connections wait for their CONNACK "
                     f"(max_pending_connections {self.options.max_pending_connections})")
         return None
+
+    def link_of(self, client_id: str) -> Connection | None:
+        """The connection attached to the session of ``client_id``, if one is."""
+        return self._attached.get(client_id)
+
+    @property
+    def connected_count(self) -> int:
+        """Clients connected now (sessions with a connection attached)."""
+        return len(self._attached)
 
     def connection_accepted(self, link: Connection) -> None:
         """``link`` got its CONNACK: it no longer counts as pending."""

@@ -179,6 +179,7 @@ async def start(config: Config) -> RunningBroker:
         await running.mqtt.start()  # sessions are bound before anything can publish
         running.native = await _listen(config, "native", _start_native(running))
         running.clients.register(running.native.clients)
+        running.clients.register(running.mqtt)
         running.admin = await _listen(config, "admin",
                                       start_admin_server(_admin_deps(running), config.admin.host,
                                                          config.admin.port))

@@ -116,5 +116,6 @@ def test_expected_conditions_log_one_line_and_no_traceback(sluice_server, tmp_pa
     assert " ERROR " not in log, log[-6000:]
     assert len(re.findall(r"refused: .*wrong", log)) == 1, log[-3000:]
     assert len(re.findall(r"TLS handshake from 127\.0\.0\.1:\d+ failed", log)) == 1, log[-3000:]
-    assert "disconnected: MalformedPacket" in log, log[-3000:]
+    assert re.search(r"mqtt client '[^']+' disconnected: user 'sluice' from 127\.0\.0\.1:\d+ "
+                     r"\(MalformedPacket", log), log[-3000:]
     assert len(re.findall(r"bad HTTP request from", log)) == 1, log[-3000:]
