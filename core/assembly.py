@@ -11,6 +11,8 @@ store.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from store.api import RetentionReport, Store
 
 from .auth import Users
@@ -21,6 +23,7 @@ from .routing import TopicSyntax
 from .service import Broker
 from .settings import CoreConfig
 from .state_store import StateStore
+from .topic_map import SubjectTopics
 
 
 class Core:
@@ -28,11 +31,15 @@ class Core:
 
     def __init__(self, store: Store, metadata: MetadataRepository, data_dir: str,
                  config: CoreConfig = CoreConfig(), *, subject_syntax: TopicSyntax,
+                 topic_rules: Sequence[tuple[str, str]] = (),
                  flush: str = "sync") -> None:
-        """``subject_syntax``: how adapters write the subject filters they bind (MQTT's)."""
+        """``subject_syntax``: how adapters write the subject filters they bind (MQTT's);
+        ``topic_rules``: (subject filter, topic) pairs storing matching subjects in that topic
+        instead of their first level's (``core.topic_map``)."""
+        subject_topics = SubjectTopics(subject_syntax, topic_rules)
         self.engine = Engine(store, metadata, data_dir, config, flush=flush,
-                             subject_syntax=subject_syntax)
-        self.broker = Broker(self.engine, Users(metadata, subject_syntax))
+                             subject_syntax=subject_syntax, subject_topics=subject_topics)
+        self.broker = Broker(self.engine, Users(metadata, subject_syntax, subject_topics))
         self.queues = NamedQueues(self.engine)
         self.state = StateStore(self.engine)
 

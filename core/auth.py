@@ -24,7 +24,7 @@ from .errors import AccessDenied, AlreadyExists, Unauthenticated, UserNotFound
 from .metadata import MetadataRepository
 from .model import INTERNAL_PREFIX, AclRule, Action, Permission, Principal, ResourceKind, User
 from .routing import TopicSyntax
-from .subjects import topic_of_subject
+from .topic_map import SubjectTopics
 from .untrusted import clip
 
 _IMPLIED_BY_ADMIN = frozenset({Action.PUBLISH, Action.SUBSCRIBE})
@@ -77,10 +77,13 @@ class Users:
     callers run them in an executor.
     """
 
-    def __init__(self, repository: MetadataRepository, subject_syntax: TopicSyntax) -> None:
-        """``subject_syntax``: how access-control rules and subscription filters are written."""
+    def __init__(self, repository: MetadataRepository, subject_syntax: TopicSyntax,
+                 subject_topics: SubjectTopics | None = None) -> None:
+        """``subject_syntax``: how access-control rules and subscription filters are written;
+        ``subject_topics``: which topic stores a subject (default: its first level)."""
         self._repository = repository
         self._syntax = subject_syntax
+        self._topics = subject_topics or SubjectTopics(subject_syntax)
         self._lock = threading.Lock()          # guards _principals and _generation
         self._manage_lock = threading.Lock()   # orders management changes and their reloads
         self._principals: dict[str, Principal] = {}
@@ -201,7 +204,7 @@ class Users:
 
     def _may_subject(self, current: Principal, principal: Principal, key: tuple) -> bool:
         action, subject = key[2], key[4]
-        topic = topic_of_subject(subject)
+        topic = self._topics.topic_of(subject)
         if topic.startswith(INTERNAL_PREFIX):
             return False
         verdict = RuleSet(current.acl, self._syntax).decide(action, current.user, principal.client_id,
@@ -216,10 +219,11 @@ class Users:
             Action.SUBSCRIBE, current.user, principal.client_id, topic_filter,
             is_filter=True) if current.acl else None
         if verdict is None:
-            first = topic_filter.split(syntax.separator, 1)[0]
-            topic = "*" if syntax.is_wildcard(first) else topic_of_subject(first)
-            verdict = not topic.startswith(INTERNAL_PREFIX) and any(
-                _allows(p, Action.SUBSCRIBE, ResourceKind.TOPIC, topic) for p in current.permissions)
+            verdict = all(
+                not topic.startswith(INTERNAL_PREFIX) and any(
+                    _allows(p, Action.SUBSCRIBE, ResourceKind.TOPIC, topic)
+                    for p in current.permissions)
+                for topic in self._topics.topics_for_filter(topic_filter))
         return verdict
 
     # --- management ---

@@ -26,6 +26,7 @@ from .model import Delivery
 from .produce import Producer
 from .routing import TopicSyntax
 from .settings import CoreConfig
+from .topic_map import SubjectTopics
 from .topics import Topics
 
 log = logging.getLogger(__name__)
@@ -39,7 +40,8 @@ class Engine:
     """
 
     def __init__(self, store: Store, metadata: MetadataRepository, data_dir: str,
-                 config: CoreConfig, *, flush: str, subject_syntax: TopicSyntax) -> None:
+                 config: CoreConfig, *, flush: str, subject_syntax: TopicSyntax,
+                 subject_topics: SubjectTopics) -> None:
         self.store = store
         self.metadata = metadata
         self.config = config
@@ -48,6 +50,7 @@ class Engine:
         self.recent = RecentMessages(config.recent_cache_bytes)
         self.signals = TopicSignals()
         self.fanout = Fanout(subject_syntax)
+        self.subject_topics = subject_topics
         self.topics = Topics(store, metadata, config)
         self.groups = Groups(metadata, config, self.cursors)
         self.closing = False
@@ -71,7 +74,7 @@ class Engine:
         store.add_health_listener(waiters.health_listener)
         waiters.store_health(store.degraded)
         self.producer = Producer(store, waiters, self.recent, self.signals, self.fanout,
-                                 durable=self._durable_sends,
+                                 self.subject_topics, durable=self._durable_sends,
                                  max_message_bytes=self.config.max_message_bytes)
         self.counters = self.producer.counters
         self.reader = Reader(store, self.recent, self.producer.deliverable_end,

@@ -23,7 +23,7 @@ from .errors import InvalidArgument, MessageTooLarge, NotSupported
 from .fanout import Fanout, Listener
 from .model import (MESSAGE_GROUP_PROPERTY, SUBJECT_PROPERTY, Delivery, MessageType,
                     OutgoingMessage, SendResult, TopicConfig)
-from .subjects import in_topic
+from .topic_map import SubjectTopics
 
 MAX_PROPERTY_BYTES = 16 << 10
 MAX_KEY_BYTES = 16 << 10
@@ -35,10 +35,12 @@ class Producer:
     """Appends messages for every adapter and tracks each queue's deliverable end."""
 
     def __init__(self, store: Store, waiters: DurableWaiters, recent: RecentMessages,
-                 signals: TopicSignals, fanout: Fanout, *, durable: bool,
+                 signals: TopicSignals, fanout: Fanout, subject_topics: SubjectTopics, *,
+                 durable: bool,
                  max_message_bytes: int) -> None:
         self._store = store
         self._fanout = fanout
+        self._subject_topics = subject_topics
         self._live: dict[int, tuple[Listener, ...]] = {}
         """id(prepared message) -> the listeners its subject reached, until it is appended."""
         self._waiters = waiters
@@ -90,7 +92,7 @@ class Producer:
         if message.message_group:
             properties = {**properties, MESSAGE_GROUP_PROPERTY: message.message_group}
         subject = properties.get(SUBJECT_PROPERTY)
-        if subject and not in_topic(subject, topic.name):
+        if subject and not self._subject_topics.contains(subject, topic.name):
             raise InvalidArgument(f"subject {subject[:200]!r} does not belong to topic "
                                   f"{topic.name!r}; a subject's first level names its topic")
         route = self._fanout.route(subject or topic.name)

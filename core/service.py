@@ -29,7 +29,6 @@ from .model import (SUBJECT_PROPERTY, Action, Delivery, GroupConfig, GroupStats,
                     Subscription, TopicConfig, TopicStats)
 from .receive import Receiver
 from .settings import CoreConfig
-from .subjects import in_topic, topic_of_subject
 
 log = logging.getLogger(__name__)
 
@@ -237,15 +236,19 @@ class Broker:
                 await topics.auto_create(topic)
         return await self._engine.producer.send(topics.get, messages)
 
+    def topic_of_subject(self, subject: str) -> str:
+        """The topic that stores messages sent with ``subject`` (``core.topic_map``)."""
+        return self._engine.subject_topics.topic_of(subject)
+
     def _authorize_send(self, principal: Principal, message: OutgoingMessage) -> None:
         subject = message.properties.get(SUBJECT_PROPERTY)
         if not subject:
             self._allow(principal, Action.PUBLISH, ResourceKind.TOPIC, message.topic)
             return
-        if not in_topic(subject, message.topic):
+        if not self._engine.subject_topics.contains(subject, message.topic):
             raise InvalidArgument(
                 f"subject {subject[:200]!r} does not belong to topic {message.topic!r}: a "
-                f"subject's first level names its topic ({topic_of_subject(subject)!r}); send it "
+                f"subject belongs to topic {self.topic_of_subject(subject)!r}; send it "
                 "there, or drop the subject")
         if not self.users.subject_allowed(principal, Action.PUBLISH, subject):
             raise AccessDenied(

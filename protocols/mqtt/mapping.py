@@ -1,7 +1,8 @@
 """How MQTT messages map onto core's: topics, properties, QoS (DESIGN.md, cross-protocol contract).
 
-- The native topic is the MQTT topic's first level, escaped into a valid topic name
-  (``core.subjects.topic_of_subject``): ``devices/d1/telemetry`` is stored in topic ``devices``.
+- The native topic is core's choice for the MQTT topic (``Broker.topic_of_subject``): its first
+  level, escaped into a valid topic name (``devices/d1/telemetry`` is stored in topic
+  ``devices``), unless a rule of the ``mqtt.topic_map`` setting names another (``core.topic_map``).
 - The full MQTT topic travels as the core subject property; the QoS, retain flag and MQTT 5
   properties with no core counterpart travel as ``mqtt.*`` properties. Payload bytes never change.
 - A message that did not come from MQTT (a native send) is delivered on its subject, or on its
@@ -23,7 +24,6 @@ from dataclasses import dataclass, replace
 from typing import Final, Mapping, TypeVar
 
 from core.model import SUBJECT_PROPERTY, OutgoingMessage
-from core.subjects import topic_of_subject
 from core.untrusted import DenialLog, clip
 
 from .properties import NO_PROPERTIES, Properties
@@ -49,9 +49,9 @@ MAX_WIRE_LENGTH: Final = 0xFFFF
 """Bytes of the longest MQTT string or binary field."""
 MAX_EXPIRY_INTERVAL: Final = 0xFFFFFFFF
 
-def to_outgoing(topic: str, payload: bytes, qos: int, retain: bool, client_id: str,
-                properties: Properties, now_ms: int) -> OutgoingMessage:
-    """The core message for an MQTT PUBLISH."""
+def to_outgoing(native_topic: str, topic: str, payload: bytes, qos: int, retain: bool,
+                client_id: str, properties: Properties, now_ms: int) -> OutgoingMessage:
+    """The core message for an MQTT PUBLISH to ``topic``, stored in ``native_topic``."""
     props = {SUBJECT_PROPERTY: topic, QOS_PROPERTY: str(qos), CLIENT_PROPERTY: client_id}
     if retain:
         props[RETAIN_PROPERTY] = "1"
@@ -69,7 +69,7 @@ def to_outgoing(topic: str, payload: bytes, qos: int, retain: bool, client_id: s
         if properties.user_properties:
             props[USER_PROPERTIES_PROPERTY] = json.dumps(properties.user_properties,
                                                          separators=(",", ":"))
-    return OutgoingMessage(topic_of_subject(topic), payload, properties=props, born_ts=now_ms)
+    return OutgoingMessage(native_topic, payload, properties=props, born_ts=now_ms)
 
 
 @dataclass(slots=True)

@@ -68,6 +68,11 @@ class MqttOptions:
     (MQTT 5 PUBACK 0x97) and not stored."""
     max_retained_bytes: int = 256 << 20
     """Most payload bytes of retained messages kept; beyond, as ``max_retained_messages``."""
+    topic_map: str = ""
+    """Which native topic stores an MQTT topic: comma-separated ``FILTER=TOPIC`` rules, the first
+    matching filter wins (``+/telemetry=telemetry`` stores ``d1/telemetry``, ``d2/telemetry``,
+    ... in one topic ``telemetry``); a topic no rule matches goes to the topic its first level
+    names. Subscribing needs the subscribe right on every topic a filter can reach."""
     ws_allowed_origins: str = ""
     """Comma-separated Origins (``https://app.example.com``) whose browser pages may open MQTT
     WebSocket connections, besides same-origin pages and clients that send no Origin; ``*``

@@ -93,7 +93,8 @@ class PublishIntake:
                                     clip(client_id), clip(event.topic))
             self._answer(event, ReasonCode.NotAuthorized)
             return
-        message = to_outgoing(event.topic, event.payload, event.qos, event.retain, client_id,
+        message = to_outgoing(services.broker.topic_of_subject(event.topic), event.topic,
+                              event.payload, event.qos, event.retain, client_id,
                               event.properties, now_ms())
         if event.properties.payload_format_indicator == 1:
             try:

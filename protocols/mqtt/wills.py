@@ -26,9 +26,10 @@ from .retained import RetainedMessages, as_retained
 log = logging.getLogger(__name__)
 
 
-def will_message(will: Will, client_id: str, retain: bool) -> OutgoingMessage:
-    """The core message a will becomes; ``retain``: its retain flag was admitted."""
-    message = to_outgoing(will.topic, will.payload, will.qos, retain, client_id,
+def will_message(native_topic: str, will: Will, client_id: str, retain: bool) -> OutgoingMessage:
+    """The core message a will becomes, stored in ``native_topic``; ``retain``: its retain
+    flag was admitted."""
+    message = to_outgoing(native_topic, will.topic, will.payload, will.qos, retain, client_id,
                           will.properties, now_ms())
     return as_retained(message, will.topic) if retain else message
 
@@ -75,7 +76,8 @@ class Wills:
     async def _publish(self, will: Will, principal: Principal, client_id: str) -> None:
         retain = will.retain and self._may_retain(client_id, will.topic, will.payload)
         try:
-            message = will_message(will, client_id, retain)
+            message = will_message(self._broker.topic_of_subject(will.topic), will, client_id,
+                                   retain)
             await self._broker.send(principal, [message], create_topics=True)
         except Exception:  # noqa: BLE001 - a failed will is logged, the broker goes on
             if retain:

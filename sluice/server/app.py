@@ -35,7 +35,7 @@ from store.errors import StoreError, StoreLockedError
 from store.file_store import FileStore
 
 from protocols.admin import AdminDeps, AdminServer, start_admin_server
-from .config import Config, env_name
+from .config import Config, env_name, topic_rules
 from .logs import configure_logging
 from protocols.mqtt.frontend import MqttFrontend
 from protocols.mqtt.listeners import MqttListeners, start_mqtt_listeners
@@ -163,7 +163,7 @@ async def start(config: Config) -> RunningBroker:
     try:
         metadata = await asyncio.to_thread(_open_metadata, config)
         core = Core(store, metadata, config.data_dir, config.core, flush=config.store.flush,
-                    subject_syntax=MQTT_TOPIC_SYNTAX)
+                    subject_syntax=MQTT_TOPIC_SYNTAX, topic_rules=topic_rules(config))
         running = RunningBroker(config, store, metadata, core)
         await core.start()
         broker = core.broker

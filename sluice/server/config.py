@@ -23,9 +23,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from core.errors import InvalidArgument
 from core.settings import CoreConfig
+from core.topic_map import SubjectTopics, parse_rules
 from store.api import StoreConfig
 from protocols.mqtt.options import MqttOptions
+from protocols.mqtt.topics import SYNTAX as MQTT_TOPIC_SYNTAX
 
 from .logs import LogConfig
 
@@ -104,7 +107,19 @@ def load_config(path: str | Path | None = None, env: Mapping[str, str] | None = 
     for key, value in (overrides or {}).items():
         if value is not None:
             _set(values, _expand(key), value, "command line")
-    return _build(Config, values, "")
+    config = _build(Config, values, "")
+    topic_rules(config)
+    return config
+
+
+def topic_rules(config: Config) -> tuple[tuple[str, str], ...]:
+    """The ``mqtt.topic_map`` rules, checked; ConfigError says what is wrong with them."""
+    try:
+        rules = parse_rules(config.mqtt.topic_map)
+        SubjectTopics(MQTT_TOPIC_SYNTAX, rules)
+    except InvalidArgument as error:
+        raise ConfigError(f"mqtt.topic_map: {error}") from None
+    return rules
 
 
 def env_name(dotted: str) -> str:

@@ -79,7 +79,7 @@ def test_each_bad_mqtt_property_is_ignored_and_the_message_still_delivered(name,
 
 
 def test_valid_properties_still_apply():
-    outgoing = to_outgoing("devices/d1/t", b"p", 2, True, "c1",
+    outgoing = to_outgoing("devices", "devices/d1/t", b"p", 2, True, "c1",
                            Properties(payload_format_indicator=1, message_expiry_interval=30,
                                       content_type="text/plain", response_topic="r/1",
                                       correlation_data=b"\x00\xff",
