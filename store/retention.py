@@ -9,12 +9,20 @@ from __future__ import annotations
 
 import os
 import time
-from typing import TYPE_CHECKING
+from collections.abc import Iterable
+from typing import Any, Protocol
 
 from .api import RetentionReport, StoreConfig
 
-if TYPE_CHECKING:
-    from .file_store import FileStore
+
+class Retainable(Protocol):
+    """The parts of a file store retention works on (``FileStore`` has them)."""
+
+    log: Any
+    compaction: Any
+    dispatcher: Any
+    consume_queues: Iterable[Any]
+    key_index: Any
 
 
 def expired_segments(segments: list[tuple[int, int, float]], config: StoreConfig, now_ms: int,
@@ -32,7 +40,7 @@ def expired_segments(segments: list[tuple[int, int, float]], config: StoreConfig
     return count
 
 
-def apply_retention(store: FileStore, config: StoreConfig, now_ms: int | None = None) -> RetentionReport:
+def apply_retention(store: Retainable, config: StoreConfig, now_ms: int | None = None) -> RetentionReport:
     """Apply the limits of ``config`` to ``store`` once."""
     now = int(time.time() * 1000) if now_ms is None else now_ms
     report = RetentionReport(log_min_offset=store.log.min_offset)
