@@ -318,47 +318,64 @@ def add_credentials(group: argparse._ArgumentGroup) -> None:
                        help="its password (default: $SLUICE_PASSWORD or sluice)")
 
 
-def add_admin_commands(commands: argparse._SubParsersAction) -> None:
-    """Register `topic`, `group`, `message`, `user` and `acl` under ``commands``."""
-    common = admin_options()
+class Commands:
+    """Adds admin-API commands to the ``sluice`` parser, each with the admin options."""
 
-    def add(parent: argparse._SubParsersAction, name: str, text: str,
+    def __init__(self, commands: argparse._SubParsersAction) -> None:
+        self.commands = commands
+        self.common = admin_options()
+
+    def section(self, name: str, text: str) -> argparse._SubParsersAction:
+        """A command family (``sluice topic ...``)."""
+        parser = self.commands.add_parser(name, help=text, description=text)
+        return parser.add_subparsers(dest=f"{name}_command", required=True, metavar="COMMAND")
+
+    def add(self, parent: argparse._SubParsersAction, name: str, text: str,
             handler: Callable[[AdminClient, argparse.Namespace], int]) -> argparse.ArgumentParser:
-        sub = parent.add_parser(name, help=text, description=text, parents=[common])
+        """One command of a family, running ``handler`` against the admin API."""
+        sub = parent.add_parser(name, help=text, description=text, parents=[self.common])
         sub.set_defaults(handler=lambda args: run(handler, args))
         return sub
 
-    def section(name: str, text: str) -> argparse._SubParsersAction:
-        parser = commands.add_parser(name, help=text, description=text)
-        return parser.add_subparsers(dest=f"{name}_command", required=True, metavar="COMMAND")
 
-    topic = section("topic", "Create, list, describe and delete topics.")
-    sub = add(topic, "create", "Create a topic.", topic_create)
+def add_admin_commands(commands: argparse._SubParsersAction) -> None:
+    """Register `topic`, `group`, `message`, `user` and `acl` under ``commands``."""
+    adder = Commands(commands)
+    for add_family in (_topic_commands, _group_commands, _message_commands, _user_commands,
+                       _acl_commands):
+        add_family(adder)
+
+
+def _topic_commands(c: Commands) -> None:
+    topic = c.section("topic", "Create, list, describe and delete topics.")
+    sub = c.add(topic, "create", "Create a topic.", topic_create)
     sub.add_argument("name", metavar="TOPIC")
     sub.add_argument("--queues", type=int, default=8, help="number of queues (default: %(default)s)")
     sub.add_argument("--type", default="normal", choices=["normal", "fifo", "delay", "transaction"],
                      help="message type (default: %(default)s)")
     sub.add_argument("--retention-ms", type=int, help="keep messages this long (default: store-wide)")
     sub.add_argument("--compacted", action="store_true", help="keep the newest message per key")
-    add(topic, "list", "List topics.", topic_list).add_argument(
+    c.add(topic, "list", "List topics.", topic_list).add_argument(
         "--all", action="store_true",
         help="include internal topics (%%SYS%%..., the broker's own state; admins only)")
-    add(topic, "describe", "Show a topic's queues and offsets.", topic_describe).add_argument(
+    c.add(topic, "describe", "Show a topic's queues and offsets.", topic_describe).add_argument(
         "name", metavar="TOPIC")
-    add(topic, "delete", "Delete a topic.", topic_delete).add_argument("name", metavar="TOPIC")
+    c.add(topic, "delete", "Delete a topic.", topic_delete).add_argument("name", metavar="TOPIC")
 
-    group = section("group", "Create, list, describe and delete consumer groups; reset offsets.")
-    sub = add(group, "create", "Create a consumer group.", group_create)
+
+def _group_commands(c: Commands) -> None:
+    group = c.section("group", "Create, list, describe and delete consumer groups; reset offsets.")
+    sub = c.add(group, "create", "Create a consumer group.", group_create)
     sub.add_argument("name", metavar="GROUP")
     sub.add_argument("--broadcast", action="store_true", help="every member gets every message")
     sub.add_argument("--fifo", action="store_true", help="deliver each message group in order")
     sub.add_argument("--max-attempts", type=int, default=16,
                      help="deliveries before a message goes to the dead-letter topic")
-    add(group, "list", "List consumer groups.", group_list)
-    add(group, "describe", "Show a group's members, subscriptions and lag.",
+    c.add(group, "list", "List consumer groups.", group_list)
+    c.add(group, "describe", "Show a group's members, subscriptions and lag.",
         group_describe).add_argument("name", metavar="GROUP")
-    add(group, "delete", "Delete a consumer group.", group_delete).add_argument("name", metavar="GROUP")
-    sub = add(group, "reset-offset", "Move a group's offsets on a topic to a point in time.",
+    c.add(group, "delete", "Delete a consumer group.", group_delete).add_argument("name", metavar="GROUP")
+    sub = c.add(group, "reset-offset", "Move a group's offsets on a topic to a point in time.",
               group_reset)
     sub.add_argument("name", metavar="GROUP")
     sub.add_argument("--topic", required=True)
@@ -366,32 +383,36 @@ def add_admin_commands(commands: argparse._SubParsersAction) -> None:
     where.add_argument("--time", help="ms since the epoch, or ISO 8601 (2024-05-01T12:00:00)")
     where.add_argument("--to", choices=["earliest", "latest"], help="the first or the next message")
 
-    message = section("message", "Look up stored messages.")
-    sub = add(message, "get", "Show a message by id, or the messages of a topic with a key.",
+
+def _message_commands(c: Commands) -> None:
+    message = c.section("message", "Look up stored messages.")
+    sub = c.add(message, "get", "Show a message by id, or the messages of a topic with a key.",
               message_get)
     sub.add_argument("msg_id", nargs="?", metavar="MSG_ID")
     sub.add_argument("--topic", help="topic to search by key")
     sub.add_argument("--key", help="business key (needs --topic)")
     sub.add_argument("--limit", type=int, default=32, help="at most this many (default: %(default)s)")
 
-    user = section("user", "Manage users and their permissions.")
+
+def _user_commands(c: Commands) -> None:
+    user = c.section("user", "Manage users and their permissions.")
     for name, text, handler in [("create", "Create a user.", user_create),
                                 ("passwd", "Set a user's password.", user_passwd)]:
-        sub = add(user, name, text, handler)
+        sub = c.add(user, name, text, handler)
         sub.add_argument("name", metavar="NAME")
         sub.add_argument("--new-password", metavar="PASSWORD",
                          help="the user's password (asked for on a terminal when omitted)")
         if name == "create":
             sub.add_argument("--superuser", dest="make_admin", action="store_true",
                              help="make the user an admin: it may do anything")
-    add(user, "list", "List users.", user_list)
-    add(user, "delete", "Delete a user and its permissions.", user_delete).add_argument("name", metavar="NAME")
-    add(user, "permissions", "List a user's permissions.", user_permissions).add_argument(
+    c.add(user, "list", "List users.", user_list)
+    c.add(user, "delete", "Delete a user and its permissions.", user_delete).add_argument("name", metavar="NAME")
+    c.add(user, "permissions", "List a user's permissions.", user_permissions).add_argument(
         "name", metavar="NAME")
     for name, text, handler in [("grant", "Grant actions on topics or groups matching a pattern.",
                                  user_grant),
                                 ("revoke", "Revoke a user's permission on a pattern.", user_revoke)]:
-        sub = add(user, name, text, handler)
+        sub = c.add(user, name, text, handler)
         sub.add_argument("name", metavar="NAME")
         sub.add_argument("kind", choices=["topic", "group"])
         sub.add_argument("pattern", metavar="PATTERN", help="a name, or a pattern with * wildcards")
@@ -400,11 +421,12 @@ def add_admin_commands(commands: argparse._SubParsersAction) -> None:
                              metavar="ACTION", help="publish, subscribe and/or admin")
 
 
-    acl = section("acl", "Allow or deny publish/subscribe on MQTT topics, per user or for "
+def _acl_commands(c: Commands) -> None:
+    acl = c.section("acl", "Allow or deny publish/subscribe on MQTT topics, per user or for "
                          "everyone: the most specific matching rule wins (deny on a tie); where "
                          "no rule matches, topic permissions decide.")
     for effect in ("allow", "deny"):
-        sub = add(acl, effect, f"Add a rule that {effect}s actions on topics matching a filter.",
+        sub = c.add(acl, effect, f"Add a rule that {effect}s actions on topics matching a filter.",
                   acl_add)
         sub.set_defaults(effect=effect)
         sub.add_argument("pattern", metavar="FILTER",
@@ -414,12 +436,12 @@ def add_admin_commands(commands: argparse._SubParsersAction) -> None:
                          help="publish and/or subscribe")
         sub.add_argument("--for", dest="who", default="*", metavar="USER",
                          help="the user the rule is for (default: everyone)")
-    sub = add(acl, "remove", "Remove a rule.", acl_remove)
+    sub = c.add(acl, "remove", "Remove a rule.", acl_remove)
     sub.add_argument("pattern", metavar="FILTER", help="the rule's filter, exactly as added")
     sub.add_argument("--effect", choices=["allow", "deny"], required=True)
     sub.add_argument("--for", dest="who", default="*", metavar="USER",
                      help="the rule's user (default: everyone)")
-    sub = add(acl, "list", "List rules (with --for, those that apply to one user).", acl_list)
+    sub = c.add(acl, "list", "List rules (with --for, those that apply to one user).", acl_list)
     sub.add_argument("--for", dest="who", default="*", metavar="USER")
 
 

@@ -7,7 +7,7 @@ import urllib.parse
 from datetime import datetime
 from typing import Any
 
-from .admin import AdminClient, admin_options, run, show, table
+from .admin import AdminClient, Commands, show, table
 
 
 def _since(ms: int | None) -> str:
@@ -54,26 +54,19 @@ def client_kick(client: AdminClient, args: argparse.Namespace) -> int:
 
 def add_client_commands(commands: argparse._SubParsersAction) -> None:
     """Register `client list|show|kick` under ``commands``."""
-    common = admin_options()
-    text = "List, show and disconnect the clients of every protocol (admin only)."
-    parser = commands.add_parser("client", help=text, description=text)
-    sub = parser.add_subparsers(dest="client_command", required=True, metavar="COMMAND")
-
-    def add(name: str, help_text: str, handler: Any) -> argparse.ArgumentParser:
-        command = sub.add_parser(name, help=help_text, description=help_text, parents=[common])
-        command.set_defaults(handler=lambda args: run(handler, args))
-        return command
-
-    listing = add("list", "List connected clients and kept sessions.", client_list)
+    c = Commands(commands)
+    family = c.section("client", "List, show and disconnect the clients of every protocol "
+                                 "(admin only).")
+    listing = c.add(family, "list", "List connected clients and kept sessions.", client_list)
     listing.add_argument("--protocol", help="only this protocol's clients (mqtt, native)")
     listing.add_argument("--for", dest="for_user", metavar="USER", help="only this user's clients")
     listing.add_argument("--connected", action="store_true",
                          help="only connected clients, not sessions kept while away")
-    for name, help_text, handler in (
+    for name, text, handler in (
             ("show", "Show one client: address, user, subscriptions, protocol details.",
              client_show),
             ("kick", "Disconnect a client now (its session stays as the protocol keeps it).",
              client_kick)):
-        command = add(name, help_text, handler)
+        command = c.add(family, name, text, handler)
         command.add_argument("protocol", metavar="PROTOCOL", help="mqtt or native")
         command.add_argument("client_id", metavar="CLIENT_ID")
