@@ -3,11 +3,11 @@ real paho-mqtt and SDK clients, the lists and counts an operator reads, and a ki
 connection the way the protocol says an administrator does."""
 from __future__ import annotations
 
-import asyncio
 import logging
 import re
 import subprocess
 import sys
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -52,14 +52,17 @@ def connected_gauge(admin: Http) -> float:
     return float(re.search(r"^sluice_connected_clients (\S+)$", text, re.M).group(1))
 
 
-def wait_for_telemetry(broker: BrokerThread, streams: int) -> None:
-    """Until the native listener holds ``streams`` Telemetry streams (the SDK opens its stream in
-    the background after ``start``); nothing signals it, so the broker's loop checks each tick."""
-    async def opened() -> None:
-        async with asyncio.timeout(10):
-            while broker.running.native.clients.connected_count() != streams:
-                await asyncio.sleep(0.01)
-    broker.call(opened())
+class LineSeen(logging.Handler):
+    """Sets ``seen`` when a log record's message contains ``text`` (records of any thread)."""
+
+    def __init__(self, text: str) -> None:
+        super().__init__()
+        self.text = text
+        self.seen = threading.Event()
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if self.text in record.getMessage():
+            self.seen.set()
 
 
 def test_mqtt_and_native_clients_are_listed_shown_counted_and_kicked(broker, caplog):
@@ -71,7 +74,8 @@ def test_mqtt_and_native_clients_are_listed_shown_counted_and_kicked(broker, cap
     producer = Producer(ClientConfig(broker.running.native_address, "sluice", "sluice"))
     broker.call(producer.start())
     try:
-        wait_for_telemetry(broker, 1)
+        # the broker answers the SDK's settings on its Telemetry stream, so the stream is open
+        assert broker.call(producer.server_settings(10)) is not None
         native = clients(admin, protocol="native")
         assert len(native) == 1 and native[0]["user"] == "sluice" and native[0]["connected"]
         assert re.fullmatch(r"127\.0\.0\.1:\d+", native[0]["address"])
@@ -98,12 +102,13 @@ def test_mqtt_and_native_clients_are_listed_shown_counted_and_kicked(broker, cap
         status, body, _ = admin("GET", "/clients/amqp/x")
         assert status == 404 and "known: mqtt, native" in body["message"]
 
-        assert admin("DELETE", f"/clients/native/{native[0]['client_id']}")[0] == 204
-        async def stream_ended() -> None:
-            async with asyncio.timeout(10):
-                while "(kicked by an administrator)" not in caplog.text:
-                    await asyncio.sleep(0.01)
-        broker.call(stream_ended())
+        kicked = LineSeen("(kicked by an administrator)")
+        logging.getLogger("sluice.clients").addHandler(kicked)
+        try:
+            assert admin("DELETE", f"/clients/native/{native[0]['client_id']}")[0] == 204
+            assert kicked.seen.wait(10), "the kicked client's Telemetry stream did not end"
+        finally:
+            logging.getLogger("sluice.clients").removeHandler(kicked)
     finally:
         device.close()
         broker.call(producer.close())
