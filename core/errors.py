@@ -65,6 +65,11 @@ class AlreadyExists(SluiceError):
     """A resource with that name exists already."""
 
 
+class PreconditionFailed(SluiceError):
+    """A resource exists but differs from what the request assumes (AMQP 406: a queue or
+    exchange redeclared with other settings, an if-unused delete of one in use)."""
+
+
 class InvalidReceiptHandle(InvalidArgument):
     """A receipt handle is malformed, was issued for another group/topic, or was superseded."""
 

@@ -21,6 +21,7 @@ STATUS: dict[type[BaseException], tuple[int, str]] = {
     core.MessageNotFound: (404, "message_not_found"),
     core.ClientNotFound: (404, "client_not_found"),
     core.AlreadyExists: (409, "already_exists"),
+    core.PreconditionFailed: (409, "precondition_failed"),
     core.InvalidArgument: (400, "invalid_argument"),
     core.BadFilter: (400, "bad_filter"),
     core.MessageTooLarge: (413, "message_too_large"),
