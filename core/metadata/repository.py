@@ -25,7 +25,7 @@ from core.model import (AclRule, Action, ConsumeMode, GroupConfig, MessageType, 
 from . import master_key
 from .engine import WRITE_OPTION, open_engine
 from .passwords import check_password, hash_password, waste_check
-from .schema import (acl_rules, consumer_groups, current_version, migrate, subscriptions, topics,
+from .schema import (acl_rules, amqp_topology, consumer_groups, current_version, migrate, subscriptions, topics,
                      users)
 from .schema import permissions as permission_table
 
@@ -266,6 +266,32 @@ class MetadataRepository:
                     for row in conn.execute(query)]
 
     # --- helpers ---
+    # --- AMQP topology: durable vhosts, exchanges, queues and bindings ---
+
+    def put_topology(self, vhost: str, kind: str, name: str, spec: str) -> None:
+        """Store (or replace) one durable AMQP object; ``spec`` is its settings as JSON."""
+        row = {"vhost": vhost, "kind": kind, "name": name, "spec": spec}
+        with self._writer.begin() as conn:
+            conn.execute(self._upsert(amqp_topology, row, ("vhost", "kind", "name")))
+
+    def delete_topology(self, vhost: str, kind: str | None = None, name: str | None = None) -> int:
+        """Delete one object, every object of a kind, or (both None) a whole virtual host;
+        how many rows went."""
+        query = amqp_topology.delete().where(amqp_topology.c.vhost == vhost)
+        if kind is not None:
+            query = query.where(amqp_topology.c.kind == kind)
+        if name is not None:
+            query = query.where(amqp_topology.c.name == name)
+        with self._writer.begin() as conn:
+            return conn.execute(query).rowcount
+
+    def topology(self) -> list[tuple[str, str, str, str]]:
+        """Every stored (vhost, kind, name, spec), ordered by vhost, kind and name."""
+        query = select(amqp_topology).order_by(amqp_topology.c.vhost, amqp_topology.c.kind,
+                                               amqp_topology.c.name)
+        with self._engine.connect() as conn:
+            return [(row.vhost, row.kind, row.name, row.spec) for row in conn.execute(query)]
+
     def _secrets(self, password: str) -> dict[str, str]:
         if not password:
             raise InvalidArgument("the password is empty: choose a non-empty password")

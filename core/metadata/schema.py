@@ -81,6 +81,18 @@ acl_rules = Table(
 )
 
 
+amqp_topology = Table(
+    "amqp_topology", metadata,
+    # One row per durable AMQP object of a virtual host: kind "vhost" (name ""), "exchange",
+    # "queue" or "binding" (name: the binding's canonical key). ``spec`` is the object's
+    # declared settings as JSON, written and read by core.
+    Column("vhost", String(255), primary_key=True),
+    Column("kind", String(16), primary_key=True),
+    Column("name", String(1024), primary_key=True),
+    Column("spec", String, nullable=False),
+)
+
+
 def _v1(conn: Connection) -> None:
     metadata.create_all(conn, tables=[topics, consumer_groups, subscriptions, users, permissions])
 
@@ -89,7 +101,11 @@ def _v2(conn: Connection) -> None:
     metadata.create_all(conn, tables=[acl_rules])
 
 
-MIGRATIONS: tuple[Callable[[Connection], None], ...] = (_v1, _v2)
+def _v3(conn: Connection) -> None:
+    metadata.create_all(conn, tables=[amqp_topology])
+
+
+MIGRATIONS: tuple[Callable[[Connection], None], ...] = (_v1, _v2, _v3)
 LATEST_VERSION = len(MIGRATIONS)
 
 _PG_MIGRATION_LOCK = 0x51CE_0001

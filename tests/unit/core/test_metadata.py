@@ -32,7 +32,7 @@ def _perm(user: str, pattern: str, *actions: Action, kind: ResourceKind = Resour
 def test_a_new_database_gets_the_latest_schema_and_reopening_changes_nothing(metadata_url, master_key):
     MetadataRepository(metadata_url, master_key).close()
     repo = MetadataRepository(metadata_url, master_key)
-    assert repo.schema_version() == LATEST_VERSION == 2
+    assert repo.schema_version() == LATEST_VERSION == 3
     repo.create_topic(TOPIC)
     repo.close()
     repo = MetadataRepository(metadata_url, master_key)
@@ -42,7 +42,7 @@ def test_a_new_database_gets_the_latest_schema_and_reopening_changes_nothing(met
     with engine.connect() as conn:
         rows = conn.execute(select(schema_version.c.version)).scalars().all()
     engine.dispose()
-    assert rows == [1, 2]
+    assert rows == [1, 2, 3]
 
 
 def test_a_database_from_a_newer_sluice_is_refused_with_upgrade_advice(metadata_url, master_key):
@@ -331,3 +331,17 @@ def test_sqlite_runs_in_wal_mode(tmp_path, master_key):
         assert conn.execute(text("PRAGMA journal_mode")).scalar_one() == "wal"
         assert conn.execute(select(func.count()).select_from(schema_version)).scalar_one() == LATEST_VERSION
     engine.dispose()
+
+
+def test_amqp_topology_rows_upsert_and_delete_by_object_kind_or_vhost(repo):
+    repo.put_topology("/", "exchange", "orders", '{"type": "topic"}')
+    repo.put_topology("/", "exchange", "orders", '{"type": "fanout"}')
+    repo.put_topology("/", "queue", "billing", "{}")
+    repo.put_topology("shop", "queue", "billing", '{"x-max-length": 10}')
+    assert repo.topology() == [("/", "exchange", "orders", '{"type": "fanout"}'),
+                               ("/", "queue", "billing", "{}"),
+                               ("shop", "queue", "billing", '{"x-max-length": 10}')]
+    assert repo.delete_topology("/", "queue", "billing") == 1
+    assert repo.delete_topology("/", "queue", "billing") == 0
+    assert repo.delete_topology("shop") == 1
+    assert repo.topology() == [("/", "exchange", "orders", '{"type": "fanout"}')]
