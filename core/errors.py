@@ -70,6 +70,10 @@ class PreconditionFailed(SluiceError):
     exchange redeclared with other settings, an if-unused delete of one in use)."""
 
 
+class ResourceLocked(SluiceError):
+    """Another connection holds the resource exclusively (AMQP 405: an exclusive queue)."""
+
+
 class InvalidReceiptHandle(InvalidArgument):
     """A receipt handle is malformed, was issued for another group/topic, or was superseded."""
 

@@ -239,14 +239,14 @@ class ExchangeGraph:
             check_headers_binding(args)
         elif exchange.type is ExchangeType.TOPIC:
             TOPIC_SYNTAX.check_levels(TOPIC_SYNTAX.levels(routing_key), routing_key)
-        return exchange.add(Binding(source, destination, routing_key, _frozen(args)))
+        return exchange.add(Binding(source, destination, routing_key, frozen_arguments(args)))
 
     def unbind(self, source: str, destination: Destination, routing_key: str,
                arguments: Mapping[str, Any] | None = None) -> bool:
         """Remove a binding; False if there was none such (RabbitMQ answers unbind-ok anyway)."""
         exchange = self._bindable(source)
         removed = exchange.remove(Binding(source, destination, routing_key,
-                                          _frozen(dict(arguments or {}))))
+                                          frozen_arguments(dict(arguments or {}))))
         if removed and exchange.auto_delete and not exchange.bindings:
             self.delete(source)  # an auto-delete exchange goes with its last binding
         return removed
@@ -319,14 +319,14 @@ class ExchangeGraph:
                 self._drop_bindings_to(Destination(exchange.name, is_exchange=True))
 
 
-def _frozen(arguments: Mapping[str, Any]) -> tuple[tuple[str, Any], ...]:
+def frozen_arguments(arguments: Mapping[str, Any]) -> tuple[tuple[str, Any], ...]:
     """Binding arguments as a hashable, order-independent value."""
     return tuple(sorted((k, _hashable(v)) for k, v in arguments.items()))
 
 
 def _hashable(value: Any) -> Any:
     if isinstance(value, Mapping):
-        return _frozen(value)
+        return frozen_arguments(value)
     if isinstance(value, list | tuple):
         return tuple(_hashable(v) for v in value)
     return value

@@ -22,6 +22,7 @@ STATUS: dict[type[BaseException], tuple[int, str]] = {
     core.ClientNotFound: (404, "client_not_found"),
     core.AlreadyExists: (409, "already_exists"),
     core.PreconditionFailed: (409, "precondition_failed"),
+    core.ResourceLocked: (409, "resource_locked"),
     core.InvalidArgument: (400, "invalid_argument"),
     core.BadFilter: (400, "bad_filter"),
     core.MessageTooLarge: (413, "message_too_large"),

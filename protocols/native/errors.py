@@ -32,6 +32,7 @@ ERROR_CODES: dict[type[BaseException], int] = {
     errors.NotFound: Code.NOT_FOUND,
     errors.AlreadyExists: Code.BAD_REQUEST,
     errors.PreconditionFailed: Code.BAD_REQUEST,
+    errors.ResourceLocked: Code.BAD_REQUEST,
     # The clients stop retrying an ack or a nack on INVALID_RECEIPT_HANDLE: right for an expired
     # receipt too, since the message is redelivered anyway.
     errors.ReceiptExpired: Code.INVALID_RECEIPT_HANDLE,

@@ -1,0 +1,292 @@
+"""Virtual hosts: isolated namespaces of AMQP exchanges, queues and bindings, kept across restarts.
+
+Each virtual host has an ``ExchangeGraph`` (``core.exchanges``) and its queues. Durable objects
+are written to the metadata database (one row each, settings as JSON) before they are answered,
+and restored by ``load`` at start; transient ones, and exclusive queues, live in memory only and
+are gone after a restart, as in RabbitMQ. A binding is durable when both its ends are.
+
+Every AMQP queue is a named queue of core (``named_queue``), so its messages are entries over
+the one commit log. No authorization here: the adapter decides first, on domain names.
+Runs on the event loop; metadata writes go to a thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import hashlib
+import json
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from .errors import (AccessDenied, AlreadyExists, InvalidArgument, NotFound,
+                     PreconditionFailed, ResourceLocked)
+from .exchanges import Binding, Destination, ExchangeGraph, frozen_arguments
+from .metadata import MetadataRepository
+from .untrusted import clip
+
+DEFAULT_VHOST = "/"
+MAX_NAME_BYTES = 255
+"""Longest exchange, queue or virtual host name (AMQP's shortstr)."""
+
+
+@dataclass(frozen=True)
+class QueueSettings:
+    """A queue as declared. ``owner`` is the connection an exclusive queue belongs to."""
+
+    name: str
+    durable: bool = True
+    auto_delete: bool = False
+    arguments: dict[str, Any] = field(default_factory=dict)
+    owner: str | None = None
+
+    def same_declaration(self, other: QueueSettings) -> bool:
+        """Whether ``other`` redeclares this queue alike (RabbitMQ compares these)."""
+        return ((self.durable, self.auto_delete, self.arguments, self.owner is not None)
+                == (other.durable, other.auto_delete, other.arguments, other.owner is not None))
+
+
+@dataclass
+class VirtualHost:
+    """One namespace: its exchanges and bindings, and its queues."""
+
+    name: str
+    queues: dict[str, QueueSettings] = field(default_factory=dict)
+    graph: ExchangeGraph = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.graph = ExchangeGraph(self.queues.__contains__)
+
+    def queue(self, name: str) -> QueueSettings:
+        """The queue ``name``; NotFound (AMQP 404) if there is none."""
+        queue = self.queues.get(name)
+        if queue is None:
+            raise NotFound(f"no queue {clip(name)} in virtual host {clip(self.name)}")
+        return queue
+
+
+def named_queue(vhost: str, queue: str) -> str:
+    """The core named queue holding an AMQP queue's entries."""
+    digest = hashlib.blake2b(f"{vhost}\0{queue}".encode(), digest_size=16).hexdigest()
+    return f"%SYS%amqp.q.{digest}"
+
+
+def check_amqp_name(name: str, what: str) -> str:
+    """``name`` if it fits AMQP's shortstr (at most 255 UTF-8 bytes); InvalidArgument if not."""
+    if len(name.encode()) > MAX_NAME_BYTES:
+        raise InvalidArgument(f"a {what} name may have at most {MAX_NAME_BYTES} bytes")
+    return name
+
+
+class VirtualHosts:
+    """Every virtual host of the broker, restored from and written to the metadata database."""
+
+    def __init__(self, metadata: MetadataRepository) -> None:
+        self._metadata = metadata
+        self._vhosts: dict[str, VirtualHost] = {}
+
+    # --- start -------------------------------------------------------------------------
+
+    def load(self, rows: list[tuple[str, str, str, str]]) -> None:
+        """Rebuild from the metadata rows (``MetadataRepository.topology``): virtual hosts
+        first, then exchanges, queues and bindings."""
+        order = {"vhost": 0, "exchange": 1, "queue": 2, "binding": 3}
+        for vhost, kind, name, spec in sorted(rows, key=lambda r: order.get(r[1], 4)):
+            settings = json.loads(spec)
+            if kind == "vhost":
+                self._vhosts.setdefault(vhost, VirtualHost(vhost))
+                continue
+            host = self._vhosts.setdefault(vhost, VirtualHost(vhost))
+            if kind == "exchange":
+                host.graph.declare(name, settings["type"], durable=True,
+                                   auto_delete=settings["auto_delete"],
+                                   internal=settings["internal"], arguments=settings["arguments"])
+            elif kind == "queue":
+                host.queues[name] = QueueSettings(name, True, settings["auto_delete"],
+                                                  settings["arguments"])
+            elif kind == "binding":
+                destination = Destination(settings["destination"], settings["to_exchange"])
+                host.graph.bind(settings["source"], destination, settings["routing_key"],
+                                dict(settings["arguments"]))
+
+    async def ensure_default(self) -> None:
+        """Create ``/`` on first start, as RabbitMQ does."""
+        if DEFAULT_VHOST not in self._vhosts:
+            await self.create(DEFAULT_VHOST)
+
+    # --- virtual hosts -----------------------------------------------------------------
+
+    def names(self) -> list[str]:
+        return sorted(self._vhosts)
+
+    def get(self, name: str) -> VirtualHost:
+        """The virtual host ``name``; NotFound if there is none."""
+        host = self._vhosts.get(name)
+        if host is None:
+            raise NotFound(f"no virtual host {clip(name)}; an administrator creates it "
+                           "(`sluice vhost create NAME`)")
+        return host
+
+    async def create(self, name: str) -> VirtualHost:
+        """Create a virtual host; AlreadyExists if there is one of that name."""
+        check_amqp_name(name, "virtual host")
+        if not name:
+            raise InvalidArgument("a virtual host needs a name")
+        if name in self._vhosts:
+            raise AlreadyExists(f"virtual host {clip(name)} exists already")
+        await asyncio.to_thread(self._metadata.put_topology, name, "vhost", "", "{}")
+        return self._vhosts.setdefault(name, VirtualHost(name))
+
+    async def delete(self, name: str) -> list[str]:
+        """Delete a virtual host and everything in it; the named queues it held (for the
+        caller to forget)."""
+        host = self.get(name)
+        await asyncio.to_thread(self._metadata.delete_topology, name)
+        del self._vhosts[name]
+        return [named_queue(name, queue) for queue in host.queues]
+
+    # --- exchanges -----------------------------------------------------------------------
+
+    async def declare_exchange(self, vhost: str, name: str, kind: str, *, durable: bool = True,
+                               auto_delete: bool = False, internal: bool = False,
+                               arguments: Mapping[str, Any] | None = None,
+                               passive: bool = False) -> None:
+        """Declare an exchange (``core.exchanges.ExchangeGraph.declare``), stored if durable."""
+        check_amqp_name(name, "exchange")
+        graph = self.get(vhost).graph
+        new = not passive and name not in graph
+        exchange = graph.declare(name, kind, durable=durable, auto_delete=auto_delete,
+                                 internal=internal, arguments=arguments, passive=passive)
+        if new and durable:
+            spec = {"type": exchange.type.value, "auto_delete": auto_delete,
+                    "internal": internal, "arguments": exchange.arguments}
+            try:
+                await asyncio.to_thread(self._metadata.put_topology, vhost, "exchange", name,
+                                        _json(spec))
+            except BaseException:
+                graph.delete(name)
+                raise
+
+    async def delete_exchange(self, vhost: str, name: str, *, if_unused: bool = False) -> None:
+        """Delete an exchange and its bindings (from metadata too)."""
+        host = self.get(vhost)
+        before = set(host.graph.bindings())
+        if host.graph.delete(name, if_unused=if_unused):
+            await asyncio.to_thread(self._metadata.delete_topology, vhost, "exchange", name)
+            await self._forget_bindings(vhost, before - set(host.graph.bindings()))
+
+    # --- queues --------------------------------------------------------------------------
+
+    async def declare_queue(self, vhost: str, settings: QueueSettings, *,
+                            passive: bool = False) -> QueueSettings:
+        """Declare a queue (an empty name asks for a server-named one) and return it as it is.
+
+        A redeclaration must match (PreconditionFailed, 406); another connection's exclusive
+        queue is ResourceLocked (405); ``passive`` only checks that the queue exists.
+        """
+        host = self.get(vhost)
+        name = check_amqp_name(settings.name, "queue") or _server_name()
+        existing = host.queues.get(name)
+        if existing is not None and existing.owner not in (None, settings.owner):
+            raise ResourceLocked(f"queue {clip(name)} is exclusive to another connection")
+        if passive:
+            return host.queue(name)
+        if existing is not None:
+            if not existing.same_declaration(settings):
+                raise PreconditionFailed(f"queue {clip(name)} exists with other settings "
+                                         f"(durable {existing.durable}, auto_delete "
+                                         f"{existing.auto_delete}, arguments "
+                                         f"{clip(existing.arguments)})")
+            return existing
+        if name.startswith("amq.") and settings.name:
+            raise AccessDenied(f"queue names starting with 'amq.' are reserved ({clip(name)})")
+        queue = QueueSettings(name, settings.durable, settings.auto_delete,
+                              dict(settings.arguments), settings.owner)
+        if queue.durable and queue.owner is None:
+            spec = {"auto_delete": queue.auto_delete, "arguments": queue.arguments}
+            await asyncio.to_thread(self._metadata.put_topology, vhost, "queue", name,
+                                    _json(spec))
+        host.queues[name] = queue
+        return queue
+
+    async def delete_queue(self, vhost: str, name: str) -> str:
+        """Delete a queue and its bindings; the named queue that held its entries."""
+        host = self.get(vhost)
+        host.queue(name)
+        before = set(host.graph.bindings())
+        del host.queues[name]
+        host.graph.queue_deleted(name)
+        await asyncio.to_thread(self._metadata.delete_topology, vhost, "queue", name)
+        await self._forget_bindings(vhost, before - set(host.graph.bindings()))
+        return named_queue(vhost, name)
+
+    # --- bindings ------------------------------------------------------------------------
+
+    async def bind(self, vhost: str, source: str, destination: Destination, routing_key: str,
+                   arguments: Mapping[str, Any] | None = None) -> None:
+        """Bind; stored when the source exchange and the destination are both durable."""
+        host = self.get(vhost)
+        args = dict(arguments or {})
+        if host.graph.bind(source, destination, routing_key, args) and self._durable(
+                host, source, destination):
+            binding = Binding(source, destination, routing_key, frozen_arguments(args))
+            await asyncio.to_thread(self._metadata.put_topology, vhost, "binding",
+                                    _binding_key(binding), _json(_binding_spec(binding, args)))
+
+    async def unbind(self, vhost: str, source: str, destination: Destination, routing_key: str,
+                     arguments: Mapping[str, Any] | None = None) -> None:
+        """Remove a binding (from metadata too)."""
+        host = self.get(vhost)
+        args = dict(arguments or {})
+        before = set(host.graph.bindings())
+        host.graph.unbind(source, destination, routing_key, args)
+        await self._forget_bindings(vhost, before - set(host.graph.bindings()))
+
+    def route(self, vhost: str, exchange: str, routing_key: str,
+              headers: Mapping[str, Any] | None = None) -> list[str]:
+        """The named queues a client's publish reaches (``ExchangeGraph.route``)."""
+        queues = self.get(vhost).graph.route(exchange, routing_key, headers)
+        return [named_queue(vhost, queue) for queue in sorted(queues)]
+
+    def _durable(self, host: VirtualHost, source: str, destination: Destination) -> bool:
+        if not host.graph.get(source).durable:
+            return False
+        if destination.is_exchange:
+            return host.graph.get(destination.name).durable
+        queue = host.queues[destination.name]
+        return queue.durable and queue.owner is None
+
+    async def _forget_bindings(self, vhost: str, gone: set[Binding]) -> None:
+        for binding in gone:
+            await asyncio.to_thread(self._metadata.delete_topology, vhost, "binding",
+                                    _binding_key(binding))
+
+
+def _server_name() -> str:
+    """A queue name like RabbitMQ's ``amq.gen-...``."""
+    return "amq.gen-" + base64.urlsafe_b64encode(os.urandom(16)).decode().rstrip("=")
+
+
+def _binding_key(binding: Binding) -> str:
+    """A stable row name for a binding: its ends, key and arguments."""
+    arguments = json.dumps(binding.arguments, sort_keys=True, default=str)
+    return json.dumps([binding.source, binding.destination.name, binding.destination.is_exchange,
+                       binding.routing_key, arguments])
+
+
+def _binding_spec(binding: Binding, arguments: dict[str, Any]) -> dict[str, Any]:
+    return {"source": binding.source, "destination": binding.destination.name,
+            "to_exchange": binding.destination.is_exchange, "routing_key": binding.routing_key,
+            "arguments": arguments}
+
+
+def _json(spec: Mapping[str, Any]) -> str:
+    """Settings as JSON; InvalidArgument for values JSON cannot keep (the adapter turns AMQP
+    field-table values into JSON-safe ones first)."""
+    try:
+        return json.dumps(spec, sort_keys=True)
+    except TypeError as error:
+        raise InvalidArgument(f"arguments cannot be stored: {error}") from None
+
