@@ -8,6 +8,7 @@ from rocketmq.grpc_protocol.definition_pb2 import Code
 
 from core import errors
 from protocols.admin.errors import status_for
+from protocols.amqp.errors import is_hard, reply_code
 from protocols.mqtt.errors import reason_for
 from protocols.mqtt.reason_codes import ReasonCode
 from protocols.native.errors import code_of
@@ -58,3 +59,16 @@ def test_a_corrupt_message_is_an_internal_error_with_its_message() -> None:
 ])
 def test_not_found_errors_are_built_from_a_name_and_read_as_one_sentence(error, text) -> None:
     assert str(error) == text
+
+
+@pytest.mark.parametrize("error, code, hard", [
+    (errors.PreconditionFailed("x"), 406, False),
+    (errors.ResourceLocked("x"), 405, False),
+    (NewKindOfMissingTopic("t"), 404, False),      # an unlisted subclass maps like NotFound
+    (errors.BadFilter("x"), 406, False),
+    (errors.NotSupported("x"), 540, True),
+    (errors.QuotaExceeded("full"), 506, True),
+    (RuntimeError("bug"), 541, True),
+])
+def test_amqp_reply_codes_follow_the_class_hierarchy(error, code, hard):
+    assert reply_code(error) == code and is_hard(code) == hard
