@@ -75,8 +75,7 @@ def _plain(raw: bytes) -> tuple[str, str]:
 def _amqplain(raw: bytes) -> tuple[str, str]:
     try:
         _, table = decode.field_table(struct.pack(">I", len(raw)) + raw)
-    except (ValueError, struct.error, TypeError, IndexError, KeyError, OverflowError,
-            RecursionError):
+    except (ValueError, RecursionError):  # see codec._DECODE_ERRORS
         raise _syntax("AMQPLAIN response is not a field table") from None
     user, password = table.get("LOGIN"), table.get("PASSWORD")
     if not isinstance(user, (str, bytes)) or not isinstance(password, (str, bytes)):

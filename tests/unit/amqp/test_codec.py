@@ -98,6 +98,17 @@ def test_malformed_frames_raise_their_reply_code(data: bytes, code: int,
     assert caught.value.code == code and isinstance(caught.value, FrameError) is lost_sync
 
 
+def test_a_deeply_nested_field_table_is_a_frame_error() -> None:
+    """pamqp decodes tables recursively: 3,000 levels (24 KB) overflow its stack."""
+    table = b""
+    for _ in range(3000):
+        table = b"\x01kF" + struct.pack(">I", len(table)) + table
+    fields = b"\x00\x00\x01q\x00" + struct.pack(">I", len(table)) + table
+    with pytest.raises(AmqpError) as caught:
+        _decode_one(_frame(1, 1, struct.pack(">I", Queue.Declare.index) + fields), 1 << 16)
+    assert caught.value.code == ReplyCode.FRAME_ERROR
+
+
 def test_a_frame_of_exactly_frame_max_is_accepted() -> None:
     """RabbitMQ lets a payload reach frame_max (clients are often 8 bytes off)."""
     got = _decode_one(_frame(3, 1, b"z" * 4096))
