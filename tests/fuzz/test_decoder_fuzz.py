@@ -1,5 +1,6 @@
-"""Hypothesis against every decoder of protocols/mqtt, with the limits a broker runs with: any
-bytes give packets, "need more" or the protocol's error (`MqttError`), never another exception;
+"""Hypothesis against every decoder of protocols/mqtt and protocols/amqp, with the limits a broker runs with: any
+bytes give packets (frames), "need more" or the protocol's error (`MqttError`, `AmqpError`), never
+another exception;
 the result does not depend on how the bytes are split; the cost is linear in the input.
 
 Inputs are arbitrary bytes and valid streams mutated the way the live fuzzer mutates them
@@ -14,6 +15,15 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from pamqp.commands import Basic, Channel, Confirm, Connection, Exchange, Queue
+
+from protocols.amqp.codec import Decoder as AmqpDecoder
+from protocols.amqp.connection import Options as AmqpOptions
+from protocols.amqp.connection import ServerConnection as AmqpConnection
+from protocols.amqp.events import ConnectionClosed as AmqpClosed
+from protocols.amqp.events import LoginRequested, VhostRequested
+from protocols.amqp.frames import HEARTBEAT_FRAME, PROTOCOL_HEADER, encode_content, encode_method
+from protocols.amqp.reason_codes import AmqpError, BadProtocolHeader
 from protocols.mqtt.codec import Decoder, encode
 from protocols.mqtt.connection import ServerConnection
 from protocols.mqtt.events import ConnectRequested
@@ -112,6 +122,111 @@ def test_a_server_connection_never_raises_on_mutated_input(seed, version, cuts):
        st.booleans(), st.text(max_size=80))
 def test_origin_checks_never_raise(origin, host, secure, allowed):
     assert origin_allowed(origin, host, secure, parse_origins(allowed)) in (True, False)
+
+
+# ----------------------------------------------------------------------------- AMQP 0-9-1
+
+AMQP_STREAM = b"".join([
+    PROTOCOL_HEADER,
+    encode_method(0, Connection.StartOk({"capabilities": {"connection.blocked": True}}, "PLAIN",
+                                        "\0guest\0guest")),
+    encode_method(0, Connection.TuneOk(16, 4096, 10)),
+    encode_method(0, Connection.Open("/")),
+    encode_method(1, Channel.Open()),
+    encode_method(1, Exchange.Declare(exchange="x", exchange_type="topic", arguments={"a": [1]})),
+    encode_method(1, Queue.Declare(queue="q", arguments={"x-max-length": 10})),
+    encode_method(1, Confirm.Select()),
+    encode_content(1, Basic.Publish(exchange="x", routing_key="a.b"),
+                   Basic.Properties(headers={"h": "v"}, delivery_mode=2), b"m" * 9000, 4096),
+    HEARTBEAT_FRAME,
+    encode_method(1, Basic.Ack(1, True)),
+    encode_method(1, Channel.Close(200, "", 0, 0)),
+    encode_method(0, Connection.Close(200, "", 0, 0)),
+])
+"""A client's whole session: handshake, declares, a publish over three body frames, closes."""
+
+
+def amqp_frames(chunks: list[bytes]) -> tuple[list[str], object]:
+    """Frames decoded from ``chunks`` (by type name) and the error that ended them."""
+    decoder, got = AmqpDecoder(1 << 16), []
+    try:
+        for chunk in chunks:
+            decoder.feed(chunk)
+            while (received := decoder.next_frame()) is not None:
+                got.append(f"{received[0]}:{type(received[1]).__name__}")
+    except AmqpError as error:
+        return got, error.code
+    except BadProtocolHeader:
+        return got, "header"
+    return got, None
+
+
+def lie_about_a_size(data: bytes, seed: int) -> bytes:
+    """``data`` with one frame's 4-byte payload size rewritten."""
+    offsets, i = [], len(PROTOCOL_HEADER)
+    while i + 7 <= len(data):
+        offsets.append(i)
+        i += int.from_bytes(data[i + 3:i + 7], "big") + 8
+    at = offsets[seed % len(offsets)] + 3 if offsets else 0
+    return data[:at] + (seed % (1 << 32)).to_bytes(4, "big") + data[at + 4:]
+
+
+@settings(max_examples=400, deadline=None)
+@given(seeds, st.booleans(), st.lists(st.integers(0, 1 << 20), max_size=8))
+def test_amqp_mutated_streams_give_frames_or_amqp_errors_however_split(seed, lie, cuts):
+    data = mutate(seed, base=AMQP_STREAM)
+    data = lie_about_a_size(data, seed) if lie else data
+    whole = amqp_frames([data])
+    assert amqp_frames(split(data, cuts)) == whole
+    assert amqp_frames([data[i:i + 1] for i in range(len(data))]) == whole
+
+
+def run_amqp_connection(chunks: list[bytes]) -> tuple[list[object], bytes]:
+    """An AMQP server connection that accepts every login and vhost, fed ``chunks``."""
+    conn = AmqpConnection(AmqpOptions(frame_max=1 << 16, channel_max=16, heartbeat=10,
+                                      max_message_size=1 << 15))
+    events, written = [], bytearray()
+    for now, chunk in enumerate(chunks):
+        conn.receive_data(chunk, float(now))
+        conn.check_timeouts(float(now))
+        while (event := conn.next_event()) is not None:
+            events.append(type(event).__name__)
+            if isinstance(event, LoginRequested):
+                conn.accept_login()
+            elif isinstance(event, VhostRequested):
+                conn.open_vhost()
+            elif isinstance(event, AmqpClosed):
+                assert isinstance(event.reply_code, int) and event.reply_code
+        written += conn.data_to_send()
+    return events, bytes(written)
+
+
+@settings(max_examples=300, deadline=None)
+@given(seeds, st.booleans(), st.lists(st.integers(0, 1 << 20), max_size=6))
+def test_an_amqp_server_connection_never_raises_on_mutated_input(seed, lie, cuts):
+    """It keeps going or closes with a reply code; nothing else comes out, and what it
+    says does not depend on how the bytes arrive."""
+    data = mutate(seed, base=AMQP_STREAM)
+    data = lie_about_a_size(data, seed) if lie else data
+    events, written = run_amqp_connection(split(data, cuts))
+    assert (events, written) == run_amqp_connection(split(data, []))
+    assert events.count("ConnectionClosed") <= 1
+
+
+@settings(max_examples=300)
+@given(st.binary(max_size=600))
+def test_amqp_random_bytes_after_the_header(noise):
+    assert amqp_frames([PROTOCOL_HEADER + noise])[1] in (None, *AMQP_CODES)
+
+
+AMQP_CODES = (501, 502, 503, 504, 505, 530, 540)
+
+
+def test_the_amqp_stream_is_valid():
+    assert amqp_frames([AMQP_STREAM])[1] is None
+    events, _ = run_amqp_connection([AMQP_STREAM])
+    assert events[:2] == ["LoginRequested", "VhostRequested"]
+    assert events[-1] == "ConnectionClosed" and "PublishReceived" in events
 
 
 # ----------------------------------------------------------------------------- linear cost

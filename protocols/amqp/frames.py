@@ -1,0 +1,64 @@
+"""AMQP 0-9-1 frame layout and the encoders for what the server sends, marshalled by pamqp.
+
+Frame layout (spec 2.3.5 / 4.2.3):
+
+    byte 0      frame type: 1 method, 2 content header, 3 content body, 8 heartbeat
+    bytes 1-2   channel number (0 for the connection itself and for heartbeats)
+    bytes 3-6   payload size N, big-endian
+    bytes 7..   the payload, N bytes
+    byte 7+N    frame-end octet 0xCE
+
+A connection opens with the 8-byte protocol header ``AMQP\\x00\\x00\\x09\\x01`` instead. A
+message is a method frame (basic.publish / deliver / get-ok / return), one content header
+frame (class, body size, properties) and body frames of at most frame_max - 8 bytes each.
+"""
+
+from __future__ import annotations
+
+import struct
+from typing import Final
+
+from pamqp import commands, frame
+from pamqp.base import Frame
+from pamqp.body import ContentBody
+from pamqp.header import ContentHeader
+from pamqp.heartbeat import Heartbeat
+
+PROTOCOL_HEADER: Final = b"AMQP\x00\x00\x09\x01"
+"""What an AMQP 0-9-1 client sends first, and what a client with another header gets back."""
+HEADER_SIZE: Final = 7
+"""Type, channel and payload size."""
+FRAME_OVERHEAD: Final = HEADER_SIZE + 1
+"""Header plus the frame-end octet: a body frame carries at most frame_max - 8 bytes."""
+FRAME_END: Final = 0xCE
+FRAME_MIN_SIZE: Final = 4096
+"""The smallest frame_max a peer may negotiate, and the limit before tune-ok (spec 4.2.3)."""
+METHOD, HEADER, BODY, HEARTBEAT = 1, 2, 3, 8
+FRAME_TYPES: Final = frozenset({METHOD, HEADER, BODY, HEARTBEAT})
+HEARTBEAT_FRAME: Final = Heartbeat.marshal()
+
+_HEAD = struct.Struct(">BHI")
+
+
+def frame_header(data: bytes | bytearray) -> tuple[int, int, int]:
+    """(type, channel, payload size) of the frame starting at ``data[0]`` (7 bytes needed)."""
+    return _HEAD.unpack_from(data)
+
+
+def encode_method(channel: int, method: Frame) -> bytes:
+    """One method frame."""
+    return frame.marshal(method, channel)
+
+
+def encode_content(channel: int, method: Frame, properties: commands.Basic.Properties,
+                   body: bytes, frame_max: int) -> bytes:
+    """A content-carrying method (basic.deliver, get-ok, return, publish), its header and
+    its body cut into frames of at most ``frame_max - 8`` bytes."""
+    step = frame_max - FRAME_OVERHEAD
+    if step <= 0:
+        raise ValueError(f"frame_max {frame_max} leaves no room for a body")
+    parts = [frame.marshal(method, channel),
+             frame.marshal(ContentHeader(0, len(body), properties), channel)]
+    parts += [frame.marshal(ContentBody(body[i:i + step]), channel)
+              for i in range(0, len(body), step)]
+    return b"".join(parts)
