@@ -8,7 +8,7 @@ from rocketmq.grpc_protocol.definition_pb2 import Code
 
 from core import errors
 from protocols.admin.errors import status_for
-from protocols.amqp.errors import is_hard, reply_code
+from protocols.amqp.errors import reply_code
 from protocols.mqtt.errors import reason_for
 from protocols.mqtt.reason_codes import ReasonCode
 from protocols.native.errors import code_of
@@ -71,4 +71,4 @@ def test_not_found_errors_are_built_from_a_name_and_read_as_one_sentence(error, 
     (RuntimeError("bug"), 541, True),
 ])
 def test_amqp_reply_codes_follow_the_class_hierarchy(error, code, hard):
-    assert reply_code(error) == code and is_hard(code) == hard
+    assert reply_code(error) == code and reply_code(error).hard == hard
