@@ -2,7 +2,8 @@
 
 - ``broker``: the authenticated client API (``core.service.Broker``);
 - ``queues``: named queues fed by subject fan-out (``core.named_queues.NamedQueues``);
-- ``state``: compacted state (``core.state_store.StateStore``).
+- ``state``: compacted state (``core.state_store.StateStore``);
+- ``vhosts``: AMQP virtual hosts, their exchanges, queues and bindings (``core.vhosts``).
 
 The composition root builds one ``Core`` and passes each adapter only the faces it uses.
 ``await start()`` on the event loop that will call it; ``await close()`` before closing the
@@ -11,6 +12,7 @@ store.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Sequence
 
 from store.api import RetentionReport, Store
@@ -24,6 +26,7 @@ from .service import Broker
 from .settings import CoreConfig
 from .state_store import StateStore
 from .topic_map import SubjectTopics
+from .vhosts import VirtualHosts
 
 
 class Core:
@@ -42,10 +45,14 @@ class Core:
         self.broker = Broker(self.engine, Users(metadata, subject_syntax, subject_topics))
         self.queues = NamedQueues(self.engine)
         self.state = StateStore(self.engine)
+        self.vhosts = VirtualHosts(metadata)
+        self._metadata = metadata
 
     async def start(self) -> None:
         """Load metadata and start the timers."""
         await self.engine.start()
+        self.vhosts.load(await asyncio.to_thread(self._metadata.topology))
+        await self.vhosts.ensure_default()
 
     def begin_shutdown(self) -> None:
         """Answer every pending long poll at once and refuse new sends; acks still count."""

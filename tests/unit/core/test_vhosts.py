@@ -107,3 +107,16 @@ def test_queue_declarations_follow_rabbitmq(metadata):
         with pytest.raises(NotFound):
             await hosts.declare_queue("/", QueueSettings("absent"), passive=True)
     asyncio.run(scenario())
+
+
+def test_a_core_restores_its_virtual_hosts_at_start(tmp_path):
+    from tests.unit.core.test_broker import run_core
+
+    async def declare(core) -> None:
+        assert core.vhosts.names() == [DEFAULT_VHOST]
+        await core.vhosts.declare_queue("/", QueueSettings("kept"))
+
+    async def check(core) -> None:
+        assert "kept" in core.vhosts.get("/").queues
+    run_core(tmp_path, declare, store="file")
+    run_core(tmp_path, check, store="file")
