@@ -28,7 +28,7 @@ SERVE_FLAGS = {  # flag destination -> config path it overrides
     "advertised_host": "native.advertised_host", "metadata_url": "metadata_url",
     "allow_anonymous": "auth.allow_anonymous", "mqtt_port": "mqtt.port",
     "mqtt_ws_port": "mqtt.ws_port", "mqtt_tls_port": "mqtt.tls_port",
-    "mqtt_wss_port": "mqtt.wss_port", "tls_cert": "mqtt.tls_cert", "tls_key": "mqtt.tls_key",
+    "mqtt_wss_port": "mqtt.wss_port", "amqp_port": "amqp.port", "tls_cert": "mqtt.tls_cert", "tls_key": "mqtt.tls_key",
     "log_level": "log.level", "log_format": "log.format",
 }
 
@@ -53,8 +53,8 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def _add_serve(commands: argparse._SubParsersAction) -> None:
-    text = ("Run the broker: native gRPC on 127.0.0.1:8081, admin API and metrics on "
-            "127.0.0.1:8080. Settings come from --config FILE (TOML), then SLUICE_* environment "
+    text = ("Run the broker: native gRPC on 127.0.0.1:8081, MQTT on 1883, AMQP on 5672, admin "
+            "API and metrics on 127.0.0.1:8080. Settings come from --config FILE (TOML), then SLUICE_* environment "
             "variables (SLUICE_NATIVE_PORT, SLUICE_STORE_FLUSH, ...), then these flags.")
     serve = commands.add_parser("serve", help="Run the broker.", description=text)
     serve.add_argument("--config", metavar="FILE", default=os.environ.get("SLUICE_CONFIG"),
@@ -79,6 +79,8 @@ def _add_serve(commands: argparse._SubParsersAction) -> None:
     serve.add_argument("--mqtt-wss-port", type=int, metavar="PORT",
                        help="MQTT over secure WebSocket port, opened with --tls-cert/--tls-key "
                        "(default: 8084)")
+    serve.add_argument("--amqp-port", type=int, metavar="PORT",
+                       help="AMQP 0-9-1 port (default: 5672; 0 picks a free one, -1 turns it off)")
     serve.add_argument("--tls-cert", metavar="PEM", help="certificate chain for the TLS listeners")
     serve.add_argument("--tls-key", metavar="PEM", help="private key for --tls-cert")
     serve.add_argument("--advertised-host", metavar="HOST",

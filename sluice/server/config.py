@@ -27,6 +27,7 @@ from core.errors import InvalidArgument
 from core.settings import CoreConfig
 from core.topic_map import SubjectTopics, parse_rules
 from store.api import StoreConfig
+from protocols.amqp.options import AmqpOptions
 from protocols.mqtt.options import MqttOptions
 from protocols.mqtt.topics import SYNTAX as MQTT_TOPIC_SYNTAX
 
@@ -85,12 +86,13 @@ class Config:
     admin: AdminListener = field(default_factory=AdminListener)
     auth: AuthConfig = field(default_factory=AuthConfig)
     mqtt: MqttOptions = field(default_factory=MqttOptions)
+    amqp: AmqpOptions = field(default_factory=AmqpOptions)
     log: LogConfig = field(default_factory=LogConfig)
 
     @property
-    def listeners(self) -> dict[str, NativeListener | AdminListener | MqttOptions]:
+    def listeners(self) -> dict[str, NativeListener | AdminListener | MqttOptions | AmqpOptions]:
         """Every listener section by name (the MQTT section's ``port`` is its TCP listener)."""
-        return {"native": self.native, "admin": self.admin, "mqtt": self.mqtt}
+        return {"native": self.native, "admin": self.admin, "mqtt": self.mqtt, "amqp": self.amqp}
 
 
 def load_config(path: str | Path | None = None, env: Mapping[str, str] | None = None,
@@ -306,7 +308,7 @@ def _build(cls: type, values: Mapping[str, Any], prefix: str) -> Any:
 def _validate(config: Config) -> None:
     """Range checks the types alone do not express."""
     for name, listener in config.listeners.items():
-        if name != "mqtt" and not 0 <= listener.port <= 65_535:
+        if name not in ("mqtt", "amqp") and not 0 <= listener.port <= 65_535:
             raise ConfigError(f"{name}.port = {listener.port} is out of range: use 0-65535 "
                               "(0 picks a free port)")
     mqtt = config.mqtt
@@ -314,6 +316,13 @@ def _validate(config: Config) -> None:
         if not -1 <= getattr(mqtt, key) <= 65_535:
             raise ConfigError(f"mqtt.{key} = {getattr(mqtt, key)} is out of range: use 0-65535 "
                               "(0 picks a free port, -1 turns the listener off)")
+    if not -1 <= config.amqp.port <= 65_535:
+        raise ConfigError(f"amqp.port = {config.amqp.port} is out of range: use 0-65535 "
+                          "(0 picks a free port, -1 turns the listener off)")
+    try:
+        config.amqp.connection_options()
+    except ValueError as error:
+        raise ConfigError(f"[amqp] {error}") from None
     if bool(mqtt.tls_cert) != bool(mqtt.tls_key):
         raise ConfigError("mqtt.tls_cert and mqtt.tls_key must be set together")
     if config.native.port and config.native.port == config.admin.port \
@@ -330,7 +339,9 @@ def _validate(config: Config) -> None:
                 "store.max_open_queue_files": config.store.max_open_queue_files,
                 "shutdown_grace_ms": config.shutdown_grace_ms,
                 "native.signature_max_skew_s": config.native.signature_max_skew_s,
-                **{f"mqtt.{name}": getattr(config.mqtt, name) for name in mqtt_limits}}
+                **{f"mqtt.{name}": getattr(config.mqtt, name) for name in mqtt_limits},
+                "amqp.connect_timeout_s": config.amqp.connect_timeout_s,
+                "amqp.max_message_size": config.amqp.max_message_size}
     for dotted, value in positive.items():
         if value <= 0:
             raise ConfigError(f"{dotted} = {value} must be greater than 0")

@@ -97,8 +97,22 @@ def test_an_unknown_key_is_named_with_the_known_ones(tmp_path):
     assert "sluice.toml" in message
     with pytest.raises(ConfigError, match="unknown key 'colour'.*top level"):
         load_config(write(tmp_path, "colour = 'blue'\n"))
-    with pytest.raises(ConfigError, match="unknown key 'amqp'"):
-        load_config(write(tmp_path, "[amqp]\nport = 5672\n"))
+    with pytest.raises(ConfigError, match="unknown key 'amqp.prot'.*guest_from_loopback"):
+        load_config(write(tmp_path, "[amqp]\nprot = 5672\n"))
+
+
+def test_amqp_is_configured_in_its_own_section(tmp_path):
+    config = load_config(write(tmp_path, "[amqp]\nport = 5673\nheartbeat_s = 30\n"
+                                         "guest_from_loopback = false\n"),
+                         env={"SLUICE_AMQP_FRAME_MAX": "65536"}, overrides={"host": "0.0.0.0"})
+    amqp = config.amqp
+    assert (amqp.port, amqp.heartbeat_s, amqp.frame_max, amqp.host) == (5673, 30, 65536, "0.0.0.0")
+    assert not amqp.guest_from_loopback and amqp.max_message_size == 128 << 20
+    assert load_config(overrides={"amqp.port": -1}).amqp.port == -1
+    with pytest.raises(ConfigError, match="amqp.port = -2 is out of range"):
+        load_config(overrides={"amqp.port": -2})
+    with pytest.raises(ConfigError, match="frame_max must be at least 4096"):
+        load_config(overrides={"amqp.frame_max": 100})
 
 
 def test_mqtt_listeners_are_configured_in_their_own_section(tmp_path):

@@ -1,0 +1,53 @@
+"""The ``[amqp]`` settings: the listener, what connection.tune offers and the limits the AMQP
+front end holds clients to."""
+
+from __future__ import annotations
+
+import resource
+from dataclasses import dataclass
+from typing import Final
+
+from .connection import Options
+
+DESCRIPTOR_RESERVE: Final = 512
+"""Descriptors ``max_connections = 0`` leaves to everything but AMQP sockets."""
+MIN_AUTO_CONNECTIONS: Final = 16
+
+
+@dataclass(frozen=True)
+class AmqpOptions:
+    """The AMQP 0-9-1 listener and its limits; ``port`` -1 turns it off (0 picks a free port)."""
+
+    host: str = "127.0.0.1"
+    port: int = 5672
+    heartbeat_s: int = 60
+    """Heartbeat interval offered in connection.tune (0: none unless the client asks)."""
+    frame_max: int = 131_072
+    """Largest frame offered in connection.tune."""
+    channel_max: int = 2047
+    """Most channels one connection may open."""
+    connect_timeout_s: float = 10.0
+    """A connection that has not finished its handshake within this many seconds is closed."""
+    max_connections: int = 0
+    """Open AMQP connections at once; 0: the process's descriptor limit less a reserve."""
+    max_message_size: int = 128 << 20
+    """Largest message body accepted (RabbitMQ's default); a larger publish is a 406."""
+    guest_from_loopback: bool = True
+    """As RabbitMQ: user ``guest`` (password ``guest``) exists and may log in only from a
+    loopback address. False: no guest user is created and ``guest`` is like any user."""
+
+    def connection_options(self) -> Options:
+        """What each sans-IO `ServerConnection` is built with."""
+        return Options(channel_max=self.channel_max, frame_max=self.frame_max,
+                       heartbeat=self.heartbeat_s, max_message_size=self.max_message_size,
+                       handshake_timeout=self.connect_timeout_s)
+
+    def connection_limit(self) -> int:
+        """``max_connections``, or for 0 the soft descriptor limit less a reserve (or half of
+        a small limit), so AMQP sockets cannot take the descriptors the store needs."""
+        if self.max_connections > 0:
+            return self.max_connections
+        soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+        if soft == resource.RLIM_INFINITY:
+            soft = 1 << 20
+        return max(MIN_AUTO_CONNECTIONS, soft - min(DESCRIPTOR_RESERVE, soft // 2))
