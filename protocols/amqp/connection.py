@@ -126,6 +126,11 @@ class ServerConnection:
         self._outgoing.clear()
         return out
 
+    @property
+    def open_channels(self) -> int:
+        """Channels open (or closing) now."""
+        return len(self._channels)
+
     def channel_state(self, channel: int) -> ChannelState:
         """Where ``channel`` is (CLOSED when it was never opened)."""
         return self._channels.get(channel, ChannelState.CLOSED)

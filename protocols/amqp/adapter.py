@@ -1,0 +1,306 @@
+"""One AMQP client connection: bytes from a `Wire` into the sans-IO `ServerConnection`, its
+events onto core, and the answers back to the wire.
+
+Writes are collected and handed to the wire once per event-loop iteration. The login runs as
+a task (reading pauses meanwhile); channel methods run in order, one at a time, on a task that
+lives while any wait, because core's declares await metadata writes. Runs on the event loop;
+not thread-safe.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from collections import deque
+from collections.abc import Coroutine
+from typing import Any, Protocol
+
+from core.clients import log_connected, log_disconnected
+from core.errors import NotFound, SluiceError
+from core.model import Principal
+from core.service import Broker
+from core.untrusted import DenialLog, clip
+from core.vhosts import VirtualHosts
+
+from .connection import ServerConnection
+from .errors import reply_code
+from .events import (ChannelClosed, ConnectionClosed, Event, LoginRequested, MethodReceived,
+                     PublishReceived, VhostRequested)
+from .flow_control import FlowControl
+from .login import Refused, log_in, peer_host
+from .methods import ids
+from .options import AmqpOptions
+from .reason_codes import ReplyCode
+from .state_table import ChannelState, State
+from .topology import Topology
+
+log = logging.getLogger(__name__)
+
+PROTOCOL = "amqp"
+"""The protocol's name in client lists and connect/disconnect log lines."""
+MAX_PENDING_METHODS = 256
+"""Methods read but not yet carried out before reading pauses."""
+
+
+class Wire(Protocol):
+    """A byte pipe to one client (``listener.AmqpWire``, or a fake one in tests)."""
+
+    peer: str
+
+    def write(self, data: bytes) -> None: ...
+
+    def close(self) -> None: ...
+
+    def abort(self) -> None: ...
+
+    def pause_reading(self) -> None: ...
+
+    def resume_reading(self) -> None: ...
+
+
+class Host(Protocol):
+    """What an adapter needs from the front end (``frontend.AmqpFrontend``)."""
+
+    broker: Broker
+    vhosts: VirtualHosts
+    options: AmqpOptions
+    denials: DenialLog
+
+    def spawn(self, coroutine: Coroutine[Any, Any, None]) -> None: ...
+
+    def opened(self, adapter: AmqpAdapter) -> None: ...
+
+    def closed(self, adapter: AmqpAdapter) -> None: ...
+
+
+class AmqpAdapter:
+    """The front end's handler for one wire."""
+
+    def __init__(self, host: Host, wire: Wire) -> None:
+        self.host = host
+        self.wire = wire
+        self.id = f"amqp-{uuid.uuid4().hex[:16]}"
+        """The client id in `sluice client list`; owner of its exclusive queues."""
+        self.conn = ServerConnection(host.options.connection_options(), time.monotonic())
+        self.flow = FlowControl(wire, MAX_PENDING_METHODS)
+        self.loop = asyncio.get_running_loop()
+        self.principal: Principal | None = None
+        self.topology: Topology | None = None
+        """Set once connection.open is answered."""
+        self.connected_at_ms: int | None = None
+        self._work: deque[Event] = deque()
+        self._working = False
+        self._done = False
+        self._refusal_logged = False
+        self._out = bytearray()
+        self._flush_scheduled = False
+
+    @property
+    def peer(self) -> str:
+        return self.wire.peer
+
+    def details(self) -> dict[str, object]:
+        """What `sluice client show` adds for an AMQP connection."""
+        props = self.conn.client_properties
+        return {"vhost": self.topology.vhost if self.topology else None,
+                "channels": self.conn.open_channels, "heartbeat_s": self.conn.heartbeat,
+                "frame_max": self.conn.frame_max,
+                "connection_name": clip(props.get("connection_name", ""), 100),
+                "product": clip(props.get("product", ""), 100)}
+
+    # ---------------------------------------------------------------- wire side
+
+    def data_received(self, data: bytes) -> None:
+        """Bytes from the client, in order."""
+        if not self._done:
+            self.conn.receive_data(data, time.monotonic())
+            self._drain()
+
+    def connection_lost(self) -> None:
+        """The socket is gone (called once)."""
+        if not self._done:
+            self.conn.receive_data(b"", time.monotonic())
+            self._drain()
+
+    def check_timeouts(self, now: float) -> None:
+        """Handshake timeout, heartbeats, close-ok wait (the front end's sweep calls this)."""
+        if not self._done:
+            self.conn.check_timeouts(now)
+            self._drain()
+
+    def refuse_at_once(self) -> None:
+        """Close a connection beyond the limits: nothing is read from it or sent."""
+        self._done = True
+        self.wire.abort()
+
+    def kick(self, code: ReplyCode, text: str) -> bool:
+        """Close from the broker's side with connection.close; False if already closing."""
+        if self._done or self.conn.state in (State.CLOSING, State.CLOSED):
+            return False
+        if self.conn.state is State.AWAITING_HEADER:  # nothing may be sent before the header
+            self.refuse_at_once()
+            self.host.closed(self)
+            return True
+        self.conn.close_connection(code, f"{code.name} - {text}")
+        self._drain()
+        return True
+
+    def _write(self, data: bytes) -> None:
+        if not data or self._done:
+            return
+        self._out += data
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            self.loop.call_soon(self._flush)
+
+    def _flush(self) -> None:
+        self._flush_scheduled = False
+        if self._out and not self._done:
+            self.wire.write(bytes(self._out))
+        self._out.clear()
+
+    # ---------------------------------------------------------------- events
+
+    def _drain(self) -> None:
+        conn = self.conn
+        while (event := conn.next_event()) is not None:
+            kind = type(event)
+            if kind in (MethodReceived, PublishReceived, ChannelClosed):
+                self._work.append(event)
+            elif kind is LoginRequested:
+                self.flow.pause("login")
+                self.host.spawn(self._login(event))
+            elif kind is VhostRequested:
+                self._open(event.vhost)
+            elif kind is ConnectionClosed:
+                self._closed(event)
+                return
+        self._write(conn.data_to_send())
+        self.flow.pending(len(self._work))
+        if self._work and not self._working:
+            self._working = True
+            self.host.spawn(self._run())
+
+    async def _login(self, event: LoginRequested) -> None:
+        try:
+            principal = await log_in(self.host.broker, event, self.peer,
+                                     self.host.options.guest_from_loopback)
+        except Refused as refused:
+            self.host.denials.denied(peer_host(self.peer), "login",
+                                     "AMQP login of user %s from %s refused: %s",
+                                     clip(event.user), self.peer, clip(refused.detail, 300))
+            self._refusal_logged = True
+            if self.conn.state is State.LOGIN_REQUESTED:
+                self.conn.refuse_login(refused.reason)
+        else:
+            self.principal = principal
+            if self.conn.state is State.LOGIN_REQUESTED:
+                self.conn.accept_login()
+        self.flow.resume("login")
+        self._drain()
+
+    def _open(self, vhost: str) -> None:
+        assert self.principal is not None
+        try:
+            self.host.vhosts.get(vhost)
+        except NotFound:
+            self.conn.refuse_vhost(f"vhost {vhost[:200]} not found")
+            return
+        self.conn.open_vhost()
+        self.topology = Topology(self.host.vhosts, vhost, self.principal, self.id)
+        self.connected_at_ms = time.time_ns() // 1_000_000
+        self.host.opened(self)
+        log_connected(PROTOCOL, self.id, self.principal.user, self.peer,
+                      f"vhost {clip(vhost)}, heartbeat {self.conn.heartbeat} s, "
+                      f"{clip(self.conn.client_properties.get('product', ''), 60)}")
+
+    async def _run(self) -> None:
+        """Carry out queued channel events in order."""
+        try:
+            while self._work and not self._done:
+                await self._carry_out(self._work.popleft())
+                self._write(self.conn.data_to_send())
+                self.flow.pending(len(self._work))
+        finally:
+            self._working = False
+        self._drain()  # a close decided above, or bytes read meanwhile
+
+    async def _carry_out(self, event: Event) -> None:
+        topology, conn = self.topology, self.conn
+        assert topology is not None
+        if isinstance(event, ChannelClosed):
+            topology.channel_closed(event.channel)
+            return
+        assert isinstance(event, (MethodReceived, PublishReceived))
+        if conn.state is not State.OPEN or conn.channel_state(event.channel) \
+                is not ChannelState.OPEN:
+            return  # read before a close of its channel or connection: dropped, as RabbitMQ
+        method = event.method
+        if not topology.handles(method):
+            conn.close_connection(ReplyCode.NOT_IMPLEMENTED, f"NOT_IMPLEMENTED - {method.name} "
+                                  "is not supported by Sluice yet", *ids(method))
+            return
+        try:
+            answer = await topology.answer(event.channel, method)
+        except Exception as error:  # noqa: BLE001 - every failure is answered on the wire
+            self._fail(event.channel, method, error)
+            return
+        if answer is not None:
+            conn.send_method(event.channel, answer)
+
+    def _fail(self, channel: int, method: Any, error: Exception) -> None:
+        if not isinstance(error, SluiceError):
+            log.exception("AMQP %s from %s failed", method.name, self.peer)
+        code = reply_code(error)
+        text = f"{code.name} - {error}"
+        if self.conn.state is not State.OPEN:
+            return
+        if code.hard:
+            self.conn.close_connection(code, text, *ids(method))
+        elif self.conn.can_send(channel):
+            self.conn.close_channel(channel, code, text, *ids(method))
+
+    def _closed(self, event: ConnectionClosed) -> None:
+        self._write(self.conn.data_to_send())
+        self._flush()
+        self._done = True
+        self.wire.close()
+        if not event.by_client and not self._refusal_logged:
+            self._log_closed(event)
+        if self.connected_at_ms is not None and self.principal is not None:
+            log_disconnected(PROTOCOL, self.id, self.principal.user, self.peer,
+                             _close_reason(event))
+        if self.topology is not None and self.topology.exclusive:
+            self.host.spawn(self.topology.delete_exclusive())
+        self.host.closed(self)
+
+    def _log_closed(self, event: ConnectionClosed) -> None:
+        """One line for a connection closed for an error; before login, one per peer host
+        and reason a minute, so nobody fills the log by connecting."""
+        if event.reply_code == ReplyCode.REPLY_SUCCESS:
+            return
+        code = _code_name(event.reply_code)
+        if self.connected_at_ms is None:
+            self.host.denials.denied(peer_host(self.peer), code,
+                                     "AMQP connection from %s closed: %s %s", self.peer, code,
+                                     clip(event.reply_text))
+        else:
+            log.info("AMQP connection %s from %s closed: %s %s", self.id, self.peer, code,
+                     clip(event.reply_text))
+
+
+def _code_name(code: int) -> str:
+    try:
+        return ReplyCode(code).name
+    except ValueError:
+        return str(code)
+
+
+def _close_reason(event: ConnectionClosed) -> str:
+    """Why a connection ended, for its disconnect line."""
+    if event.by_client:
+        return "closed by the client" if event.reply_code == ReplyCode.REPLY_SUCCESS \
+            else f"closed by the client: {clip(event.reply_text)}"
+    return clip(event.reply_text)

@@ -1,0 +1,124 @@
+"""The AMQP front end: one adapter per accepted wire, one timer for them all, and AMQP's
+source for core's client directory (``sluice client list|show|kick``).
+
+Runs on the event loop; not thread-safe.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Coroutine, Iterator
+from typing import Any
+
+from core.clients import ClientView
+from core.service import Broker
+from core.untrusted import DenialLog
+from core.vhosts import VirtualHosts
+
+from .adapter import PROTOCOL, AmqpAdapter, Wire
+from .options import AmqpOptions
+from .reason_codes import ReplyCode
+
+log = logging.getLogger(__name__)
+
+SWEEP_S = 1.0
+"""How often every connection's timeouts and heartbeats are checked."""
+KICK_TEXT = "closed by an administrator"
+SHUTDOWN_TEXT = "broker forced connection closure with reason 'shutdown'"
+
+
+class AmqpFrontend:
+    """Everything AMQP the broker starts, feeds wires to and stops."""
+
+    protocol = PROTOCOL
+
+    def __init__(self, broker: Broker, vhosts: VirtualHosts, options: AmqpOptions) -> None:
+        self.broker = broker
+        self.vhosts = vhosts
+        self.options = options
+        self.denials = DenialLog(log)
+        self.max_connections = options.connection_limit()
+        self._adapters: set[AmqpAdapter] = set()
+        self._open: dict[str, AmqpAdapter] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._sweep: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        """Start the timer that checks every connection."""
+        self._sweep = asyncio.get_running_loop().create_task(self._sweeping())
+
+    async def stop(self) -> None:
+        """Close every connection (320) and stop the timer; wait for what they started."""
+        if self._sweep is not None:
+            self._sweep.cancel()
+        for adapter in list(self._adapters):
+            adapter.kick(ReplyCode.CONNECTION_FORCED, SHUTDOWN_TEXT)
+        await asyncio.sleep(0)  # let the closes be written before the wires go
+        for adapter in list(self._adapters):
+            adapter.refuse_at_once()
+        await self.settled(timeout=5)
+        self.denials.flush()
+
+    async def settled(self, timeout: float | None = None) -> None:
+        """Wait for the tasks started so far (logins, methods, exclusive-queue deletes)."""
+        if self._tasks:
+            await asyncio.wait(set(self._tasks), timeout=timeout)
+
+    def new_connection(self, wire: Wire) -> AmqpAdapter:
+        """The adapter for a newly accepted wire; closed at once beyond ``max_connections``."""
+        adapter = AmqpAdapter(self, wire)
+        if len(self._adapters) >= self.max_connections:
+            self.denials.denied(wire.peer.rpartition(":")[0], "admission",
+                                "AMQP connection from %s closed at once: %d connections are "
+                                "open (max_connections %d)", wire.peer, len(self._adapters),
+                                self.max_connections)
+            adapter.refuse_at_once()
+        else:
+            self._adapters.add(adapter)
+        return adapter
+
+    # ---------------------------------------------------------------- adapter.Host
+
+    def spawn(self, coroutine: Coroutine[Any, Any, None]) -> None:
+        """Run ``coroutine`` as a task kept until it ends."""
+        task = asyncio.get_running_loop().create_task(coroutine)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def opened(self, adapter: AmqpAdapter) -> None:
+        self._open[adapter.id] = adapter
+
+    def closed(self, adapter: AmqpAdapter) -> None:
+        self._adapters.discard(adapter)
+        self._open.pop(adapter.id, None)
+
+    async def _sweeping(self) -> None:
+        while True:
+            await asyncio.sleep(SWEEP_S)
+            now = time.monotonic()
+            for adapter in list(self._adapters):
+                try:
+                    adapter.check_timeouts(now)
+                except Exception:  # noqa: BLE001 - one connection's bug must not stop the timer
+                    log.exception("AMQP timeout check of %s failed", adapter.peer)
+                    adapter.refuse_at_once()
+                    self.closed(adapter)
+
+    # ---------------------------------------------------------------- core.clients.ClientSource
+
+    def connected_count(self) -> int:
+        return len(self._open)
+
+    def clients(self) -> Iterator[ClientView]:
+        """Every open connection (AMQP keeps nothing of a client once it is gone)."""
+        for adapter in list(self._open.values()):
+            user = adapter.principal.user if adapter.principal is not None else ""
+            yield ClientView(PROTOCOL, adapter.id, user, adapter.peer, True,
+                             adapter.connected_at_ms, details=adapter.details())
+
+    def kick(self, client_id: str) -> bool:
+        """Close ``client_id``'s connection with 320 CONNECTION_FORCED."""
+        adapter = self._open.get(client_id)
+        return adapter is not None and adapter.kick(ReplyCode.CONNECTION_FORCED, KICK_TEXT)
