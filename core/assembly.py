@@ -47,12 +47,14 @@ class Core:
         self.state = StateStore(self.engine)
         self.vhosts = VirtualHosts(metadata)
         self._metadata = metadata
+        self.first_start = False
+        """Whether ``start`` found no virtual host and created ``/`` (RabbitMQ's first start)."""
 
     async def start(self) -> None:
         """Load metadata and start the timers."""
         await self.engine.start()
         self.vhosts.load(await asyncio.to_thread(self._metadata.topology))
-        await self.vhosts.ensure_default()
+        self.first_start = await self.vhosts.ensure_default()
 
     def begin_shutdown(self) -> None:
         """Answer every pending long poll at once and refuse new sends; acks still count."""

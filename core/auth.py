@@ -234,6 +234,14 @@ class Users:
             self._reload(name)
         return user
 
+    def ensure_user(self, name: str, password: str, admin: bool = False) -> bool:
+        """Create ``name`` unless it exists; whether it was created now."""
+        try:
+            self.create_user(name, password, admin)
+        except AlreadyExists:
+            return False
+        return True
+
     def delete_user(self, name: str) -> bool:
         """Delete a user and its permissions; whether it existed. Its open connections lose all rights."""
         with self._manage_lock:

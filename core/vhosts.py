@@ -111,10 +111,12 @@ class VirtualHosts:
                 host.graph.bind(settings["source"], destination, settings["routing_key"],
                                 dict(settings["arguments"]))
 
-    async def ensure_default(self) -> None:
-        """Create ``/`` on first start, as RabbitMQ does."""
-        if DEFAULT_VHOST not in self._vhosts:
-            await self.create(DEFAULT_VHOST)
+    async def ensure_default(self) -> bool:
+        """Create ``/`` on first start, as RabbitMQ does; whether it was created now."""
+        if DEFAULT_VHOST in self._vhosts:
+            return False
+        await self.create(DEFAULT_VHOST)
+        return True
 
     # --- virtual hosts -----------------------------------------------------------------
 
@@ -180,16 +182,18 @@ class VirtualHosts:
     # --- queues --------------------------------------------------------------------------
 
     async def declare_queue(self, vhost: str, settings: QueueSettings, *,
-                            passive: bool = False) -> QueueSettings:
+                            passive: bool = False, connection: str | None = None) -> QueueSettings:
         """Declare a queue (an empty name asks for a server-named one) and return it as it is.
 
         A redeclaration must match (PreconditionFailed, 406); another connection's exclusive
         queue is ResourceLocked (405); ``passive`` only checks that the queue exists.
+        ``connection`` names the declaring connection (default: ``settings.owner``), which may
+        use its own exclusive queues whatever ``settings`` says.
         """
         host = self.get(vhost)
         name = check_amqp_name(settings.name, "queue") or _server_name()
         existing = host.queues.get(name)
-        if existing is not None and existing.owner not in (None, settings.owner):
+        if existing is not None and existing.owner not in (None, connection or settings.owner):
             raise ResourceLocked(f"queue {clip(name)} is exclusive to another connection")
         if passive:
             return host.queue(name)

@@ -47,6 +47,7 @@ class Server:
         ports = [] if "--native-port" in extra else ["--native-port", "0", "--admin-port", "0"]
         ports += [] if "--mqtt-port" in extra else ["--mqtt-port", "0"]
         ports += [] if "--mqtt-ws-port" in extra else ["--mqtt-ws-port", "0"]
+        ports += [] if "--amqp-port" in extra else ["--amqp-port", "0"]
         self.process = subprocess.Popen(
             [*SLUICE, "serve", "--config", str(config_file), "--data-dir", str(data_dir), *ports, *extra],
             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=clean_env())
@@ -76,6 +77,9 @@ class Server:
         """host:port of the MQTT TCP listener."""
         self.mqtt_ws = re.search(r"MQTT WS\s+(\S+)", text).group(1)
         """ws:// URL of the MQTT WebSocket listener."""
+        amqp = re.search(r"AMQP\s+(\S+)", text)
+        self.amqp = amqp.group(1) if amqp else None
+        """host:port of the AMQP listener (None when it is off)."""
 
     def stop(self) -> int:
         self.process.send_signal(signal.SIGTERM)

@@ -105,7 +105,7 @@ def _demo(args: argparse.Namespace) -> int:
         broker = Child("broker", [*sluice, "serve", "--config", str(config), "--data-dir", str(root / "broker"),
                                   "--admin-port", str(args.admin_port), "--native-port",
                                   str(args.native_port), "--mqtt-port", str(args.mqtt_port),
-                                  "--mqtt-ws-port", "-1"], events, muted)
+                                  "--mqtt-ws-port", "-1", "--amqp-port", "-1"], events, muted)
         children.append(broker)
         if not _wait_ready(events):
             print("[demo] error: the broker did not start (its output is above)", file=sys.stderr)

@@ -2,7 +2,8 @@
 
 Each adapter gets only the faces of core it uses: the native adapter and the admin API the
 client API (``Broker``); MQTT also the named queues and the compacted state store, and gives
-core its topic syntax for subject filters.
+core its topic syntax for subject filters; AMQP the client API and the virtual hosts. With
+``amqp.guest_from_loopback`` on, the first start also creates RabbitMQ's ``guest`` user.
 
 ``start(config)`` opens everything and returns a ``RunningBroker``; ``await running.stop()``
 shuts it down in order (stop accepting, stop servers, persist offsets, checkpoint and close the
@@ -37,6 +38,9 @@ from store.file_store import FileStore
 from protocols.admin import AdminDeps, AdminServer, start_admin_server
 from .config import Config, env_name, topic_rules
 from .logs import configure_logging
+from protocols.amqp.frontend import AmqpFrontend
+from protocols.amqp.listener import AmqpListener, start_amqp_listener
+from protocols.amqp.login import GUEST
 from protocols.mqtt.frontend import MqttFrontend
 from protocols.mqtt.listeners import MqttListeners, start_mqtt_listeners
 from protocols.mqtt.topics import SYNTAX as MQTT_TOPIC_SYNTAX
@@ -51,6 +55,7 @@ _PORTS = {  # config path -> (what listens there, the flag that moves it)
     "mqtt.port": ("MQTT", "--mqtt-port"), "mqtt.ws_port": ("MQTT WebSocket", "--mqtt-ws-port"),
     "mqtt.tls_port": ("MQTT TLS", "--mqtt-tls-port"),
     "mqtt.wss_port": ("MQTT secure WebSocket", "--mqtt-wss-port"),
+    "amqp.port": ("AMQP", "--amqp-port"),
 }
 
 
@@ -70,6 +75,8 @@ class RunningBroker:
     admin: AdminServer | None = None
     mqtt: MqttFrontend | None = None
     mqtt_listeners: MqttListeners | None = None
+    amqp: AmqpFrontend | None = None
+    amqp_listener: AmqpListener | None = None
     clients: ClientDirectory = field(default_factory=ClientDirectory)
     """Every protocol's connected clients, for the admin API."""
     default_user_created: bool = False
@@ -101,6 +108,7 @@ class RunningBroker:
             ("native gRPC", f"{self.native_address}  (sluice send/consume --server "
                             f"{self.native_address})"),
             *self._mqtt_endpoints(),
+            *self._amqp_endpoints(),
             ("admin API", f"{self.admin_url}  (sluice ... --admin {self.admin_url})"),
             ("metrics", f"{self.admin_url}/metrics"),
             ("OpenAPI", f"{self.admin_url}/openapi.json"),
@@ -122,6 +130,14 @@ class RunningBroker:
         return [(forms[name][0], forms[name][1].format(_hostport(host, port)))
                 for name, port in self.mqtt_listeners.ports.items()]
 
+    def _amqp_endpoints(self) -> list[tuple[str, str]]:
+        if self.amqp_listener is None:
+            return []
+        where = _hostport(self.config.amqp.host, self.amqp_listener.port)
+        if self.config.amqp.guest_from_loopback:
+            where += f"  ({GUEST}/{GUEST} from this host only)"
+        return [("AMQP", where)]
+
     async def stop(self) -> None:
         """Stop accepting, stop servers, persist offsets, checkpoint and close store and metadata."""
         if self._stopped:
@@ -130,8 +146,12 @@ class RunningBroker:
         grace = self.config.shutdown_grace_ms / 1000
         if self.mqtt_listeners is not None:
             await self.mqtt_listeners.stop()
+        if self.amqp_listener is not None:
+            await self.amqp_listener.stop()
         if self.mqtt is not None:
             await self.mqtt.stop()
+        if self.amqp is not None:
+            await self.amqp.stop()
         servers = [self.native.stop(grace)] if self.native is not None else []
         servers += [self.admin.stop()] if self.admin is not None else []
         stopping = asyncio.gather(*servers)  # each stops accepting at once, then drains
@@ -171,6 +191,8 @@ async def start(config: Config) -> RunningBroker:
             running.default_user_created = await asyncio.to_thread(
                 broker.users.ensure_default_user, config.auth.default_user,
                 config.auth.default_password)
+        if config.amqp.guest_from_loopback and core.first_start:
+            await asyncio.to_thread(broker.users.ensure_user, GUEST, GUEST, True)
         anonymous = (broker.users.principal(ANONYMOUS_USER) if config.auth.allow_anonymous
                      else None)
         running.mqtt = MqttFrontend(broker, core.queues, core.state, config.mqtt,
@@ -180,11 +202,17 @@ async def start(config: Config) -> RunningBroker:
         running.native = await _listen(config, "native", _start_native(running))
         running.clients.register(running.native.clients)
         running.clients.register(running.mqtt)
+        running.amqp = AmqpFrontend(broker, core.vhosts, config.amqp)
+        await running.amqp.start()
+        running.clients.register(running.amqp)
         running.admin = await _listen(config, "admin",
                                       start_admin_server(_admin_deps(running), config.admin.host,
                                                          config.admin.port))
         running.mqtt_listeners = await _listen(config, "mqtt",
                                                start_mqtt_listeners(running.mqtt, config.mqtt))
+        if config.amqp.port >= 0:
+            running.amqp_listener = await _listen(config, "amqp",
+                                                  start_amqp_listener(running.amqp, config.amqp))
         return running
     except BaseException:
         if running is not None:
@@ -257,7 +285,8 @@ def _listening_ports(config: Config) -> list[tuple[str, str, int]]:
     secure = bool(mqtt.tls_cert and mqtt.tls_key)
     found = [("native.port", config.native.host, config.native.port),
              ("admin.port", config.admin.host, config.admin.port),
-             ("mqtt.port", mqtt.host, mqtt.port), ("mqtt.ws_port", mqtt.host, mqtt.ws_port)]
+             ("mqtt.port", mqtt.host, mqtt.port), ("mqtt.ws_port", mqtt.host, mqtt.ws_port),
+             ("amqp.port", config.amqp.host, config.amqp.port)]
     if secure:
         found += [("mqtt.tls_port", mqtt.host, mqtt.tls_port),
                   ("mqtt.wss_port", mqtt.host, mqtt.wss_port)]

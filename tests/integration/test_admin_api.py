@@ -29,7 +29,8 @@ class BrokerThread:
     def __init__(self, data_dir: str, **settings: Any) -> None:
         """``settings``: more dotted configuration paths and their values."""
         config = load_config(overrides={"data_dir": data_dir, "native.port": 0, "admin.port": 0,
-                                        "mqtt.port": 0, "mqtt.ws_port": 0, **settings})
+                                        "mqtt.port": 0, "mqtt.ws_port": 0, "amqp.port": 0,
+                                        **settings})
         self.config = replace(config, store=replace(config.store, segment_size=1 << 20))
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)

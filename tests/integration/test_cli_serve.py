@@ -265,3 +265,17 @@ def test_topic_list_hides_internal_topics_unless_asked(server):
     server.wait_ready()
     assert "%SYS%" not in sluice("topic", "list", "--admin", server.admin).stdout
     assert "%SYS%" in sluice("topic", "list", "--all", "--admin", server.admin).stdout
+
+
+def test_a_taken_amqp_port_is_named_with_its_flag(data_dir):
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        done = subprocess.run([*SLUICE, "serve", "--data-dir", str(data_dir), "--native-port", "0",
+                               "--admin-port", "0", "--mqtt-port", "0", "--mqtt-ws-port", "0",
+                               "--amqp-port", str(port)],
+                              cwd=ROOT, capture_output=True, text=True, timeout=60, env=CLEAN_ENV)
+    assert done.returncode == 1
+    assert f"port {port} on 127.0.0.1 (AMQP)" in done.stderr
+    assert "--amqp-port" in done.stderr and "SLUICE_AMQP_PORT" in done.stderr

@@ -57,6 +57,7 @@ class Broker:
     def __init__(self, data_dir: str) -> None:
         config = load_config(overrides={"data_dir": data_dir, "native.port": 0,
                                         "admin.port": 0, "mqtt.port": 0, "mqtt.ws_port": 0,
+                                        "amqp.port": 0,
                                         "auth.allow_anonymous": True})
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)

@@ -136,6 +136,8 @@ def test_refusals_close_the_channel_with_rabbitmqs_codes(tmp_path):
         assert (await refused(client, 1, Queue.Bind(queue="none", exchange="x"))).reply_code == 404
         assert (await refused(client, 1, Exchange.Delete(exchange="amq.topic"))).reply_code == 403
         await client.call(1, Queue.Declare(queue="mine", exclusive=True))
+        assert isinstance(await client.call(1, Queue.Declare(queue="mine", passive=True)),
+                          Queue.DeclareOk), "its own connection uses it without saying exclusive"
         other_client = Client(frontend)
         await other_client.open()
         assert (await refused(other_client, 1, Queue.Declare(queue="mine"))).reply_code == 405
