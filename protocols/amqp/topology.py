@@ -104,7 +104,8 @@ class Topology:
         owner = self.connection_id if m.exclusive else None
         settings = QueueSettings(m.queue, m.durable, m.auto_delete,
                                  json_safe_table(m.arguments), owner)
-        queue = await self.vhosts.declare_queue(self.vhost, settings, passive=m.passive)
+        queue = await self.vhosts.declare_queue(self.vhost, settings, passive=m.passive,
+                                                connection=self.connection_id)
         if queue.owner == self.connection_id:
             self.exclusive.add(queue.name)
         self._last_queue[channel] = queue.name
