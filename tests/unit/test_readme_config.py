@@ -16,6 +16,7 @@ def test_the_readme_config_examples_load(tmp_path):
     config = load_config(path)
     assert config.core.offset_commit_interval_ms == 1000 and config.native.port == 8081
     assert config.store.flush == "sync" and config.auth.default_user == "sluice"
+    assert config.amqp.port == 5672 and config.amqp.guest_from_loopback
     for snippet in snippets:
         path.write_text(snippet)
         load_config(path)
