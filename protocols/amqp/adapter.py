@@ -266,6 +266,7 @@ class AmqpAdapter:
         self._write(self.conn.data_to_send())
         self._flush()
         self._done = True
+        self._work.clear()
         self.wire.close()
         if not event.by_client and not self._refusal_logged:
             self._log_closed(event)

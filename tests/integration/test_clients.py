@@ -99,8 +99,10 @@ def test_mqtt_and_native_clients_are_listed_shown_counted_and_kicked(broker, cap
         assert re.search(r"mqtt client 'device-7' disconnected: .*\(closed by the broker: "
                          r"AdministrativeAction\)", caplog.text)
         assert admin("DELETE", "/clients/mqtt/device-7")[0] == 404, "not connected any more"
+        status, body, _ = admin("GET", "/clients/stomp/x")
+        assert status == 404 and "known: amqp, mqtt, native" in body["message"]
         status, body, _ = admin("GET", "/clients/amqp/x")
-        assert status == 404 and "known: mqtt, native" in body["message"]
+        assert status == 404 and "no amqp client 'x'" in body["message"]
 
         kicked = LineSeen("(kicked by an administrator)")
         logging.getLogger("sluice.clients").addHandler(kicked)

@@ -257,3 +257,21 @@ def test_a_queue_of_a_deleted_vhost_answers_404_not_a_crash(tmp_path):
         close = await refused(client, 1, Queue.Declare(queue="q"))
         assert close.reply_code == 404
     run(tmp_path, scenario)
+
+
+def test_one_line_per_connection_closed_for_an_error(tmp_path, caplog):
+    async def scenario(frontend, core):
+        client = Client(frontend)
+        await client.open()
+        client.send(b"\x01\x00\x01\x00\x00\x00\x00\x42")
+        await client.closed()
+        quiet = Client(frontend)
+        await quiet.open()
+        quiet.send_method(0, Connection.Close(200, "bye", 0, 0))
+        await quiet.closed()
+    caplog.set_level("INFO")
+    run(tmp_path, scenario)
+    closed = [r.getMessage() for r in caplog.records if "closed: FRAME_ERROR" in r.getMessage()]
+    assert len(closed) == 1 and "AMQP connection amqp-" in closed[0]
+    gone = [r.getMessage() for r in caplog.records if "disconnected" in r.getMessage()]
+    assert len(gone) == 2 and "closed by the client" in gone[1]
