@@ -194,6 +194,10 @@ class AmqpAdapter:
             self._refusal_logged = True
             if self.conn.state is State.LOGIN_REQUESTED:
                 self.conn.refuse_login(refused.reason)
+        except Exception:  # noqa: BLE001 - one failed login must not leave the client waiting
+            log.exception("AMQP login of user %s from %s failed", clip(event.user), self.peer)
+            if self.conn.state is State.LOGIN_REQUESTED:
+                self.conn.refuse_login()
         else:
             self.principal = principal
             if self.conn.state is State.LOGIN_REQUESTED:

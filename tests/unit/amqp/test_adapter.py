@@ -47,6 +47,16 @@ def test_amqplain_logs_in_and_a_wrong_password_is_403(tmp_path):
     run(tmp_path, scenario)
 
 
+def test_a_login_that_fails_inside_core_is_refused_not_left_waiting(tmp_path, monkeypatch):
+    async def scenario(frontend, core):
+        async def broken(user, password):
+            raise RuntimeError("metadata is gone")
+        monkeypatch.setattr(core.broker, "authenticate", broken)
+        close = await Client(frontend).login()
+        assert isinstance(close, Connection.Close) and close.reply_code == 403
+    run(tmp_path, scenario)
+
+
 def test_guest_logs_in_only_from_loopback(tmp_path):
     async def scenario(frontend, core):
         core.broker.users.create_user("guest", "guest", admin=True)
