@@ -20,6 +20,7 @@ from typing import Any, Protocol
 from core.clients import log_connected, log_disconnected
 from core.errors import NotFound, SluiceError
 from core.model import Principal
+from core.named_queues import NamedQueues
 from core.service import Broker
 from core.untrusted import DenialLog, clip
 from core.vhosts import VirtualHosts
@@ -30,11 +31,12 @@ from .events import (ChannelClosed, ConnectionClosed, Event, LoginRequested, Met
                      PublishReceived, VhostRequested)
 from .flow_control import FlowControl
 from .login import Refused, log_in, peer_host
+from .messages import Consumers, Messages
 from .methods import ids
 from .options import AmqpOptions
 from .reason_codes import ReplyCode
-from .state_table import ChannelState, State
-from .topology import Topology
+from .state_table import State
+from .topology import QueueWatch, Topology
 
 log = logging.getLogger(__name__)
 
@@ -60,11 +62,13 @@ class Wire(Protocol):
     def resume_reading(self) -> None: ...
 
 
-class Host(Protocol):
+class Host(QueueWatch, Protocol):
     """What an adapter needs from the front end (``frontend.AmqpFrontend``)."""
 
     broker: Broker
     vhosts: VirtualHosts
+    queues: NamedQueues
+    consumers: Consumers
     options: AmqpOptions
     denials: DenialLog
 
@@ -89,6 +93,8 @@ class AmqpAdapter:
         self.principal: Principal | None = None
         self.topology: Topology | None = None
         """Set once connection.open is answered."""
+        self.messages: Messages | None = None
+        """Publishes and deliveries; set with ``topology``."""
         self.connected_at_ms: int | None = None
         self._work: deque[Event] = deque()
         self._working = False
@@ -213,18 +219,35 @@ class AmqpAdapter:
             self.conn.refuse_vhost(f"vhost {vhost[:200]} not found")
             return
         self.conn.open_vhost()
-        self.topology = Topology(self.host.vhosts, vhost, self.principal, self.id)
+        host = self.host
+        self.topology = Topology(host.vhosts, vhost, self.principal, self.id, host)
+        self.messages = Messages(host.broker, host.vhosts, host.queues, host.consumers,
+                                 self.principal, self.topology, self.conn, self._write_out,
+                                 self._fail)
         self.connected_at_ms = time.time_ns() // 1_000_000
         self.host.opened(self)
         log_connected(PROTOCOL, self.id, self.principal.user, self.peer,
                       f"vhost {clip(vhost)}, heartbeat {self.conn.heartbeat} s, "
                       f"{clip(self.conn.client_properties.get('product', ''), 60)}")
 
+    def _write_out(self) -> None:
+        self._write(self.conn.data_to_send())
+
     async def _run(self) -> None:
-        """Carry out queued channel events in order."""
+        """Carry out queued channel events in order; publishes read one after another are
+        stored together."""
+        work = self._work
         try:
-            while self._work and not self._done:
-                await self._carry_out(self._work.popleft())
+            while work and not self._done:
+                event = work.popleft()
+                if isinstance(event, PublishReceived):
+                    batch = [event]
+                    while work and isinstance(work[0], PublishReceived):
+                        batch.append(work.popleft())
+                    assert self.messages is not None
+                    await self.messages.publish(batch)
+                else:
+                    await self._carry_out(event)
                 self._write(self.conn.data_to_send())
                 self.flow.pending(len(self._work))
         finally:
@@ -232,22 +255,23 @@ class AmqpAdapter:
         self._drain()  # a close decided above, or bytes read meanwhile
 
     async def _carry_out(self, event: Event) -> None:
-        topology, conn = self.topology, self.conn
-        assert topology is not None
+        topology, messages, conn = self.topology, self.messages, self.conn
+        assert topology is not None and messages is not None
         if isinstance(event, ChannelClosed):
             topology.channel_closed(event.channel)
+            messages.channel_closed(event.channel)
             return
-        assert isinstance(event, (MethodReceived, PublishReceived))
-        if conn.state is not State.OPEN or conn.channel_state(event.channel) \
-                is not ChannelState.OPEN:
+        assert isinstance(event, MethodReceived)
+        if not conn.can_send(event.channel):
             return  # read before a close of its channel or connection: dropped, as RabbitMQ
         method = event.method
-        if not topology.handles(method):
+        handler: Topology | Messages = messages if messages.handles(method) else topology
+        if not handler.handles(method):
             conn.close_connection(ReplyCode.NOT_IMPLEMENTED, f"NOT_IMPLEMENTED - {method.name} "
                                   "is not supported by Sluice yet", *ids(method))
             return
         try:
-            answer = await topology.answer(event.channel, method)
+            answer = await handler.answer(event.channel, method)
         except Exception as error:  # noqa: BLE001 - every failure is answered on the wire
             self._fail(event.channel, method, error)
             return
@@ -277,6 +301,8 @@ class AmqpAdapter:
         if self.connected_at_ms is not None and self.principal is not None:
             log_disconnected(PROTOCOL, self.id, self.principal.user, self.peer,
                              _close_reason(event))
+        if self.messages is not None:
+            self.messages.closed()
         if self.topology is not None and self.topology.exclusive:
             self.host.spawn(self.topology.delete_exclusive())
         self.host.closed(self)

@@ -13,11 +13,13 @@ from collections.abc import Coroutine, Iterator
 from typing import Any
 
 from core.clients import ClientView
+from core.named_queues import NamedQueues
 from core.service import Broker
 from core.untrusted import DenialLog
 from core.vhosts import VirtualHosts
 
 from .adapter import PROTOCOL, AmqpAdapter, Wire
+from .messages import Consumers
 from .options import AmqpOptions
 from .reason_codes import ReplyCode
 
@@ -34,9 +36,12 @@ class AmqpFrontend:
 
     protocol = PROTOCOL
 
-    def __init__(self, broker: Broker, vhosts: VirtualHosts, options: AmqpOptions) -> None:
+    def __init__(self, broker: Broker, vhosts: VirtualHosts, queues: NamedQueues,
+                 options: AmqpOptions) -> None:
         self.broker = broker
         self.vhosts = vhosts
+        self.queues = queues
+        self.consumers = Consumers()
         self.options = options
         self.denials = DenialLog(log)
         self.max_connections = options.connection_limit()
@@ -93,6 +98,15 @@ class AmqpFrontend:
     def closed(self, adapter: AmqpAdapter) -> None:
         self._adapters.discard(adapter)
         self._open.pop(adapter.id, None)
+
+    # ---------------------------------------------------------------- topology.QueueWatch
+
+    def counts(self, queue: str) -> tuple[int, int]:
+        return self.queues.ready(queue), self.consumers.count(queue)
+
+    def deleted(self, queue: str) -> None:
+        self.consumers.queue_deleted(queue)
+        self.queues.forget(queue)
 
     async def _sweeping(self) -> None:
         while True:

@@ -9,36 +9,45 @@ binding need an admin user for now; passive declares only a login. Runs on the e
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, Protocol
 
 from pamqp.base import Frame
-from pamqp.commands import Basic, Exchange, Queue
+from pamqp.commands import Exchange, Queue
 
-from core.errors import AccessDenied, NotFound, ResourceLocked
+from core.errors import AccessDenied, NotFound, PreconditionFailed, ResourceLocked
 from core.exchanges import Destination
 from core.model import Principal
 from core.untrusted import clip
-from core.vhosts import QueueSettings, VirtualHosts
+from core.vhosts import QueueSettings, VirtualHosts, named_queue
 
 from .arguments import json_safe_table
 
 Handler = Callable[[Any, int, Any], Awaitable[Frame | None]]
 
 
+class QueueWatch(Protocol):
+    """What the front end knows of a queue's messages and consumers."""
+
+    def counts(self, queue: str) -> tuple[int, int]:
+        """(messages ready, consumers) of the named queue ``queue``."""
+
+    def deleted(self, queue: str) -> None:
+        """The named queue ``queue`` is gone: cancel its consumers, forget its state."""
+
+
 class Topology:
     """One connection's view of its virtual host: what it declared and may change."""
 
     def __init__(self, vhosts: VirtualHosts, vhost: str, principal: Principal,
-                 connection_id: str) -> None:
+                 connection_id: str, watch: QueueWatch) -> None:
         self.vhosts = vhosts
+        self.watch = watch
         self.vhost = vhost
         self.principal = principal
         self.connection_id = connection_id
         """Owner of the exclusive queues this connection declares."""
         self.exclusive: set[str] = set()
         """Exclusive queues of this connection, deleted when it closes."""
-        self.prefetch: dict[int, int] = {}
-        """basic.qos prefetch count by channel (used once consumers exist)."""
         self._last_queue: dict[int, str] = {}
 
     def handles(self, method: Frame) -> bool:
@@ -51,7 +60,6 @@ class Topology:
 
     def channel_closed(self, channel: int) -> None:
         """Forget what ``channel`` held."""
-        self.prefetch.pop(channel, None)
         self._last_queue.pop(channel, None)
 
     def _may_change(self, what: str) -> None:
@@ -59,11 +67,11 @@ class Topology:
             raise AccessDenied(f"user {clip(self.principal.user)} may not {what} (only "
                                "administrators may change AMQP topology for now)")
 
-    def _queue_name(self, channel: int, name: str) -> str:
+    def queue_name(self, channel: int, name: str) -> str:
         """An empty queue name means the channel's last declared queue (spec 1.7.2)."""
         return name or self._last_queue.get(channel, "")
 
-    def _check_owner(self, name: str) -> None:
+    def check_owner(self, name: str) -> None:
         queue = self.vhosts.get(self.vhost).queues.get(name)
         if queue is not None and queue.owner not in (None, self.connection_id):
             raise ResourceLocked(f"queue {clip(name)} is exclusive to another connection")
@@ -109,44 +117,47 @@ class Topology:
         if queue.owner == self.connection_id:
             self.exclusive.add(queue.name)
         self._last_queue[channel] = queue.name
-        return None if m.nowait else Queue.DeclareOk(queue.name, 0, 0)
+        ready, consumers = self.watch.counts(named_queue(self.vhost, queue.name))
+        return None if m.nowait else Queue.DeclareOk(queue.name, ready, consumers)
 
     async def _queue_delete(self, channel: int, m: Queue.Delete) -> Frame | None:
-        name = self._queue_name(channel, m.queue)
+        name = self.queue_name(channel, m.queue)
         self._may_change(f"delete queue {clip(name)}")
-        self._check_owner(name)
-        try:  # if_unused / if_empty: no consumers or messages exist yet
-            await self.vhosts.delete_queue(self.vhost, name)
+        self.check_owner(name)
+        ready, consumers = self.watch.counts(named_queue(self.vhost, name))
+        if m.if_unused and consumers:
+            raise PreconditionFailed(f"queue {clip(name)} in vhost {clip(self.vhost)} in use")
+        if m.if_empty and ready:
+            raise PreconditionFailed(f"queue {clip(name)} in vhost {clip(self.vhost)} is not "
+                                     "empty")
+        try:
+            self.watch.deleted(await self.vhosts.delete_queue(self.vhost, name))
         except NotFound:
             pass  # RabbitMQ answers delete-ok for a queue that is not there
         self.exclusive.discard(name)
-        return None if m.nowait else Queue.DeleteOk(0)
+        return None if m.nowait else Queue.DeleteOk(ready)
 
     async def _queue_bind(self, channel: int, m: Queue.Bind) -> Frame | None:
-        name = self._queue_name(channel, m.queue)
+        name = self.queue_name(channel, m.queue)
         self._may_change(f"bind queue {clip(name)}")
-        self._check_owner(name)
+        self.check_owner(name)
         await self.vhosts.bind(self.vhost, m.exchange, Destination(name), m.routing_key,
                                json_safe_table(m.arguments))
         return None if m.nowait else Queue.BindOk()
 
     async def _queue_unbind(self, channel: int, m: Queue.Unbind) -> Frame | None:
-        name = self._queue_name(channel, m.queue)
+        name = self.queue_name(channel, m.queue)
         self._may_change(f"unbind queue {clip(name)}")
-        self._check_owner(name)
+        self.check_owner(name)
         await self.vhosts.unbind(self.vhost, m.exchange, Destination(name), m.routing_key,
                                  json_safe_table(m.arguments))
         return Queue.UnbindOk()
-
-    async def _qos(self, channel: int, m: Basic.Qos) -> Frame | None:
-        self.prefetch[channel] = m.prefetch_count
-        return Basic.QosOk()
 
     async def delete_exclusive(self) -> None:
         """Delete this connection's exclusive queues (it has closed)."""
         for name in sorted(self.exclusive):
             try:
-                await self.vhosts.delete_queue(self.vhost, name)
+                self.watch.deleted(await self.vhosts.delete_queue(self.vhost, name))
             except NotFound:
                 pass
         self.exclusive.clear()
@@ -161,5 +172,4 @@ _HANDLERS: dict[type, Handler] = {
     Queue.Delete: Topology._queue_delete,
     Queue.Bind: Topology._queue_bind,
     Queue.Unbind: Topology._queue_unbind,
-    Basic.Qos: Topology._qos,
 }

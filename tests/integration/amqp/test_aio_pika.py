@@ -1,11 +1,13 @@
 """aio-pika against a real `sluice serve`: connect, declare and bind, a refusal, heartbeats,
-and a publish or confirm.select (aio-pika's default channel) answered with 540."""
+and publisher confirms (aio-pika's default channel) with a consumer."""
 from __future__ import annotations
 
 import asyncio
+from datetime import datetime, timezone
 
 import aio_pika
 import aiormq.exceptions
+from pamqp.commands import Basic
 import pytest
 
 
@@ -17,7 +19,7 @@ def test_declare_bind_and_a_refusal(amqp_server):
     async def main() -> None:
         connection = await aio_pika.connect(url(amqp_server))
         assert connection.transport.connection.connection_tune.heartbeat == 9
-        channel = await connection.channel(publisher_confirms=False)  # confirms come later
+        channel = await connection.channel()
         exchange = await channel.declare_exchange("aio-events", aio_pika.ExchangeType.FANOUT)
         queue = await channel.declare_queue("", exclusive=True)
         await queue.bind(exchange)
@@ -27,20 +29,23 @@ def test_declare_bind_and_a_refusal(amqp_server):
     asyncio.run(main())
 
 
-def test_a_publish_closes_the_connection_with_540(amqp_server):
+def test_publisher_confirms_and_a_consumer_round_trip(amqp_server):
     async def main() -> None:
         connection = await aio_pika.connect(url(amqp_server))
-        channel = await connection.channel(publisher_confirms=False)
-        await channel.default_exchange.publish(aio_pika.Message(b"hello"), routing_key="q")
-        with pytest.raises(aiormq.exceptions.ConnectionNotImplemented):
-            await asyncio.wait_for(connection.transport.connection.closing, 10)
-            await channel.declare_queue("", exclusive=True)
-    asyncio.run(main())
-
-
-def test_a_default_channel_asks_for_confirms_and_gets_540(amqp_server):
-    async def main() -> None:
-        connection = await aio_pika.connect(url(amqp_server))
-        with pytest.raises(aiormq.exceptions.ConnectionNotImplemented, match="Confirm.Select"):
-            await connection.channel()
+        channel = await connection.channel()  # publisher confirms on
+        queue = await channel.declare_queue("", exclusive=True)
+        stamp = datetime(2024, 5, 1, 12, 0, tzinfo=timezone.utc)
+        sent = aio_pika.Message(b"hello", headers={"k": "v", "n": 1}, message_id="m-1",
+                                correlation_id="c-1", timestamp=stamp,
+                                delivery_mode=aio_pika.DeliveryMode.PERSISTENT)
+        confirmation = await channel.default_exchange.publish(sent, routing_key=queue.name)
+        assert isinstance(confirmation, Basic.Ack)
+        async with queue.iterator() as messages:
+            async for message in messages:
+                async with message.process():
+                    assert message.body == b"hello" and message.headers == {"k": "v", "n": 1}
+                    assert (message.message_id, message.correlation_id) == ("m-1", "c-1")
+                    assert message.timestamp == stamp and not message.redelivered
+                break
+        await connection.close()
     asyncio.run(main())

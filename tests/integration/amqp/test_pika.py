@@ -106,13 +106,12 @@ def test_an_exclusive_queue_is_gone_once_its_connection_closes(amqp_server):
     second.close()
 
 
-def test_a_publish_closes_the_connection_with_540(amqp_server):
+def test_a_transaction_closes_the_connection_with_540(amqp_server):
     connection = connect(amqp_server)
     channel = connection.channel()
-    channel.basic_publish("", "q", b"hello")
     with pytest.raises(errors.ConnectionClosedByBroker) as closed:
-        channel.queue_declare("", exclusive=True)
-    assert closed.value.reply_code == 540 and "Basic.Publish" in closed.value.reply_text
+        channel.tx_select()
+    assert closed.value.reply_code == 540 and "Tx.Select" in closed.value.reply_text
 
 
 def admin_cli(server, *args: str) -> subprocess.CompletedProcess:

@@ -13,7 +13,8 @@ from protocols.amqp.connection import Options, ServerConnection
 from protocols.amqp.events import Event
 from protocols.amqp.frames import PROTOCOL_HEADER, encode_content, encode_method
 
-CAPABILITIES = {"connection.blocked": True, "authentication_failure_close": True}
+CAPABILITIES = {"connection.blocked": True, "authentication_failure_close": True,
+                "consumer_cancel_notify": True}
 
 
 def method(channel: int, m: Frame) -> bytes:

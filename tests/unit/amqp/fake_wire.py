@@ -157,7 +157,7 @@ def run(tmp_path, scenario: Scenario, options: AmqpOptions = AmqpOptions()) -> N
         await core.start()
         core.broker.users.create_user(ADMIN, PASSWORD, admin=True)
         core.broker.users.create_user(USER, PASSWORD)
-        frontend = AmqpFrontend(core.broker, core.vhosts, options)
+        frontend = AmqpFrontend(core.broker, core.vhosts, core.queues, options)
         await frontend.start()
         try:
             await scenario(frontend, core)

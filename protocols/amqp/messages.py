@@ -1,0 +1,446 @@
+"""One AMQP connection's messages: publishes (routed through the virtual host, stored once,
+confirmed once durable), basic.get, acks, and consumers pushed from the queue's signal.
+
+A queue is a core named queue; a delivery is a pop of it, invisible to others until settled
+(ack, reject/nack without requeue) or released (requeue, recover, the channel or connection
+closing). Deliveries are driven by callbacks (the queue's signal, an ack making room), never a
+task per message. Consumers of every connection are in one `Consumers` registry, so exclusive
+consumers and deleted queues are seen across connections. Runs on the event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from pamqp.base import Frame
+from pamqp.commands import Basic, Confirm
+
+from core.errors import (AccessDenied, AlreadyExists, NotSupported, PreconditionFailed,
+                         SluiceError)
+from core.model import Action, Delivery, OutgoingMessage, Principal
+from core.named_queues import NamedQueues
+from core.service import MAX_INVISIBLE_MS, Broker
+from core.untrusted import clip
+from core.vhosts import VirtualHosts, named_queue
+
+from .connection import ServerConnection
+from .events import PublishReceived
+from .mapping import (EXCHANGE_PROPERTY, ROUTING_KEY_PROPERTY, TOPIC_EXCHANGE, exchange_topic,
+                      subject_of_key, to_outgoing, to_properties)
+from .reason_codes import ReplyCode
+from .topology import Topology
+
+MAX_POP = 256
+"""Most messages one consumer takes from its queue per dispatch."""
+Fail = Callable[[int, Frame, Exception], None]
+
+
+class Consumers:
+    """Every consumer of every connection, by named queue."""
+
+    def __init__(self) -> None:
+        self._by_queue: dict[str, list[Consumer]] = {}
+
+    def add(self, consumer: Consumer) -> None:
+        """Register ``consumer``; AccessDenied (403) if it or one there is exclusive."""
+        present = self._by_queue.setdefault(consumer.queue, [])
+        if present and (consumer.exclusive or any(c.exclusive for c in present)):
+            raise AccessDenied(f"queue {clip(consumer.queue_name)} in vhost "
+                               f"{clip(consumer.vhost)} in exclusive use")
+        present.append(consumer)
+
+    def remove(self, consumer: Consumer) -> None:
+        present = self._by_queue.get(consumer.queue, [])
+        if consumer in present:
+            present.remove(consumer)
+        if not present:
+            self._by_queue.pop(consumer.queue, None)
+
+    def count(self, queue: str) -> int:
+        """Consumers of the named queue ``queue``."""
+        return len(self._by_queue.get(queue, ()))
+
+    def queue_deleted(self, queue: str) -> None:
+        """Cancel every consumer of ``queue`` (basic.cancel to clients that understand it)."""
+        for consumer in list(self._by_queue.pop(queue, ())):
+            consumer.owner.cancel_from_server(consumer)
+
+
+@dataclass(eq=False)
+class _Unacked:
+    queue: str
+    offset: int
+    consumer: Consumer | None
+
+
+@dataclass(eq=False)
+class _Channel:
+    """What one channel holds: confirm tags, delivery tags and its consumers."""
+
+    confirming: bool = False
+    publish_tags: itertools.count = field(default_factory=lambda: itertools.count(1))
+    outstanding: set[int] = field(default_factory=set)
+    """Publish tags neither acked nor nacked yet."""
+    delivery_tags: itertools.count = field(default_factory=lambda: itertools.count(1))
+    unacked: dict[int, _Unacked] = field(default_factory=dict)
+    prefetch: int = 0
+    """basic.qos (global false): the limit of consumers started afterwards."""
+    global_prefetch: int = 0
+    consumers: dict[str, Consumer] = field(default_factory=dict)
+
+    def confirmed(self, tags: list[int], ok: bool) -> list[Frame]:
+        """The acks (nacks) for ``tags``: one ``multiple`` when they are every outstanding tag
+        up to the highest."""
+        self.outstanding.difference_update(tags)
+        if len(tags) > 1 and (not self.outstanding or min(self.outstanding) > max(tags)):
+            top = max(tags)
+            return [Basic.Ack(top, True) if ok else Basic.Nack(top, True, False)]
+        return [Basic.Ack(tag) if ok else Basic.Nack(tag, False, False) for tag in tags]
+
+
+class Consumer:
+    """One basic.consume: pops as many messages as its prefetch window has room for."""
+
+    def __init__(self, owner: Messages, channel: int, state: _Channel, tag: str,
+                 queue_name: str, no_ack: bool, exclusive: bool) -> None:
+        self.owner = owner
+        self.channel = channel
+        self.state = state
+        self.tag = tag
+        self.vhost = owner.topology.vhost
+        self.queue_name = queue_name
+        self.queue = named_queue(self.vhost, queue_name)
+        self.no_ack = no_ack
+        self.exclusive = exclusive
+        self.prefetch = state.prefetch
+        self.unacked = 0
+        self.active = True
+        self._armed = False
+        self._dispatching = False
+
+    def room(self) -> int:
+        """How many more messages this consumer may be handed now."""
+        room = MAX_POP
+        if self.no_ack:
+            return room
+        if self.prefetch:
+            room = min(room, self.prefetch - self.unacked)
+        if self.state.global_prefetch:
+            room = min(room, self.state.global_prefetch - len(self.state.unacked))
+        return room
+
+    def dispatch(self) -> None:
+        """Deliver what the window has room for; wait for the queue's signal when it is empty."""
+        if self._dispatching or not self.active:
+            return
+        self._dispatching = True
+        try:
+            self._dispatch()
+        finally:
+            self._dispatching = False
+
+    def _dispatch(self) -> None:
+        owner = self.owner
+        room = self.room()
+        if room <= 0 or not owner.conn.can_send(self.channel):
+            return
+        popped = owner.queues.pop(self.queue, room, MAX_INVISIBLE_MS)
+        for delivery in popped:
+            owner.deliver(self, delivery)
+        owner.write_out()
+        if len(popped) < room:
+            self._arm()
+        elif self.room() > 0:  # more may wait: taken after others had a turn
+            asyncio.get_running_loop().call_soon(self.dispatch)
+
+    def _arm(self) -> None:
+        if not self._armed:
+            self._armed = True
+            self.owner.queues.signal(self.queue).add_done_callback(self._signalled)
+
+    def _signalled(self, _: asyncio.Future[None]) -> None:
+        self._armed = False
+        self.dispatch()
+
+
+class Messages:
+    """The publishes, deliveries and acks of one connection."""
+
+    def __init__(self, broker: Broker, vhosts: VirtualHosts, queues: NamedQueues,
+                 consumers: Consumers, principal: Principal, topology: Topology,
+                 conn: ServerConnection, write_out: Callable[[], None], fail: Fail) -> None:
+        self.broker = broker
+        self.vhosts = vhosts
+        self.queues = queues
+        self.consumers = consumers
+        self.principal = principal
+        self.topology = topology
+        self.conn = conn
+        self.write_out = write_out
+        """Hand what the connection has to send to the wire."""
+        self._fail = fail
+        self._channels: dict[int, _Channel] = {}
+
+    def _channel(self, channel: int) -> _Channel:
+        state = self._channels.get(channel)
+        if state is None:
+            state = self._channels[channel] = _Channel()
+        return state
+
+    # ---------------------------------------------------------------- publish
+
+    async def publish(self, events: list[PublishReceived]) -> None:
+        """Route, authorize and store ``events`` (read in one go) with one core send; then
+        confirm them on channels in confirm mode."""
+        batch: list[tuple[int, int, OutgoingMessage]] = []
+        for event in events:
+            if not self.conn.can_send(event.channel):
+                continue  # its channel or connection is closing: dropped, as RabbitMQ does
+            try:
+                message = self._prepare(event)
+            except SluiceError as error:
+                self._fail(event.channel, event.method, error)
+                continue
+            state = self._channel(event.channel)
+            tag = 0
+            if state.confirming:
+                tag = next(state.publish_tags)
+                state.outstanding.add(tag)
+            if message is None:
+                self._unroutable(event, state, tag)
+            else:
+                batch.append((event.channel, tag, message))
+        if batch:
+            await self._store(batch)
+        self.write_out()
+
+    def _prepare(self, event: PublishReceived) -> OutgoingMessage | None:
+        """The message to store for ``event``; None when no queue is reached. A publish to
+        ``amq.topic`` is always stored: MQTT subscribers and native readers of its topic are
+        its consumers too."""
+        m, properties = event.method, event.properties
+        if m.immediate:
+            raise NotSupported("immediate=true")
+        if properties.user_id is not None and properties.user_id != self.principal.user:
+            raise PreconditionFailed(f"user_id property set to '{clip(properties.user_id)}' "
+                                     f"but authenticated user was '{clip(self.principal.user)}'")
+        vhost = self.topology.vhost
+        queues = tuple(self.vhosts.route(vhost, m.exchange, m.routing_key, properties.headers))
+        subject = subject_of_key(m.routing_key) if m.exchange == TOPIC_EXCHANGE \
+            and m.routing_key else None
+        if not queues and subject is None:  # amq.topic's topic has readers of its own
+            return None
+        if subject is not None:
+            topic = self.broker.topic_of_subject(subject)
+            allowed = self.broker.subject_allowed(self.principal, Action.PUBLISH, subject)
+        else:
+            topic = exchange_topic(vhost, m.exchange)
+            allowed = self.broker.allowed(self.principal, Action.PUBLISH, topic)
+        if not allowed:
+            raise AccessDenied(f"access to exchange {clip(m.exchange)} in vhost {clip(vhost)} "
+                               f"refused for user {clip(self.principal.user)} (publishing to "
+                               f"{clip(subject or topic)})")
+        return to_outgoing(topic, subject, m.exchange, m.routing_key, properties, event.body,
+                           queues)
+
+    def _unroutable(self, event: PublishReceived, state: _Channel, tag: int) -> None:
+        m = event.method
+        if m.mandatory:
+            self.conn.send_content(event.channel, Basic.Return(
+                ReplyCode.NO_ROUTE, "NO_ROUTE", m.exchange, m.routing_key), event.properties,
+                event.body)
+        if tag:
+            for answer in state.confirmed([tag], True):
+                self.conn.send_method(event.channel, answer)
+
+    async def _store(self, batch: list[tuple[int, int, OutgoingMessage]]) -> None:
+        try:
+            await self.broker.send_decided([message for _, _, message in batch])
+            ok, error = True, None
+        except SluiceError as failed:
+            ok, error = False, failed
+        tags: dict[int, list[int]] = {}
+        for channel, tag, _ in batch:
+            if tag:
+                tags.setdefault(channel, []).append(tag)
+            elif error is not None:  # nothing else tells an unconfirmed publisher
+                self._fail(channel, Basic.Publish(), error)
+        for channel, channel_tags in tags.items():
+            state = self._channels.get(channel)
+            if state is not None:
+                for answer in state.confirmed(channel_tags, ok):
+                    self.conn.send_method(channel, answer)
+
+    # ---------------------------------------------------------------- methods
+
+    def handles(self, method: Frame) -> bool:
+        return type(method) in _HANDLERS
+
+    async def answer(self, channel: int, method: Frame) -> Frame | None:
+        """Carry out ``method``; its answer, or None (nowait, acks)."""
+        return _HANDLERS[type(method)](self, channel, method)
+
+    def _select(self, channel: int, m: Confirm.Select) -> Frame | None:
+        self._channel(channel).confirming = True
+        return None if m.nowait else Confirm.SelectOk()
+
+    def _qos(self, channel: int, m: Basic.Qos) -> Frame | None:
+        state = self._channel(channel)
+        if m.global_:
+            state.global_prefetch = m.prefetch_count
+        else:
+            state.prefetch = m.prefetch_count
+        self._dispatch(state)
+        return Basic.QosOk()
+
+    def _queue(self, channel: int, name: str) -> tuple[str, str]:
+        """(queue name, named queue) of a get or consume; NotFound, ResourceLocked."""
+        name = self.topology.queue_name(channel, name)
+        self.vhosts.get(self.topology.vhost).queue(name)
+        self.topology.check_owner(name)
+        return name, named_queue(self.topology.vhost, name)
+
+    def _get(self, channel: int, m: Basic.Get) -> Frame | None:
+        _, queue = self._queue(channel, m.queue)
+        popped = self.queues.pop(queue, 1, MAX_INVISIBLE_MS)
+        if not popped:
+            return Basic.GetEmpty()
+        delivery = popped[0]
+        state = self._channel(channel)
+        tag = next(state.delivery_tags)
+        if m.no_ack:
+            self.queues.settle(queue, delivery.queue_offset)
+        else:
+            state.unacked[tag] = _Unacked(queue, delivery.queue_offset, None)
+        props = delivery.properties
+        self.conn.send_content(channel, Basic.GetOk(
+            tag, delivery.attempt > 1, props.get(EXCHANGE_PROPERTY, ""),
+            props.get(ROUTING_KEY_PROPERTY, delivery.topic), self.queues.ready(queue)),
+            to_properties(props), delivery.body)
+        return None
+
+    def _ack(self, channel: int, m: Basic.Ack) -> Frame | None:
+        self._settle(channel, m.delivery_tag, m.multiple, False)
+        return None
+
+    def _nack(self, channel: int, m: Basic.Nack) -> Frame | None:
+        self._settle(channel, m.delivery_tag, m.multiple, m.requeue)
+        return None
+
+    def _reject(self, channel: int, m: Basic.Reject) -> Frame | None:
+        self._settle(channel, m.delivery_tag, False, m.requeue)
+        return None
+
+    def _settle(self, channel: int, tag: int, multiple: bool, requeue: bool) -> None:
+        state = self._channel(channel)
+        if multiple:
+            tags = [t for t in state.unacked if t <= tag or tag == 0]
+        else:
+            tags = [tag] if tag in state.unacked else []
+        if not tags and (tag or not multiple):
+            raise PreconditionFailed(f"unknown delivery tag {tag}")
+        for t in tags:
+            self._done(state.unacked.pop(t), requeue)
+        self._dispatch(state)
+
+    def _done(self, unacked: _Unacked, requeue: bool) -> None:
+        if requeue:
+            self.queues.release(unacked.queue, unacked.offset)
+        else:
+            self.queues.settle(unacked.queue, unacked.offset)
+        if unacked.consumer is not None:
+            unacked.consumer.unacked -= 1
+
+    def _recover(self, channel: int, m: Basic.Recover | Basic.RecoverAsync) -> Frame | None:
+        state = self._channel(channel)
+        for unacked in state.unacked.values():
+            self._done(unacked, True)
+        state.unacked.clear()
+        self._dispatch(state)
+        return Basic.RecoverOk() if isinstance(m, Basic.Recover) else None
+
+    def _consume(self, channel: int, m: Basic.Consume) -> Frame | None:
+        name, _ = self._queue(channel, m.queue)
+        state = self._channel(channel)
+        tag = m.consumer_tag or f"amq.ctag-{uuid.uuid4().hex}"
+        if tag in state.consumers:
+            raise AlreadyExists(f"attempt to reuse consumer tag '{clip(tag)}'")
+        consumer = Consumer(self, channel, state, tag, name, m.no_ack, m.exclusive)
+        self.consumers.add(consumer)
+        state.consumers[tag] = consumer
+        if not m.nowait:
+            self.conn.send_method(channel, Basic.ConsumeOk(tag))
+        consumer.dispatch()
+        return None
+
+    def _cancel(self, channel: int, m: Basic.Cancel) -> Frame | None:
+        consumer = self._channel(channel).consumers.pop(m.consumer_tag, None)
+        if consumer is not None:
+            consumer.active = False
+            self.consumers.remove(consumer)
+        return None if m.nowait else Basic.CancelOk(m.consumer_tag)
+
+    # ---------------------------------------------------------------- deliveries
+
+    def deliver(self, consumer: Consumer, delivery: Delivery) -> None:
+        """Send ``delivery`` to ``consumer`` (settled at once under no_ack)."""
+        state = consumer.state
+        tag = next(state.delivery_tags)
+        if consumer.no_ack:
+            self.queues.settle(consumer.queue, delivery.queue_offset)
+        else:
+            state.unacked[tag] = _Unacked(consumer.queue, delivery.queue_offset, consumer)
+            consumer.unacked += 1
+        props = delivery.properties
+        self.conn.send_content(consumer.channel, Basic.Deliver(
+            consumer.tag, tag, delivery.attempt > 1, props.get(EXCHANGE_PROPERTY, ""),
+            props.get(ROUTING_KEY_PROPERTY, delivery.topic)), to_properties(props),
+            delivery.body)
+
+    def _dispatch(self, state: _Channel) -> None:
+        for consumer in list(state.consumers.values()):
+            consumer.dispatch()
+
+    def cancel_from_server(self, consumer: Consumer) -> None:
+        """The queue of ``consumer`` is gone: basic.cancel if the client understands it."""
+        consumer.active = False
+        self._channel(consumer.channel).consumers.pop(consumer.tag, None)
+        capabilities = self.conn.client_properties.get("capabilities")
+        if isinstance(capabilities, dict) and capabilities.get("consumer_cancel_notify"):
+            self.conn.send_method(consumer.channel, Basic.Cancel(consumer.tag, True))
+            self.write_out()
+
+    def channel_closed(self, channel: int) -> None:
+        """Cancel the channel's consumers and release its unacked deliveries."""
+        state = self._channels.pop(channel, None)
+        if state is None:
+            return
+        for consumer in state.consumers.values():
+            consumer.active = False
+            self.consumers.remove(consumer)
+        for unacked in state.unacked.values():
+            self._done(unacked, True)
+
+    def closed(self) -> None:
+        """The connection is gone: every channel's consumers and deliveries go."""
+        for channel in list(self._channels):
+            self.channel_closed(channel)
+
+
+_HANDLERS: dict[type, Callable[[Messages, int, Any], Frame | None]] = {
+    Confirm.Select: Messages._select,
+    Basic.Qos: Messages._qos,
+    Basic.Get: Messages._get,
+    Basic.Ack: Messages._ack,
+    Basic.Nack: Messages._nack,
+    Basic.Reject: Messages._reject,
+    Basic.Recover: Messages._recover,
+    Basic.RecoverAsync: Messages._recover,
+    Basic.Consume: Messages._consume,
+    Basic.Cancel: Messages._cancel,
+}
