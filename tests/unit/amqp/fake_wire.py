@@ -1,4 +1,4 @@
-"""A fake `Wire` and an AMQP client speaking through it to a real AMQP front end over a core on
+"""An AMQP client speaking through a fake `Wire` (tests/unit/fake_wire.py) to a real AMQP front end over a core on
 `MemoryStore`, the way tests/unit/mqtt/fake_wire.py drives MQTT.
 
 Frames go in built with pamqp; what the adapter writes back is decoded into (channel, frame).
@@ -24,43 +24,11 @@ from protocols.amqp.frontend import AmqpFrontend
 from protocols.amqp.options import AmqpOptions
 from protocols.mqtt.topics import SYNTAX
 from store import MemoryStore
+from tests.unit.fake_wire import FakeWire
 from tests.unit.amqp.client import method, plain_start_ok
 
 ADMIN, USER, PASSWORD = "ada", "bob", "secret"
 TIMEOUT = 5.0
-
-
-class FakeWire:
-    """A `Wire` that keeps what is written to it and how the adapter steers it."""
-
-    def __init__(self, peer: str) -> None:
-        self.peer = peer
-        self.written = bytearray()
-        self.closed = False
-        self.reading = True
-        self._changed = asyncio.Event()
-
-    def write(self, data: bytes) -> None:
-        assert not self.closed, "written after close"
-        self.written += data
-        self._changed.set()
-
-    def close(self) -> None:
-        self.closed = True
-        self._changed.set()
-
-    def abort(self) -> None:
-        self.close()
-
-    def pause_reading(self) -> None:
-        self.reading = False
-
-    def resume_reading(self) -> None:
-        self.reading = True
-
-    async def changed(self) -> None:
-        await self._changed.wait()
-        self._changed.clear()
 
 
 class Client:

@@ -1,4 +1,4 @@
-"""A fake `Wire` and a client speaking MQTT through it to a real front end, the way uvicorn's
+"""A client speaking MQTT through a fake `Wire` (tests/unit/fake_wire.py) to a real front end, the way uvicorn's
 protocol tests drive a protocol through a mock transport.
 
 Packets go in encoded with the codec; what the adapter writes back is decoded with a
@@ -23,51 +23,11 @@ from protocols.mqtt.packets import Connect, ConnAck, Packet, PingReq, PingResp
 from protocols.mqtt.properties import Properties
 from protocols.mqtt.topics import SYNTAX
 from store import MemoryStore
+from tests.unit.fake_wire import FakeWire
 
 USER, PASSWORD = "ada", b"lovelace"
 V3, V5 = 4, 5
 TIMEOUT = 5.0
-
-
-class FakeWire:
-    """A `Wire` that keeps what is written to it and how the adapter steers it."""
-
-    def __init__(self, peer: str) -> None:
-        self.peer = peer
-        self.written = bytearray()
-        self.closed = False
-        self.aborted = False
-        self.reading = True
-        self.backlog = 0
-        """Bytes the network has not taken yet (what `buffered` reports)."""
-        self._changed = asyncio.Event()
-
-    def write(self, data: bytes) -> None:
-        assert not self.closed, "written after close"
-        self.written += data
-        self._changed.set()
-
-    def buffered(self) -> int:
-        return self.backlog
-
-    def close(self) -> None:
-        self.closed = True
-        self._changed.set()
-
-    def abort(self) -> None:
-        self.aborted = self.closed = True
-        self._changed.set()
-
-    def pause_reading(self) -> None:
-        self.reading = False
-
-    def resume_reading(self) -> None:
-        self.reading = True
-
-    async def changed(self) -> None:
-        """Return once something was written or the wire closed."""
-        await self._changed.wait()
-        self._changed.clear()
 
 
 class Client:
