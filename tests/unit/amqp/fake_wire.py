@@ -1,5 +1,5 @@
-"""An AMQP client speaking through a fake `Wire` (tests/unit/fake_wire.py) to a real AMQP front end over a core on
-`MemoryStore`, the way tests/unit/mqtt/fake_wire.py drives MQTT.
+"""An AMQP client speaking through a fake `Wire` (tests/unit/fake_wire.py) to a real AMQP front
+end over a core on `MemoryStore`, the way tests/unit/mqtt/fake_wire.py drives MQTT.
 
 Frames go in built with pamqp; what the adapter writes back is decoded into (channel, frame).
 """

@@ -1,5 +1,5 @@
-"""A client speaking MQTT through a fake `Wire` (tests/unit/fake_wire.py) to a real front end, the way uvicorn's
-protocol tests drive a protocol through a mock transport.
+"""A client speaking MQTT through a fake `Wire` (tests/unit/fake_wire.py) to a real front end,
+the way uvicorn's protocol tests drive a protocol through a mock transport.
 
 Packets go in encoded with the codec; what the adapter writes back is decoded with a
 client-side `Decoder`. Behind the front end is a real core `Broker` over `MemoryStore`.
