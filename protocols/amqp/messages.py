@@ -149,7 +149,7 @@ class Consumer:
         room = self.room()
         if room <= 0 or not owner.conn.can_send(self.channel):
             return
-        popped = owner.queues.pop(self.queue, room, MAX_INVISIBLE_MS)
+        popped = owner.queues.pop(self.queue, room, MAX_INVISIBLE_MS, mark=not self.no_ack)
         for delivery in popped:
             owner.deliver(self, delivery)
         owner.write_out()
@@ -307,7 +307,7 @@ class Messages:
 
     def _get(self, channel: int, m: Basic.Get) -> Frame | None:
         _, queue = self._queue(channel, m.queue)
-        popped = self.queues.pop(queue, 1, MAX_INVISIBLE_MS)
+        popped = self.queues.pop(queue, 1, MAX_INVISIBLE_MS, mark=not m.no_ack)
         if not popped:
             return Basic.GetEmpty()
         delivery = popped[0]
