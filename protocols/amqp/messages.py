@@ -155,7 +155,7 @@ class Consumer:
         if not owner.gate.open:  # the client reads slowly: wait until the wire drains
             owner.gate.wait(self.dispatch)
             return
-        popped = owner.queues.pop(self.queue, room, MAX_INVISIBLE_MS)
+        popped = owner.queues.pop(self.queue, room, MAX_INVISIBLE_MS, mark=not self.no_ack)
         for delivery in popped:
             owner.deliver(self, delivery)
         owner.write_out()
@@ -316,7 +316,7 @@ class Messages:
 
     def _get(self, channel: int, m: Basic.Get) -> Frame | None:
         _, queue = self._queue(channel, m.queue)
-        popped = self.queues.pop(queue, 1, MAX_INVISIBLE_MS)
+        popped = self.queues.pop(queue, 1, MAX_INVISIBLE_MS, mark=not m.no_ack)
         if not popped:
             return Basic.GetEmpty()
         delivery = popped[0]
