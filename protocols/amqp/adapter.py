@@ -27,9 +27,9 @@ from core.vhosts import VirtualHosts
 
 from .connection import ServerConnection
 from .errors import reply_code
-from .events import (ChannelClosed, ConnectionClosed, Event, LoginRequested, MethodReceived,
-                     PublishReceived, VhostRequested)
-from .flow_control import FlowControl
+from .events import (ChannelClosed, ConnectionClosed, Event, FlowChanged, LoginRequested,
+                     MethodReceived, PublishReceived, VhostRequested)
+from .flow_control import FlowControl, WriteGate
 from .login import Refused, log_in, peer_host
 from .messages import Consumers, Messages
 from .methods import ids
@@ -89,6 +89,7 @@ class AmqpAdapter:
         """The client id in `sluice client list`; owner of its exclusive queues."""
         self.conn = ServerConnection(host.options.connection_options(), time.monotonic())
         self.flow = FlowControl(wire, MAX_PENDING_METHODS)
+        self.gate = WriteGate()
         self.loop = asyncio.get_running_loop()
         self.principal: Principal | None = None
         self.topology: Topology | None = None
@@ -153,6 +154,15 @@ class AmqpAdapter:
         self._drain()
         return True
 
+    def pause_writing(self) -> None:
+        """The wire's write buffer is above its high-water mark: deliveries wait."""
+        self.gate.shut()
+
+    def resume_writing(self) -> None:
+        """The wire drained: waiting consumers go on."""
+        if not self._done:
+            self.gate.reopen()
+
     def _write(self, data: bytes) -> None:
         if not data or self._done:
             return
@@ -173,7 +183,7 @@ class AmqpAdapter:
         conn = self.conn
         while (event := conn.next_event()) is not None:
             kind = type(event)
-            if kind in (MethodReceived, PublishReceived, ChannelClosed):
+            if kind in (MethodReceived, PublishReceived, ChannelClosed, FlowChanged):
                 self._work.append(event)
             elif kind is LoginRequested:
                 self.flow.pause("login")
@@ -223,7 +233,7 @@ class AmqpAdapter:
         self.topology = Topology(host.vhosts, vhost, self.principal, self.id, host)
         self.messages = Messages(host.broker, host.vhosts, host.queues, host.consumers,
                                  self.principal, self.topology, self.conn, self._write_out,
-                                 self._fail)
+                                 self._fail, self.gate)
         self.connected_at_ms = time.time_ns() // 1_000_000
         self.host.opened(self)
         log_connected(PROTOCOL, self.id, self.principal.user, self.peer,
@@ -260,6 +270,9 @@ class AmqpAdapter:
         if isinstance(event, ChannelClosed):
             topology.channel_closed(event.channel)
             messages.channel_closed(event.channel)
+            return
+        if isinstance(event, FlowChanged):
+            messages.flow(event.channel, event.active)
             return
         assert isinstance(event, MethodReceived)
         if not conn.can_send(event.channel):

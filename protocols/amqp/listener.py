@@ -46,6 +46,14 @@ class AmqpWire(asyncio.Protocol):
         if self._adapter is not None:
             self._adapter.connection_lost()
 
+    def pause_writing(self) -> None:
+        if self._adapter is not None:
+            self._adapter.pause_writing()
+
+    def resume_writing(self) -> None:
+        if self._adapter is not None:
+            self._adapter.resume_writing()
+
     # Wire
     def write(self, data: bytes) -> None:
         if self._transport is not None and not self._transport.is_closing():
