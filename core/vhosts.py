@@ -21,8 +21,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from .errors import (AccessDenied, AlreadyExists, InvalidArgument, NotFound,
-                     PreconditionFailed, ResourceLocked)
+from .equivalence import check_equivalent
+from .errors import AccessDenied, AlreadyExists, InvalidArgument, NotFound, ResourceLocked
 from .exchanges import Binding, Destination, ExchangeGraph, frozen_arguments
 from .metadata import MetadataRepository
 from .untrusted import clip
@@ -44,8 +44,12 @@ class QueueSettings:
 
     def same_declaration(self, other: QueueSettings) -> bool:
         """Whether ``other`` redeclares this queue alike (RabbitMQ compares these)."""
-        return ((self.durable, self.auto_delete, self.arguments, self.owner is not None)
-                == (other.durable, other.auto_delete, other.arguments, other.owner is not None))
+        return self.described() == other.described()
+
+    def described(self) -> dict[str, Any]:
+        """What a redeclaration must repeat, by the names RabbitMQ gives them."""
+        return {"durable": self.durable, "exclusive": self.owner is not None,
+                "auto_delete": self.auto_delete, **self.arguments}
 
 
 @dataclass
@@ -57,14 +61,21 @@ class VirtualHost:
     graph: ExchangeGraph = field(init=False)
 
     def __post_init__(self) -> None:
-        self.graph = ExchangeGraph(self.queues.__contains__)
+        self.graph = ExchangeGraph(self.queues.__contains__, self.name)
 
     def queue(self, name: str) -> QueueSettings:
         """The queue ``name``; NotFound (AMQP 404) if there is none."""
         queue = self.queues.get(name)
         if queue is None:
-            raise NotFound(f"no queue {clip(name)} in virtual host {clip(self.name)}")
+            raise NotFound(f"no queue {clip(name)} in vhost {clip(self.name)}")
         return queue
+
+
+def locked_text(queue: str, vhost: str) -> str:
+    """Why another connection's exclusive queue is refused (RabbitMQ's words)."""
+    return (f"cannot obtain exclusive access to locked queue {clip(queue)} in vhost "
+            f"{clip(vhost)}. It could be originally declared on another connection or the "
+            "exclusive property value does not match that of the original declaration.")
 
 
 def named_queue(vhost: str, queue: str) -> str:
@@ -194,18 +205,16 @@ class VirtualHosts:
         name = check_amqp_name(settings.name, "queue") or _server_name()
         existing = host.queues.get(name)
         if existing is not None and existing.owner not in (None, connection or settings.owner):
-            raise ResourceLocked(f"queue {clip(name)} is exclusive to another connection")
+            raise ResourceLocked(locked_text(name, vhost))
         if passive:
             return host.queue(name)
         if existing is not None:
             if not existing.same_declaration(settings):
-                raise PreconditionFailed(f"queue {clip(name)} exists with other settings "
-                                         f"(durable {existing.durable}, auto_delete "
-                                         f"{existing.auto_delete}, arguments "
-                                         f"{clip(existing.arguments)})")
+                check_equivalent("queue", name, vhost, settings.described(),
+                                 existing.described())
             return existing
         if name.startswith("amq.") and settings.name:
-            raise AccessDenied(f"queue names starting with 'amq.' are reserved ({clip(name)})")
+            raise AccessDenied(f"queue name {clip(name)} contains reserved prefix 'amq.*'")
         queue = QueueSettings(name, settings.durable, settings.auto_delete,
                               dict(settings.arguments), settings.owner)
         if queue.durable and queue.owner is None:

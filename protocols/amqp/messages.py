@@ -20,19 +20,20 @@ from typing import Any
 from pamqp.base import Frame
 from pamqp.commands import Basic, Confirm
 
-from core.errors import (AccessDenied, AlreadyExists, NotSupported, PreconditionFailed,
-                         SluiceError)
+from core.errors import AccessDenied, NotSupported, PreconditionFailed, SluiceError
 from core.model import Action, Delivery, OutgoingMessage, Principal
 from core.named_queues import NamedQueues
 from core.service import MAX_INVISIBLE_MS, Broker
 from core.untrusted import clip
 from core.vhosts import VirtualHosts, named_queue
 
+from . import frames
 from .connection import ServerConnection
 from .events import PublishReceived
 from .flow_control import WriteGate
 from .mapping import (EXCHANGE_PROPERTY, ROUTING_KEY_PROPERTY, TOPIC_EXCHANGE, exchange_topic,
                       subject_of_key, to_outgoing, to_properties)
+from .methods import ids
 from .reason_codes import ReplyCode
 from .topology import Topology
 
@@ -242,8 +243,8 @@ class Messages:
         if m.immediate:
             raise NotSupported("immediate=true")
         if properties.user_id is not None and properties.user_id != self.principal.user:
-            raise PreconditionFailed(f"user_id property set to '{clip(properties.user_id)}' "
-                                     f"but authenticated user was '{clip(self.principal.user)}'")
+            raise PreconditionFailed(f"user_id property set to {clip(properties.user_id)} "
+                                     f"but authenticated user was {clip(self.principal.user)}")
         vhost = self.topology.vhost
         queues = tuple(self.vhosts.route(vhost, m.exchange, m.routing_key, properties.headers))
         subject = subject_of_key(m.routing_key) if m.exchange == TOPIC_EXCHANGE \
@@ -266,7 +267,7 @@ class Messages:
     def _unroutable(self, event: PublishReceived, state: _Channel, tag: int) -> None:
         m = event.method
         if m.mandatory:
-            self.conn.send_content(event.channel, Basic.Return(
+            self.conn.send_content(event.channel, frames.Return(
                 ReplyCode.NO_ROUTE, "NO_ROUTE", m.exchange, m.routing_key), event.properties,
                 event.body)
         if tag:
@@ -305,11 +306,17 @@ class Messages:
         return None if m.nowait else Confirm.SelectOk()
 
     def _qos(self, channel: int, m: Basic.Qos) -> Frame | None:
+        """global=true limits the channel; global=false each consumer of the channel, those
+        consuming already included. RabbitMQ leaves those at their old limit, but kombu reads
+        a server that is not RabbitMQ 3.x as following the spec, where the limit changes at
+        once: Celery raises it so that a worker holding countdown tasks still gets others."""
         state = self._channel(channel)
         if m.global_:
             state.global_prefetch = m.prefetch_count
         else:
             state.prefetch = m.prefetch_count
+            for consumer in state.consumers.values():
+                consumer.prefetch = m.prefetch_count
         self._dispatch(state)
         return Basic.QosOk()
 
@@ -333,7 +340,7 @@ class Messages:
         else:
             state.unacked[tag] = _Unacked(queue, delivery.queue_offset, None)
         props = delivery.properties
-        self.conn.send_content(channel, Basic.GetOk(
+        self.conn.send_content(channel, frames.GetOk(
             tag, delivery.attempt > 1, props.get(EXCHANGE_PROPERTY, ""),
             props.get(ROUTING_KEY_PROPERTY, delivery.topic), self.queues.ready(queue)),
             to_properties(props), delivery.body)
@@ -383,8 +390,10 @@ class Messages:
         name, _ = self._queue(channel, m.queue)
         state = self._channel(channel)
         tag = m.consumer_tag or f"amq.ctag-{uuid.uuid4().hex}"
-        if tag in state.consumers:
-            raise AlreadyExists(f"attempt to reuse consumer tag '{clip(tag)}'")
+        if tag in state.consumers:  # a connection error in RabbitMQ
+            self.conn.close_connection(ReplyCode.NOT_ALLOWED, "NOT_ALLOWED - attempt to reuse "
+                                       f"consumer tag {clip(tag)}", *ids(m))
+            return None
         consumer = Consumer(self, channel, state, tag, name, m.no_ack, m.exclusive)
         self.consumers.add(consumer)
         state.consumers[tag] = consumer
@@ -412,7 +421,7 @@ class Messages:
             state.unacked[tag] = _Unacked(consumer.queue, delivery.queue_offset, consumer)
             consumer.unacked += 1
         props = delivery.properties
-        self.conn.send_content(consumer.channel, Basic.Deliver(
+        self.conn.send_content(consumer.channel, frames.Deliver(
             consumer.tag, tag, delivery.attempt > 1, props.get(EXCHANGE_PROPERTY, ""),
             props.get(ROUTING_KEY_PROPERTY, delivery.topic)), to_properties(props),
             delivery.body)

@@ -18,9 +18,10 @@ from core.errors import AccessDenied, NotFound, PreconditionFailed, ResourceLock
 from core.exchanges import Destination
 from core.model import Principal
 from core.untrusted import clip
-from core.vhosts import QueueSettings, VirtualHosts, named_queue
+from core.vhosts import QueueSettings, VirtualHosts, locked_text, named_queue
 
 from .arguments import json_safe_table
+from .frames import DeclareOk
 
 Handler = Callable[[Any, int, Any], Awaitable[Frame | None]]
 
@@ -74,7 +75,7 @@ class Topology:
     def check_owner(self, name: str) -> None:
         queue = self.vhosts.get(self.vhost).queues.get(name)
         if queue is not None and queue.owner not in (None, self.connection_id):
-            raise ResourceLocked(f"queue {clip(name)} is exclusive to another connection")
+            raise ResourceLocked(locked_text(name, self.vhost))
 
     # ---------------------------------------------------------------- exchanges
 
@@ -118,7 +119,7 @@ class Topology:
             self.exclusive.add(queue.name)
         self._last_queue[channel] = queue.name
         ready, consumers = self.watch.counts(named_queue(self.vhost, queue.name))
-        return None if m.nowait else Queue.DeclareOk(queue.name, ready, consumers)
+        return None if m.nowait else DeclareOk(queue.name, ready, consumers)
 
     async def _queue_delete(self, channel: int, m: Queue.Delete) -> Frame | None:
         name = self.queue_name(channel, m.queue)
@@ -128,8 +129,7 @@ class Topology:
         if m.if_unused and consumers:
             raise PreconditionFailed(f"queue {clip(name)} in vhost {clip(self.vhost)} in use")
         if m.if_empty and ready:
-            raise PreconditionFailed(f"queue {clip(name)} in vhost {clip(self.vhost)} is not "
-                                     "empty")
+            raise PreconditionFailed(f"queue {clip(name)} in vhost {clip(self.vhost)} not empty")
         try:
             self.watch.deleted(await self.vhosts.delete_queue(self.vhost, name))
         except NotFound:
