@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 
 from .clock import now_ms
-from .consume import pop_queue
+from .consume import MAX_IN_FLIGHT_SPAN, pop_queue
 from .engine import Engine
 from .errors import CorruptMessage
 from .fanout import Listener, QueueTarget
@@ -37,6 +37,10 @@ class NamedQueues:
         self._cursors = engine.cursors
         self._signals = engine.signals
         self._engine = engine
+        self.delivered: dict[str, int] = {}
+        """Messages popped per queue since start (redeliveries included)."""
+        self.settled: dict[str, int] = {}
+        """Popped messages settled per queue since start (acked, or rejected without requeue)."""
 
     # --- what feeds a queue ---
 
@@ -94,8 +98,11 @@ class NamedQueues:
         cursor = self._cursors.open((queue, queue, 0), reader.range(queue, 0)[0])
         while True:
             try:
-                return pop_queue(reader, cursor, queue, queue, 0, _EVERY_TAG, now_ms(),
-                                 invisible_ms, max_messages, _NO_DEAD_LETTERS).deliveries
+                popped = pop_queue(reader, cursor, queue, queue, 0, _EVERY_TAG, now_ms(),
+                                   invisible_ms, max_messages, _NO_DEAD_LETTERS).deliveries
+                if popped:
+                    self.delivered[queue] = self.delivered.get(queue, 0) + len(popped)
+                return popped
             except CorruptMessage as corrupt:  # logged by the reader; never delivered
                 cursor.next = max(cursor.next, corrupt.offset + 1)
                 cursor.ack(corrupt.offset)
@@ -120,6 +127,42 @@ class NamedQueues:
         cursor = self._cursors.get((queue, queue, 0))
         if cursor is not None and offset in cursor.inflight:
             cursor.ack(offset)
+            self.settled[queue] = self.settled.get(queue, 0) + 1
+
+    def unsettled(self, queue: str) -> int:
+        """Popped messages of ``queue`` neither settled nor released."""
+        cursor = self._cursors.get((queue, queue, 0))
+        if cursor is None:
+            return 0
+        now = now_ms()
+        return sum(1 for flight in cursor.inflight.values() if flight.deadline_ms > now)
+
+    def purge(self, queue: str) -> int:
+        """Settle every message of ``queue`` waiting to be popped (released ones included); how
+        many. Popped, unsettled messages stay. Nothing is deleted from the log: the queue's
+        consumption state moves past the messages, saved with the offsets."""
+        earliest, end = self._engine.reader.range(queue, 0)
+        cursor = self._cursors.open((queue, queue, 0), earliest)
+        if cursor.next < earliest:
+            cursor.skip_to(earliest)
+        now = now_ms()
+        held = [offset for offset, flight in cursor.inflight.items() if flight.deadline_ms > now]
+        purged = 0
+        for offset in [o for o, f in cursor.inflight.items() if f.deadline_ms <= now]:
+            cursor.ack(offset)
+            purged += 1
+        low = min(held, default=end)
+        if low > cursor.committed:
+            below = low - cursor.committed - sum(1 for o in cursor.acked if o < low)
+            purged += below
+            cursor.skip_to(low)
+        top = min(end, low + MAX_IN_FLIGHT_SPAN)  # the farthest a pop may reach past ``low``
+        for offset in range(max(low, cursor.committed), top):
+            if offset not in cursor.inflight and offset not in cursor.acked:
+                cursor.ack(offset)
+                purged += 1
+        cursor.next = max(cursor.next, top)
+        return purged
 
     def release(self, queue: str, offset: int) -> None:
         """Make the popped message at ``offset`` of ``queue`` visible again now (its consumer
@@ -147,3 +190,5 @@ class NamedQueues:
     def forget(self, queue: str) -> None:
         """Drop the consumption state of ``queue`` (a session or group that ended)."""
         self._cursors.drop_consumer(queue)
+        self.delivered.pop(queue, None)
+        self.settled.pop(queue, None)

@@ -16,6 +16,7 @@ from core.clients import ClientView
 from core.named_queues import NamedQueues
 from core.service import Broker
 from core.untrusted import DenialLog
+from core.vhost_permissions import VhostPermissions
 from core.vhosts import VirtualHosts
 
 from .adapter import PROTOCOL, AmqpAdapter, Wire
@@ -37,9 +38,10 @@ class AmqpFrontend:
     protocol = PROTOCOL
 
     def __init__(self, broker: Broker, vhosts: VirtualHosts, queues: NamedQueues,
-                 options: AmqpOptions) -> None:
+                 options: AmqpOptions, permissions: VhostPermissions) -> None:
         self.broker = broker
         self.vhosts = vhosts
+        self.permissions = permissions
         self.queues = queues
         self.consumers = Consumers()
         self.options = options
@@ -107,6 +109,9 @@ class AmqpFrontend:
     def deleted(self, queue: str) -> None:
         self.consumers.queue_deleted(queue)
         self.queues.forget(queue)
+
+    def purge(self, queue: str) -> int:
+        return self.queues.purge(queue)
 
     async def _sweeping(self) -> None:
         while True:

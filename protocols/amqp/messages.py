@@ -26,8 +26,10 @@ from core.model import Action, Delivery, OutgoingMessage, Principal
 from core.named_queues import NamedQueues
 from core.service import MAX_INVISIBLE_MS, Broker
 from core.untrusted import clip
+from core.vhost_permissions import Right
 from core.vhosts import VirtualHosts, named_queue
 
+from .access import EXCHANGE, QUEUE
 from .connection import ServerConnection
 from .events import PublishReceived
 from .mapping import (EXCHANGE_PROPERTY, ROUTING_KEY_PROPERTY, TOPIC_EXCHANGE, exchange_topic,
@@ -230,6 +232,7 @@ class Messages:
             raise PreconditionFailed(f"user_id property set to '{clip(properties.user_id)}' "
                                      f"but authenticated user was '{clip(self.principal.user)}'")
         vhost = self.topology.vhost
+        self.topology.access.check(Right.WRITE, EXCHANGE, m.exchange)
         queues = tuple(self.vhosts.route(vhost, m.exchange, m.routing_key, properties.headers))
         subject = subject_of_key(m.routing_key) if m.exchange == TOPIC_EXCHANGE \
             and m.routing_key else None
@@ -301,6 +304,7 @@ class Messages:
     def _queue(self, channel: int, name: str) -> tuple[str, str]:
         """(queue name, named queue) of a get or consume; NotFound, ResourceLocked."""
         name = self.topology.queue_name(channel, name)
+        self.topology.access.check(Right.READ, QUEUE, name)
         self.vhosts.get(self.topology.vhost).queue(name)
         self.topology.check_owner(name)
         return name, named_queue(self.topology.vhost, name)

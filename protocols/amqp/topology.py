@@ -1,9 +1,11 @@
 """The channel methods of this step mapped onto core's virtual hosts: exchange and queue
-declare/delete, exchange-to-exchange and queue bindings, and basic.qos.
+declare/delete/purge, exchange-to-exchange and queue bindings.
 
 Each handler returns the method that answers (None under ``nowait``) or raises a core error,
-which the adapter turns into a reply code (``errors.reply_code``). Declaring, deleting and
-binding need an admin user for now; passive declares only a login. Runs on the event loop.
+which the adapter turns into a reply code (``errors.reply_code``). Rights are RabbitMQ's
+(``access.VhostAccess``): configure to declare or delete, write on the destination and read on
+the source to bind, read to purge; passive declares need only the virtual host. Runs on the
+event loop.
 """
 
 from __future__ import annotations
@@ -14,12 +16,14 @@ from typing import Any, Protocol
 from pamqp.base import Frame
 from pamqp.commands import Exchange, Queue
 
-from core.errors import AccessDenied, NotFound, PreconditionFailed, ResourceLocked
+from core.errors import NotFound, PreconditionFailed, ResourceLocked
 from core.exchanges import Destination
 from core.model import Principal
 from core.untrusted import clip
+from core.vhost_permissions import Right
 from core.vhosts import QueueSettings, VirtualHosts, named_queue
 
+from .access import EXCHANGE, QUEUE, VhostAccess
 from .arguments import json_safe_table
 
 Handler = Callable[[Any, int, Any], Awaitable[Frame | None]]
@@ -34,16 +38,21 @@ class QueueWatch(Protocol):
     def deleted(self, queue: str) -> None:
         """The named queue ``queue`` is gone: cancel its consumers, forget its state."""
 
+    def purge(self, queue: str) -> int:
+        """Settle every ready message of the named queue ``queue``; how many."""
+
 
 class Topology:
     """One connection's view of its virtual host: what it declared and may change."""
 
     def __init__(self, vhosts: VirtualHosts, vhost: str, principal: Principal,
-                 connection_id: str, watch: QueueWatch) -> None:
+                 connection_id: str, watch: QueueWatch, access: VhostAccess) -> None:
         self.vhosts = vhosts
         self.watch = watch
         self.vhost = vhost
         self.principal = principal
+        self.access = access
+        """The user's rights on this virtual host."""
         self.connection_id = connection_id
         """Owner of the exclusive queues this connection declares."""
         self.exclusive: set[str] = set()
@@ -62,11 +71,6 @@ class Topology:
         """Forget what ``channel`` held."""
         self._last_queue.pop(channel, None)
 
-    def _may_change(self, what: str) -> None:
-        if not self.principal.admin:
-            raise AccessDenied(f"user {clip(self.principal.user)} may not {what} (only "
-                               "administrators may change AMQP topology for now)")
-
     def queue_name(self, channel: int, name: str) -> str:
         """An empty queue name means the channel's last declared queue (spec 1.7.2)."""
         return name or self._last_queue.get(channel, "")
@@ -80,7 +84,7 @@ class Topology:
 
     async def _exchange_declare(self, channel: int, m: Exchange.Declare) -> Frame | None:
         if not m.passive:
-            self._may_change(f"declare exchange {clip(m.exchange)}")
+            self.access.check(Right.CONFIGURE, EXCHANGE, m.exchange)
         await self.vhosts.declare_exchange(
             self.vhost, m.exchange, m.exchange_type, durable=m.durable,
             auto_delete=m.auto_delete, internal=m.internal,
@@ -88,18 +92,18 @@ class Topology:
         return None if m.nowait else Exchange.DeclareOk()
 
     async def _exchange_delete(self, channel: int, m: Exchange.Delete) -> Frame | None:
-        self._may_change(f"delete exchange {clip(m.exchange)}")
+        self.access.check(Right.CONFIGURE, EXCHANGE, m.exchange)
         await self.vhosts.delete_exchange(self.vhost, m.exchange, if_unused=m.if_unused)
         return None if m.nowait else Exchange.DeleteOk()
 
     async def _exchange_bind(self, channel: int, m: Exchange.Bind) -> Frame | None:
-        self._may_change(f"bind exchange {clip(m.destination)}")
+        self._check_bind(m.source, m.destination, EXCHANGE)
         await self.vhosts.bind(self.vhost, m.source, Destination(m.destination, True),
                                m.routing_key, json_safe_table(m.arguments))
         return None if m.nowait else Exchange.BindOk()
 
     async def _exchange_unbind(self, channel: int, m: Exchange.Unbind) -> Frame | None:
-        self._may_change(f"unbind exchange {clip(m.destination)}")
+        self._check_bind(m.source, m.destination, EXCHANGE)
         await self.vhosts.unbind(self.vhost, m.source, Destination(m.destination, True),
                                  m.routing_key, json_safe_table(m.arguments))
         return None if m.nowait else Exchange.UnbindOk()
@@ -107,13 +111,19 @@ class Topology:
     # ---------------------------------------------------------------- queues
 
     async def _queue_declare(self, channel: int, m: Queue.Declare) -> Frame | None:
-        if not m.passive:
-            self._may_change(f"declare queue {clip(m.queue)}")
+        arguments = json_safe_table(m.arguments)
+        if not m.passive and m.queue:
+            self._check_declare(m.queue, arguments)
         owner = self.connection_id if m.exclusive else None
-        settings = QueueSettings(m.queue, m.durable, m.auto_delete,
-                                 json_safe_table(m.arguments), owner)
+        settings = QueueSettings(m.queue, m.durable, m.auto_delete, arguments, owner)
         queue = await self.vhosts.declare_queue(self.vhost, settings, passive=m.passive,
                                                 connection=self.connection_id)
+        if not m.passive and not m.queue:  # RabbitMQ checks the name it generated
+            try:
+                self._check_declare(queue.name, arguments)
+            except Exception:
+                self.watch.deleted(await self.vhosts.delete_queue(self.vhost, queue.name))
+                raise
         if queue.owner == self.connection_id:
             self.exclusive.add(queue.name)
         self._last_queue[channel] = queue.name
@@ -122,7 +132,7 @@ class Topology:
 
     async def _queue_delete(self, channel: int, m: Queue.Delete) -> Frame | None:
         name = self.queue_name(channel, m.queue)
-        self._may_change(f"delete queue {clip(name)}")
+        self.access.check(Right.CONFIGURE, QUEUE, name)
         self.check_owner(name)
         ready, consumers = self.watch.counts(named_queue(self.vhost, name))
         if m.if_unused and consumers:
@@ -139,7 +149,7 @@ class Topology:
 
     async def _queue_bind(self, channel: int, m: Queue.Bind) -> Frame | None:
         name = self.queue_name(channel, m.queue)
-        self._may_change(f"bind queue {clip(name)}")
+        self._check_bind(m.exchange, name, QUEUE)
         self.check_owner(name)
         await self.vhosts.bind(self.vhost, m.exchange, Destination(name), m.routing_key,
                                json_safe_table(m.arguments))
@@ -147,11 +157,33 @@ class Topology:
 
     async def _queue_unbind(self, channel: int, m: Queue.Unbind) -> Frame | None:
         name = self.queue_name(channel, m.queue)
-        self._may_change(f"unbind queue {clip(name)}")
+        self._check_bind(m.exchange, name, QUEUE)
         self.check_owner(name)
         await self.vhosts.unbind(self.vhost, m.exchange, Destination(name), m.routing_key,
                                  json_safe_table(m.arguments))
         return Queue.UnbindOk()
+
+    async def _queue_purge(self, channel: int, m: Queue.Purge) -> Frame | None:
+        name = self.queue_name(channel, m.queue)
+        self.access.check(Right.READ, QUEUE, name)
+        self.vhosts.get(self.vhost).queue(name)
+        self.check_owner(name)
+        count = self.watch.purge(named_queue(self.vhost, name))
+        return None if m.nowait else Queue.PurgeOk(count)
+
+    def _check_bind(self, source: str, destination: str, kind: str) -> None:
+        """RabbitMQ's rule for (un)binding: write on the destination, read on the source."""
+        self.access.check(Right.WRITE, kind, destination)
+        self.access.check(Right.READ, EXCHANGE, source)
+
+    def _check_declare(self, name: str, arguments: dict[str, Any]) -> None:
+        """Configure on the queue; a dead-letter exchange needs read on the queue and write on
+        that exchange too (RabbitMQ's ``check_dlx``)."""
+        self.access.check(Right.CONFIGURE, QUEUE, name)
+        dead_letter = arguments.get("x-dead-letter-exchange")
+        if isinstance(dead_letter, str):
+            self.access.check(Right.READ, QUEUE, name)
+            self.access.check(Right.WRITE, EXCHANGE, dead_letter)
 
     async def delete_exclusive(self) -> None:
         """Delete this connection's exclusive queues (it has closed)."""
@@ -172,4 +204,5 @@ _HANDLERS: dict[type, Handler] = {
     Queue.Delete: Topology._queue_delete,
     Queue.Bind: Topology._queue_bind,
     Queue.Unbind: Topology._queue_unbind,
+    Queue.Purge: Topology._queue_purge,
 }

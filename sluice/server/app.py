@@ -202,7 +202,8 @@ async def start(config: Config) -> RunningBroker:
         running.native = await _listen(config, "native", _start_native(running))
         running.clients.register(running.native.clients)
         running.clients.register(running.mqtt)
-        running.amqp = AmqpFrontend(broker, core.vhosts, core.queues, config.amqp)
+        running.amqp = AmqpFrontend(broker, core.vhosts, core.queues, config.amqp,
+                                    core.vhost_permissions)
         await running.amqp.start()
         running.clients.register(running.amqp)
         running.admin = await _listen(config, "admin",
