@@ -410,6 +410,14 @@ class Messages:
         for consumer in list(state.consumers.values()):
             consumer.dispatch()
 
+    def channel_details(self, channel: int) -> dict[str, Any]:
+        """What `sluice channel list` shows of ``channel``: consumers, unacked deliveries,
+        prefetch limits, confirm mode and unconfirmed publishes."""
+        state = self._channels.get(channel) or _Channel()
+        return {"consumers": len(state.consumers), "messages_unacknowledged": len(state.unacked),
+                "prefetch_count": state.prefetch, "global_prefetch_count": state.global_prefetch,
+                "confirm": state.confirming, "messages_unconfirmed": len(state.outstanding)}
+
     def cancel_from_server(self, consumer: Consumer) -> None:
         """The queue of ``consumer`` is gone: basic.cancel if the client understands it."""
         consumer.active = False

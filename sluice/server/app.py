@@ -206,6 +206,7 @@ async def start(config: Config) -> RunningBroker:
                                     core.vhost_permissions)
         await running.amqp.start()
         running.clients.register(running.amqp)
+        core.vhost_admin.live = running.amqp
         running.admin = await _listen(config, "admin",
                                       start_admin_server(_admin_deps(running), config.admin.host,
                                                          config.admin.port))
@@ -262,7 +263,7 @@ def _start_native(running: RunningBroker):
 
 def _admin_deps(running: RunningBroker) -> AdminDeps:
     return AdminDeps(running.broker, running.store, running.metadata, queues=running.core.queues,
-                     clients=running.clients,
+                     clients=running.clients, vhosts=running.core.vhost_admin,
                      dashboard_dir=analytics.DASHBOARD_DIR)
 
 
