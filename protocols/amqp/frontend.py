@@ -19,7 +19,7 @@ from core.untrusted import DenialLog
 from core.vhosts import VirtualHosts
 
 from .adapter import PROTOCOL, AmqpAdapter, Wire
-from .messages import Consumers
+from .consumers import Consumers
 from .options import AmqpOptions
 from .reason_codes import ReplyCode
 
@@ -101,8 +101,8 @@ class AmqpFrontend:
 
     # ---------------------------------------------------------------- topology.QueueWatch
 
-    def counts(self, queue: str) -> tuple[int, int]:
-        return self.queues.ready(queue), self.consumers.count(queue)
+    def counts(self, queues: tuple[str, ...]) -> tuple[int, int]:
+        return sum(self.queues.ready(queue) for queue in queues), self.consumers.count(queues[-1])
 
     def deleted(self, queue: str) -> None:
         self.consumers.queue_deleted(queue)
