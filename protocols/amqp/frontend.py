@@ -13,6 +13,7 @@ from collections.abc import Coroutine, Iterator
 from typing import Any
 
 from core.clients import ClientView
+from core.model import Principal
 from core.named_queues import NamedQueues
 from core.service import Broker
 from core.untrusted import DenialLog
@@ -22,6 +23,7 @@ from .adapter import PROTOCOL, AmqpAdapter, Wire
 from .messages import Consumers
 from .options import AmqpOptions
 from .reason_codes import ReplyCode
+from .topic_bindings import SubjectBindings, check_binding
 
 log = logging.getLogger(__name__)
 
@@ -51,7 +53,9 @@ class AmqpFrontend:
         self._sweep: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
-        """Start the timer that checks every connection."""
+        """Bind the subject filters of the queues bound to ``amq.topic`` (before anything can
+        publish) and start the timer that checks every connection."""
+        self.vhosts.mirror_topic_bindings(SubjectBindings(self.queues))
         self._sweep = asyncio.get_running_loop().create_task(self._sweeping())
 
     async def stop(self) -> None:
@@ -107,6 +111,9 @@ class AmqpFrontend:
     def deleted(self, queue: str) -> None:
         self.consumers.queue_deleted(queue)
         self.queues.forget(queue)
+
+    def check_binding(self, principal: Principal, source: str, routing_key: str) -> None:
+        check_binding(self.broker, principal, source, routing_key)
 
     async def _sweeping(self) -> None:
         while True:

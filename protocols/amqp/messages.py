@@ -30,8 +30,8 @@ from core.vhosts import VirtualHosts, named_queue
 
 from .connection import ServerConnection
 from .events import PublishReceived
-from .mapping import (EXCHANGE_PROPERTY, ROUTING_KEY_PROPERTY, TOPIC_EXCHANGE, exchange_topic,
-                      subject_of_key, to_outgoing, to_properties)
+from .mapping import (TOPIC_EXCHANGE, exchange_topic, origin, subject_of_key, to_outgoing,
+                      to_properties)
 from .reason_codes import ReplyCode
 from .topology import Topology
 
@@ -319,8 +319,7 @@ class Messages:
             state.unacked[tag] = _Unacked(queue, delivery.queue_offset, None)
         props = delivery.properties
         self.conn.send_content(channel, Basic.GetOk(
-            tag, delivery.attempt > 1, props.get(EXCHANGE_PROPERTY, ""),
-            props.get(ROUTING_KEY_PROPERTY, delivery.topic), self.queues.ready(queue)),
+            tag, delivery.attempt > 1, *origin(delivery.topic, props), self.queues.ready(queue)),
             to_properties(props), delivery.body)
         return None
 
@@ -398,8 +397,8 @@ class Messages:
             consumer.unacked += 1
         props = delivery.properties
         self.conn.send_content(consumer.channel, Basic.Deliver(
-            consumer.tag, tag, delivery.attempt > 1, props.get(EXCHANGE_PROPERTY, ""),
-            props.get(ROUTING_KEY_PROPERTY, delivery.topic)), to_properties(props),
+            consumer.tag, tag, delivery.attempt > 1, *origin(delivery.topic, props)),
+            to_properties(props),
             delivery.body)
 
     def _dispatch(self, state: _Channel) -> None:
