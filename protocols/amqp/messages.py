@@ -42,10 +42,14 @@ Fail = Callable[[int, Frame, Exception], None]
 
 
 class Consumers:
-    """Every consumer of every connection, by named queue."""
+    """Every consumer of every connection, by named queue.
 
-    def __init__(self) -> None:
+    ``unused(vhost, queue name)`` is called when a queue's last consumer is cancelled (not
+    when the queue itself went): an auto-delete queue goes then."""
+
+    def __init__(self, unused: Callable[[str, str], None] = lambda vhost, name: None) -> None:
         self._by_queue: dict[str, list[Consumer]] = {}
+        self._unused = unused
 
     def add(self, consumer: Consumer) -> None:
         """Register ``consumer``; AccessDenied (403) if it or one there is exclusive."""
@@ -57,10 +61,12 @@ class Consumers:
 
     def remove(self, consumer: Consumer) -> None:
         present = self._by_queue.get(consumer.queue, [])
-        if consumer in present:
-            present.remove(consumer)
+        if consumer not in present:
+            return
+        present.remove(consumer)
         if not present:
             self._by_queue.pop(consumer.queue, None)
+            self._unused(consumer.vhost, consumer.queue_name)
 
     def count(self, queue: str) -> int:
         """Consumers of the named queue ``queue``."""
