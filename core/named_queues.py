@@ -17,7 +17,8 @@ from __future__ import annotations
 import asyncio
 
 from .clock import now_ms
-from .consume import pop_queue
+from .consume import MAX_IN_FLIGHT_SPAN, pop_queue
+from .delivered_marks import DeliveredMarks
 from .engine import Engine
 from .errors import CorruptMessage
 from .fanout import Listener, QueueTarget
@@ -32,11 +33,16 @@ _NO_DEAD_LETTERS = 1 << 30
 class NamedQueues:
     """Bindings, reads and consumption state of named queues."""
 
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: Engine, data_dir: str) -> None:
         self._fanout = engine.fanout
         self._cursors = engine.cursors
         self._signals = engine.signals
         self._engine = engine
+        self._marks = DeliveredMarks(data_dir)
+
+    def close(self) -> None:
+        """Close the delivered-marks file."""
+        self._marks.close()
 
     # --- what feeds a queue ---
 
@@ -89,19 +95,31 @@ class NamedQueues:
 
     # --- several consumers: pop, settle, release ---
 
-    def pop(self, queue: str, max_messages: int, invisible_ms: int) -> list[Delivery]:
+    def pop(self, queue: str, max_messages: int, invisible_ms: int, *,
+            mark: bool = False) -> list[Delivery]:
         """Message-level consumption of ``queue`` shared by several consumers: each message goes
         to one of them and comes back after ``invisible_ms`` unless settled. A corrupt message
-        is skipped (logged, settled: it is never delivered)."""
+        is skipped (logged, settled: it is never delivered).
+
+        With ``mark``, what was popped is recorded as delivered before this returns (one write,
+        ``core.delivered_marks``), so after a crash it comes back as a redelivery
+        (``Delivery.attempt`` > 1) rather than as new."""
         reader = self._engine.reader
         cursor = self._cursors.open((queue, queue, 0), reader.range(queue, 0)[0])
+        restored = self._marks.restored(queue)
+        if restored is not None:
+            cursor.delivered_below(min(restored, cursor.committed + MAX_IN_FLIGHT_SPAN))
         while True:
             try:
-                return pop_queue(reader, cursor, queue, queue, 0, _EVERY_TAG, now_ms(),
-                                 invisible_ms, max_messages, _NO_DEAD_LETTERS).deliveries
+                popped = pop_queue(reader, cursor, queue, queue, 0, _EVERY_TAG, now_ms(),
+                                   invisible_ms, max_messages, _NO_DEAD_LETTERS).deliveries
             except CorruptMessage as corrupt:  # logged by the reader; never delivered
                 cursor.next = max(cursor.next, corrupt.offset + 1)
                 cursor.ack(corrupt.offset)
+                continue
+            if mark and popped:
+                self._marks.mark(queue, cursor.next)
+            return popped
 
     def ready(self, queue: str) -> int:
         """About how many messages of ``queue`` wait to be popped: stored, neither settled nor
@@ -150,3 +168,4 @@ class NamedQueues:
     def forget(self, queue: str) -> None:
         """Drop the consumption state of ``queue`` (a session or group that ended)."""
         self._cursors.drop_consumer(queue)
+        self._marks.forget(queue)

@@ -13,11 +13,12 @@ from collections.abc import Coroutine, Iterator
 from typing import Any
 
 from core.clients import ClientView
+from core.errors import NotFound
 from core.model import Principal
 from core.named_queues import NamedQueues
 from core.service import Broker
 from core.untrusted import DenialLog
-from core.vhosts import VirtualHosts
+from core.vhosts import VirtualHosts, named_queue
 
 from .adapter import PROTOCOL, AmqpAdapter, Wire
 from .messages import Consumers
@@ -43,7 +44,7 @@ class AmqpFrontend:
         self.broker = broker
         self.vhosts = vhosts
         self.queues = queues
-        self.consumers = Consumers()
+        self.consumers = Consumers(self._unused)
         self.options = options
         self.denials = DenialLog(log)
         self.max_connections = options.connection_limit()
@@ -114,6 +115,23 @@ class AmqpFrontend:
 
     def check_binding(self, principal: Principal, source: str, routing_key: str) -> None:
         check_binding(self.broker, principal, source, routing_key)
+
+    def _unused(self, vhost: str, name: str) -> None:
+        """A queue lost its last consumer: an auto-delete one is deleted (as RabbitMQ does)."""
+        try:
+            settings = self.vhosts.get(vhost).queues.get(name)
+        except NotFound:
+            return  # its virtual host is gone, and the queue with it
+        if settings is not None and settings.auto_delete:
+            self.spawn(self._auto_delete(vhost, name))
+
+    async def _auto_delete(self, vhost: str, name: str) -> None:
+        if self.consumers.count(named_queue(vhost, name)):
+            return  # consumed again before this ran
+        try:
+            self.deleted(await self.vhosts.delete_queue(vhost, name))
+        except NotFound:
+            pass  # deleted meanwhile (queue.delete, its exclusive connection closing)
 
     async def _sweeping(self) -> None:
         while True:

@@ -30,6 +30,7 @@ from core.vhosts import VirtualHosts, named_queue
 
 from .connection import ServerConnection
 from .events import PublishReceived
+from .flow_control import WriteGate
 from .mapping import (TOPIC_EXCHANGE, exchange_topic, origin, subject_of_key, to_outgoing,
                       to_properties)
 from .reason_codes import ReplyCode
@@ -41,10 +42,14 @@ Fail = Callable[[int, Frame, Exception], None]
 
 
 class Consumers:
-    """Every consumer of every connection, by named queue."""
+    """Every consumer of every connection, by named queue.
 
-    def __init__(self) -> None:
+    ``unused(vhost, queue name)`` is called when a queue's last consumer is cancelled (not
+    when the queue itself went): an auto-delete queue goes then."""
+
+    def __init__(self, unused: Callable[[str, str], None] = lambda vhost, name: None) -> None:
         self._by_queue: dict[str, list[Consumer]] = {}
+        self._unused = unused
 
     def add(self, consumer: Consumer) -> None:
         """Register ``consumer``; AccessDenied (403) if it or one there is exclusive."""
@@ -56,10 +61,12 @@ class Consumers:
 
     def remove(self, consumer: Consumer) -> None:
         present = self._by_queue.get(consumer.queue, [])
-        if consumer in present:
-            present.remove(consumer)
+        if consumer not in present:
+            return
+        present.remove(consumer)
         if not present:
             self._by_queue.pop(consumer.queue, None)
+            self._unused(consumer.vhost, consumer.queue_name)
 
     def count(self, queue: str) -> int:
         """Consumers of the named queue ``queue``."""
@@ -92,6 +99,8 @@ class _Channel:
     """basic.qos (global false): the limit of consumers started afterwards."""
     global_prefetch: int = 0
     consumers: dict[str, Consumer] = field(default_factory=dict)
+    flowing: bool = True
+    """channel.flow: False holds back deliveries to the channel's consumers."""
 
     def confirmed(self, tags: list[int], ok: bool) -> list[Frame]:
         """The acks (nacks) for ``tags``: one ``multiple`` when they are every outstanding tag
@@ -147,9 +156,12 @@ class Consumer:
     def _dispatch(self) -> None:
         owner = self.owner
         room = self.room()
-        if room <= 0 or not owner.conn.can_send(self.channel):
+        if room <= 0 or not self.state.flowing or not owner.conn.can_send(self.channel):
             return
-        popped = owner.queues.pop(self.queue, room, MAX_INVISIBLE_MS)
+        if not owner.gate.open:  # the client reads slowly: wait until the wire drains
+            owner.gate.wait(self.dispatch)
+            return
+        popped = owner.queues.pop(self.queue, room, MAX_INVISIBLE_MS, mark=not self.no_ack)
         for delivery in popped:
             owner.deliver(self, delivery)
         owner.write_out()
@@ -173,7 +185,8 @@ class Messages:
 
     def __init__(self, broker: Broker, vhosts: VirtualHosts, queues: NamedQueues,
                  consumers: Consumers, principal: Principal, topology: Topology,
-                 conn: ServerConnection, write_out: Callable[[], None], fail: Fail) -> None:
+                 conn: ServerConnection, write_out: Callable[[], None], fail: Fail,
+                 gate: WriteGate) -> None:
         self.broker = broker
         self.vhosts = vhosts
         self.queues = queues
@@ -184,6 +197,8 @@ class Messages:
         self.write_out = write_out
         """Hand what the connection has to send to the wire."""
         self._fail = fail
+        self.gate = gate
+        """Open while the wire takes more; consumers wait on it otherwise."""
         self._channels: dict[int, _Channel] = {}
 
     def _channel(self, channel: int) -> _Channel:
@@ -307,7 +322,7 @@ class Messages:
 
     def _get(self, channel: int, m: Basic.Get) -> Frame | None:
         _, queue = self._queue(channel, m.queue)
-        popped = self.queues.pop(queue, 1, MAX_INVISIBLE_MS)
+        popped = self.queues.pop(queue, 1, MAX_INVISIBLE_MS, mark=not m.no_ack)
         if not popped:
             return Basic.GetEmpty()
         delivery = popped[0]
@@ -404,6 +419,15 @@ class Messages:
     def _dispatch(self, state: _Channel) -> None:
         for consumer in list(state.consumers.values()):
             consumer.dispatch()
+
+    def flow(self, channel: int, active: bool) -> None:
+        """channel.flow (answered already): stop or resume deliveries to the channel's
+        consumers; unacked deliveries stay unacked."""
+        state = self._channel(channel)
+        state.flowing = active
+        if active:
+            self._dispatch(state)
+        self.write_out()
 
     def cancel_from_server(self, consumer: Consumer) -> None:
         """The queue of ``consumer`` is gone: basic.cancel if the client understands it."""
