@@ -46,10 +46,13 @@ class NamedQueues:
 
     # --- what feeds a queue ---
 
-    def bind(self, subject_filter: str, queue: str) -> bool:
+    def bind(self, subject_filter: str, queue: str, *, multi_anywhere: bool = False) -> bool:
         """Index every message whose subject matches into ``queue`` from now on; False if it
-        was bound already. InvalidArgument for a malformed filter."""
-        return self._fanout.bind(subject_filter, QueueTarget(queue))
+        was bound already. InvalidArgument for a malformed filter; ``multi_anywhere`` accepts
+        the multi-level wildcard at any level (AMQP's ``#``). A message routed here and also
+        named in its ``also_into`` is indexed once."""
+        return self._fanout.bind(subject_filter, QueueTarget(queue),
+                                 multi_anywhere=multi_anywhere)
 
     def unbind(self, subject_filter: str, queue: str) -> bool:
         """Undo ``bind``; False if it was not bound."""

@@ -37,6 +37,7 @@ from .options import AmqpOptions
 from .reason_codes import ReplyCode
 from .state_table import State
 from .topology import QueueWatch, Topology
+from .transactions import Transactions
 
 log = logging.getLogger(__name__)
 
@@ -96,6 +97,8 @@ class AmqpAdapter:
         """Set once connection.open is answered."""
         self.messages: Messages | None = None
         """Publishes and deliveries; set with ``topology``."""
+        self.transactions: Transactions | None = None
+        """tx.* and confirm.select; set with ``topology``."""
         self.connected_at_ms: int | None = None
         self._work: deque[Event] = deque()
         self._working = False
@@ -234,6 +237,7 @@ class AmqpAdapter:
         self.messages = Messages(host.broker, host.vhosts, host.queues, host.consumers,
                                  self.principal, self.topology, self.conn, self._write_out,
                                  self._fail, self.gate)
+        self.transactions = Transactions(self.messages)
         self.connected_at_ms = time.time_ns() // 1_000_000
         self.host.opened(self)
         log_connected(PROTOCOL, self.id, self.principal.user, self.peer,
@@ -250,9 +254,12 @@ class AmqpAdapter:
         try:
             while work and not self._done:
                 event = work.popleft()
-                if isinstance(event, PublishReceived):
+                if self._held(event):
+                    pass
+                elif isinstance(event, PublishReceived):
                     batch = [event]
-                    while work and isinstance(work[0], PublishReceived):
+                    while work and isinstance(work[0], PublishReceived) \
+                            and not self._transactional(work[0].channel):
                         batch.append(work.popleft())
                     assert self.messages is not None
                     await self.messages.publish(batch)
@@ -264,12 +271,27 @@ class AmqpAdapter:
             self._working = False
         self._drain()  # a close decided above, or bytes read meanwhile
 
+    def _transactional(self, channel: int) -> bool:
+        return self.transactions is not None and self.transactions.transactional(channel)
+
+    def _held(self, event: Event) -> bool:
+        """Whether a transaction keeps ``event`` for its commit (a refusal closes the channel)."""
+        if self.transactions is None or not isinstance(event, (PublishReceived, MethodReceived)):
+            return False
+        try:
+            return self.transactions.hold(event)
+        except SluiceError as error:
+            self._fail(event.channel, event.method, error)
+            return True
+
     async def _carry_out(self, event: Event) -> None:
         topology, messages, conn = self.topology, self.messages, self.conn
-        assert topology is not None and messages is not None
+        transactions = self.transactions
+        assert topology is not None and messages is not None and transactions is not None
         if isinstance(event, ChannelClosed):
             topology.channel_closed(event.channel)
             messages.channel_closed(event.channel)
+            transactions.channel_closed(event.channel)
             return
         if isinstance(event, FlowChanged):
             messages.flow(event.channel, event.active)
@@ -278,7 +300,9 @@ class AmqpAdapter:
         if not conn.can_send(event.channel):
             return  # read before a close of its channel or connection: dropped, as RabbitMQ
         method = event.method
-        handler: Topology | Messages = messages if messages.handles(method) else topology
+        handler: Transactions | Topology | Messages = (
+            transactions if transactions.handles(method)
+            else messages if messages.handles(method) else topology)
         if not handler.handles(method):
             conn.close_connection(ReplyCode.NOT_IMPLEMENTED, f"NOT_IMPLEMENTED - {method.name} "
                                   "is not supported by Sluice yet", *ids(method))

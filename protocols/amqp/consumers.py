@@ -12,7 +12,7 @@ Runs on the event loop.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
 from core.errors import AccessDenied, PreconditionFailed
@@ -49,10 +49,14 @@ class Member(Protocol):
 
 
 class Consumers:
-    """Consumers of every connection, by named queue, highest priority first."""
+    """Consumers of every connection, by named queue, highest priority first.
 
-    def __init__(self) -> None:
+    ``unused(vhost, queue name)`` is called when a queue's last consumer is cancelled (not
+    when the queue itself went): an auto-delete queue goes then."""
+
+    def __init__(self, unused: Callable[[str, str], None] = lambda vhost, name: None) -> None:
         self._by_queue: dict[str, list[Member]] = {}
+        self._unused = unused
         self._active: dict[str, Member] = {}
         """The single active consumer of each queue declared with x-single-active-consumer."""
 
@@ -75,10 +79,11 @@ class Consumers:
         present.remove(consumer)
         if not present:
             del self._by_queue[consumer.queue]
+            self._active.pop(consumer.queue, None)
+            self._unused(consumer.vhost, consumer.queue_name)
+            return
         if self._active.get(consumer.queue) is consumer:
-            del self._active[consumer.queue]
-            if present:
-                self._active[consumer.queue] = present[0]
+            self._active[consumer.queue] = present[0]
         for other in list(present):
             other.dispatch()
 

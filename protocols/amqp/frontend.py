@@ -13,15 +13,18 @@ from collections.abc import Coroutine, Iterator
 from typing import Any
 
 from core.clients import ClientView
+from core.errors import NotFound
+from core.model import Principal
 from core.named_queues import NamedQueues
 from core.service import Broker
 from core.untrusted import DenialLog
-from core.vhosts import VirtualHosts
+from core.vhosts import VirtualHosts, named_queue
 
 from .adapter import PROTOCOL, AmqpAdapter, Wire
 from .consumers import Consumers
 from .options import AmqpOptions
 from .reason_codes import ReplyCode
+from .topic_bindings import SubjectBindings, check_binding
 
 log = logging.getLogger(__name__)
 
@@ -41,7 +44,7 @@ class AmqpFrontend:
         self.broker = broker
         self.vhosts = vhosts
         self.queues = queues
-        self.consumers = Consumers()
+        self.consumers = Consumers(self._unused)
         self.options = options
         self.denials = DenialLog(log)
         self.max_connections = options.connection_limit()
@@ -51,7 +54,9 @@ class AmqpFrontend:
         self._sweep: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
-        """Start the timer that checks every connection."""
+        """Bind the subject filters of the queues bound to ``amq.topic`` (before anything can
+        publish) and start the timer that checks every connection."""
+        self.vhosts.mirror_topic_bindings(SubjectBindings(self.queues))
         self._sweep = asyncio.get_running_loop().create_task(self._sweeping())
 
     async def stop(self) -> None:
@@ -107,6 +112,26 @@ class AmqpFrontend:
     def deleted(self, queue: str) -> None:
         self.consumers.queue_deleted(queue)
         self.queues.forget(queue)
+
+    def check_binding(self, principal: Principal, source: str, routing_key: str) -> None:
+        check_binding(self.broker, principal, source, routing_key)
+
+    def _unused(self, vhost: str, name: str) -> None:
+        """A queue lost its last consumer: an auto-delete one is deleted (as RabbitMQ does)."""
+        try:
+            settings = self.vhosts.get(vhost).queues.get(name)
+        except NotFound:
+            return  # its virtual host is gone, and the queue with it
+        if settings is not None and settings.auto_delete:
+            self.spawn(self._auto_delete(vhost, name))
+
+    async def _auto_delete(self, vhost: str, name: str) -> None:
+        if self.consumers.count(named_queue(vhost, name)):
+            return  # consumed again before this ran
+        try:
+            self.deleted(await self.vhosts.delete_queue(vhost, name))
+        except NotFound:
+            pass  # deleted meanwhile (queue.delete, its exclusive connection closing)
 
     async def _sweeping(self) -> None:
         while True:

@@ -33,8 +33,8 @@ from .connection import ServerConnection
 from .consumers import Consumers, consumer_priority
 from .events import PublishReceived
 from .flow_control import WriteGate
-from .mapping import (EXCHANGE_PROPERTY, ROUTING_KEY_PROPERTY, TOPIC_EXCHANGE, exchange_topic,
-                      subject_of_key, to_outgoing, to_properties)
+from .mapping import (TOPIC_EXCHANGE, exchange_topic, origin, subject_of_key, to_outgoing,
+                      to_properties)
 from .reason_codes import ReplyCode
 from .topology import Topology
 
@@ -326,8 +326,7 @@ class Messages:
         props = delivery.properties
         ready = sum(self.queues.ready(level) for level in queues)
         self.conn.send_content(channel, Basic.GetOk(
-            tag, delivery.attempt > 1, props.get(EXCHANGE_PROPERTY, ""),
-            props.get(ROUTING_KEY_PROPERTY, delivery.topic), ready),
+            tag, delivery.attempt > 1, *origin(delivery.topic, props), ready),
             to_properties(props), delivery.body)
         return None
 
@@ -405,8 +404,8 @@ class Messages:
             consumer.unacked += 1
         props = delivery.properties
         self.conn.send_content(consumer.channel, Basic.Deliver(
-            consumer.tag, tag, delivery.attempt > 1, props.get(EXCHANGE_PROPERTY, ""),
-            props.get(ROUTING_KEY_PROPERTY, delivery.topic)), to_properties(props),
+            consumer.tag, tag, delivery.attempt > 1, *origin(delivery.topic, props)),
+            to_properties(props),
             delivery.body)
 
     def _dispatch(self, state: _Channel) -> None:

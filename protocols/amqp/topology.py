@@ -36,6 +36,10 @@ class QueueWatch(Protocol):
     def deleted(self, queue: str) -> None:
         """The named queue ``queue`` is gone: cancel its consumers, forget its state."""
 
+    def check_binding(self, principal: Principal, source: str, routing_key: str) -> None:
+        """AccessDenied unless ``principal`` may read what binding to ``source`` with
+        ``routing_key`` would let it read from other protocols (``amq.topic``)."""
+
 
 class Topology:
     """One connection's view of its virtual host: what it declared and may change."""
@@ -101,6 +105,7 @@ class Topology:
 
     async def _exchange_bind(self, channel: int, m: Exchange.Bind) -> Frame | None:
         self._may_change(f"bind exchange {clip(m.destination)}")
+        self.watch.check_binding(self.principal, m.source, m.routing_key)
         await self.vhosts.bind(self.vhost, m.source, Destination(m.destination, True),
                                m.routing_key, json_safe_table(m.arguments))
         return None if m.nowait else Exchange.BindOk()
@@ -148,6 +153,7 @@ class Topology:
         name = self.queue_name(channel, m.queue)
         self._may_change(f"bind queue {clip(name)}")
         self.check_owner(name)
+        self.watch.check_binding(self.principal, m.exchange, m.routing_key)
         await self.vhosts.bind(self.vhost, m.exchange, Destination(name), m.routing_key,
                                json_safe_table(m.arguments))
         return None if m.nowait else Queue.BindOk()
