@@ -17,9 +17,10 @@ from typing import Any, Protocol
 from .errors import NotFound, PreconditionFailed
 from .exchanges import DEFAULT_EXCHANGE
 from .named_queues import NamedQueues
+from .queue_features import features, levels
 from .untrusted import clip
 from .vhost_permissions import VhostPermission, VhostPermissions
-from .vhosts import VirtualHosts, named_queue
+from .vhosts import QueueSettings, VirtualHosts, named_queue
 
 RATE_WINDOW_S = 5.0
 """Rates are averaged over at least this long (RabbitMQ samples every 5 s)."""
@@ -69,7 +70,8 @@ class VhostAdmin:
         rows = []
         for name in self.vhosts.names():
             host = self.vhosts.get(name)
-            ready = sum(self.queues.ready(named_queue(name, q)) for q in host.queues)
+            ready = sum(self.queues.ready(level) for q in host.queues.values()
+                        for level in _levels(name, q))
             rows.append({"name": name, "exchanges": len(host.graph.exchanges()),
                          "queues": len(host.queues), "messages_ready": ready})
         return rows
@@ -143,16 +145,17 @@ class VhostAdmin:
     def queue(self, vhost: str, name: str) -> dict[str, Any]:
         return self._queue_row(vhost, self.vhosts.get(vhost).queue(name), self._rates())
 
-    def _queue_row(self, vhost: str, queue: Any, rates: dict[str, tuple[float, ...]]
-                   ) -> dict[str, Any]:
+    def _queue_row(self, vhost: str, queue: QueueSettings,
+                   rates: dict[str, tuple[float, ...]]) -> dict[str, Any]:
         named = named_queue(vhost, queue.name)
-        published, delivered, settled = self._totals(named)
+        queues = _levels(vhost, queue)
+        published, delivered, settled = self._totals(queues)
         publish_rate, deliver_rate, ack_rate = rates.get(named, (0.0, 0.0, 0.0))
         return {"vhost": vhost, "name": queue.name, "durable": queue.durable,
                 "auto_delete": queue.auto_delete, "exclusive": queue.owner is not None,
                 "arguments": queue.arguments,
-                "messages_ready": self.queues.ready(named),
-                "messages_unacknowledged": self.queues.unsettled(named),
+                "messages_ready": sum(self.queues.ready(level) for level in queues),
+                "messages_unacknowledged": sum(self.queues.unsettled(level) for level in queues),
                 "consumers": self.live.consumer_count(named) if self.live else 0,
                 "published": published, "delivered": delivered, "acked": settled,
                 "publish_rate": publish_rate, "deliver_rate": deliver_rate,
@@ -168,15 +171,15 @@ class VhostAdmin:
 
     def purge(self, vhost: str, name: str) -> int:
         """Settle every ready message of queue ``name``; how many (NotFound)."""
-        self.vhosts.get(vhost).queue(name)
-        return self.queues.purge(named_queue(vhost, name))
+        queue = self.vhosts.get(vhost).queue(name)
+        return sum(self.queues.purge(level) for level in _levels(vhost, queue))
 
     async def delete_queue(self, vhost: str, name: str, *, if_unused: bool = False,
                            if_empty: bool = False) -> int:
         """Delete queue ``name`` (its consumers are cancelled); the messages it had ready."""
-        self.vhosts.get(vhost).queue(name)
+        queue = self.vhosts.get(vhost).queue(name)
         named = named_queue(vhost, name)
-        ready = self.queues.ready(named)
+        ready = sum(self.queues.ready(level) for level in _levels(vhost, queue))
         if if_unused and self.live is not None and self.live.consumer_count(named):
             raise PreconditionFailed(f"queue {clip(name)} in vhost {clip(vhost)} in use")
         if if_empty and ready:
@@ -192,18 +195,20 @@ class VhostAdmin:
 
     # --- totals and rates ---
 
-    def _totals(self, named: str) -> tuple[int, int, int]:
-        """(published, delivered, settled): entries indexed into the queue (its end offset),
-        and pops and settles since the broker started."""
-        return (self.queues.bounds(named)[1], self.queues.delivered.get(named, 0),
-                self.queues.settled.get(named, 0))
+    def _totals(self, queues: tuple[str, ...]) -> tuple[int, int, int]:
+        """(published, delivered, settled) of a queue's named queues: entries indexed into
+        them (their end offsets), and pops and settles since the broker started."""
+        named = self.queues
+        return (sum(named.bounds(q)[1] for q in queues),
+                sum(named.delivered.get(q, 0) for q in queues),
+                sum(named.settled.get(q, 0) for q in queues))
 
     def _rates(self) -> dict[str, tuple[float, ...]]:
         """Per second, per named queue, since a sample at least ``RATE_WINDOW_S`` old (or the
         oldest one); a sample is kept at most every ``RATE_WINDOW_S``."""
         now = time.monotonic()
-        counts = {named_queue(v, q): self._totals(named_queue(v, q))
-                  for v in self.vhosts.names() for q in self.vhosts.get(v).queues}
+        counts = {named_queue(v, q.name): self._totals(_levels(v, q))
+                  for v in self.vhosts.names() for q in self.vhosts.get(v).queues.values()}
         samples = self._samples
         if not samples or now - samples[-1].at >= RATE_WINDOW_S:
             samples.append(_Sample(now, counts))
@@ -216,3 +221,8 @@ class VhostAdmin:
         return {named: tuple(max(0, now_c - then_c) / elapsed
                              for now_c, then_c in zip(totals, base.counts.get(named, totals)))
                 for named, totals in counts.items()}
+
+
+def _levels(vhost: str, queue: QueueSettings) -> tuple[str, ...]:
+    """The named queues of ``queue`` (one per priority level, its own last)."""
+    return levels(named_queue(vhost, queue.name), features(queue.arguments).max_priority)

@@ -13,16 +13,19 @@ from collections.abc import Coroutine, Iterator
 from typing import Any
 
 from core.clients import ClientView
+from core.errors import NotFound
+from core.model import Principal
 from core.named_queues import NamedQueues
 from core.service import Broker
 from core.untrusted import DenialLog
 from core.vhost_permissions import VhostPermissions
-from core.vhosts import VirtualHosts
+from core.vhosts import VirtualHosts, named_queue
 
 from .adapter import PROTOCOL, AmqpAdapter, Wire
-from .messages import Consumers
+from .consumers import Consumers
 from .options import AmqpOptions
 from .reason_codes import ReplyCode
+from .topic_bindings import SubjectBindings, check_binding
 
 log = logging.getLogger(__name__)
 
@@ -44,7 +47,7 @@ class AmqpFrontend:
         self.vhosts = vhosts
         self.permissions = permissions
         self.queues = queues
-        self.consumers = Consumers()
+        self.consumers = Consumers(self._unused)
         self.options = options
         self.denials = DenialLog(log)
         self.max_connections = options.connection_limit()
@@ -54,7 +57,9 @@ class AmqpFrontend:
         self._sweep: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
-        """Start the timer that checks every connection."""
+        """Bind the subject filters of the queues bound to ``amq.topic`` (before anything can
+        publish) and start the timer that checks every connection."""
+        self.vhosts.mirror_topic_bindings(SubjectBindings(self.queues))
         self._sweep = asyncio.get_running_loop().create_task(self._sweeping())
 
     async def stop(self) -> None:
@@ -104,15 +109,35 @@ class AmqpFrontend:
 
     # ---------------------------------------------------------------- topology.QueueWatch
 
-    def counts(self, queue: str) -> tuple[int, int]:
-        return self.queues.ready(queue), self.consumers.count(queue)
+    def counts(self, queues: tuple[str, ...]) -> tuple[int, int]:
+        return sum(self.queues.ready(queue) for queue in queues), self.consumers.count(queues[-1])
 
     def deleted(self, queue: str) -> None:
         self.consumers.queue_deleted(queue)
         self.queues.forget(queue)
 
-    def purge(self, queue: str) -> int:
-        return self.queues.purge(queue)
+    def check_binding(self, principal: Principal, source: str, routing_key: str) -> None:
+        check_binding(self.broker, principal, source, routing_key)
+
+    def _unused(self, vhost: str, name: str) -> None:
+        """A queue lost its last consumer: an auto-delete one is deleted (as RabbitMQ does)."""
+        try:
+            settings = self.vhosts.get(vhost).queues.get(name)
+        except NotFound:
+            return  # its virtual host is gone, and the queue with it
+        if settings is not None and settings.auto_delete:
+            self.spawn(self._auto_delete(vhost, name))
+
+    async def _auto_delete(self, vhost: str, name: str) -> None:
+        if self.consumers.count(named_queue(vhost, name)):
+            return  # consumed again before this ran
+        try:
+            self.deleted(await self.vhosts.delete_queue(vhost, name))
+        except NotFound:
+            pass  # deleted meanwhile (queue.delete, its exclusive connection closing)
+
+    def purge(self, queues: tuple[str, ...]) -> int:
+        return sum(self.queues.purge(queue) for queue in queues)
 
     # ---------------------------------------------------------------- core.vhost_admin.LiveVhosts
 

@@ -20,6 +20,7 @@ from core.errors import NotFound, PreconditionFailed, ResourceLocked
 from core.exchanges import Destination
 from core.model import Principal
 from core.untrusted import clip
+from core.queue_features import features, levels
 from core.vhost_permissions import Right
 from core.vhosts import QueueSettings, VirtualHosts, named_queue
 
@@ -32,14 +33,20 @@ Handler = Callable[[Any, int, Any], Awaitable[Frame | None]]
 class QueueWatch(Protocol):
     """What the front end knows of a queue's messages and consumers."""
 
-    def counts(self, queue: str) -> tuple[int, int]:
-        """(messages ready, consumers) of the named queue ``queue``."""
+    def counts(self, queues: tuple[str, ...]) -> tuple[int, int]:
+        """(messages ready, consumers) of the queue whose named queues (``levels``, its own
+        last) are ``queues``."""
 
     def deleted(self, queue: str) -> None:
         """The named queue ``queue`` is gone: cancel its consumers, forget its state."""
 
-    def purge(self, queue: str) -> int:
-        """Settle every ready message of the named queue ``queue``; how many."""
+    def check_binding(self, principal: Principal, source: str, routing_key: str) -> None:
+        """AccessDenied unless ``principal`` may read what binding to ``source`` with
+        ``routing_key`` would let it read from other protocols (``amq.topic``)."""
+
+    def purge(self, queues: tuple[str, ...]) -> int:
+        """Settle every ready message of the named queues ``queues`` (a queue's levels); how
+        many."""
 
 
 class Topology:
@@ -75,6 +82,15 @@ class Topology:
         """An empty queue name means the channel's last declared queue (spec 1.7.2)."""
         return name or self._last_queue.get(channel, "")
 
+    def _counts(self, name: str) -> tuple[int, int]:
+        return self.watch.counts(self._levels(name))
+
+    def _levels(self, name: str) -> tuple[str, ...]:
+        """The named queues of queue ``name`` (one per priority level, its own last)."""
+        queue = self.vhosts.get(self.vhost).queues.get(name)
+        top = features(queue.arguments).max_priority if queue is not None else 0
+        return levels(named_queue(self.vhost, name), top)
+
     def check_owner(self, name: str) -> None:
         queue = self.vhosts.get(self.vhost).queues.get(name)
         if queue is not None and queue.owner not in (None, self.connection_id):
@@ -98,6 +114,7 @@ class Topology:
 
     async def _exchange_bind(self, channel: int, m: Exchange.Bind) -> Frame | None:
         self._check_bind(m.source, m.destination, EXCHANGE)
+        self.watch.check_binding(self.principal, m.source, m.routing_key)
         await self.vhosts.bind(self.vhost, m.source, Destination(m.destination, True),
                                m.routing_key, json_safe_table(m.arguments))
         return None if m.nowait else Exchange.BindOk()
@@ -127,14 +144,14 @@ class Topology:
         if queue.owner == self.connection_id:
             self.exclusive.add(queue.name)
         self._last_queue[channel] = queue.name
-        ready, consumers = self.watch.counts(named_queue(self.vhost, queue.name))
+        ready, consumers = self._counts(queue.name)
         return None if m.nowait else Queue.DeclareOk(queue.name, ready, consumers)
 
     async def _queue_delete(self, channel: int, m: Queue.Delete) -> Frame | None:
         name = self.queue_name(channel, m.queue)
         self.access.check(Right.CONFIGURE, QUEUE, name)
         self.check_owner(name)
-        ready, consumers = self.watch.counts(named_queue(self.vhost, name))
+        ready, consumers = self._counts(name)
         if m.if_unused and consumers:
             raise PreconditionFailed(f"queue {clip(name)} in vhost {clip(self.vhost)} in use")
         if m.if_empty and ready:
@@ -151,6 +168,7 @@ class Topology:
         name = self.queue_name(channel, m.queue)
         self._check_bind(m.exchange, name, QUEUE)
         self.check_owner(name)
+        self.watch.check_binding(self.principal, m.exchange, m.routing_key)
         await self.vhosts.bind(self.vhost, m.exchange, Destination(name), m.routing_key,
                                json_safe_table(m.arguments))
         return None if m.nowait else Queue.BindOk()
@@ -168,7 +186,7 @@ class Topology:
         self.access.check(Right.READ, QUEUE, name)
         self.vhosts.get(self.vhost).queue(name)
         self.check_owner(name)
-        count = self.watch.purge(named_queue(self.vhost, name))
+        count = self.watch.purge(self._levels(name))
         return None if m.nowait else Queue.PurgeOk(count)
 
     def _check_bind(self, source: str, destination: str, kind: str) -> None:

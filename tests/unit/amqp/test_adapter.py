@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import time
 
-from pamqp.commands import Basic, Channel, Connection, Exchange, Queue, Tx
+from pamqp.commands import Basic, Channel, Connection, Exchange, Queue
 
 from protocols.amqp.frames import PROTOCOL_HEADER, encode_content
 from protocols.amqp.options import AmqpOptions
@@ -200,20 +200,6 @@ def test_a_server_named_queue_is_checked_under_the_name_it_got_and_not_kept(tmp_
         assert denied.reply_code == 403 and "'amq.gen-" in denied.reply_text
         assert core.vhosts.get("/").queues == {}
     run(tmp_path, scenario)
-
-
-def test_methods_not_built_yet_close_the_connection_with_540(tmp_path):
-    for n, m in enumerate((Tx.Select(),)):
-        async def scenario(frontend, core, m=m):
-            client = Client(frontend)
-            await client.open()
-            close = await client.call(1, m)
-            assert isinstance(close, Connection.Close) and close.reply_code == 540
-            assert m.name in close.reply_text
-            client.send_method(0, Connection.CloseOk())
-            await client.closed()
-        (tmp_path / str(n)).mkdir()
-        run(tmp_path / str(n), scenario)
 
 
 def test_a_publish_with_immediate_is_540_as_in_rabbitmq(tmp_path):
