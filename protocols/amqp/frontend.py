@@ -20,6 +20,7 @@ from core.untrusted import DenialLog
 from core.vhosts import VirtualHosts, named_queue
 
 from .adapter import PROTOCOL, AmqpAdapter, Wire
+from .alarms import Alarms
 from .messages import Consumers
 from .options import AmqpOptions
 from .reason_codes import ReplyCode
@@ -45,6 +46,7 @@ class AmqpFrontend:
         self.consumers = Consumers(self._unused)
         self.options = options
         self.denials = DenialLog(log)
+        self.alarms = Alarms()
         self.max_connections = options.connection_limit()
         self._adapters: set[AmqpAdapter] = set()
         self._open: dict[str, AmqpAdapter] = {}
@@ -52,7 +54,8 @@ class AmqpFrontend:
         self._sweep: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
-        """Start the timer that checks every connection."""
+        """Watch the store for the disk alarm; start the timer that checks every connection."""
+        self.alarms.store_health(self.broker.watch_store(self.alarms.store_health))
         self._sweep = asyncio.get_running_loop().create_task(self._sweeping())
 
     async def stop(self) -> None:
@@ -95,10 +98,12 @@ class AmqpFrontend:
 
     def opened(self, adapter: AmqpAdapter) -> None:
         self._open[adapter.id] = adapter
+        self.alarms.add(adapter)
 
     def closed(self, adapter: AmqpAdapter) -> None:
         self._adapters.discard(adapter)
         self._open.pop(adapter.id, None)
+        self.alarms.remove(adapter)
 
     # ---------------------------------------------------------------- topology.QueueWatch
 
