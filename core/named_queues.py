@@ -46,10 +46,13 @@ class NamedQueues:
 
     # --- what feeds a queue ---
 
-    def bind(self, subject_filter: str, queue: str) -> bool:
+    def bind(self, subject_filter: str, queue: str, *, multi_anywhere: bool = False) -> bool:
         """Index every message whose subject matches into ``queue`` from now on; False if it
-        was bound already. InvalidArgument for a malformed filter."""
-        return self._fanout.bind(subject_filter, QueueTarget(queue))
+        was bound already. InvalidArgument for a malformed filter; ``multi_anywhere`` accepts
+        the multi-level wildcard at any level (AMQP's ``#``). A message routed here and also
+        named in its ``also_into`` is indexed once."""
+        return self._fanout.bind(subject_filter, QueueTarget(queue),
+                                 multi_anywhere=multi_anywhere)
 
     def unbind(self, subject_filter: str, queue: str) -> bool:
         """Undo ``bind``; False if it was not bound."""
@@ -90,6 +93,12 @@ class NamedQueues:
         of it becomes visible again through ``release``)."""
         return self._signals.future(queue)
 
+    def signal_any(self, queues: tuple[str, ...]) -> asyncio.Future[None]:
+        """``signal`` for whichever of ``queues`` (the levels of a priority queue) comes first."""
+        if len(queues) == 1:
+            return self._signals.future(queues[0])
+        return self._signals.future_any(queues)
+
     # --- several consumers: pop, settle, release ---
 
     def pop(self, queue: str, max_messages: int, invisible_ms: int, *,
@@ -117,6 +126,17 @@ class NamedQueues:
             if mark and popped:
                 self._marks.mark(queue, cursor.next)
             return popped
+
+    def pop_first(self, queues: tuple[str, ...], max_messages: int, invisible_ms: int, *,
+                  mark: bool = False) -> list[Delivery]:
+        """``pop`` from each of ``queues`` in turn (a priority queue's levels, highest first)
+        until ``max_messages`` are taken."""
+        popped = self.pop(queues[0], max_messages, invisible_ms, mark=mark)
+        for queue in queues[1:]:
+            if len(popped) >= max_messages:
+                break
+            popped += self.pop(queue, max_messages - len(popped), invisible_ms, mark=mark)
+        return popped
 
     def ready(self, queue: str) -> int:
         """About how many messages of ``queue`` wait to be popped: stored, neither settled nor

@@ -14,6 +14,7 @@ from typing import Any
 
 from core.clients import ClientView
 from core.errors import NotFound
+from core.model import Principal
 from core.named_queues import NamedQueues
 from core.service import Broker
 from core.untrusted import DenialLog
@@ -21,9 +22,10 @@ from core.vhosts import VirtualHosts, named_queue
 
 from .adapter import PROTOCOL, AmqpAdapter, Wire
 from .alarms import Alarms
-from .messages import Consumers
+from .consumers import Consumers
 from .options import AmqpOptions
 from .reason_codes import ReplyCode
+from .topic_bindings import SubjectBindings, check_binding
 
 log = logging.getLogger(__name__)
 
@@ -54,7 +56,10 @@ class AmqpFrontend:
         self._sweep: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
-        """Watch the store for the disk alarm; start the timer that checks every connection."""
+        """Bind the subject filters of the queues bound to ``amq.topic`` (before anything can
+        publish), watch the store for the disk alarm and start the timer that checks every
+        connection."""
+        self.vhosts.mirror_topic_bindings(SubjectBindings(self.queues))
         self.alarms.store_health(self.broker.watch_store(self.alarms.store_health))
         self._sweep = asyncio.get_running_loop().create_task(self._sweeping())
 
@@ -107,12 +112,15 @@ class AmqpFrontend:
 
     # ---------------------------------------------------------------- topology.QueueWatch
 
-    def counts(self, queue: str) -> tuple[int, int]:
-        return self.queues.ready(queue), self.consumers.count(queue)
+    def counts(self, queues: tuple[str, ...]) -> tuple[int, int]:
+        return sum(self.queues.ready(queue) for queue in queues), self.consumers.count(queues[-1])
 
     def deleted(self, queue: str) -> None:
         self.consumers.queue_deleted(queue)
         self.queues.forget(queue)
+
+    def check_binding(self, principal: Principal, source: str, routing_key: str) -> None:
+        check_binding(self.broker, principal, source, routing_key)
 
     def _unused(self, vhost: str, name: str) -> None:
         """A queue lost its last consumer: an auto-delete one is deleted (as RabbitMQ does)."""

@@ -206,11 +206,11 @@ async def start(config: Config) -> RunningBroker:
                                     allow_anonymous=config.auth.allow_anonymous,
                                     anonymous_principal=anonymous)
         await running.mqtt.start()  # sessions are bound before anything can publish
+        running.amqp = AmqpFrontend(broker, core.vhosts, core.queues, config.amqp)
+        await running.amqp.start()  # and so are the queues bound to amq.topic
         running.native = await _listen(config, "native", _start_native(running))
         running.clients.register(running.native.clients)
         running.clients.register(running.mqtt)
-        running.amqp = AmqpFrontend(broker, core.vhosts, core.queues, config.amqp)
-        await running.amqp.start()
         running.clients.register(running.amqp)
         running.admin = await _listen(config, "admin",
                                       start_admin_server(_admin_deps(running), config.admin.host,
