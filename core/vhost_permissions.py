@@ -74,7 +74,9 @@ class VhostPermission:
 class VhostPermissions:
     """Every user's permissions on every virtual host, restored from and written to metadata."""
 
-    def __init__(self, metadata: MetadataRepository) -> None:
+    def __init__(self, metadata: MetadataRepository | None) -> None:
+        """``metadata`` None: permissions live in memory only, and there are none until set
+        (a front end built without them lets only administrators in)."""
         self._metadata = metadata
         self._by_key: dict[tuple[str, str], VhostPermission] = {}
         self.version = 0
@@ -97,25 +99,30 @@ class VhostPermissions:
     async def set(self, permission: VhostPermission) -> None:
         """Store ``permission`` (replacing the user's on that vhost); UserNotFound if the user
         does not exist. The caller checks that the vhost does."""
-        await asyncio.to_thread(self._metadata.put_vhost_permission, permission.user,
-                                permission.vhost, permission.configure, permission.write,
-                                permission.read)
+        await self._write("put_vhost_permission", permission.user, permission.vhost,
+                          permission.configure, permission.write, permission.read)
         self._by_key[(permission.user, permission.vhost)] = permission
         self.version += 1
 
     async def clear(self, user: str, vhost: str) -> bool:
         """Remove ``user``'s permission on ``vhost``; whether there was one."""
-        gone = await asyncio.to_thread(self._metadata.delete_vhost_permissions, user, vhost)
+        gone = await self._write("delete_vhost_permissions", user, vhost)
         found = self._by_key.pop((user, vhost), None) is not None
         self.version += 1
         return bool(gone) or found
 
     async def vhost_deleted(self, vhost: str) -> None:
         """Forget every permission on ``vhost`` (it is gone)."""
-        await asyncio.to_thread(self._metadata.delete_vhost_permissions, None, vhost)
+        await self._write("delete_vhost_permissions", None, vhost)
         for key in [k for k in self._by_key if k[1] == vhost]:
             del self._by_key[key]
         self.version += 1
+
+    async def _write(self, method: str, *args: str | None) -> object:
+        """Call the metadata repository's ``method`` off the event loop (nothing without one)."""
+        if self._metadata is None:
+            return None
+        return await asyncio.to_thread(getattr(self._metadata, method), *args)
 
     def user_changed(self, user: str, exists: bool) -> None:
         """``Users`` change listener: a deleted user's permissions went with it (the database

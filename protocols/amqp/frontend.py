@@ -22,6 +22,7 @@ from core.vhost_permissions import VhostPermissions
 from core.vhosts import VirtualHosts, named_queue
 
 from .adapter import PROTOCOL, AmqpAdapter, Wire
+from .alarms import Alarms
 from .consumers import Consumers
 from .options import AmqpOptions
 from .reason_codes import ReplyCode
@@ -42,14 +43,17 @@ class AmqpFrontend:
     protocol = PROTOCOL
 
     def __init__(self, broker: Broker, vhosts: VirtualHosts, queues: NamedQueues,
-                 options: AmqpOptions, permissions: VhostPermissions) -> None:
+                 options: AmqpOptions, permissions: VhostPermissions | None = None) -> None:
+        """``permissions``: who may open and use which virtual host; without them only
+        administrators may open one."""
         self.broker = broker
         self.vhosts = vhosts
-        self.permissions = permissions
+        self.permissions = permissions or VhostPermissions(None)
         self.queues = queues
         self.consumers = Consumers(self._unused)
         self.options = options
         self.denials = DenialLog(log)
+        self.alarms = Alarms()
         self.max_connections = options.connection_limit()
         self._adapters: set[AmqpAdapter] = set()
         self._open: dict[str, AmqpAdapter] = {}
@@ -58,8 +62,10 @@ class AmqpFrontend:
 
     async def start(self) -> None:
         """Bind the subject filters of the queues bound to ``amq.topic`` (before anything can
-        publish) and start the timer that checks every connection."""
+        publish), watch the store for the disk alarm and start the timer that checks every
+        connection."""
         self.vhosts.mirror_topic_bindings(SubjectBindings(self.queues))
+        self.alarms.store_health(self.broker.watch_store(self.alarms.store_health))
         self._sweep = asyncio.get_running_loop().create_task(self._sweeping())
 
     async def stop(self) -> None:
@@ -102,10 +108,12 @@ class AmqpFrontend:
 
     def opened(self, adapter: AmqpAdapter) -> None:
         self._open[adapter.id] = adapter
+        self.alarms.add(adapter)
 
     def closed(self, adapter: AmqpAdapter) -> None:
         self._adapters.discard(adapter)
         self._open.pop(adapter.id, None)
+        self.alarms.remove(adapter)
 
     # ---------------------------------------------------------------- topology.QueueWatch
 
