@@ -335,7 +335,7 @@ class Messages:
         props = delivery.properties
         self.conn.send_content(channel, Basic.GetOk(
             tag, delivery.attempt > 1, *origin(delivery.topic, props), self.queues.ready(queue)),
-            to_properties(props), delivery.body)
+            to_properties(props, delivery.born_ts), delivery.body)
         return None
 
     def _ack(self, channel: int, m: Basic.Ack) -> Frame | None:
@@ -413,7 +413,7 @@ class Messages:
         props = delivery.properties
         self.conn.send_content(consumer.channel, Basic.Deliver(
             consumer.tag, tag, delivery.attempt > 1, *origin(delivery.topic, props)),
-            to_properties(props),
+            to_properties(props, delivery.born_ts),
             delivery.body)
 
     def _dispatch(self, state: _Channel) -> None:
