@@ -93,6 +93,12 @@ class NamedQueues:
         of it becomes visible again through ``release``)."""
         return self._signals.future(queue)
 
+    def signal_any(self, queues: tuple[str, ...]) -> asyncio.Future[None]:
+        """``signal`` for whichever of ``queues`` (the levels of a priority queue) comes first."""
+        if len(queues) == 1:
+            return self._signals.future(queues[0])
+        return self._signals.future_any(queues)
+
     # --- several consumers: pop, settle, release ---
 
     def pop(self, queue: str, max_messages: int, invisible_ms: int, *,
@@ -120,6 +126,17 @@ class NamedQueues:
             if mark and popped:
                 self._marks.mark(queue, cursor.next)
             return popped
+
+    def pop_first(self, queues: tuple[str, ...], max_messages: int, invisible_ms: int, *,
+                  mark: bool = False) -> list[Delivery]:
+        """``pop`` from each of ``queues`` in turn (a priority queue's levels, highest first)
+        until ``max_messages`` are taken."""
+        popped = self.pop(queues[0], max_messages, invisible_ms, mark=mark)
+        for queue in queues[1:]:
+            if len(popped) >= max_messages:
+                break
+            popped += self.pop(queue, max_messages - len(popped), invisible_ms, mark=mark)
+        return popped
 
     def ready(self, queue: str) -> int:
         """About how many messages of ``queue`` wait to be popped: stored, neither settled nor

@@ -25,6 +25,8 @@ from .errors import (AccessDenied, AlreadyExists, InvalidArgument, NotFound,
                      PreconditionFailed, ResourceLocked)
 from .exchanges import Binding, Destination, ExchangeGraph, frozen_arguments
 from .metadata import MetadataRepository
+from .queue_features import check as check_features
+from .queue_features import target
 from .untrusted import clip
 
 DEFAULT_VHOST = "/"
@@ -224,6 +226,8 @@ class VirtualHosts:
             raise ResourceLocked(f"queue {clip(name)} is exclusive to another connection")
         if passive:
             return host.queue(name)
+        check_features(name, vhost, settings.arguments, durable=settings.durable,
+                       exclusive=settings.owner is not None, auto_delete=settings.auto_delete)
         if existing is not None:
             if not existing.same_declaration(settings):
                 raise PreconditionFailed(f"queue {clip(name)} exists with other settings "
@@ -281,10 +285,13 @@ class VirtualHosts:
         await self._forget_bindings(vhost, before - set(host.graph.bindings()))
 
     def route(self, vhost: str, exchange: str, routing_key: str,
-              headers: Mapping[str, Any] | None = None) -> list[str]:
-        """The named queues a client's publish reaches (``ExchangeGraph.route``)."""
-        queues = self.get(vhost).graph.route(exchange, routing_key, headers)
-        return [named_queue(vhost, queue) for queue in sorted(queues)]
+              headers: Mapping[str, Any] | None = None, priority: int | None = None) -> list[str]:
+        """The named queues a client's publish reaches (``ExchangeGraph.route``); in a
+        priority queue, the level of ``priority`` (``core.queue_features``)."""
+        host = self.get(vhost)
+        queues = host.graph.route(exchange, routing_key, headers)
+        return [target(named_queue(vhost, queue), host.queues[queue].arguments, priority)
+                for queue in sorted(queues)]
 
     def _unmirror(self, vhost: str, host: VirtualHost, before: set[Binding]) -> None:
         """Tell the mirror of the ``amq.topic`` queue bindings gone since ``before``."""

@@ -26,9 +26,11 @@ from core.model import Action, Delivery, OutgoingMessage, Principal
 from core.named_queues import NamedQueues
 from core.service import MAX_INVISIBLE_MS, Broker
 from core.untrusted import clip
-from core.vhosts import VirtualHosts, named_queue
+from core.queue_features import features, levels
+from core.vhosts import QueueSettings, VirtualHosts, named_queue
 
 from .connection import ServerConnection
+from .consumers import Consumers, consumer_priority
 from .events import PublishReceived
 from .flow_control import WriteGate
 from .mapping import (TOPIC_EXCHANGE, exchange_topic, origin, subject_of_key, to_outgoing,
@@ -41,46 +43,10 @@ MAX_POP = 256
 Fail = Callable[[int, Frame, Exception], None]
 
 
-class Consumers:
-    """Every consumer of every connection, by named queue.
-
-    ``unused(vhost, queue name)`` is called when a queue's last consumer is cancelled (not
-    when the queue itself went): an auto-delete queue goes then."""
-
-    def __init__(self, unused: Callable[[str, str], None] = lambda vhost, name: None) -> None:
-        self._by_queue: dict[str, list[Consumer]] = {}
-        self._unused = unused
-
-    def add(self, consumer: Consumer) -> None:
-        """Register ``consumer``; AccessDenied (403) if it or one there is exclusive."""
-        present = self._by_queue.setdefault(consumer.queue, [])
-        if present and (consumer.exclusive or any(c.exclusive for c in present)):
-            raise AccessDenied(f"queue {clip(consumer.queue_name)} in vhost "
-                               f"{clip(consumer.vhost)} in exclusive use")
-        present.append(consumer)
-
-    def remove(self, consumer: Consumer) -> None:
-        present = self._by_queue.get(consumer.queue, [])
-        if consumer not in present:
-            return
-        present.remove(consumer)
-        if not present:
-            self._by_queue.pop(consumer.queue, None)
-            self._unused(consumer.vhost, consumer.queue_name)
-
-    def count(self, queue: str) -> int:
-        """Consumers of the named queue ``queue``."""
-        return len(self._by_queue.get(queue, ()))
-
-    def queue_deleted(self, queue: str) -> None:
-        """Cancel every consumer of ``queue`` (basic.cancel to clients that understand it)."""
-        for consumer in list(self._by_queue.pop(queue, ())):
-            consumer.owner.cancel_from_server(consumer)
-
-
 @dataclass(eq=False)
 class _Unacked:
     queue: str
+    """The named queue popped (the level, in a priority queue)."""
     offset: int
     consumer: Consumer | None
 
@@ -116,16 +82,20 @@ class Consumer:
     """One basic.consume: pops as many messages as its prefetch window has room for."""
 
     def __init__(self, owner: Messages, channel: int, state: _Channel, tag: str,
-                 queue_name: str, no_ack: bool, exclusive: bool) -> None:
+                 queue: QueueSettings, m: Basic.Consume) -> None:
         self.owner = owner
         self.channel = channel
         self.state = state
         self.tag = tag
         self.vhost = owner.topology.vhost
-        self.queue_name = queue_name
-        self.queue = named_queue(self.vhost, queue_name)
-        self.no_ack = no_ack
-        self.exclusive = exclusive
+        self.queue_name = queue.name
+        self.queue = named_queue(self.vhost, queue.name)
+        kind = features(queue.arguments)
+        self.levels = levels(self.queue, kind.max_priority)
+        self.single_active = kind.single_active
+        self.priority = consumer_priority(m.arguments)
+        self.no_ack = m.no_ack
+        self.exclusive = m.exclusive
         self.prefetch = state.prefetch
         self.unacked = 0
         self.active = True
@@ -142,6 +112,14 @@ class Consumer:
         if self.state.global_prefetch:
             room = min(room, self.state.global_prefetch - len(self.state.unacked))
         return room
+
+    def has_room(self) -> bool:
+        """Whether a message could go out to this consumer now."""
+        return (self.active and self.room() > 0 and self.state.flowing and self.owner.gate.open
+                and self.owner.conn.can_send(self.channel))
+
+    def cancel_from_server(self) -> None:
+        self.owner.cancel_from_server(self)
 
     def dispatch(self) -> None:
         """Deliver what the window has room for; wait for the queue's signal when it is empty."""
@@ -161,7 +139,12 @@ class Consumer:
         if not owner.gate.open:  # the client reads slowly: wait until the wire drains
             owner.gate.wait(self.dispatch)
             return
-        popped = owner.queues.pop(self.queue, room, MAX_INVISIBLE_MS, mark=not self.no_ack)
+        if not owner.consumers.may_take(self):  # single active, or higher priorities first
+            if not self.single_active:
+                self._arm()
+            return
+        popped = owner.queues.pop_first(self.levels, room, MAX_INVISIBLE_MS,
+                                        mark=not self.no_ack)
         for delivery in popped:
             owner.deliver(self, delivery)
         owner.write_out()
@@ -169,11 +152,13 @@ class Consumer:
             self._arm()
         elif self.room() > 0:  # more may wait: taken after others had a turn
             asyncio.get_running_loop().call_soon(self.dispatch)
+        else:
+            owner.consumers.filled(self)
 
     def _arm(self) -> None:
         if not self._armed:
             self._armed = True
-            self.owner.queues.signal(self.queue).add_done_callback(self._signalled)
+            self.owner.queues.signal_any(self.levels).add_done_callback(self._signalled)
 
     def _signalled(self, _: asyncio.Future[None]) -> None:
         self._armed = False
@@ -245,7 +230,8 @@ class Messages:
             raise PreconditionFailed(f"user_id property set to '{clip(properties.user_id)}' "
                                      f"but authenticated user was '{clip(self.principal.user)}'")
         vhost = self.topology.vhost
-        queues = tuple(self.vhosts.route(vhost, m.exchange, m.routing_key, properties.headers))
+        queues = tuple(self.vhosts.route(vhost, m.exchange, m.routing_key, properties.headers,
+                                          properties.priority))
         subject = subject_of_key(m.routing_key) if m.exchange == TOPIC_EXCHANGE \
             and m.routing_key else None
         if not queues and subject is None:  # amq.topic's topic has readers of its own
@@ -313,28 +299,34 @@ class Messages:
         self._dispatch(state)
         return Basic.QosOk()
 
-    def _queue(self, channel: int, name: str) -> tuple[str, str]:
-        """(queue name, named queue) of a get or consume; NotFound, ResourceLocked."""
+    def _queue(self, channel: int, name: str) -> tuple[QueueSettings, str]:
+        """(queue, its named queue) of a get or consume; NotFound, ResourceLocked."""
         name = self.topology.queue_name(channel, name)
-        self.vhosts.get(self.topology.vhost).queue(name)
+        queue = self.vhosts.get(self.topology.vhost).queue(name)
         self.topology.check_owner(name)
-        return name, named_queue(self.topology.vhost, name)
+        return queue, named_queue(self.topology.vhost, name)
 
     def _get(self, channel: int, m: Basic.Get) -> Frame | None:
-        _, queue = self._queue(channel, m.queue)
-        popped = self.queues.pop(queue, 1, MAX_INVISIBLE_MS, mark=not m.no_ack)
+        queue, named = self._queue(channel, m.queue)
+        kind = features(queue.arguments)
+        if kind.stream:
+            raise NotSupported(f"basic.get not supported by stream queues queue "
+                               f"'{clip(queue.name)}' in vhost '{clip(self.topology.vhost)}'")
+        queues = levels(named, kind.max_priority)
+        popped = self.queues.pop_first(queues, 1, MAX_INVISIBLE_MS, mark=not m.no_ack)
         if not popped:
             return Basic.GetEmpty()
         delivery = popped[0]
         state = self._channel(channel)
         tag = next(state.delivery_tags)
         if m.no_ack:
-            self.queues.settle(queue, delivery.queue_offset)
+            self.queues.settle(delivery.topic, delivery.queue_offset)
         else:
-            state.unacked[tag] = _Unacked(queue, delivery.queue_offset, None)
+            state.unacked[tag] = _Unacked(delivery.topic, delivery.queue_offset, None)
         props = delivery.properties
+        ready = sum(self.queues.ready(level) for level in queues)
         self.conn.send_content(channel, Basic.GetOk(
-            tag, delivery.attempt > 1, *origin(delivery.topic, props), self.queues.ready(queue)),
+            tag, delivery.attempt > 1, *origin(delivery.topic, props), ready),
             to_properties(props, delivery.born_ts), delivery.body)
         return None
 
@@ -379,12 +371,12 @@ class Messages:
         return Basic.RecoverOk() if isinstance(m, Basic.Recover) else None
 
     def _consume(self, channel: int, m: Basic.Consume) -> Frame | None:
-        name, _ = self._queue(channel, m.queue)
+        queue, _ = self._queue(channel, m.queue)
         state = self._channel(channel)
         tag = m.consumer_tag or f"amq.ctag-{uuid.uuid4().hex}"
         if tag in state.consumers:
             raise AlreadyExists(f"attempt to reuse consumer tag '{clip(tag)}'")
-        consumer = Consumer(self, channel, state, tag, name, m.no_ack, m.exclusive)
+        consumer = Consumer(self, channel, state, tag, queue, m)
         self.consumers.add(consumer)
         state.consumers[tag] = consumer
         if not m.nowait:
@@ -406,9 +398,9 @@ class Messages:
         state = consumer.state
         tag = next(state.delivery_tags)
         if consumer.no_ack:
-            self.queues.settle(consumer.queue, delivery.queue_offset)
+            self.queues.settle(delivery.topic, delivery.queue_offset)
         else:
-            state.unacked[tag] = _Unacked(consumer.queue, delivery.queue_offset, consumer)
+            state.unacked[tag] = _Unacked(delivery.topic, delivery.queue_offset, consumer)
             consumer.unacked += 1
         props = delivery.properties
         self.conn.send_content(consumer.channel, Basic.Deliver(
@@ -445,9 +437,10 @@ class Messages:
             return
         for consumer in state.consumers.values():
             consumer.active = False
-            self.consumers.remove(consumer)
-        for unacked in state.unacked.values():
+        for unacked in state.unacked.values():  # released first: taken over before new ones
             self._done(unacked, True)
+        for consumer in state.consumers.values():
+            self.consumers.remove(consumer)
 
     def closed(self) -> None:
         """The connection is gone: every channel's consumers and deliveries go."""

@@ -18,6 +18,7 @@ from core.errors import AccessDenied, NotFound, PreconditionFailed, ResourceLock
 from core.exchanges import Destination
 from core.model import Principal
 from core.untrusted import clip
+from core.queue_features import features, levels
 from core.vhosts import QueueSettings, VirtualHosts, named_queue
 
 from .arguments import json_safe_table
@@ -28,8 +29,9 @@ Handler = Callable[[Any, int, Any], Awaitable[Frame | None]]
 class QueueWatch(Protocol):
     """What the front end knows of a queue's messages and consumers."""
 
-    def counts(self, queue: str) -> tuple[int, int]:
-        """(messages ready, consumers) of the named queue ``queue``."""
+    def counts(self, queues: tuple[str, ...]) -> tuple[int, int]:
+        """(messages ready, consumers) of the queue whose named queues (``levels``, its own
+        last) are ``queues``."""
 
     def deleted(self, queue: str) -> None:
         """The named queue ``queue`` is gone: cancel its consumers, forget its state."""
@@ -74,6 +76,11 @@ class Topology:
     def queue_name(self, channel: int, name: str) -> str:
         """An empty queue name means the channel's last declared queue (spec 1.7.2)."""
         return name or self._last_queue.get(channel, "")
+
+    def _counts(self, name: str) -> tuple[int, int]:
+        queue = self.vhosts.get(self.vhost).queues.get(name)
+        top = features(queue.arguments).max_priority if queue is not None else 0
+        return self.watch.counts(levels(named_queue(self.vhost, name), top))
 
     def check_owner(self, name: str) -> None:
         queue = self.vhosts.get(self.vhost).queues.get(name)
@@ -122,14 +129,14 @@ class Topology:
         if queue.owner == self.connection_id:
             self.exclusive.add(queue.name)
         self._last_queue[channel] = queue.name
-        ready, consumers = self.watch.counts(named_queue(self.vhost, queue.name))
+        ready, consumers = self._counts(queue.name)
         return None if m.nowait else Queue.DeclareOk(queue.name, ready, consumers)
 
     async def _queue_delete(self, channel: int, m: Queue.Delete) -> Frame | None:
         name = self.queue_name(channel, m.queue)
         self._may_change(f"delete queue {clip(name)}")
         self.check_owner(name)
-        ready, consumers = self.watch.counts(named_queue(self.vhost, name))
+        ready, consumers = self._counts(name)
         if m.if_unused and consumers:
             raise PreconditionFailed(f"queue {clip(name)} in vhost {clip(self.vhost)} in use")
         if m.if_empty and ready:
