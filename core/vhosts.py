@@ -6,7 +6,10 @@ and restored by ``load`` at start; transient ones, and exclusive queues, live in
 are gone after a restart, as in RabbitMQ. A binding is durable when both its ends are.
 
 Every AMQP queue is a named queue of core (``named_queue``), so its messages are entries over
-the one commit log. No authorization here: the adapter decides first, on domain names.
+the one commit log. Each declaration of a queue is a new incarnation (kept in its durable row),
+so a queue deleted and declared again under the same name starts empty; rows written before
+incarnations existed keep the named queue their name alone gave. No authorization here: the
+adapter decides first, on domain names.
 Runs on the event loop; metadata writes go to a thread.
 """
 
@@ -41,6 +44,8 @@ class QueueSettings:
     auto_delete: bool = False
     arguments: dict[str, Any] = field(default_factory=dict)
     owner: str | None = None
+    incarnation: str = ""
+    """Tells this declaration's entries from those of an earlier queue of the same name."""
 
     def same_declaration(self, other: QueueSettings) -> bool:
         """Whether ``other`` redeclares this queue alike (RabbitMQ compares these)."""
@@ -66,10 +71,16 @@ class VirtualHost:
             raise NotFound(f"no queue {clip(name)} in virtual host {clip(self.name)}")
         return queue
 
+    def named(self, name: str) -> str:
+        """The named queue holding the entries of queue ``name`` as declared now; NotFound."""
+        return named_queue(self.name, name, self.queue(name).incarnation)
 
-def named_queue(vhost: str, queue: str) -> str:
-    """The core named queue holding an AMQP queue's entries."""
-    digest = hashlib.blake2b(f"{vhost}\0{queue}".encode(), digest_size=16).hexdigest()
+
+def named_queue(vhost: str, queue: str, incarnation: str = "") -> str:
+    """The core named queue holding the entries of one incarnation of an AMQP queue (the
+    empty incarnation: a queue declared before incarnations existed)."""
+    key = f"{vhost}\0{queue}" + (f"\0{incarnation}" if incarnation else "")
+    digest = hashlib.blake2b(key.encode(), digest_size=16).hexdigest()
     return f"%SYS%amqp.q.{digest}"
 
 
@@ -105,7 +116,8 @@ class VirtualHosts:
                                    internal=settings["internal"], arguments=settings["arguments"])
             elif kind == "queue":
                 host.queues[name] = QueueSettings(name, True, settings["auto_delete"],
-                                                  settings["arguments"])
+                                                  settings["arguments"],
+                                                  incarnation=settings.get("incarnation", ""))
             elif kind == "binding":
                 destination = Destination(settings["destination"], settings["to_exchange"])
                 host.graph.bind(settings["source"], destination, settings["routing_key"],
@@ -147,7 +159,7 @@ class VirtualHosts:
         host = self.get(name)
         await asyncio.to_thread(self._metadata.delete_topology, name)
         del self._vhosts[name]
-        return [named_queue(name, queue) for queue in host.queues]
+        return [host.named(queue) for queue in host.queues]
 
     # --- exchanges -----------------------------------------------------------------------
 
@@ -207,9 +219,10 @@ class VirtualHosts:
         if name.startswith("amq.") and settings.name:
             raise AccessDenied(f"queue names starting with 'amq.' are reserved ({clip(name)})")
         queue = QueueSettings(name, settings.durable, settings.auto_delete,
-                              dict(settings.arguments), settings.owner)
+                              dict(settings.arguments), settings.owner, os.urandom(8).hex())
         if queue.durable and queue.owner is None:
-            spec = {"auto_delete": queue.auto_delete, "arguments": queue.arguments}
+            spec = {"auto_delete": queue.auto_delete, "arguments": queue.arguments,
+                    "incarnation": queue.incarnation}
             await asyncio.to_thread(self._metadata.put_topology, vhost, "queue", name,
                                     _json(spec))
         host.queues[name] = queue
@@ -218,13 +231,13 @@ class VirtualHosts:
     async def delete_queue(self, vhost: str, name: str) -> str:
         """Delete a queue and its bindings; the named queue that held its entries."""
         host = self.get(vhost)
-        host.queue(name)
+        named = host.named(name)
         before = set(host.graph.bindings())
         del host.queues[name]
         host.graph.queue_deleted(name)
         await asyncio.to_thread(self._metadata.delete_topology, vhost, "queue", name)
         await self._forget_bindings(vhost, before - set(host.graph.bindings()))
-        return named_queue(vhost, name)
+        return named
 
     # --- bindings ------------------------------------------------------------------------
 
@@ -251,8 +264,9 @@ class VirtualHosts:
     def route(self, vhost: str, exchange: str, routing_key: str,
               headers: Mapping[str, Any] | None = None) -> list[str]:
         """The named queues a client's publish reaches (``ExchangeGraph.route``)."""
-        queues = self.get(vhost).graph.route(exchange, routing_key, headers)
-        return [named_queue(vhost, queue) for queue in sorted(queues)]
+        host = self.get(vhost)
+        queues = host.graph.route(exchange, routing_key, headers)
+        return [host.named(queue) for queue in sorted(queues)]
 
     def _durable(self, host: VirtualHost, source: str, destination: Destination) -> bool:
         if not host.graph.get(source).durable:

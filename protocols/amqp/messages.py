@@ -26,7 +26,7 @@ from core.model import Action, Delivery, OutgoingMessage, Principal
 from core.named_queues import NamedQueues
 from core.service import MAX_INVISIBLE_MS, Broker
 from core.untrusted import clip
-from core.vhosts import VirtualHosts, named_queue
+from core.vhosts import VirtualHosts
 
 from .connection import ServerConnection
 from .events import PublishReceived
@@ -114,7 +114,7 @@ class Consumer:
         self.tag = tag
         self.vhost = owner.topology.vhost
         self.queue_name = queue_name
-        self.queue = named_queue(self.vhost, queue_name)
+        self.queue = owner.vhosts.get(self.vhost).named(queue_name)
         self.no_ack = no_ack
         self.exclusive = exclusive
         self.prefetch = state.prefetch
@@ -301,9 +301,9 @@ class Messages:
     def _queue(self, channel: int, name: str) -> tuple[str, str]:
         """(queue name, named queue) of a get or consume; NotFound, ResourceLocked."""
         name = self.topology.queue_name(channel, name)
-        self.vhosts.get(self.topology.vhost).queue(name)
+        named = self.vhosts.get(self.topology.vhost).named(name)
         self.topology.check_owner(name)
-        return name, named_queue(self.topology.vhost, name)
+        return name, named
 
     def _get(self, channel: int, m: Basic.Get) -> Frame | None:
         _, queue = self._queue(channel, m.queue)

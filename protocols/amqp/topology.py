@@ -18,7 +18,7 @@ from core.errors import AccessDenied, NotFound, PreconditionFailed, ResourceLock
 from core.exchanges import Destination
 from core.model import Principal
 from core.untrusted import clip
-from core.vhosts import QueueSettings, VirtualHosts, named_queue
+from core.vhosts import QueueSettings, VirtualHosts
 
 from .arguments import json_safe_table
 
@@ -117,14 +117,17 @@ class Topology:
         if queue.owner == self.connection_id:
             self.exclusive.add(queue.name)
         self._last_queue[channel] = queue.name
-        ready, consumers = self.watch.counts(named_queue(self.vhost, queue.name))
+        ready, consumers = self.watch.counts(self.vhosts.get(self.vhost).named(queue.name))
         return None if m.nowait else Queue.DeclareOk(queue.name, ready, consumers)
 
     async def _queue_delete(self, channel: int, m: Queue.Delete) -> Frame | None:
         name = self.queue_name(channel, m.queue)
         self._may_change(f"delete queue {clip(name)}")
         self.check_owner(name)
-        ready, consumers = self.watch.counts(named_queue(self.vhost, name))
+        host = self.vhosts.get(self.vhost)
+        if name not in host.queues:  # RabbitMQ answers delete-ok for a queue that is not there
+            return None if m.nowait else Queue.DeleteOk(0)
+        ready, consumers = self.watch.counts(host.named(name))
         if m.if_unused and consumers:
             raise PreconditionFailed(f"queue {clip(name)} in vhost {clip(self.vhost)} in use")
         if m.if_empty and ready:
