@@ -16,11 +16,13 @@ from core.clients import ClientView
 from core.named_queues import NamedQueues
 from core.service import Broker
 from core.untrusted import DenialLog
-from core.vhosts import VirtualHosts
+from core.vhosts import QueueSettings, VirtualHosts
 
 from .adapter import PROTOCOL, AmqpAdapter, Wire
+from .dead_letters import DeadLetters
 from .messages import Consumers
 from .options import AmqpOptions
+from .queue_limits import QueueLimits
 from .reason_codes import ReplyCode
 
 log = logging.getLogger(__name__)
@@ -40,8 +42,10 @@ class AmqpFrontend:
                  options: AmqpOptions) -> None:
         self.broker = broker
         self.vhosts = vhosts
-        self.queues = queues
         self.consumers = Consumers()
+        self.queues = QueueLimits(queues, vhosts, DeadLetters(broker, vhosts),
+                                  self.consumers.count, self.spawn, self.deleted)
+        """Core's named queues with each AMQP queue's TTL, limits and dead-lettering."""
         self.options = options
         self.denials = DenialLog(log)
         self.max_connections = options.connection_limit()
@@ -51,7 +55,10 @@ class AmqpFrontend:
         self._sweep: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
-        """Start the timer that checks every connection."""
+        """Start the timer that checks every connection; take up the queues' limits."""
+        for vhost in self.vhosts.names():
+            for settings in list(self.vhosts.get(vhost).queues.values()):
+                self.queues.register(vhost, settings, loaded=True)
         self._sweep = asyncio.get_running_loop().create_task(self._sweeping())
 
     async def stop(self) -> None:
@@ -103,6 +110,9 @@ class AmqpFrontend:
 
     def counts(self, queue: str) -> tuple[int, int]:
         return self.queues.ready(queue), self.consumers.count(queue)
+
+    def declared(self, vhost: str, queue: QueueSettings) -> None:
+        self.queues.register(vhost, queue)
 
     def deleted(self, queue: str) -> None:
         self.consumers.queue_deleted(queue)

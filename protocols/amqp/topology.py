@@ -20,6 +20,7 @@ from core.model import Principal
 from core.untrusted import clip
 from core.vhosts import QueueSettings, VirtualHosts
 
+from . import queue_arguments
 from .arguments import json_safe_table
 
 Handler = Callable[[Any, int, Any], Awaitable[Frame | None]]
@@ -30,6 +31,9 @@ class QueueWatch(Protocol):
 
     def counts(self, queue: str) -> tuple[int, int]:
         """(messages ready, consumers) of the named queue ``queue``."""
+
+    def declared(self, vhost: str, queue: QueueSettings) -> None:
+        """Queue ``queue`` of ``vhost`` was declared or redeclared."""
 
     def deleted(self, queue: str) -> None:
         """The named queue ``queue`` is gone: cancel its consumers, forget its state."""
@@ -110,6 +114,9 @@ class Topology:
         if not m.passive:
             self._may_change(f"declare queue {clip(m.queue)}")
         owner = self.connection_id if m.exclusive else None
+        if not m.passive:
+            queue_arguments.check(m.arguments, m.queue, self.vhost, durable=m.durable,
+                                  exclusive=m.exclusive, auto_delete=m.auto_delete)
         settings = QueueSettings(m.queue, m.durable, m.auto_delete,
                                  json_safe_table(m.arguments), owner)
         queue = await self.vhosts.declare_queue(self.vhost, settings, passive=m.passive,
@@ -117,6 +124,8 @@ class Topology:
         if queue.owner == self.connection_id:
             self.exclusive.add(queue.name)
         self._last_queue[channel] = queue.name
+        if not m.passive:  # a passive declare only looks: it is no use for x-expires
+            self.watch.declared(self.vhost, queue)
         ready, consumers = self.watch.counts(self.vhosts.get(self.vhost).named(queue.name))
         return None if m.nowait else Queue.DeclareOk(queue.name, ready, consumers)
 
