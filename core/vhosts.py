@@ -22,15 +22,19 @@ import json
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from .errors import (AccessDenied, AlreadyExists, InvalidArgument, NotFound,
                      PreconditionFailed, ResourceLocked)
 from .exchanges import Binding, Destination, ExchangeGraph, frozen_arguments
 from .metadata import MetadataRepository
+from .queue_features import check as check_features
+from .queue_features import target
 from .untrusted import clip
 
 DEFAULT_VHOST = "/"
+TOPIC_EXCHANGE = "amq.topic"
+"""The exchange whose queue bindings are mirrored to a ``TopicMirror``."""
 MAX_NAME_BYTES = 255
 """Longest exchange, queue or virtual host name (AMQP's shortstr)."""
 
@@ -91,12 +95,34 @@ def check_amqp_name(name: str, what: str) -> str:
     return name
 
 
+class TopicMirror(Protocol):
+    """Told of every queue binding of ``amq.topic`` (``VirtualHosts.mirror_topic_bindings``):
+    the AMQP adapter binds the subject filter each key stands for in core's fan-out, so
+    messages of every protocol reach the queue. Must not raise."""
+
+    def bound(self, vhost: str, queue: str, named: str, routing_key: str) -> None:
+        """``queue`` of ``vhost`` (named queue ``named``) is bound to ``amq.topic`` with
+        ``routing_key`` (may repeat)."""
+
+    def unbound(self, vhost: str, queue: str, named: str, routing_key: str) -> None:
+        """The last such binding is gone."""
+
+
 class VirtualHosts:
     """Every virtual host of the broker, restored from and written to the metadata database."""
 
     def __init__(self, metadata: MetadataRepository) -> None:
         self._metadata = metadata
         self._vhosts: dict[str, VirtualHost] = {}
+        self._mirror: TopicMirror | None = None
+
+    def mirror_topic_bindings(self, mirror: TopicMirror) -> None:
+        """Tell ``mirror`` of every queue binding of ``amq.topic`` there is now (the durable
+        ones restored at start), and from now on of each one added or gone."""
+        self._mirror = mirror
+        for name, host in self._vhosts.items():
+            for queue, key in _topic_pairs(host):
+                mirror.bound(name, queue, host.named(queue), key)
 
     # --- start -------------------------------------------------------------------------
 
@@ -159,6 +185,9 @@ class VirtualHosts:
         host = self.get(name)
         await asyncio.to_thread(self._metadata.delete_topology, name)
         del self._vhosts[name]
+        if self._mirror is not None:
+            for queue, key in _topic_pairs(host):
+                self._mirror.unbound(name, queue, host.named(queue), key)
         return [host.named(queue) for queue in host.queues]
 
     # --- exchanges -----------------------------------------------------------------------
@@ -188,6 +217,7 @@ class VirtualHosts:
         host = self.get(vhost)
         before = set(host.graph.bindings())
         if host.graph.delete(name, if_unused=if_unused):
+            self._unmirror(vhost, host, before)
             await asyncio.to_thread(self._metadata.delete_topology, vhost, "exchange", name)
             await self._forget_bindings(vhost, before - set(host.graph.bindings()))
 
@@ -209,6 +239,8 @@ class VirtualHosts:
             raise ResourceLocked(f"queue {clip(name)} is exclusive to another connection")
         if passive:
             return host.queue(name)
+        check_features(name, vhost, settings.arguments, durable=settings.durable,
+                       exclusive=settings.owner is not None, auto_delete=settings.auto_delete)
         if existing is not None:
             if not existing.same_declaration(settings):
                 raise PreconditionFailed(f"queue {clip(name)} exists with other settings "
@@ -235,6 +267,7 @@ class VirtualHosts:
         before = set(host.graph.bindings())
         del host.queues[name]
         host.graph.queue_deleted(name)
+        self._unmirror(vhost, host, before, {name: named})
         await asyncio.to_thread(self._metadata.delete_topology, vhost, "queue", name)
         await self._forget_bindings(vhost, before - set(host.graph.bindings()))
         return named
@@ -246,8 +279,12 @@ class VirtualHosts:
         """Bind; stored when the source exchange and the destination are both durable."""
         host = self.get(vhost)
         args = dict(arguments or {})
-        if host.graph.bind(source, destination, routing_key, args) and self._durable(
-                host, source, destination):
+        added = host.graph.bind(source, destination, routing_key, args)
+        if added and self._mirror is not None and source == TOPIC_EXCHANGE \
+                and not destination.is_exchange:
+            self._mirror.bound(vhost, destination.name, host.named(destination.name),
+                               routing_key)
+        if added and self._durable(host, source, destination):
             binding = Binding(source, destination, routing_key, frozen_arguments(args))
             await asyncio.to_thread(self._metadata.put_topology, vhost, "binding",
                                     _binding_key(binding), _json(_binding_spec(binding, args)))
@@ -259,14 +296,33 @@ class VirtualHosts:
         args = dict(arguments or {})
         before = set(host.graph.bindings())
         host.graph.unbind(source, destination, routing_key, args)
+        self._unmirror(vhost, host, before)
         await self._forget_bindings(vhost, before - set(host.graph.bindings()))
 
     def route(self, vhost: str, exchange: str, routing_key: str,
-              headers: Mapping[str, Any] | None = None) -> list[str]:
-        """The named queues a client's publish reaches (``ExchangeGraph.route``)."""
+              headers: Mapping[str, Any] | None = None, priority: int | None = None) -> list[str]:
+        """The named queues a client's publish reaches (``ExchangeGraph.route``); in a
+        priority queue, the level of ``priority`` (``core.queue_features``)."""
         host = self.get(vhost)
         queues = host.graph.route(exchange, routing_key, headers)
-        return [host.named(queue) for queue in sorted(queues)]
+        return [target(host.named(queue), host.queues[queue].arguments, priority)
+                for queue in sorted(queues)]
+
+    def _unmirror(self, vhost: str, host: VirtualHost, before: set[Binding],
+                  deleted: Mapping[str, str] | None = None) -> None:
+        """Tell the mirror of the ``amq.topic`` queue bindings gone since ``before``
+        (``deleted``: the named queue of a queue just deleted)."""
+        if self._mirror is None:
+            return
+        now = _topic_pairs(host)
+        for binding in before:
+            pair = (binding.destination.name, binding.routing_key)
+            if binding.source == TOPIC_EXCHANGE and not binding.destination.is_exchange \
+                    and pair not in now:
+                now.add(pair)  # told once, whatever its other bindings' arguments
+                queue = pair[0]
+                named = (deleted or {}).get(queue) or host.named(queue)
+                self._mirror.unbound(vhost, queue, named, pair[1])
 
     def _durable(self, host: VirtualHost, source: str, destination: Destination) -> bool:
         if not host.graph.get(source).durable:
@@ -280,6 +336,12 @@ class VirtualHosts:
         for binding in gone:
             await asyncio.to_thread(self._metadata.delete_topology, vhost, "binding",
                                     _binding_key(binding))
+
+
+def _topic_pairs(host: VirtualHost) -> set[tuple[str, str]]:
+    """(queue, routing key) of every queue binding of ``amq.topic`` in ``host``."""
+    return {(b.destination.name, b.routing_key) for b in host.graph.get(TOPIC_EXCHANGE).bindings
+            if not b.destination.is_exchange}
 
 
 def _server_name() -> str:

@@ -2,10 +2,15 @@
 as ``amqp.*`` message properties (text), so a message delivered over AMQP carries the
 properties it was published with.
 
-A publish to ``amq.topic`` is stored under the subject its routing key names (``a.b.c`` ->
-``a/b/c``, a ``/`` or ``%`` inside a word escaped as ``%2F`` / ``%25``), in the topic that
-subject belongs to, so MQTT subscribers and native readers see it. Any other exchange stores
-into ``amqp.<exchange>`` (virtual host ``/``) or ``amqp.<vhost>.<exchange>``, names escaped.
+A publish to ``amq.topic`` is stored under the subject its routing key names, in the topic
+that subject belongs to, so MQTT subscribers and native readers see it; a queue bound to
+``amq.topic`` gets the subject filter its binding key names bound in core's fan-out, so MQTT
+and native publishes reach it. Routing keys and subjects swap ``.`` and ``/``: ``a.b.c`` is
+``a/b/c``, and a ``/`` inside a word is a ``.`` inside a level (``v1/2.x`` is ``v1.2/x``), a
+bijection, so nothing is merged and every key and topic comes back as it was (percent escapes
+cannot be: an MQTT topic may hold ``%2F`` itself). Binding keys map ``*`` to ``+`` and ``#`` to
+``#``. Any other exchange stores into ``amqp.<exchange>`` (virtual host ``/``) or
+``amqp.<vhost>.<exchange>``, names escaped.
 Converting stored properties back never raises on hostile values: what does not parse is left
 out.
 """
@@ -56,10 +61,85 @@ def exchange_topic(vhost: str, exchange: str) -> str:
     return f"{topic[:_MAX_TOPIC - 17]}.{digest}"
 
 
+_SWAP: Final = str.maketrans("./", "/.")
+_SINGLE_WORD: Final = "*"
+_SINGLE_LEVEL: Final = "+"
+_MULTI: Final = "#"
+
+
 def subject_of_key(routing_key: str) -> str:
-    """The subject of an ``amq.topic`` routing key: words joined by ``/``."""
-    return "/".join(word.replace("%", "%25").replace("/", "%2F")
-                    for word in routing_key.split("."))
+    """The subject of an ``amq.topic`` routing key (``a.b/c`` -> ``a/b.c``)."""
+    return routing_key.translate(_SWAP)
+
+
+def key_of_subject(subject: str) -> str:
+    """The ``amq.topic`` routing key of a subject or MQTT topic (``a/b.c`` -> ``a.b/c``)."""
+    return subject.translate(_SWAP)
+
+
+def filter_of_binding_key(binding_key: str) -> str | None:
+    """The subject filter an ``amq.topic`` binding key reads (``devices.*.telemetry`` ->
+    ``devices/+/telemetry``; ``#`` may stand anywhere, as in AMQP). None when a word holds
+    ``+``: no MQTT topic can, and the filter could not say it."""
+    levels = []
+    for word in binding_key.split("."):
+        if word == _SINGLE_WORD:
+            levels.append(_SINGLE_LEVEL)
+        elif word == _MULTI:
+            levels.append(_MULTI)
+        elif _SINGLE_LEVEL in word or _MULTI in word:
+            return None
+        else:
+            levels.append(word.replace("/", "."))
+    return "/".join(levels)
+
+
+def binding_key_of_filter(subject_filter: str) -> str | None:
+    """The ``amq.topic`` binding key of an MQTT filter (``+`` -> ``*``); None when a level
+    holds ``*``, which a binding key would read as a wildcard."""
+    words = []
+    for level in subject_filter.split("/"):
+        if level == _SINGLE_LEVEL:
+            words.append(_SINGLE_WORD)
+        elif level == _MULTI:
+            words.append(_MULTI)
+        elif _SINGLE_WORD in level:
+            return None
+        else:
+            words.append(level.replace(".", "/"))
+    return ".".join(words)
+
+
+def read_filter(binding_key: str) -> str:
+    """The subject filter a binding of ``amq.topic`` is authorized on: the one it reads, or
+    wider (a level with ``+`` in it is any level; what follows a ``#`` is dropped, since
+    filters take ``#`` last), so a binding never reads what its filter would not."""
+    levels = []
+    for word in binding_key.split("."):
+        if word == _MULTI:
+            levels.append(_MULTI)
+            break
+        if word == _SINGLE_WORD or _SINGLE_LEVEL in word or _MULTI in word:
+            levels.append(_SINGLE_LEVEL)
+        else:
+            levels.append(word.replace("/", "."))
+    return "/".join(levels)
+
+
+def origin(topic: str, stored: Mapping[str, str]) -> tuple[str, str]:
+    """(exchange, routing key) a message of ``topic`` is delivered with: as published over
+    AMQP, else ``amq.topic`` and the key of its subject (an MQTT or native publish, which
+    reached the queue through a binding of ``amq.topic``)."""
+    exchange = stored.get(EXCHANGE_PROPERTY)
+    if exchange is not None:
+        return exchange, stored.get(ROUTING_KEY_PROPERTY, "")
+    return TOPIC_EXCHANGE, _shortstr(key_of_subject(stored.get(SUBJECT_PROPERTY) or topic))
+
+
+def _shortstr(text: str) -> str:
+    """``text`` cut to AMQP's 255-byte short string (an MQTT topic may be longer)."""
+    raw = text.encode()
+    return text if len(raw) <= 255 else raw[:255].decode(errors="ignore")
 
 
 def to_outgoing(topic: str, subject: str | None, exchange: str, routing_key: str,

@@ -1,7 +1,7 @@
 """The queue arguments about messages leaving a queue, checked as RabbitMQ 4 checks them and
 parsed into a `QueuePolicy`: x-message-ttl, x-expires, x-max-length, x-max-length-bytes,
-x-overflow, x-dead-letter-exchange, x-dead-letter-routing-key, x-queue-type and
-x-delivery-limit.
+x-overflow, x-dead-letter-exchange, x-dead-letter-routing-key, and for quorum queues
+x-delivery-limit (``core.queue_features`` checks x-queue-type itself).
 
 ``check`` reads the field table as the client sent it (so a type is named as RabbitMQ names
 it); ``policy`` reads the JSON-safe copy a queue keeps (``arguments.json_safe_table``).
@@ -21,7 +21,6 @@ from core.untrusted import clip
 MAX_EXPIRY_MS: Final = 4_294_967_295
 """RabbitMQ's largest TTL or expiry (``?MAX_EXPIRY_TIMER``)."""
 OVERFLOWS: Final = ("drop-head", "reject-publish", "reject-publish-dlx")
-QUEUE_TYPES: Final = ("classic", "quorum", "stream")
 DEFAULT_DELIVERY_LIMIT: Final = 20
 """A quorum queue's delivery limit when it is not given (RabbitMQ 4.0)."""
 
@@ -120,7 +119,6 @@ _CHECKS: Final[dict[str, Callable[[Any, Mapping[str, Any]], str | None]]] = {
     "x-overflow": _one_of(OVERFLOWS, "invalid_overflow"),
     "x-dead-letter-exchange": _dlx,
     "x-dead-letter-routing-key": _dlx_key,
-    "x-queue-type": _one_of(QUEUE_TYPES, "invalid_queue_type"),
     "x-delivery-limit": _delivery_limit,
 }
 

@@ -156,16 +156,17 @@ class QueueLimits:
 
     # ---------------------------------------------------------------- NamedQueues' face
 
-    def pop(self, named: str, max_messages: int, invisible_ms: int) -> list[Delivery]:
+    def pop(self, named: str, max_messages: int, invisible_ms: int, *,
+            mark: bool = False) -> list[Delivery]:
         """Pop like ``NamedQueues.pop``, never handing out an expired message or one past
         its queue's delivery limit (those are dead-lettered or dropped); on quorum queues a
         redelivery carries ``x-delivery-count``."""
-        queue = self._queues.get(named)
+        queue = self._queue_of(named)
         the_policy = _NO_POLICY if queue is None else queue.policy
         out: list[Delivery] = []
         while len(out) < max_messages:
             wanted = max_messages - len(out)
-            popped = self._named.pop(named, wanted, invisible_ms)
+            popped = self._named.pop(named, wanted, invisible_ms, mark=mark)
             now = now_ms()
             dead: list[tuple[Delivery, str]] = []
             for delivery in popped:
@@ -182,6 +183,24 @@ class QueueLimits:
             if not dead or len(popped) < wanted:
                 break
         return out
+
+    def pop_first(self, queues: tuple[str, ...], max_messages: int, invisible_ms: int, *,
+                  mark: bool = False) -> list[Delivery]:
+        """``pop`` from each of ``queues`` (a priority queue's levels, highest first) in turn
+        until ``max_messages`` are taken."""
+        popped: list[Delivery] = []
+        for named in queues:
+            if len(popped) >= max_messages:
+                break
+            popped += self.pop(named, max_messages - len(popped), invisible_ms, mark=mark)
+        return popped
+
+    def _queue_of(self, named: str) -> _Queue | None:
+        """The queue a named queue belongs to (a priority level's name extends it with @)."""
+        queue = self._queues.get(named)
+        if queue is None and "@" in named:
+            queue = self._queues.get(named.partition("@")[0])
+        return queue
 
     @staticmethod
     def _leaving(the_policy: QueuePolicy, delivery: Delivery, now: int) -> str | None:
@@ -205,10 +224,13 @@ class QueueLimits:
     def signal(self, named: str) -> asyncio.Future[None]:
         return self._named.signal(named)
 
+    def signal_any(self, queues: tuple[str, ...]) -> asyncio.Future[None]:
+        return self._named.signal_any(queues)
+
     def reject(self, named: str, offset: int) -> None:
         """A delivery rejected (or nacked) without requeue: dead-lettered with reason
         ``rejected`` when its queue has a dead-letter exchange, else dropped."""
-        queue = self._queues.get(named)
+        queue = self._queue_of(named)
         if queue is None or queue.policy.dead_letter_exchange is None:
             self._named.settle(named, offset)
             return
@@ -229,7 +251,7 @@ class QueueLimits:
         refused = False
         size = len(message.body)
         for named in message.also_into:
-            queue = self._queues.get(named)
+            queue = self._queue_of(named)
             if queue is None or not queue.policy.limits_length \
                     or queue.policy.overflow == "drop-head":
                 keep.append(named)
@@ -266,10 +288,10 @@ class QueueLimits:
         touched: set[str] = set()
         for message in messages:
             for named in message.also_into:
-                queue = self._queues.get(named)
+                queue = self._queue_of(named)
                 if queue is None:
                     continue
-                touched.add(named)
+                touched.add(queue.named)
                 deadline = expires_at(queue.policy, message.properties, now)
                 if deadline is not None:
                     self._arm_sweep(queue, deadline)

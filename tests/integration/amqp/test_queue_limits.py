@@ -285,8 +285,6 @@ def test_a_quorum_queue_counts_deliveries_and_dead_letters_past_its_limit(channe
     ({"x-dead-letter-routing-key": "k"}, {}, "invalid arg 'x-dead-letter-routing-key' for "
                                              "queue '{q}' in vhost '/': "
                                              "routing_key_but_no_dlx_defined"),
-    ({"x-queue-type": "lazy"}, {}, "invalid arg 'x-queue-type' for queue '{q}' in vhost '/': "
-                                   "invalid_queue_type"),
     ({"x-queue-type": "quorum"}, {"exclusive": True},
      "invalid property 'exclusive-owner' for queue '{q}' in vhost '/'"),
     ({"x-queue-type": "quorum"}, {"durable": False},
