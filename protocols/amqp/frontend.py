@@ -21,6 +21,7 @@ from core.untrusted import DenialLog
 from core.vhosts import QueueSettings, VirtualHosts
 
 from .adapter import PROTOCOL, AmqpAdapter, Wire
+from .alarms import Alarms
 from .consumers import Consumers
 from .dead_letters import DeadLetters
 from .options import AmqpOptions
@@ -52,6 +53,7 @@ class AmqpFrontend:
         """Core's named queues with each AMQP queue's TTL, limits and dead-lettering."""
         self.options = options
         self.denials = DenialLog(log)
+        self.alarms = Alarms()
         self.max_connections = options.connection_limit()
         self._adapters: set[AmqpAdapter] = set()
         self._open: dict[str, AmqpAdapter] = {}
@@ -60,12 +62,13 @@ class AmqpFrontend:
 
     async def start(self) -> None:
         """Bind the subject filters of the queues bound to ``amq.topic`` (before anything can
-        publish), take up the queues' limits and start the timer that checks every
-        connection."""
+        publish), take up the queues' limits, watch the store for the disk alarm and start
+        the timer that checks every connection."""
         self.vhosts.mirror_topic_bindings(SubjectBindings(self._named))
         for vhost in self.vhosts.names():
             for settings in list(self.vhosts.get(vhost).queues.values()):
                 self.queues.register(vhost, settings, loaded=True)
+        self.alarms.store_health(self.broker.watch_store(self.alarms.store_health))
         self._sweep = asyncio.get_running_loop().create_task(self._sweeping())
 
     async def stop(self) -> None:
@@ -108,10 +111,12 @@ class AmqpFrontend:
 
     def opened(self, adapter: AmqpAdapter) -> None:
         self._open[adapter.id] = adapter
+        self.alarms.add(adapter)
 
     def closed(self, adapter: AmqpAdapter) -> None:
         self._adapters.discard(adapter)
         self._open.pop(adapter.id, None)
+        self.alarms.remove(adapter)
 
     # ---------------------------------------------------------------- topology.QueueWatch
 
