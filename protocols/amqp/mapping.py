@@ -305,3 +305,14 @@ def _from_json(value: Any) -> Any:
         except (ValueError, InvalidOperation):
             return {}
     return {key: _from_json(item) for key, item in value.items()}
+
+
+def with_header(stored: Mapping[str, str], name: str, value: int | str) -> dict[str, str]:
+    """``stored`` with the AMQP header ``name`` set to ``value`` (headers that do not parse
+    are replaced)."""
+    headers = _parsed(stored.get(HEADERS_PROPERTY), json.loads)
+    headers = headers if isinstance(headers, dict) else {}
+    headers[name] = value
+    changed = dict(stored)
+    changed[HEADERS_PROPERTY] = json.dumps(headers, ensure_ascii=False, separators=(",", ":"))
+    return changed
