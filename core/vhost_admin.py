@@ -147,7 +147,7 @@ class VhostAdmin:
 
     def _queue_row(self, vhost: str, queue: QueueSettings,
                    rates: dict[str, tuple[float, ...]]) -> dict[str, Any]:
-        named = named_queue(vhost, queue.name)
+        named = named_queue(vhost, queue.name, queue.incarnation)
         queues = _levels(vhost, queue)
         published, delivered, settled = self._totals(queues)
         publish_rate, deliver_rate, ack_rate = rates.get(named, (0.0, 0.0, 0.0))
@@ -178,7 +178,7 @@ class VhostAdmin:
                            if_empty: bool = False) -> int:
         """Delete queue ``name`` (its consumers are cancelled); the messages it had ready."""
         queue = self.vhosts.get(vhost).queue(name)
-        named = named_queue(vhost, name)
+        named = named_queue(vhost, name, queue.incarnation)
         ready = sum(self.queues.ready(level) for level in _levels(vhost, queue))
         if if_unused and self.live is not None and self.live.consumer_count(named):
             raise PreconditionFailed(f"queue {clip(name)} in vhost {clip(vhost)} in use")
@@ -207,7 +207,7 @@ class VhostAdmin:
         """Per second, per named queue, since a sample at least ``RATE_WINDOW_S`` old (or the
         oldest one); a sample is kept at most every ``RATE_WINDOW_S``."""
         now = time.monotonic()
-        counts = {named_queue(v, q.name): self._totals(_levels(v, q))
+        counts = {named_queue(v, q.name, q.incarnation): self._totals(_levels(v, q))
                   for v in self.vhosts.names() for q in self.vhosts.get(v).queues.values()}
         samples = self._samples
         if not samples or now - samples[-1].at >= RATE_WINDOW_S:
@@ -225,4 +225,4 @@ class VhostAdmin:
 
 def _levels(vhost: str, queue: QueueSettings) -> tuple[str, ...]:
     """The named queues of ``queue`` (one per priority level, its own last)."""
-    return levels(named_queue(vhost, queue.name), features(queue.arguments).max_priority)
+    return levels(named_queue(vhost, queue.name, queue.incarnation), features(queue.arguments).max_priority)

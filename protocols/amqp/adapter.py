@@ -20,7 +20,6 @@ from typing import Any, Protocol
 from core.clients import log_connected, log_disconnected
 from core.errors import NotFound, SluiceError
 from core.model import Principal
-from core.named_queues import NamedQueues
 from core.service import Broker
 from core.untrusted import DenialLog, clip
 from core.vhost_permissions import VhostPermissions
@@ -37,6 +36,7 @@ from .login import Refused, log_in, peer_host
 from .messages import Consumers, Messages
 from .methods import ids
 from .options import AmqpOptions
+from .queue_limits import QueueLimits
 from .reason_codes import ReplyCode
 from .state_table import State
 from .topology import QueueWatch, Topology
@@ -72,7 +72,7 @@ class Host(QueueWatch, Protocol):
     broker: Broker
     vhosts: VirtualHosts
     permissions: VhostPermissions
-    queues: NamedQueues
+    queues: QueueLimits
     consumers: Consumers
     options: AmqpOptions
     denials: DenialLog

@@ -22,8 +22,9 @@ from core.model import Principal
 from core.untrusted import clip
 from core.queue_features import features, levels
 from core.vhost_permissions import Right
-from core.vhosts import QueueSettings, VirtualHosts, named_queue
+from core.vhosts import QueueSettings, VirtualHosts
 
+from . import queue_arguments
 from .access import EXCHANGE, QUEUE, VhostAccess
 from .arguments import json_safe_table
 
@@ -36,6 +37,9 @@ class QueueWatch(Protocol):
     def counts(self, queues: tuple[str, ...]) -> tuple[int, int]:
         """(messages ready, consumers) of the queue whose named queues (``levels``, its own
         last) are ``queues``."""
+
+    def declared(self, vhost: str, queue: QueueSettings) -> None:
+        """Queue ``queue`` of ``vhost`` was declared or redeclared."""
 
     def deleted(self, queue: str) -> None:
         """The named queue ``queue`` is gone: cancel its consumers, forget its state."""
@@ -83,13 +87,16 @@ class Topology:
         return name or self._last_queue.get(channel, "")
 
     def _counts(self, name: str) -> tuple[int, int]:
+        """(messages ready, consumers) of queue ``name``; nothing for a queue not there."""
+        if name not in self.vhosts.get(self.vhost).queues:
+            return 0, 0
         return self.watch.counts(self._levels(name))
 
     def _levels(self, name: str) -> tuple[str, ...]:
-        """The named queues of queue ``name`` (one per priority level, its own last)."""
-        queue = self.vhosts.get(self.vhost).queues.get(name)
-        top = features(queue.arguments).max_priority if queue is not None else 0
-        return levels(named_queue(self.vhost, name), top)
+        """The named queues of queue ``name`` (one per priority level, its own last);
+        NotFound if there is none."""
+        host = self.vhosts.get(self.vhost)
+        return levels(host.named(name), features(host.queue(name).arguments).max_priority)
 
     def check_owner(self, name: str) -> None:
         queue = self.vhosts.get(self.vhost).queues.get(name)
@@ -132,6 +139,9 @@ class Topology:
         if not m.passive and m.queue:
             self._check_declare(m.queue, arguments)
         owner = self.connection_id if m.exclusive else None
+        if not m.passive:
+            queue_arguments.check(m.arguments, m.queue, self.vhost, durable=m.durable,
+                                  exclusive=m.exclusive, auto_delete=m.auto_delete)
         settings = QueueSettings(m.queue, m.durable, m.auto_delete, arguments, owner)
         queue = await self.vhosts.declare_queue(self.vhost, settings, passive=m.passive,
                                                 connection=self.connection_id)
@@ -144,6 +154,8 @@ class Topology:
         if queue.owner == self.connection_id:
             self.exclusive.add(queue.name)
         self._last_queue[channel] = queue.name
+        if not m.passive:  # a passive declare only looks: it is no use for x-expires
+            self.watch.declared(self.vhost, queue)
         ready, consumers = self._counts(queue.name)
         return None if m.nowait else Queue.DeclareOk(queue.name, ready, consumers)
 
