@@ -25,6 +25,7 @@ from core.service import Broker
 from core.untrusted import DenialLog, clip
 from core.vhosts import VirtualHosts
 
+from .alarms import Alarms
 from .connection import ServerConnection
 from .errors import reply_code
 from .events import (ChannelClosed, ConnectionClosed, Event, FlowChanged, LoginRequested,
@@ -72,6 +73,7 @@ class Host(QueueWatch, Protocol):
     consumers: Consumers
     options: AmqpOptions
     denials: DenialLog
+    alarms: Alarms
 
     def spawn(self, coroutine: Coroutine[Any, Any, None]) -> None: ...
 
@@ -100,6 +102,9 @@ class AmqpAdapter:
         self.transactions: Transactions | None = None
         """tx.* and confirm.select; set with ``topology``."""
         self.connected_at_ms: int | None = None
+        self.publisher = False
+        """Whether it has published: a resource alarm blocks only publishers."""
+        self.blocked = False
         self._work: deque[Event] = deque()
         self._working = False
         self._done = False
@@ -157,6 +162,28 @@ class AmqpAdapter:
         self._drain()
         return True
 
+    def alarm_changed(self) -> None:
+        """The broker's resource alarm went on or off: block or unblock this connection."""
+        if self._done or self.connected_at_ms is None:
+            return
+        if self.host.alarms.reason is not None:
+            if self.publisher and not self.blocked:
+                self._block()
+        elif self.blocked:
+            self.blocked = False
+            self.conn.reading_paused(False, time.monotonic())
+            self.flow.resume("alarm")
+            self.conn.unblock()
+            self._write(self.conn.data_to_send())
+
+    def _block(self) -> None:
+        """Stop reading (what was read is still carried out) and tell the client why."""
+        self.blocked = True
+        self.flow.pause("alarm")
+        self.conn.reading_paused(True, time.monotonic())
+        self.conn.block(self.host.alarms.reason or "")
+        self._write(self.conn.data_to_send())
+
     def pause_writing(self) -> None:
         """The wire's write buffer is above its high-water mark: deliveries wait."""
         self.gate.shut()
@@ -188,6 +215,10 @@ class AmqpAdapter:
             kind = type(event)
             if kind in (MethodReceived, PublishReceived, ChannelClosed, FlowChanged):
                 self._work.append(event)
+                if kind is PublishReceived:
+                    self.publisher = True
+                    if self.host.alarms.reason is not None and not self.blocked:
+                        self._block()
             elif kind is LoginRequested:
                 self.flow.pause("login")
                 self.host.spawn(self._login(event))

@@ -21,6 +21,7 @@ from core.untrusted import DenialLog
 from core.vhosts import VirtualHosts, named_queue
 
 from .adapter import PROTOCOL, AmqpAdapter, Wire
+from .alarms import Alarms
 from .consumers import Consumers
 from .options import AmqpOptions
 from .reason_codes import ReplyCode
@@ -47,6 +48,7 @@ class AmqpFrontend:
         self.consumers = Consumers(self._unused)
         self.options = options
         self.denials = DenialLog(log)
+        self.alarms = Alarms()
         self.max_connections = options.connection_limit()
         self._adapters: set[AmqpAdapter] = set()
         self._open: dict[str, AmqpAdapter] = {}
@@ -55,8 +57,10 @@ class AmqpFrontend:
 
     async def start(self) -> None:
         """Bind the subject filters of the queues bound to ``amq.topic`` (before anything can
-        publish) and start the timer that checks every connection."""
+        publish), watch the store for the disk alarm and start the timer that checks every
+        connection."""
         self.vhosts.mirror_topic_bindings(SubjectBindings(self.queues))
+        self.alarms.store_health(self.broker.watch_store(self.alarms.store_health))
         self._sweep = asyncio.get_running_loop().create_task(self._sweeping())
 
     async def stop(self) -> None:
@@ -99,10 +103,12 @@ class AmqpFrontend:
 
     def opened(self, adapter: AmqpAdapter) -> None:
         self._open[adapter.id] = adapter
+        self.alarms.add(adapter)
 
     def closed(self, adapter: AmqpAdapter) -> None:
         self._adapters.discard(adapter)
         self._open.pop(adapter.id, None)
+        self.alarms.remove(adapter)
 
     # ---------------------------------------------------------------- topology.QueueWatch
 
