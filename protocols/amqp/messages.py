@@ -294,6 +294,15 @@ class Messages:
         """Carry out ``method``; its answer, or None (nowait, acks)."""
         return _HANDLERS[type(method)](self, channel, method)
 
+    def settle_read(self, channel: int, method: Frame) -> None:
+        """Carry out an ack, nack or reject read before its channel or connection closed (no
+        answer can go out any more); other methods are dropped."""
+        if type(method) in _SETTLING and channel in self._channels:
+            try:
+                _HANDLERS[type(method)](self, channel, method)
+            except SluiceError:
+                pass  # an unknown tag: the channel is closing anyway
+
     def _select(self, channel: int, m: Confirm.Select) -> Frame | None:
         self._channel(channel).confirming = True
         return None if m.nowait else Confirm.SelectOk()
@@ -476,3 +485,5 @@ _HANDLERS: dict[type, Callable[[Messages, int, Any], Frame | None]] = {
     Basic.Consume: Messages._consume,
     Basic.Cancel: Messages._cancel,
 }
+_SETTLING = (Basic.Ack, Basic.Nack, Basic.Reject)
+"""Methods that still count when read before their channel or connection closed."""
