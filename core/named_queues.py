@@ -151,6 +151,27 @@ class NamedQueues:
             popped += self.pop(queue, max_messages - len(popped), invisible_ms, mark=mark)
         return popped
 
+    def peek(self, queue: str, limit: int) -> list[Delivery]:
+        """Up to ``limit`` messages of ``queue`` never popped nor settled, oldest first, left
+        where they are (a queue's head, to expire or measure it)."""
+        cursor = self._cursors.get((queue, queue, 0))
+        start = self.bounds(queue)[0] if cursor is None else cursor.next
+        acked = frozenset() if cursor is None else cursor.acked
+        out: list[Delivery] = []
+        while len(out) < limit:
+            messages, start = self.read(queue, start, limit - len(out) + len(acked))
+            if not messages:
+                return out
+            out.extend(m for m in messages if m.queue_offset not in acked)
+        return out[:limit]
+
+    def take(self, queue: str, offset: int, invisible_ms: int) -> None:
+        """Hide the message at ``offset``, the oldest one never popped (``peek``), as a pop
+        would without handing it out; ``settle`` or ``release`` it afterwards."""
+        cursor = self._cursors.open((queue, queue, 0), self.bounds(queue)[0])
+        if offset >= cursor.next:
+            cursor.deliver(offset, now_ms(), invisible_ms)
+
     def ready(self, queue: str) -> int:
         """About how many messages of ``queue`` wait to be popped: stored, neither settled nor
         popped and unsettled (cheap: from the consumption state, nothing is read)."""

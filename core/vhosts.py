@@ -6,7 +6,10 @@ and restored by ``load`` at start; transient ones, and exclusive queues, live in
 are gone after a restart, as in RabbitMQ. A binding is durable when both its ends are.
 
 Every AMQP queue is a named queue of core (``named_queue``), so its messages are entries over
-the one commit log. No authorization here: the adapter decides first, on domain names.
+the one commit log. Each declaration of a queue is a new incarnation (kept in its durable row),
+so a queue deleted and declared again under the same name starts empty; rows written before
+incarnations existed keep the named queue their name alone gave. No authorization here: the
+adapter decides first, on domain names.
 Runs on the event loop; metadata writes go to a thread.
 """
 
@@ -45,6 +48,8 @@ class QueueSettings:
     auto_delete: bool = False
     arguments: dict[str, Any] = field(default_factory=dict)
     owner: str | None = None
+    incarnation: str = ""
+    """Tells this declaration's entries from those of an earlier queue of the same name."""
 
     def same_declaration(self, other: QueueSettings) -> bool:
         """Whether ``other`` redeclares this queue alike (RabbitMQ compares these)."""
@@ -70,10 +75,16 @@ class VirtualHost:
             raise NotFound(f"no queue {clip(name)} in virtual host {clip(self.name)}")
         return queue
 
+    def named(self, name: str) -> str:
+        """The named queue holding the entries of queue ``name`` as declared now; NotFound."""
+        return named_queue(self.name, name, self.queue(name).incarnation)
 
-def named_queue(vhost: str, queue: str) -> str:
-    """The core named queue holding an AMQP queue's entries."""
-    digest = hashlib.blake2b(f"{vhost}\0{queue}".encode(), digest_size=16).hexdigest()
+
+def named_queue(vhost: str, queue: str, incarnation: str = "") -> str:
+    """The core named queue holding the entries of one incarnation of an AMQP queue (the
+    empty incarnation: a queue declared before incarnations existed)."""
+    key = f"{vhost}\0{queue}" + (f"\0{incarnation}" if incarnation else "")
+    digest = hashlib.blake2b(key.encode(), digest_size=16).hexdigest()
     return f"%SYS%amqp.q.{digest}"
 
 
@@ -89,10 +100,11 @@ class TopicMirror(Protocol):
     the AMQP adapter binds the subject filter each key stands for in core's fan-out, so
     messages of every protocol reach the queue. Must not raise."""
 
-    def bound(self, vhost: str, queue: str, routing_key: str) -> None:
-        """``queue`` of ``vhost`` is bound to ``amq.topic`` with ``routing_key`` (may repeat)."""
+    def bound(self, vhost: str, queue: str, named: str, routing_key: str) -> None:
+        """``queue`` of ``vhost`` (named queue ``named``) is bound to ``amq.topic`` with
+        ``routing_key`` (may repeat)."""
 
-    def unbound(self, vhost: str, queue: str, routing_key: str) -> None:
+    def unbound(self, vhost: str, queue: str, named: str, routing_key: str) -> None:
         """The last such binding is gone."""
 
 
@@ -110,7 +122,7 @@ class VirtualHosts:
         self._mirror = mirror
         for name, host in self._vhosts.items():
             for queue, key in _topic_pairs(host):
-                mirror.bound(name, queue, key)
+                mirror.bound(name, queue, host.named(queue), key)
 
     # --- start -------------------------------------------------------------------------
 
@@ -130,7 +142,8 @@ class VirtualHosts:
                                    internal=settings["internal"], arguments=settings["arguments"])
             elif kind == "queue":
                 host.queues[name] = QueueSettings(name, True, settings["auto_delete"],
-                                                  settings["arguments"])
+                                                  settings["arguments"],
+                                                  incarnation=settings.get("incarnation", ""))
             elif kind == "binding":
                 destination = Destination(settings["destination"], settings["to_exchange"])
                 host.graph.bind(settings["source"], destination, settings["routing_key"],
@@ -174,8 +187,8 @@ class VirtualHosts:
         del self._vhosts[name]
         if self._mirror is not None:
             for queue, key in _topic_pairs(host):
-                self._mirror.unbound(name, queue, key)
-        return [named_queue(name, queue) for queue in host.queues]
+                self._mirror.unbound(name, queue, host.named(queue), key)
+        return [host.named(queue) for queue in host.queues]
 
     # --- exchanges -----------------------------------------------------------------------
 
@@ -238,9 +251,10 @@ class VirtualHosts:
         if name.startswith("amq.") and settings.name:
             raise AccessDenied(f"queue names starting with 'amq.' are reserved ({clip(name)})")
         queue = QueueSettings(name, settings.durable, settings.auto_delete,
-                              dict(settings.arguments), settings.owner)
+                              dict(settings.arguments), settings.owner, os.urandom(8).hex())
         if queue.durable and queue.owner is None:
-            spec = {"auto_delete": queue.auto_delete, "arguments": queue.arguments}
+            spec = {"auto_delete": queue.auto_delete, "arguments": queue.arguments,
+                    "incarnation": queue.incarnation}
             await asyncio.to_thread(self._metadata.put_topology, vhost, "queue", name,
                                     _json(spec))
         host.queues[name] = queue
@@ -249,14 +263,14 @@ class VirtualHosts:
     async def delete_queue(self, vhost: str, name: str) -> str:
         """Delete a queue and its bindings; the named queue that held its entries."""
         host = self.get(vhost)
-        host.queue(name)
+        named = host.named(name)
         before = set(host.graph.bindings())
         del host.queues[name]
         host.graph.queue_deleted(name)
-        self._unmirror(vhost, host, before)
+        self._unmirror(vhost, host, before, {name: named})
         await asyncio.to_thread(self._metadata.delete_topology, vhost, "queue", name)
         await self._forget_bindings(vhost, before - set(host.graph.bindings()))
-        return named_queue(vhost, name)
+        return named
 
     # --- bindings ------------------------------------------------------------------------
 
@@ -268,7 +282,8 @@ class VirtualHosts:
         added = host.graph.bind(source, destination, routing_key, args)
         if added and self._mirror is not None and source == TOPIC_EXCHANGE \
                 and not destination.is_exchange:
-            self._mirror.bound(vhost, destination.name, routing_key)
+            self._mirror.bound(vhost, destination.name, host.named(destination.name),
+                               routing_key)
         if added and self._durable(host, source, destination):
             binding = Binding(source, destination, routing_key, frozen_arguments(args))
             await asyncio.to_thread(self._metadata.put_topology, vhost, "binding",
@@ -290,11 +305,13 @@ class VirtualHosts:
         priority queue, the level of ``priority`` (``core.queue_features``)."""
         host = self.get(vhost)
         queues = host.graph.route(exchange, routing_key, headers)
-        return [target(named_queue(vhost, queue), host.queues[queue].arguments, priority)
+        return [target(host.named(queue), host.queues[queue].arguments, priority)
                 for queue in sorted(queues)]
 
-    def _unmirror(self, vhost: str, host: VirtualHost, before: set[Binding]) -> None:
-        """Tell the mirror of the ``amq.topic`` queue bindings gone since ``before``."""
+    def _unmirror(self, vhost: str, host: VirtualHost, before: set[Binding],
+                  deleted: Mapping[str, str] | None = None) -> None:
+        """Tell the mirror of the ``amq.topic`` queue bindings gone since ``before``
+        (``deleted``: the named queue of a queue just deleted)."""
         if self._mirror is None:
             return
         now = _topic_pairs(host)
@@ -303,7 +320,9 @@ class VirtualHosts:
             if binding.source == TOPIC_EXCHANGE and not binding.destination.is_exchange \
                     and pair not in now:
                 now.add(pair)  # told once, whatever its other bindings' arguments
-                self._mirror.unbound(vhost, *pair)
+                queue = pair[0]
+                named = (deleted or {}).get(queue) or host.named(queue)
+                self._mirror.unbound(vhost, queue, named, pair[1])
 
     def _durable(self, host: VirtualHost, source: str, destination: Destination) -> bool:
         if not host.graph.get(source).durable:

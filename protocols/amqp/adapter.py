@@ -20,7 +20,6 @@ from typing import Any, Protocol
 from core.clients import log_connected, log_disconnected
 from core.errors import NotFound, SluiceError
 from core.model import Principal
-from core.named_queues import NamedQueues
 from core.service import Broker
 from core.untrusted import DenialLog, clip
 from core.vhosts import VirtualHosts
@@ -36,6 +35,7 @@ from .consumers import Consumers
 from .messages import Messages
 from .methods import ids
 from .options import AmqpOptions
+from .queue_limits import QueueLimits
 from .reason_codes import ReplyCode
 from .state_table import State
 from .topology import QueueWatch, Topology
@@ -70,7 +70,7 @@ class Host(QueueWatch, Protocol):
 
     broker: Broker
     vhosts: VirtualHosts
-    queues: NamedQueues
+    queues: QueueLimits
     consumers: Consumers
     options: AmqpOptions
     denials: DenialLog

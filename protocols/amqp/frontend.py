@@ -18,12 +18,14 @@ from core.model import Principal
 from core.named_queues import NamedQueues
 from core.service import Broker
 from core.untrusted import DenialLog
-from core.vhosts import VirtualHosts, named_queue
+from core.vhosts import QueueSettings, VirtualHosts
 
 from .adapter import PROTOCOL, AmqpAdapter, Wire
 from .alarms import Alarms
 from .consumers import Consumers
+from .dead_letters import DeadLetters
 from .options import AmqpOptions
+from .queue_limits import QueueLimits
 from .reason_codes import ReplyCode
 from .topic_bindings import SubjectBindings, check_binding
 
@@ -44,8 +46,11 @@ class AmqpFrontend:
                  options: AmqpOptions) -> None:
         self.broker = broker
         self.vhosts = vhosts
-        self.queues = queues
         self.consumers = Consumers(self._unused)
+        self._named = queues
+        self.queues = QueueLimits(queues, vhosts, DeadLetters(broker, vhosts),
+                                  self.consumers.count, self.spawn, self.deleted)
+        """Core's named queues with each AMQP queue's TTL, limits and dead-lettering."""
         self.options = options
         self.denials = DenialLog(log)
         self.alarms = Alarms()
@@ -57,9 +62,12 @@ class AmqpFrontend:
 
     async def start(self) -> None:
         """Bind the subject filters of the queues bound to ``amq.topic`` (before anything can
-        publish), watch the store for the disk alarm and start the timer that checks every
-        connection."""
-        self.vhosts.mirror_topic_bindings(SubjectBindings(self.queues))
+        publish), take up the queues' limits, watch the store for the disk alarm and start
+        the timer that checks every connection."""
+        self.vhosts.mirror_topic_bindings(SubjectBindings(self._named))
+        for vhost in self.vhosts.names():
+            for settings in list(self.vhosts.get(vhost).queues.values()):
+                self.queues.register(vhost, settings, loaded=True)
         self.alarms.store_health(self.broker.watch_store(self.alarms.store_health))
         self._sweep = asyncio.get_running_loop().create_task(self._sweeping())
 
@@ -115,6 +123,9 @@ class AmqpFrontend:
     def counts(self, queues: tuple[str, ...]) -> tuple[int, int]:
         return sum(self.queues.ready(queue) for queue in queues), self.consumers.count(queues[-1])
 
+    def declared(self, vhost: str, queue: QueueSettings) -> None:
+        self.queues.register(vhost, queue)
+
     def deleted(self, queue: str) -> None:
         self.consumers.queue_deleted(queue)
         self.queues.forget(queue)
@@ -132,9 +143,9 @@ class AmqpFrontend:
             self.spawn(self._auto_delete(vhost, name))
 
     async def _auto_delete(self, vhost: str, name: str) -> None:
-        if self.consumers.count(named_queue(vhost, name)):
-            return  # consumed again before this ran
         try:
+            if self.consumers.count(self.vhosts.get(vhost).named(name)):
+                return  # consumed again before this ran
             self.deleted(await self.vhosts.delete_queue(vhost, name))
         except NotFound:
             pass  # deleted meanwhile (queue.delete, its exclusive connection closing)

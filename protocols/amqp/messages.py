@@ -23,11 +23,10 @@ from pamqp.commands import Basic, Confirm
 from core.errors import (AccessDenied, AlreadyExists, NotSupported, PreconditionFailed,
                          SluiceError)
 from core.model import Action, Delivery, OutgoingMessage, Principal
-from core.named_queues import NamedQueues
 from core.service import MAX_INVISIBLE_MS, Broker
 from core.untrusted import clip
 from core.queue_features import features, levels
-from core.vhosts import QueueSettings, VirtualHosts, named_queue
+from core.vhosts import QueueSettings, VirtualHosts
 
 from .connection import ServerConnection
 from .consumers import Consumers, consumer_priority
@@ -35,6 +34,7 @@ from .events import PublishReceived
 from .flow_control import WriteGate
 from .mapping import (TOPIC_EXCHANGE, exchange_topic, origin, subject_of_key, to_outgoing,
                       to_properties)
+from .queue_limits import QueueLimits, parse_expiration
 from .reason_codes import ReplyCode
 from .streams import OFFSET_ARGUMENT, check_consumer, start_offset
 from .topology import Topology
@@ -92,7 +92,7 @@ class Consumer:
         self.tag = tag
         self.vhost = owner.topology.vhost
         self.queue_name = queue.name
-        self.queue = named_queue(self.vhost, queue.name)
+        self.queue = owner.vhosts.get(self.vhost).named(queue.name)
         kind = features(queue.arguments)
         self.levels = levels(self.queue, kind.max_priority)
         self.single_active = kind.single_active
@@ -176,7 +176,7 @@ class Consumer:
 class Messages:
     """The publishes, deliveries and acks of one connection."""
 
-    def __init__(self, broker: Broker, vhosts: VirtualHosts, queues: NamedQueues,
+    def __init__(self, broker: Broker, vhosts: VirtualHosts, queues: QueueLimits,
                  consumers: Consumers, principal: Principal, topology: Topology,
                  conn: ServerConnection, write_out: Callable[[], None], fail: Fail,
                  gate: WriteGate) -> None:
@@ -206,6 +206,9 @@ class Messages:
         """Route, authorize and store ``events`` (read in one go) with one core send; then
         confirm them on channels in confirm mode."""
         batch: list[tuple[int, int, OutgoingMessage]] = []
+        refused: set[tuple[int, int]] = set()
+        """(channel, tag) of publishes a full reject-publish queue refused: nacked."""
+        pending: dict[str, tuple[int, int]] = {}
         for event in events:
             if not self.conn.can_send(event.channel):
                 continue  # its channel or connection is closing: dropped, as RabbitMQ does
@@ -219,12 +222,20 @@ class Messages:
             if state.confirming:
                 tag = next(state.publish_tags)
                 state.outstanding.add(tag)
+            if message is not None:
+                message, full = self.queues.admit(message, pending)
+                if full and tag:
+                    refused.add((event.channel, tag))
+                if full and message is None:  # every queue it reached is full
+                    for answer in state.confirmed([tag], False) if tag else ():
+                        self.conn.send_method(event.channel, answer)
+                    continue
             if message is None:
                 self._unroutable(event, state, tag)
             else:
                 batch.append((event.channel, tag, message))
         if batch:
-            await self._store(batch)
+            await self._store(batch, refused)
         self.write_out()
 
     def _prepare(self, event: PublishReceived) -> OutgoingMessage | None:
@@ -234,6 +245,7 @@ class Messages:
         m, properties = event.method, event.properties
         if m.immediate:
             raise NotSupported("immediate=true")
+        parse_expiration(properties.expiration)
         if properties.user_id is not None and properties.user_id != self.principal.user:
             raise PreconditionFailed(f"user_id property set to '{clip(properties.user_id)}' "
                                      f"but authenticated user was '{clip(self.principal.user)}'")
@@ -267,15 +279,23 @@ class Messages:
             for answer in state.confirmed([tag], True):
                 self.conn.send_method(event.channel, answer)
 
-    async def _store(self, batch: list[tuple[int, int, OutgoingMessage]]) -> None:
+    async def _store(self, batch: list[tuple[int, int, OutgoingMessage]],
+                     refused: set[tuple[int, int]]) -> None:
+        messages = [message for _, _, message in batch]
         try:
-            await self.broker.send_decided([message for _, _, message in batch])
+            await self.broker.send_decided(messages)
             ok, error = True, None
         except SluiceError as failed:
             ok, error = False, failed
+        if ok:
+            self.queues.stored(messages)
         tags: dict[int, list[int]] = {}
         for channel, tag, _ in batch:
-            if tag:
+            if tag and (channel, tag) in refused:
+                state = self._channels.get(channel)
+                for answer in state.confirmed([tag], False) if state is not None else ():
+                    self.conn.send_method(channel, answer)
+            elif tag:
                 tags.setdefault(channel, []).append(tag)
             elif error is not None:  # nothing else tells an unconfirmed publisher
                 self._fail(channel, Basic.Publish(), error)
@@ -321,7 +341,9 @@ class Messages:
         name = self.topology.queue_name(channel, name)
         queue = self.vhosts.get(self.topology.vhost).queue(name)
         self.topology.check_owner(name)
-        return queue, named_queue(self.topology.vhost, name)
+        named = self.vhosts.get(self.topology.vhost).named(name)
+        self.queues.used(named)
+        return queue, named
 
     def _get(self, channel: int, m: Basic.Get) -> Frame | None:
         queue, named = self._queue(channel, m.queue)
@@ -344,22 +366,23 @@ class Messages:
         ready = sum(self.queues.ready(level) for level in queues)
         self.conn.send_content(channel, Basic.GetOk(
             tag, delivery.attempt > 1, *origin(delivery.topic, props), ready),
-            to_properties(props), delivery.body)
+            to_properties(props, delivery.born_ts), delivery.body)
         return None
 
     def _ack(self, channel: int, m: Basic.Ack) -> Frame | None:
-        self._settle(channel, m.delivery_tag, m.multiple, False)
+        self._settle(channel, m.delivery_tag, m.multiple, False, False)
         return None
 
     def _nack(self, channel: int, m: Basic.Nack) -> Frame | None:
-        self._settle(channel, m.delivery_tag, m.multiple, m.requeue)
+        self._settle(channel, m.delivery_tag, m.multiple, m.requeue, True)
         return None
 
     def _reject(self, channel: int, m: Basic.Reject) -> Frame | None:
-        self._settle(channel, m.delivery_tag, False, m.requeue)
+        self._settle(channel, m.delivery_tag, False, m.requeue, True)
         return None
 
-    def _settle(self, channel: int, tag: int, multiple: bool, requeue: bool) -> None:
+    def _settle(self, channel: int, tag: int, multiple: bool, requeue: bool,
+                rejected: bool) -> None:
         state = self._channel(channel)
         if multiple:
             tags = [t for t in state.unacked if t <= tag or tag == 0]
@@ -368,13 +391,18 @@ class Messages:
         if not tags and (tag or not multiple):
             raise PreconditionFailed(f"unknown delivery tag {tag}")
         for t in tags:
-            self._done(state.unacked.pop(t), requeue)
+            self._done(state.unacked.pop(t), requeue, rejected)
         self._dispatch(state)
 
-    def _done(self, unacked: _Unacked, requeue: bool) -> None:
-        if not unacked.stream:  # a stream keeps its messages: an ack only makes room
-            done = self.queues.release if requeue else self.queues.settle
-            done(unacked.queue, unacked.offset)
+    def _done(self, unacked: _Unacked, requeue: bool, rejected: bool = False) -> None:
+        if unacked.stream:  # a stream keeps its messages: an ack only makes room
+            pass
+        elif requeue:
+            self.queues.release(unacked.queue, unacked.offset)
+        elif rejected:  # dead-lettered when its queue has a dead-letter exchange
+            self.queues.reject(unacked.queue, unacked.offset)
+        else:
+            self.queues.settle(unacked.queue, unacked.offset)
         if unacked.consumer is not None:
             unacked.consumer.unacked -= 1
 
@@ -425,7 +453,7 @@ class Messages:
             state.unacked[tag] = _Unacked(delivery.topic, delivery.queue_offset, consumer, stream)
             consumer.unacked += 1
         props = delivery.properties
-        properties = to_properties(props)
+        properties = to_properties(props, delivery.born_ts)
         if stream:
             properties.headers = {**(properties.headers or {}),
                                   OFFSET_ARGUMENT: delivery.queue_offset}

@@ -17,7 +17,6 @@ from core.model import Principal
 from core.named_queues import NamedQueues
 from core.service import Broker
 from core.untrusted import clip
-from core.vhosts import named_queue
 
 from .mapping import TOPIC_EXCHANGE, filter_of_binding_key, read_filter
 
@@ -30,20 +29,20 @@ class SubjectBindings:
     def __init__(self, queues: NamedQueues) -> None:
         self._queues = queues
 
-    def bound(self, vhost: str, queue: str, routing_key: str) -> None:
+    def bound(self, vhost: str, queue: str, named: str, routing_key: str) -> None:
         subject_filter = filter_of_binding_key(routing_key)
         if subject_filter is None:  # only AMQP publishes can match it: the graph routes them
             return
         try:
-            self._queues.bind(subject_filter, named_queue(vhost, queue), multi_anywhere=True)
+            self._queues.bind(subject_filter, named, multi_anywhere=True)
         except InvalidArgument as error:  # the graph took the key, so this is not expected
             log.warning("amq.topic binding %s of queue %s in vhost %s reads AMQP publishes "
                         "only: %s", clip(routing_key), clip(queue), clip(vhost), error)
 
-    def unbound(self, vhost: str, queue: str, routing_key: str) -> None:
+    def unbound(self, vhost: str, queue: str, named: str, routing_key: str) -> None:
         subject_filter = filter_of_binding_key(routing_key)
         if subject_filter is not None:
-            self._queues.unbind(subject_filter, named_queue(vhost, queue))
+            self._queues.unbind(subject_filter, named)
 
 
 def check_binding(broker: Broker, principal: Principal, source: str, routing_key: str) -> None:

@@ -19,8 +19,9 @@ from core.exchanges import Destination
 from core.model import Principal
 from core.untrusted import clip
 from core.queue_features import features, levels
-from core.vhosts import QueueSettings, VirtualHosts, named_queue
+from core.vhosts import QueueSettings, VirtualHosts
 
+from . import queue_arguments
 from .arguments import json_safe_table
 
 Handler = Callable[[Any, int, Any], Awaitable[Frame | None]]
@@ -32,6 +33,9 @@ class QueueWatch(Protocol):
     def counts(self, queues: tuple[str, ...]) -> tuple[int, int]:
         """(messages ready, consumers) of the queue whose named queues (``levels``, its own
         last) are ``queues``."""
+
+    def declared(self, vhost: str, queue: QueueSettings) -> None:
+        """Queue ``queue`` of ``vhost`` was declared or redeclared."""
 
     def deleted(self, queue: str) -> None:
         """The named queue ``queue`` is gone: cancel its consumers, forget its state."""
@@ -78,9 +82,12 @@ class Topology:
         return name or self._last_queue.get(channel, "")
 
     def _counts(self, name: str) -> tuple[int, int]:
-        queue = self.vhosts.get(self.vhost).queues.get(name)
-        top = features(queue.arguments).max_priority if queue is not None else 0
-        return self.watch.counts(levels(named_queue(self.vhost, name), top))
+        """(messages ready, consumers) of queue ``name``; nothing for a queue not there."""
+        host = self.vhosts.get(self.vhost)
+        queue = host.queues.get(name)
+        if queue is None:
+            return 0, 0
+        return self.watch.counts(levels(host.named(name), features(queue.arguments).max_priority))
 
     def check_owner(self, name: str) -> None:
         queue = self.vhosts.get(self.vhost).queues.get(name)
@@ -122,6 +129,9 @@ class Topology:
         if not m.passive:
             self._may_change(f"declare queue {clip(m.queue)}")
         owner = self.connection_id if m.exclusive else None
+        if not m.passive:
+            queue_arguments.check(m.arguments, m.queue, self.vhost, durable=m.durable,
+                                  exclusive=m.exclusive, auto_delete=m.auto_delete)
         settings = QueueSettings(m.queue, m.durable, m.auto_delete,
                                  json_safe_table(m.arguments), owner)
         queue = await self.vhosts.declare_queue(self.vhost, settings, passive=m.passive,
@@ -129,6 +139,8 @@ class Topology:
         if queue.owner == self.connection_id:
             self.exclusive.add(queue.name)
         self._last_queue[channel] = queue.name
+        if not m.passive:  # a passive declare only looks: it is no use for x-expires
+            self.watch.declared(self.vhost, queue)
         ready, consumers = self._counts(queue.name)
         return None if m.nowait else Queue.DeclareOk(queue.name, ready, consumers)
 

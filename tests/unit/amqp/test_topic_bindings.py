@@ -9,7 +9,6 @@ from pamqp.commands import Basic, Confirm, Queue
 
 from core.errors import AccessDenied
 from core.model import SUBJECT_PROPERTY, Action, OutgoingMessage, Permission, ResourceKind
-from core.vhosts import named_queue
 from tests.unit.amqp.fake_wire import ADMIN, USER, Client, run
 from tests.unit.amqp.test_messages import declared, publish
 
@@ -22,7 +21,7 @@ async def send_subject(core, subject: str, body: bytes) -> None:
 
 
 def bodies(core, queue: str) -> list[bytes]:
-    return [d.body for d in core.queues.pop(named_queue("/", queue), 50, 1000)]
+    return [d.body for d in core.queues.pop(core.vhosts.get("/").named(queue), 50, 1000)]
 
 
 def test_other_protocols_reach_a_queue_bound_to_amq_topic_and_amqp_is_indexed_once(tmp_path):
@@ -43,7 +42,7 @@ def test_other_protocols_reach_a_queue_bound_to_amq_topic_and_amqp_is_indexed_on
         get = await client.call(1, Basic.Get(queue="t"))
         assert isinstance(get, Basic.GetEmpty), "each message once"
 
-        queue = named_queue("/", "t")
+        queue = core.vhosts.get("/").named("t")
         end = core.queues.bounds(queue)[1]
         await client.call(1, Queue.Unbind(queue="t", exchange="amq.topic", routing_key="#.alarm"))
         await send_subject(core, "plant/3/alarm", b"after unbind")
@@ -63,7 +62,7 @@ def test_bindings_are_mirrored_when_the_front_end_starts(tmp_path):
         await declared(client, "t")
         await client.call(1, Queue.Bind(queue="t", exchange="amq.topic", routing_key="a.*"))
         await frontend.stop()
-        core.queues.unbind("a/+", named_queue("/", "t"))  # as after a restart
+        core.queues.unbind("a/+", core.vhosts.get("/").named("t"))  # as after a restart
         await frontend.start()
         await send_subject(core, "a/b", b"restored")
         assert bodies(core, "t") == [b"restored"]
