@@ -221,9 +221,6 @@ class QueueLimits:
     def ready(self, named: str) -> int:
         return self._named.ready(named)
 
-    def signal(self, named: str) -> asyncio.Future[None]:
-        return self._named.signal(named)
-
     def signal_any(self, queues: tuple[str, ...]) -> asyncio.Future[None]:
         return self._named.signal_any(queues)
 
