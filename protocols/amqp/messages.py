@@ -349,7 +349,7 @@ class Messages:
         ready = sum(self.queues.ready(level) for level in queues)
         self.conn.send_content(channel, Basic.GetOk(
             tag, delivery.attempt > 1, *origin(delivery.topic, props), ready),
-            to_properties(props), delivery.body)
+            to_properties(props, delivery.born_ts), delivery.body)
         return None
 
     def _ack(self, channel: int, m: Basic.Ack) -> Frame | None:
@@ -430,7 +430,7 @@ class Messages:
         props = delivery.properties
         self.conn.send_content(consumer.channel, Basic.Deliver(
             consumer.tag, tag, delivery.attempt > 1, *origin(delivery.topic, props)),
-            to_properties(props),
+            to_properties(props, delivery.born_ts),
             delivery.body)
 
     def _dispatch(self, state: _Channel) -> None:
