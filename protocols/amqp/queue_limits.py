@@ -285,23 +285,24 @@ class QueueLimits:
     def stored(self, messages: Iterable[OutgoingMessage]) -> None:
         """Messages were stored: drop heads over a drop-head limit, arm expiry timers."""
         now = now_ms()
-        touched: set[str] = set()
+        touched: dict[str, _Queue] = {}
         for message in messages:
             for named in message.also_into:
                 queue = self._queue_of(named)
                 if queue is None:
                     continue
-                touched.add(queue.named)
+                touched[named] = queue
                 deadline = expires_at(queue.policy, message.properties, now)
                 if deadline is not None:
                     self._arm_sweep(queue, deadline)
-        for named in touched:
-            queue = self._queues[named]
+        for named, queue in touched.items():
             if queue.policy.limits_length and queue.policy.overflow == "drop-head":
-                self._drop_heads(queue)
+                self._drop_heads(queue, named)
 
-    def _drop_heads(self, queue: _Queue) -> None:
-        the_policy, named = queue.policy, queue.named
+    def _drop_heads(self, queue: _Queue, named: str) -> None:
+        """Dead-letter (or drop) the oldest messages of ``named`` (a level of ``queue``)
+        until it fits its limits."""
+        the_policy = queue.policy
         excess = 0 if the_policy.max_length is None else \
             max(0, self._named.ready(named) - the_policy.max_length)
         dropped = self._named.pop(named, excess, MAX_INVISIBLE_MS) if excess else []
