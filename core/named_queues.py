@@ -88,6 +88,19 @@ class NamedQueues:
                 continue
             return messages, (messages[-1].queue_offset + 1 if messages else offset)
 
+    def offset_at(self, queue: str, timestamp_ms: int) -> int:
+        """The first offset of ``queue`` stored at or after ``timestamp_ms`` (its deliverable
+        end if none): a binary search, one message read per step."""
+        low, high = self.bounds(queue)
+        while low < high:
+            middle = (low + high) // 2
+            found, _ = self.read(queue, middle, 1)
+            if found and found[0].queue_offset == middle and found[0].store_ts >= timestamp_ms:
+                high = middle
+            else:
+                low = middle + 1
+        return low
+
     def signal(self, queue: str) -> asyncio.Future[None]:
         """A future resolved when ``queue`` next gets deliverable messages (or a popped message
         of it becomes visible again through ``release``)."""

@@ -31,7 +31,8 @@ from .events import (ChannelClosed, ConnectionClosed, Event, FlowChanged, LoginR
                      MethodReceived, PublishReceived, VhostRequested)
 from .flow_control import FlowControl, WriteGate
 from .login import Refused, log_in, peer_host
-from .messages import Consumers, Messages
+from .consumers import Consumers
+from .messages import Messages
 from .methods import ids
 from .options import AmqpOptions
 from .queue_limits import QueueLimits
@@ -328,9 +329,12 @@ class AmqpAdapter:
             messages.flow(event.channel, event.active)
             return
         assert isinstance(event, MethodReceived)
-        if not conn.can_send(event.channel):
-            return  # read before a close of its channel or connection: dropped, as RabbitMQ
         method = event.method
+        if not conn.can_send(event.channel):
+            # read before a close of its channel or connection: dropped, as RabbitMQ, except
+            # acks, which count as they did for RabbitMQ, read in order
+            messages.settle_read(event.channel, method)
+            return
         handler: Transactions | Topology | Messages = (
             transactions if transactions.handles(method)
             else messages if messages.handles(method) else topology)
@@ -362,7 +366,7 @@ class AmqpAdapter:
         self._write(self.conn.data_to_send())
         self._flush()
         self._done = True
-        self._work.clear()
+        read, self._work = self._work, deque()
         self.wire.close()
         if not event.by_client and not self._refusal_logged:
             self._log_closed(event)
@@ -370,6 +374,9 @@ class AmqpAdapter:
             log_disconnected(PROTOCOL, self.id, self.principal.user, self.peer,
                              _close_reason(event))
         if self.messages is not None:
+            for unread in read:  # acks read before the close count, as RabbitMQ
+                if isinstance(unread, MethodReceived) and not self._transactional(unread.channel):
+                    self.messages.settle_read(unread.channel, unread.method)
             self.messages.closed()
         if self.topology is not None and self.topology.exclusive:
             self.host.spawn(self.topology.delete_exclusive())

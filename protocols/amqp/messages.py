@@ -36,6 +36,7 @@ from .mapping import (TOPIC_EXCHANGE, exchange_topic, origin, subject_of_key, to
                       to_properties)
 from .queue_limits import QueueLimits, parse_expiration
 from .reason_codes import ReplyCode
+from .streams import OFFSET_ARGUMENT, check_consumer, start_offset
 from .topology import Topology
 
 MAX_POP = 256
@@ -49,6 +50,8 @@ class _Unacked:
     """The named queue popped (the level, in a priority queue)."""
     offset: int
     consumer: Consumer | None
+    stream: bool = False
+    """Read from a stream: an ack only makes room, nothing is settled or requeued."""
 
 
 @dataclass(eq=False)
@@ -96,6 +99,8 @@ class Consumer:
         self.priority = consumer_priority(m.arguments)
         self.no_ack = m.no_ack
         self.exclusive = m.exclusive
+        self.stream_offset: int | None = None
+        """The next offset to read, for a consumer of a stream queue."""
         self.prefetch = state.prefetch
         self.unacked = 0
         self.active = True
@@ -139,12 +144,15 @@ class Consumer:
         if not owner.gate.open:  # the client reads slowly: wait until the wire drains
             owner.gate.wait(self.dispatch)
             return
-        if not owner.consumers.may_take(self):  # single active, or higher priorities first
+        if self.stream_offset is not None:  # a stream: read on from this consumer's offset
+            popped, self.stream_offset = owner.queues.read(self.queue, self.stream_offset, room)
+        elif not owner.consumers.may_take(self):  # single active, or higher priorities first
             if not self.single_active:
                 self._arm()
             return
-        popped = owner.queues.pop_first(self.levels, room, MAX_INVISIBLE_MS,
-                                        mark=not self.no_ack)
+        else:
+            popped = owner.queues.pop_first(self.levels, room, MAX_INVISIBLE_MS,
+                                            mark=not self.no_ack)
         for delivery in popped:
             owner.deliver(self, delivery)
         owner.write_out()
@@ -306,6 +314,15 @@ class Messages:
         """Carry out ``method``; its answer, or None (nowait, acks)."""
         return _HANDLERS[type(method)](self, channel, method)
 
+    def settle_read(self, channel: int, method: Frame) -> None:
+        """Carry out an ack, nack or reject read before its channel or connection closed (no
+        answer can go out any more); other methods are dropped."""
+        if type(method) in _SETTLING and channel in self._channels:
+            try:
+                _HANDLERS[type(method)](self, channel, method)
+            except SluiceError:
+                pass  # an unknown tag: the channel is closing anyway
+
     def _select(self, channel: int, m: Confirm.Select) -> Frame | None:
         self._channel(channel).confirming = True
         return None if m.nowait else Confirm.SelectOk()
@@ -378,7 +395,9 @@ class Messages:
         self._dispatch(state)
 
     def _done(self, unacked: _Unacked, requeue: bool, rejected: bool = False) -> None:
-        if requeue:
+        if unacked.stream:  # a stream keeps its messages: an ack only makes room
+            pass
+        elif requeue:
             self.queues.release(unacked.queue, unacked.offset)
         elif rejected:  # dead-lettered when its queue has a dead-letter exchange
             self.queues.reject(unacked.queue, unacked.offset)
@@ -402,6 +421,11 @@ class Messages:
         if tag in state.consumers:
             raise AlreadyExists(f"attempt to reuse consumer tag '{clip(tag)}'")
         consumer = Consumer(self, channel, state, tag, queue, m)
+        if features(queue.arguments).stream:
+            check_consumer(queue.name, self.topology.vhost, m.no_ack, consumer.prefetch)
+            consumer.stream_offset = start_offset(
+                m.arguments, self.queues.bounds(consumer.queue),
+                lambda ms: self.queues.offset_at(consumer.queue, ms))
         self.consumers.add(consumer)
         state.consumers[tag] = consumer
         if not m.nowait:
@@ -422,16 +446,20 @@ class Messages:
         """Send ``delivery`` to ``consumer`` (settled at once under no_ack)."""
         state = consumer.state
         tag = next(state.delivery_tags)
+        stream = consumer.stream_offset is not None
         if consumer.no_ack:
             self.queues.settle(delivery.topic, delivery.queue_offset)
         else:
-            state.unacked[tag] = _Unacked(delivery.topic, delivery.queue_offset, consumer)
+            state.unacked[tag] = _Unacked(delivery.topic, delivery.queue_offset, consumer, stream)
             consumer.unacked += 1
         props = delivery.properties
+        properties = to_properties(props, delivery.born_ts)
+        if stream:
+            properties.headers = {**(properties.headers or {}),
+                                  OFFSET_ARGUMENT: delivery.queue_offset}
         self.conn.send_content(consumer.channel, Basic.Deliver(
             consumer.tag, tag, delivery.attempt > 1, *origin(delivery.topic, props)),
-            to_properties(props, delivery.born_ts),
-            delivery.body)
+            properties, delivery.body)
 
     def _dispatch(self, state: _Channel) -> None:
         for consumer in list(state.consumers.values()):
@@ -485,3 +513,5 @@ _HANDLERS: dict[type, Callable[[Messages, int, Any], Frame | None]] = {
     Basic.Consume: Messages._consume,
     Basic.Cancel: Messages._cancel,
 }
+_SETTLING = (Basic.Ack, Basic.Nack, Basic.Reject)
+"""Methods that still count when read before their channel or connection closed."""

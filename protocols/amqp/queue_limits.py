@@ -227,6 +227,16 @@ class QueueLimits:
     def signal_any(self, queues: tuple[str, ...]) -> asyncio.Future[None]:
         return self._named.signal_any(queues)
 
+    def bounds(self, named: str) -> tuple[int, int]:
+        return self._named.bounds(named)
+
+    def read(self, named: str, offset: int, max_messages: int) -> tuple[list[Delivery], int]:
+        """Read a stream by offset (``NamedQueues.read``); no limit applies to readers."""
+        return self._named.read(named, offset, max_messages)
+
+    def offset_at(self, named: str, timestamp_ms: int) -> int:
+        return self._named.offset_at(named, timestamp_ms)
+
     def reject(self, named: str, offset: int) -> None:
         """A delivery rejected (or nacked) without requeue: dead-lettered with reason
         ``rejected`` when its queue has a dead-letter exchange, else dropped."""
