@@ -187,6 +187,13 @@ class NamedQueues:
         cursor = self._cursors.get((queue, queue, 0))
         return None if cursor is None else cursor.next_deadline()
 
+    def attempts(self, queue: str, offset: int) -> int:
+        """How often the popped, unsettled message at ``offset`` of ``queue`` was handed out
+        (0 if it is not popped)."""
+        cursor = self._cursors.get((queue, queue, 0))
+        flight = None if cursor is None else cursor.inflight.get(offset)
+        return 0 if flight is None else flight.attempt
+
     def settle(self, queue: str, offset: int) -> None:
         """The popped message at ``offset`` of ``queue`` is done."""
         cursor = self._cursors.get((queue, queue, 0))

@@ -134,11 +134,15 @@ class AmqpFrontend:
         check_binding(self.broker, principal, source, routing_key)
 
     def _unused(self, vhost: str, name: str) -> None:
-        """A queue lost its last consumer: an auto-delete one is deleted (as RabbitMQ does)."""
+        """A queue lost its last consumer: an auto-delete one is deleted (as RabbitMQ does),
+        an x-expires one starts counting its idle time."""
         try:
-            settings = self.vhosts.get(vhost).queues.get(name)
+            host = self.vhosts.get(vhost)
         except NotFound:
             return  # its virtual host is gone, and the queue with it
+        settings = host.queues.get(name)
+        if settings is not None:
+            self.queues.used(host.named(name))
         if settings is not None and settings.auto_delete:
             self.spawn(self._auto_delete(vhost, name))
 

@@ -216,13 +216,17 @@ class QueueLimits:
         self._named.settle(named, offset)
 
     def release(self, named: str, offset: int) -> None:
-        self._named.release(named, offset)
+        """Requeue a delivery; on a quorum queue, one returned more often than its delivery
+        limit is dead-lettered (or dropped) instead."""
+        queue = self._queue_of(named)
+        limit = None if queue is None else queue.policy.delivery_limit
+        if limit is None or self._named.attempts(named, offset) <= limit:
+            self._named.release(named, offset)
+            return
+        self._leave(queue, named, offset, DELIVERY_LIMIT)
 
     def ready(self, named: str) -> int:
         return self._named.ready(named)
-
-    def signal(self, named: str) -> asyncio.Future[None]:
-        return self._named.signal(named)
 
     def signal_any(self, queues: tuple[str, ...]) -> asyncio.Future[None]:
         return self._named.signal_any(queues)
@@ -240,7 +244,10 @@ class QueueLimits:
     def reject(self, named: str, offset: int) -> None:
         """A delivery rejected (or nacked) without requeue: dead-lettered with reason
         ``rejected`` when its queue has a dead-letter exchange, else dropped."""
-        queue = self._queue_of(named)
+        self._leave(self._queue_of(named), named, offset, REJECTED)
+
+    def _leave(self, queue: _Queue | None, named: str, offset: int, reason: str) -> None:
+        """The popped message at ``offset`` leaves its queue for ``reason``."""
         if queue is None or queue.policy.dead_letter_exchange is None:
             self._named.settle(named, offset)
             return
@@ -248,7 +255,7 @@ class QueueLimits:
         if not messages or messages[0].queue_offset != offset:
             self._named.settle(named, offset)
             return
-        self._dead_letter(queue, named, [(messages[0], REJECTED)])
+        self._dead_letter(queue, named, [(messages[0], reason)])
 
     # ---------------------------------------------------------------- publish
 
