@@ -69,10 +69,15 @@ class DeliveredMarks:
             self._append(f"{queue} {offset}\n")
 
     def forget(self, queue: str) -> None:
-        """``queue`` is gone: a queue declared again under its name starts unmarked."""
-        self._restored.pop(queue, None)
-        if self._marks.pop(queue, None) is not None:
-            self._append(f"{queue} {_FORGOTTEN}\n")
+        """``queue`` is gone, with the queues named ``queue@...`` (its priority levels): a
+        queue declared again under its name starts unmarked."""
+        def family(names: dict[str, int]) -> list[str]:
+            return [name for name in names if name == queue or name.startswith(queue + "@")]
+        for name in family(self._restored):
+            del self._restored[name]
+        for name in family(self._marks):
+            del self._marks[name]
+            self._append(f"{name} {_FORGOTTEN}\n")
 
     def close(self) -> None:
         if self._fd >= 0:

@@ -1,14 +1,17 @@
-"""The AMQP listener: plain TCP over asyncio, each accepted socket a `Wire` to the front end."""
+"""The AMQP listeners, plain TCP and TLS (`tls.TlsListener`) over asyncio: each accepted socket
+(for TLS, once its handshake is done) a `Wire` to the front end."""
 
 from __future__ import annotations
 
 import asyncio
 import socket
+import ssl
 from collections.abc import Callable
 
 from .adapter import AmqpAdapter, Wire
 from .frontend import AmqpFrontend
 from .options import AmqpOptions
+from .tls import TlsListener, listen
 
 HIGH_WATER = 256 << 10
 LOW_WATER = 64 << 10
@@ -78,20 +81,36 @@ class AmqpWire(asyncio.Protocol):
 
 
 class AmqpListener:
-    """The open AMQP listener and its bound port."""
+    """The open AMQP listeners and their bound ports (``tls_port`` None: no TLS listener)."""
 
-    def __init__(self, server: asyncio.base_events.Server) -> None:
+    def __init__(self, server: asyncio.base_events.Server, tls: TlsListener | None) -> None:
         self._server = server
+        self._tls = tls
         self.port: int = server.sockets[0].getsockname()[1]
+        self.tls_port: int | None = None if tls is None else tls.port
 
     async def stop(self) -> None:
         """Stop accepting."""
         self._server.close()
+        if self._tls is not None:
+            self._tls.close()
 
 
-async def start_amqp_listener(frontend: AmqpFrontend, options: AmqpOptions) -> AmqpListener:
-    """Open the TCP listener of ``options``. Raises OSError when the port is taken."""
-    server = await asyncio.get_running_loop().create_server(
-        lambda: AmqpWire(frontend.new_connection), options.host, options.port,
-        backlog=BACKLOG, reuse_address=True)
-    return AmqpListener(server)
+async def start_amqp_listener(frontend: AmqpFrontend, options: AmqpOptions,
+                              tls: ssl.SSLContext | None = None) -> AmqpListener:
+    """Open the TCP listener of ``options``, and its TLS listener with ``tls`` unless
+    ``tls_port`` is -1. Raises OSError when a port is taken."""
+    loop = asyncio.get_running_loop()
+    server = await loop.create_server(lambda: AmqpWire(frontend.new_connection), options.host,
+                                      options.port, backlog=BACKLOG, reuse_address=True)
+    secure = None
+    if tls is not None and options.tls_port >= 0:
+        try:
+            secure = listen(options.host, options.tls_port, tls,
+                            lambda: AmqpWire(frontend.new_connection),
+                            timeout=options.connect_timeout_s, backlog=BACKLOG,
+                            denials=frontend.denials)
+        except BaseException:
+            server.close()
+            raise
+    return AmqpListener(server, secure)
