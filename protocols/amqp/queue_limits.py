@@ -21,7 +21,7 @@ from collections.abc import Callable, Coroutine, Iterable, Sequence
 from typing import Any
 
 from core.clock import now_ms
-from core.errors import PreconditionFailed, SluiceError
+from core.errors import NotFound, PreconditionFailed, SluiceError
 from core.model import SUBJECT_PROPERTY, Delivery, OutgoingMessage
 from core.named_queues import NamedQueues
 from core.service import MAX_INVISIBLE_MS
@@ -76,6 +76,10 @@ def expires_at(policy_: QueuePolicy, properties: dict[str, str] | Any, stored_ms
     return None if ttl is None else stored_ms + ttl
 
 
+def _rejects_publishes(the_policy: QueuePolicy) -> bool:
+    return the_policy.limits_length and the_policy.overflow != "drop-head"
+
+
 @dataclasses.dataclass(eq=False)
 class _Queue:
     """One declared queue as the limits see it."""
@@ -103,6 +107,8 @@ class QueueLimits:
         self._spawn = spawn
         self._deleted = deleted
         self._queues: dict[str, _Queue] = {}
+        self._limited = 0
+        """Queues with a reject-publish length limit: publishes look at none while 0."""
 
     # ---------------------------------------------------------------- queues
 
@@ -114,6 +120,7 @@ class QueueLimits:
         if queue is None:
             found = policy(settings.arguments) or _NO_POLICY
             queue = self._queues[named] = _Queue(vhost, settings.name, named, found)
+            self._limited += _rejects_publishes(found)
             if loaded:
                 self._arm_sweep(queue, now_ms())
         self.used(named)
@@ -132,14 +139,28 @@ class QueueLimits:
         """The queue is gone: its timers stop and its consumption state goes."""
         queue = self._queues.pop(named, None)
         if queue is not None:
+            self._limited -= _rejects_publishes(queue.policy)
             for handle in (queue.sweep, queue.unused):
                 if handle is not None:
                     handle.cancel()
         self._named.forget(named)
 
+    def _alive(self, queue: _Queue) -> bool:
+        """Whether ``queue`` is still declared (its virtual host may have been deleted under
+        it); forgotten if not."""
+        try:
+            host = self._vhosts.get(queue.vhost)
+            alive = self._queues.get(queue.named) is queue \
+                and queue.name in host.queues and host.named(queue.name) == queue.named
+        except NotFound:
+            alive = False
+        if not alive and self._queues.get(queue.named) is queue:
+            self.forget(queue.named)
+        return alive
+
     def _maybe_unused(self, queue: _Queue) -> None:
         queue.unused = None
-        if self._queues.get(queue.named) is not queue:
+        if not self._alive(queue):
             return
         if self._consumer_count(queue.named):
             self.used(queue.named)  # in use now: idle time starts over
@@ -147,8 +168,7 @@ class QueueLimits:
         self._spawn(self._delete_unused(queue))
 
     async def _delete_unused(self, queue: _Queue) -> None:
-        host = self._vhosts.get(queue.vhost)
-        if queue.name not in host.queues or host.named(queue.name) != queue.named:
+        if not self._alive(queue):
             return
         log.info("AMQP queue %s in vhost %s deleted: unused for %d ms (x-expires)",
                  clip(queue.name), clip(queue.vhost), queue.policy.expires)
@@ -264,6 +284,8 @@ class QueueLimits:
         """``message`` without the queues whose reject-publish limit it would exceed, and
         whether any refused it (a confirm is then a nack). ``pending`` counts what this batch
         adds to each queue so far (messages, bytes). None when nothing is left to store."""
+        if not self._limited:
+            return message, False
         keep: list[str] = []
         refused = False
         size = len(message.body)
@@ -348,7 +370,7 @@ class QueueLimits:
     def _sweep(self, queue: _Queue) -> None:
         """Expire the queue's head: what nobody popped is taken out once its time is up."""
         queue.sweep_at = queue.sweep = None
-        if self._queues.get(queue.named) is not queue:
+        if not self._alive(queue):
             return
         now = now_ms()
         expired: list[tuple[Delivery, str]] = []
@@ -393,7 +415,7 @@ class QueueLimits:
             await self._dead_letters.send(queue.vhost, queue.name,
                                           queue.policy.dead_letter_exchange,
                                           queue.policy.dead_letter_routing_key, letters)
-        except SluiceError as error:  # kept in the queue: dead-lettered again when next due
+        except SluiceError as error:  # kept in the queue (NotFound: its vhost is gone): dead-lettered again when next due
             log.warning("dead letters of AMQP queue %s in vhost %s not stored: %s",
                         clip(queue.name), clip(queue.vhost), error)
             for offset in offsets:
