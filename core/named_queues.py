@@ -38,6 +38,10 @@ class NamedQueues:
         self._cursors = engine.cursors
         self._signals = engine.signals
         self._engine = engine
+        self.delivered: dict[str, int] = {}
+        """Messages popped per queue since start (redeliveries included)."""
+        self.settled: dict[str, int] = {}
+        """Popped messages settled per queue since start (acked, or rejected without requeue)."""
         self._marks = DeliveredMarks(data_dir)
 
     def close(self) -> None:
@@ -136,8 +140,10 @@ class NamedQueues:
                 cursor.next = max(cursor.next, corrupt.offset + 1)
                 cursor.ack(corrupt.offset)
                 continue
-            if mark and popped:
-                self._marks.mark(queue, cursor.next)
+            if popped:
+                self.delivered[queue] = self.delivered.get(queue, 0) + len(popped)
+                if mark:
+                    self._marks.mark(queue, cursor.next)
             return popped
 
     def pop_first(self, queues: tuple[str, ...], max_messages: int, invisible_ms: int, *,
@@ -199,6 +205,42 @@ class NamedQueues:
         cursor = self._cursors.get((queue, queue, 0))
         if cursor is not None and offset in cursor.inflight:
             cursor.ack(offset)
+            self.settled[queue] = self.settled.get(queue, 0) + 1
+
+    def unsettled(self, queue: str) -> int:
+        """Popped messages of ``queue`` neither settled nor released."""
+        cursor = self._cursors.get((queue, queue, 0))
+        if cursor is None:
+            return 0
+        now = now_ms()
+        return sum(1 for flight in cursor.inflight.values() if flight.deadline_ms > now)
+
+    def purge(self, queue: str) -> int:
+        """Settle every message of ``queue`` waiting to be popped (released ones included); how
+        many. Popped, unsettled messages stay. Nothing is deleted from the log: the queue's
+        consumption state moves past the messages, saved with the offsets."""
+        earliest, end = self._engine.reader.range(queue, 0)
+        cursor = self._cursors.open((queue, queue, 0), earliest)
+        if cursor.next < earliest:
+            cursor.skip_to(earliest)
+        now = now_ms()
+        held = [offset for offset, flight in cursor.inflight.items() if flight.deadline_ms > now]
+        purged = 0
+        for offset in [o for o, f in cursor.inflight.items() if f.deadline_ms <= now]:
+            cursor.ack(offset)
+            purged += 1
+        low = min(held, default=end)
+        if low > cursor.committed:
+            below = low - cursor.committed - sum(1 for o in cursor.acked if o < low)
+            purged += below
+            cursor.skip_to(low)
+        top = min(end, low + MAX_IN_FLIGHT_SPAN)  # the farthest a pop may reach past ``low``
+        for offset in range(max(low, cursor.committed), top):
+            if offset not in cursor.inflight and offset not in cursor.acked:
+                cursor.ack(offset)
+                purged += 1
+        cursor.next = max(cursor.next, top)
+        return purged
 
     def release(self, queue: str, offset: int) -> None:
         """Make the popped message at ``offset`` of ``queue`` visible again now (its consumer
@@ -226,4 +268,6 @@ class NamedQueues:
     def forget(self, queue: str) -> None:
         """Drop the consumption state of ``queue`` (a session or group that ended)."""
         self._cursors.drop_consumer(queue)
+        self.delivered.pop(queue, None)
+        self.settled.pop(queue, None)
         self._marks.forget(queue)

@@ -22,8 +22,10 @@ from core.errors import NotFound, SluiceError
 from core.model import Principal
 from core.service import Broker
 from core.untrusted import DenialLog, clip
+from core.vhost_permissions import VhostPermissions
 from core.vhosts import VirtualHosts
 
+from .access import VhostAccess
 from .alarms import Alarms
 from .connection import ServerConnection
 from .errors import reply_code
@@ -70,6 +72,7 @@ class Host(QueueWatch, Protocol):
 
     broker: Broker
     vhosts: VirtualHosts
+    permissions: VhostPermissions
     queues: QueueLimits
     consumers: Consumers
     options: AmqpOptions
@@ -263,9 +266,14 @@ class AmqpAdapter:
         except NotFound:
             self.conn.refuse_vhost(f"vhost {vhost[:200]} not found")
             return
-        self.conn.open_vhost()
         host = self.host
-        self.topology = Topology(host.vhosts, vhost, self.principal, self.id, host)
+        if not host.permissions.may_open(self.principal, vhost):
+            self.conn.refuse_vhost(f"access to vhost {clip(vhost)} refused for user "
+                                   f"{clip(self.principal.user)}")
+            return
+        self.conn.open_vhost()
+        access = VhostAccess(host.permissions, self.principal, vhost)
+        self.topology = Topology(host.vhosts, vhost, self.principal, self.id, host, access)
         self.messages = Messages(host.broker, host.vhosts, host.queues, host.consumers,
                                  self.principal, self.topology, self.conn, self._write_out,
                                  self._fail, self.gate)

@@ -26,8 +26,10 @@ from core.model import Action, Delivery, OutgoingMessage, Principal
 from core.service import MAX_INVISIBLE_MS, Broker
 from core.untrusted import clip
 from core.queue_features import features, levels
+from core.vhost_permissions import Right
 from core.vhosts import QueueSettings, VirtualHosts
 
+from .access import EXCHANGE, QUEUE
 from .connection import ServerConnection
 from .consumers import Consumers, consumer_priority
 from .events import PublishReceived
@@ -250,6 +252,7 @@ class Messages:
             raise PreconditionFailed(f"user_id property set to '{clip(properties.user_id)}' "
                                      f"but authenticated user was '{clip(self.principal.user)}'")
         vhost = self.topology.vhost
+        self.topology.access.check(Right.WRITE, EXCHANGE, m.exchange)
         queues = tuple(self.vhosts.route(vhost, m.exchange, m.routing_key, properties.headers,
                                           properties.priority))
         subject = subject_of_key(m.routing_key) if m.exchange == TOPIC_EXCHANGE \
@@ -339,6 +342,7 @@ class Messages:
     def _queue(self, channel: int, name: str) -> tuple[QueueSettings, str]:
         """(queue, its named queue) of a get or consume; NotFound, ResourceLocked."""
         name = self.topology.queue_name(channel, name)
+        self.topology.access.check(Right.READ, QUEUE, name)
         queue = self.vhosts.get(self.topology.vhost).queue(name)
         self.topology.check_owner(name)
         named = self.vhosts.get(self.topology.vhost).named(name)
@@ -464,6 +468,14 @@ class Messages:
     def _dispatch(self, state: _Channel) -> None:
         for consumer in list(state.consumers.values()):
             consumer.dispatch()
+
+    def channel_details(self, channel: int) -> dict[str, Any]:
+        """What `sluice channel list` shows of ``channel``: consumers, unacked deliveries,
+        prefetch limits, confirm mode and unconfirmed publishes."""
+        state = self._channels.get(channel) or _Channel()
+        return {"consumers": len(state.consumers), "messages_unacknowledged": len(state.unacked),
+                "prefetch_count": state.prefetch, "global_prefetch_count": state.global_prefetch,
+                "confirm": state.confirming, "messages_unconfirmed": len(state.outstanding)}
 
     def flow(self, channel: int, active: bool) -> None:
         """channel.flow (answered already): stop or resume deliveries to the channel's

@@ -17,11 +17,12 @@ import asyncio
 import dataclasses
 import logging
 import re
-from collections.abc import Callable, Coroutine, Iterable, Sequence
+from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence
 from typing import Any
 
 from core.clock import now_ms
 from core.errors import NotFound, PreconditionFailed, SluiceError
+from core.interop import MQTT_EXPIRY_AT
 from core.model import SUBJECT_PROPERTY, Delivery, OutgoingMessage
 from core.named_queues import NamedQueues
 from core.service import MAX_INVISIBLE_MS
@@ -61,9 +62,11 @@ def parse_expiration(text: str | None) -> int | None:
     return value
 
 
-def expires_at(policy_: QueuePolicy, properties: dict[str, str] | Any, stored_ms: int) -> int | None:
+def expires_at(policy_: QueuePolicy, properties: Mapping[str, str],
+               stored_ms: int) -> int | None:
     """When a message stored at ``stored_ms`` expires in a queue with ``policy_`` (the
-    smaller of the queue's TTL and the message's expiration); None: never."""
+    smaller of the queue's TTL and the message's expiration, or an MQTT publish's message
+    expiry); None: never."""
     ttl = policy_.message_ttl
     raw = properties.get(EXPIRATION_PROPERTY)
     if raw is not None:
@@ -73,7 +76,11 @@ def expires_at(policy_: QueuePolicy, properties: dict[str, str] | Any, stored_ms
             own = None
         if own is not None:
             ttl = own if ttl is None else min(ttl, own)
-    return None if ttl is None else stored_ms + ttl
+    deadline = None if ttl is None else stored_ms + ttl
+    expiry = properties.get(MQTT_EXPIRY_AT)  # absolute ms
+    if expiry is not None and expiry.isascii() and expiry.isdigit() and len(expiry) <= 16:
+        deadline = int(expiry) if deadline is None else min(deadline, int(expiry))
+    return deadline
 
 
 def _rejects_publishes(the_policy: QueuePolicy) -> bool:
@@ -227,7 +234,8 @@ class QueueLimits:
         limit = the_policy.delivery_limit
         if limit is not None and delivery.attempt - 1 > limit:
             return DELIVERY_LIMIT
-        if the_policy.message_ttl is None and EXPIRATION_PROPERTY not in delivery.properties:
+        if the_policy.message_ttl is None and EXPIRATION_PROPERTY not in delivery.properties \
+                and MQTT_EXPIRY_AT not in delivery.properties:
             return None
         deadline = expires_at(the_policy, delivery.properties, delivery.store_ts)
         return EXPIRED if deadline is not None and deadline <= now else None
@@ -415,7 +423,8 @@ class QueueLimits:
             await self._dead_letters.send(queue.vhost, queue.name,
                                           queue.policy.dead_letter_exchange,
                                           queue.policy.dead_letter_routing_key, letters)
-        except SluiceError as error:  # kept in the queue (NotFound: its vhost is gone): dead-lettered again when next due
+        except SluiceError as error:  # NotFound too: its virtual host is gone
+            # kept in the queue: dead-lettered again when next due
             log.warning("dead letters of AMQP queue %s in vhost %s not stored: %s",
                         clip(queue.name), clip(queue.vhost), error)
             for offset in offsets:
