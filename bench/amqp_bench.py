@@ -187,6 +187,8 @@ class Result:
     """One scenario run against one broker."""
 
     msg_per_s: float
+    publish_msg_per_s: float
+    """Confirmed publishes per second, first publish to last confirm, warm-up included."""
     received: int
     p50: float
     p99: float
@@ -303,7 +305,8 @@ def measure(broker: Broker, load: Load, timeout: float) -> Result:
         raise RuntimeError(f"the consumers received {run.received:,} of {run.expected:,} messages")
     p50, p99 = percentiles(run.latencies_ns)
     cpu = None if before is None or after is None else (after - before) / run.received * 1e6
-    return Result(run.msg_per_s, run.received, p50 / 1e9, p99 / 1e9, cpu, run.client_cpu / run.received * 1e6)
+    return Result(run.msg_per_s, run.publish_msg_per_s, run.received, p50 / 1e9, p99 / 1e9, cpu,
+                  run.client_cpu / run.received * 1e6)
 
 
 class AmqpBench:
@@ -372,7 +375,8 @@ class AmqpBench:
         latency = f", p50 {_ms(result.p50)} p99 {_ms(result.p99)}" if scenario.latency else ""
         elapsed = time.perf_counter() - self.started
         self.log(f"[amqp {elapsed:6.1f}s] round {index + 1}/{self.settings.rounds}  {broker.name}, "
-                 f"{scenario.label}: {result.msg_per_s:,.0f} msg/s{latency}, CPU/msg broker "
+                 f"{scenario.label}: {result.msg_per_s:,.0f} msg/s (publishers "
+                 f"{result.publish_msg_per_s:,.0f} confirmed/s){latency}, CPU/msg broker "
                  f"{_us(result.broker_us_per_msg)} clients {_us(result.client_us_per_msg)}")
 
     def _failed(self, key: tuple[str, str], scenario: Scenario, index: int, error: Exception,
