@@ -43,7 +43,7 @@ class Core:
         self.engine = Engine(store, metadata, data_dir, config, flush=flush,
                              subject_syntax=subject_syntax, subject_topics=subject_topics)
         self.broker = Broker(self.engine, Users(metadata, subject_syntax, subject_topics))
-        self.queues = NamedQueues(self.engine)
+        self.queues = NamedQueues(self.engine, data_dir)
         self.state = StateStore(self.engine)
         self.vhosts = VirtualHosts(metadata)
         self._metadata = metadata
@@ -63,6 +63,7 @@ class Core:
     async def close(self) -> None:
         """Stop timers, wake every long poll, persist offsets."""
         await self.engine.close()
+        self.queues.close()
 
     async def apply_retention(self, now_ms: int | None = None) -> RetentionReport:
         """Apply the store's and every topic's retention now (it also runs on a timer)."""

@@ -84,6 +84,13 @@ class Cursor:
             self.acked.discard(self.committed)
             self.committed += 1
 
+    def delivered_below(self, offset: int) -> None:
+        """Count every offset in [committed, ``offset``) neither acked nor in flight as
+        delivered once (known from before a restart), so its next delivery is a redelivery."""
+        for o in range(self.committed, offset):
+            if o not in self.acked and o not in self.inflight:
+                self.attempts.setdefault(o, 1)
+
     def _rebuild_expiries(self) -> None:
         """Drop deadlines of settled or superseded flights, so the heap stays proportional to
         what is in flight even with long invisible durations."""

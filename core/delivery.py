@@ -85,6 +85,24 @@ class TopicSignals:
         self._waiters.setdefault(topic, set()).add(future)
         return future
 
+    def future_any(self, topics: Iterable[str]) -> asyncio.Future[None]:
+        """A future resolved at the next ``notify`` of any of ``topics``; once resolved it
+        leaves the others' waiters."""
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        topics = list(topics)
+        for topic in topics:
+            self._waiters.setdefault(topic, set()).add(future)
+
+        def leave(_: asyncio.Future[None]) -> None:
+            for topic in topics:
+                waiting = self._waiters.get(topic)
+                if waiting is not None:
+                    waiting.discard(future)
+                    if not waiting:
+                        del self._waiters[topic]
+        future.add_done_callback(leave)
+        return future
+
     async def wait(self, topics: Iterable[str], timeout_s: float) -> None:
         """Return when one of ``topics`` is notified or ``timeout_s`` passes."""
         if timeout_s <= 0:

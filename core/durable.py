@@ -87,6 +87,8 @@ class DurableWaiters:
         self._scheduled = (self._visible.offset, durable)  # only touched on the flusher thread
         self._store_failure: str | None = None
         """Why the store cannot write, as last heard on the loop; None while it can."""
+        self.health_watchers: list[Callable[[str | None], None]] = []
+        """Told on the loop whenever the store's health changes (see `store_health`)."""
         self.steps = 0
         """How often the durable offset moved (flusher thread): the number of group commits."""
 
@@ -123,9 +125,21 @@ class DurableWaiters:
     def store_health(self, reason: str | None) -> None:
         """On the loop: the store cannot write (``reason``) or can again (None). Producers
         waiting for durability are failed; publish callbacks stay pending."""
+        changed = reason != self._store_failure
         self._store_failure = reason
         if reason is not None:
             self._durable.fail(self._failure)
+        if changed:
+            for watcher in list(self.health_watchers):
+                try:
+                    watcher(reason)
+                except Exception:  # noqa: BLE001 - one watcher's bug must not silence the rest
+                    log.exception("a store health watcher failed; the others go on")
+
+    @property
+    def store_failure(self) -> str | None:
+        """Why the store cannot write, as last heard on the loop; None while it can."""
+        return self._store_failure
 
     def _failure(self) -> QuotaExceeded:
         return QuotaExceeded(f"{self._store_failure}; the message may not be stored: send it again "

@@ -59,6 +59,7 @@ class Engine:
         """(metric, topic or group) -> count: ``messages_in``, ``bytes_in``, ``messages_out``,
         ``bytes_out`` per topic and ``dead_lettered`` per group."""
         self.producer: Producer
+        self.waiters: DurableWaiters
         self.reader: Reader
         self._retention_floors: dict[tuple[str, int], int] = {}
         """(topic, queue) -> first offset within the topic's own retention limit."""
@@ -69,7 +70,8 @@ class Engine:
         loop = asyncio.get_running_loop()
         store = self.store
         durable = store.durable_offset
-        waiters = DurableWaiters(loop, durable, getattr(store, "visible_offset", durable))
+        waiters = self.waiters = DurableWaiters(loop, durable,
+                                                getattr(store, "visible_offset", durable))
         store.add_listener(waiters.listener)
         store.add_health_listener(waiters.health_listener)
         waiters.store_health(store.degraded)

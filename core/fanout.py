@@ -22,7 +22,7 @@ Runs on the event loop; not thread-safe.
 from __future__ import annotations
 
 from collections.abc import Hashable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Protocol
 
 from .bounded_cache import BoundedCache
@@ -65,8 +65,10 @@ class Fanout:
     """Subject filters bound to queue targets and listeners."""
 
     def __init__(self, syntax: TopicSyntax) -> None:
+        self._syntax = syntax
         self._separator = syntax.separator
-        self._trie = TopicTrie(syntax)
+        # the trie matches a multi-level wildcard anywhere; ``bind`` enforces the syntax's rule
+        self._trie = TopicTrie(replace(syntax, multi_last=False))
         self._cache: BoundedCache[Route] = BoundedCache(ROUTE_CACHE_BYTES, MAX_CACHED_SUBJECT)
 
     def __len__(self) -> int:
@@ -76,9 +78,15 @@ class Fanout:
         """A subject or filter as trie levels."""
         return subject_or_filter.split(self._separator)
 
-    def bind(self, subject_filter: str, target: QueueTarget | Hashable) -> bool:
-        """Route subjects matching ``subject_filter`` to ``target``; False if bound already."""
-        added = self._trie.add(self.levels(subject_filter), target)
+    def bind(self, subject_filter: str, target: QueueTarget | Hashable, *,
+             multi_anywhere: bool = False) -> bool:
+        """Route subjects matching ``subject_filter`` to ``target``; False if bound already.
+        ``multi_anywhere`` lets the multi-level wildcard stand at any level (an AMQP topic
+        binding ``a.#.b`` translated), whatever the syntax says."""
+        levels = self.levels(subject_filter)
+        if not multi_anywhere:
+            self._syntax.check_levels(levels, subject_filter)
+        added = self._trie.add(levels, target)
         if added:
             self._cache.clear()
         return added

@@ -17,7 +17,8 @@ from __future__ import annotations
 import asyncio
 
 from .clock import now_ms
-from .consume import pop_queue
+from .consume import MAX_IN_FLIGHT_SPAN, pop_queue
+from .delivered_marks import DeliveredMarks
 from .engine import Engine
 from .errors import CorruptMessage
 from .fanout import Listener, QueueTarget
@@ -32,18 +33,26 @@ _NO_DEAD_LETTERS = 1 << 30
 class NamedQueues:
     """Bindings, reads and consumption state of named queues."""
 
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: Engine, data_dir: str) -> None:
         self._fanout = engine.fanout
         self._cursors = engine.cursors
         self._signals = engine.signals
         self._engine = engine
+        self._marks = DeliveredMarks(data_dir)
+
+    def close(self) -> None:
+        """Close the delivered-marks file."""
+        self._marks.close()
 
     # --- what feeds a queue ---
 
-    def bind(self, subject_filter: str, queue: str) -> bool:
+    def bind(self, subject_filter: str, queue: str, *, multi_anywhere: bool = False) -> bool:
         """Index every message whose subject matches into ``queue`` from now on; False if it
-        was bound already. InvalidArgument for a malformed filter."""
-        return self._fanout.bind(subject_filter, QueueTarget(queue))
+        was bound already. InvalidArgument for a malformed filter; ``multi_anywhere`` accepts
+        the multi-level wildcard at any level (AMQP's ``#``). A message routed here and also
+        named in its ``also_into`` is indexed once."""
+        return self._fanout.bind(subject_filter, QueueTarget(queue),
+                                 multi_anywhere=multi_anywhere)
 
     def unbind(self, subject_filter: str, queue: str) -> bool:
         """Undo ``bind``; False if it was not bound."""
@@ -84,21 +93,71 @@ class NamedQueues:
         of it becomes visible again through ``release``)."""
         return self._signals.future(queue)
 
+    def signal_any(self, queues: tuple[str, ...]) -> asyncio.Future[None]:
+        """``signal`` for whichever of ``queues`` (the levels of a priority queue) comes first."""
+        if len(queues) == 1:
+            return self._signals.future(queues[0])
+        return self._signals.future_any(queues)
+
     # --- several consumers: pop, settle, release ---
 
-    def pop(self, queue: str, max_messages: int, invisible_ms: int) -> list[Delivery]:
+    def pop(self, queue: str, max_messages: int, invisible_ms: int, *,
+            mark: bool = False) -> list[Delivery]:
         """Message-level consumption of ``queue`` shared by several consumers: each message goes
         to one of them and comes back after ``invisible_ms`` unless settled. A corrupt message
-        is skipped (logged, settled: it is never delivered)."""
+        is skipped (logged, settled: it is never delivered).
+
+        With ``mark``, what was popped is recorded as delivered before this returns (one write,
+        ``core.delivered_marks``), so after a crash it comes back as a redelivery
+        (``Delivery.attempt`` > 1) rather than as new."""
         reader = self._engine.reader
         cursor = self._cursors.open((queue, queue, 0), reader.range(queue, 0)[0])
+        restored = self._marks.restored(queue)
+        if restored is not None:
+            cursor.delivered_below(min(restored, cursor.committed + MAX_IN_FLIGHT_SPAN))
         while True:
             try:
-                return pop_queue(reader, cursor, queue, queue, 0, _EVERY_TAG, now_ms(),
-                                 invisible_ms, max_messages, _NO_DEAD_LETTERS).deliveries
+                popped = pop_queue(reader, cursor, queue, queue, 0, _EVERY_TAG, now_ms(),
+                                   invisible_ms, max_messages, _NO_DEAD_LETTERS).deliveries
             except CorruptMessage as corrupt:  # logged by the reader; never delivered
                 cursor.next = max(cursor.next, corrupt.offset + 1)
                 cursor.ack(corrupt.offset)
+                continue
+            if mark and popped:
+                self._marks.mark(queue, cursor.next)
+            return popped
+
+    def pop_first(self, queues: tuple[str, ...], max_messages: int, invisible_ms: int, *,
+                  mark: bool = False) -> list[Delivery]:
+        """``pop`` from each of ``queues`` in turn (a priority queue's levels, highest first)
+        until ``max_messages`` are taken."""
+        popped = self.pop(queues[0], max_messages, invisible_ms, mark=mark)
+        for queue in queues[1:]:
+            if len(popped) >= max_messages:
+                break
+            popped += self.pop(queue, max_messages - len(popped), invisible_ms, mark=mark)
+        return popped
+
+    def peek(self, queue: str, limit: int) -> list[Delivery]:
+        """Up to ``limit`` messages of ``queue`` never popped nor settled, oldest first, left
+        where they are (a queue's head, to expire or measure it)."""
+        cursor = self._cursors.get((queue, queue, 0))
+        start = self.bounds(queue)[0] if cursor is None else cursor.next
+        acked = frozenset() if cursor is None else cursor.acked
+        out: list[Delivery] = []
+        while len(out) < limit:
+            messages, start = self.read(queue, start, limit - len(out) + len(acked))
+            if not messages:
+                return out
+            out.extend(m for m in messages if m.queue_offset not in acked)
+        return out[:limit]
+
+    def take(self, queue: str, offset: int, invisible_ms: int) -> None:
+        """Hide the message at ``offset``, the oldest one never popped (``peek``), as a pop
+        would without handing it out; ``settle`` or ``release`` it afterwards."""
+        cursor = self._cursors.open((queue, queue, 0), self.bounds(queue)[0])
+        if offset >= cursor.next:
+            cursor.deliver(offset, now_ms(), invisible_ms)
 
     def ready(self, queue: str) -> int:
         """About how many messages of ``queue`` wait to be popped: stored, neither settled nor
@@ -147,3 +206,4 @@ class NamedQueues:
     def forget(self, queue: str) -> None:
         """Drop the consumption state of ``queue`` (a session or group that ended)."""
         self._cursors.drop_consumer(queue)
+        self._marks.forget(queue)

@@ -97,8 +97,9 @@ class Producer:
                                   f"{topic.name!r}; a subject's first level names its topic")
         route = self._fanout.route(subject or topic.name)
         extra = route.queues
-        if message.also_into:
-            extra += tuple((queue, 0) for queue in message.also_into)
+        if message.also_into:  # a queue both bound to the subject and named is indexed once
+            routed = set(extra)
+            extra += tuple((queue, 0) for queue in message.also_into if (queue, 0) not in routed)
         prepared = Message(topic.name, message.body, self._queue_for(topic, message), message.tag,
                            tuple(message.keys), properties or None, message.msg_id,
                            message.born_ts or int(time.time() * 1000), extra)

@@ -57,6 +57,14 @@ class Broker:
         """(metric, topic or group) -> count since start (``Engine.counters``)."""
         return self._engine.counters
 
+    def watch_store(self, watcher: Callable[[str | None], None]) -> str | None:
+        """Call ``watcher(reason)`` whenever the store stops taking writes (disk full, I/O
+        errors) and ``watcher(None)`` once it takes them again; returns the reason now (None:
+        it writes). Runs on the event loop, and so do the calls."""
+        waiters = self._engine.waiters
+        waiters.health_watchers.append(watcher)
+        return waiters.store_failure
+
     # --- authentication and authorization ---
 
     async def authenticate(self, username: str, password: str) -> Principal:

@@ -6,7 +6,10 @@ and restored by ``load`` at start; transient ones, and exclusive queues, live in
 are gone after a restart, as in RabbitMQ. A binding is durable when both its ends are.
 
 Every AMQP queue is a named queue of core (``named_queue``), so its messages are entries over
-the one commit log. No authorization here: the adapter decides first, on domain names.
+the one commit log. Each declaration of a queue is a new incarnation (kept in its durable row),
+so a queue deleted and declared again under the same name starts empty; rows written before
+incarnations existed keep the named queue their name alone gave. No authorization here: the
+adapter decides first, on domain names.
 Runs on the event loop; metadata writes go to a thread.
 """
 
@@ -19,15 +22,19 @@ import json
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from .errors import (AccessDenied, AlreadyExists, InvalidArgument, NotFound,
                      PreconditionFailed, ResourceLocked)
 from .exchanges import Binding, Destination, ExchangeGraph, frozen_arguments
 from .metadata import MetadataRepository
+from .queue_features import check as check_features
+from .queue_features import target
 from .untrusted import clip
 
 DEFAULT_VHOST = "/"
+TOPIC_EXCHANGE = "amq.topic"
+"""The exchange whose queue bindings are mirrored to a ``TopicMirror``."""
 MAX_NAME_BYTES = 255
 """Longest exchange, queue or virtual host name (AMQP's shortstr)."""
 
@@ -41,6 +48,8 @@ class QueueSettings:
     auto_delete: bool = False
     arguments: dict[str, Any] = field(default_factory=dict)
     owner: str | None = None
+    incarnation: str = ""
+    """Tells this declaration's entries from those of an earlier queue of the same name."""
 
     def same_declaration(self, other: QueueSettings) -> bool:
         """Whether ``other`` redeclares this queue alike (RabbitMQ compares these)."""
@@ -66,10 +75,16 @@ class VirtualHost:
             raise NotFound(f"no queue {clip(name)} in virtual host {clip(self.name)}")
         return queue
 
+    def named(self, name: str) -> str:
+        """The named queue holding the entries of queue ``name`` as declared now; NotFound."""
+        return named_queue(self.name, name, self.queue(name).incarnation)
 
-def named_queue(vhost: str, queue: str) -> str:
-    """The core named queue holding an AMQP queue's entries."""
-    digest = hashlib.blake2b(f"{vhost}\0{queue}".encode(), digest_size=16).hexdigest()
+
+def named_queue(vhost: str, queue: str, incarnation: str = "") -> str:
+    """The core named queue holding the entries of one incarnation of an AMQP queue (the
+    empty incarnation: a queue declared before incarnations existed)."""
+    key = f"{vhost}\0{queue}" + (f"\0{incarnation}" if incarnation else "")
+    digest = hashlib.blake2b(key.encode(), digest_size=16).hexdigest()
     return f"%SYS%amqp.q.{digest}"
 
 
@@ -80,12 +95,34 @@ def check_amqp_name(name: str, what: str) -> str:
     return name
 
 
+class TopicMirror(Protocol):
+    """Told of every queue binding of ``amq.topic`` (``VirtualHosts.mirror_topic_bindings``):
+    the AMQP adapter binds the subject filter each key stands for in core's fan-out, so
+    messages of every protocol reach the queue. Must not raise."""
+
+    def bound(self, vhost: str, queue: str, named: str, routing_key: str) -> None:
+        """``queue`` of ``vhost`` (named queue ``named``) is bound to ``amq.topic`` with
+        ``routing_key`` (may repeat)."""
+
+    def unbound(self, vhost: str, queue: str, named: str, routing_key: str) -> None:
+        """The last such binding is gone."""
+
+
 class VirtualHosts:
     """Every virtual host of the broker, restored from and written to the metadata database."""
 
     def __init__(self, metadata: MetadataRepository) -> None:
         self._metadata = metadata
         self._vhosts: dict[str, VirtualHost] = {}
+        self._mirror: TopicMirror | None = None
+
+    def mirror_topic_bindings(self, mirror: TopicMirror) -> None:
+        """Tell ``mirror`` of every queue binding of ``amq.topic`` there is now (the durable
+        ones restored at start), and from now on of each one added or gone."""
+        self._mirror = mirror
+        for name, host in self._vhosts.items():
+            for queue, key in _topic_pairs(host):
+                mirror.bound(name, queue, host.named(queue), key)
 
     # --- start -------------------------------------------------------------------------
 
@@ -105,7 +142,8 @@ class VirtualHosts:
                                    internal=settings["internal"], arguments=settings["arguments"])
             elif kind == "queue":
                 host.queues[name] = QueueSettings(name, True, settings["auto_delete"],
-                                                  settings["arguments"])
+                                                  settings["arguments"],
+                                                  incarnation=settings.get("incarnation", ""))
             elif kind == "binding":
                 destination = Destination(settings["destination"], settings["to_exchange"])
                 host.graph.bind(settings["source"], destination, settings["routing_key"],
@@ -147,7 +185,10 @@ class VirtualHosts:
         host = self.get(name)
         await asyncio.to_thread(self._metadata.delete_topology, name)
         del self._vhosts[name]
-        return [named_queue(name, queue) for queue in host.queues]
+        if self._mirror is not None:
+            for queue, key in _topic_pairs(host):
+                self._mirror.unbound(name, queue, host.named(queue), key)
+        return [host.named(queue) for queue in host.queues]
 
     # --- exchanges -----------------------------------------------------------------------
 
@@ -176,6 +217,7 @@ class VirtualHosts:
         host = self.get(vhost)
         before = set(host.graph.bindings())
         if host.graph.delete(name, if_unused=if_unused):
+            self._unmirror(vhost, host, before)
             await asyncio.to_thread(self._metadata.delete_topology, vhost, "exchange", name)
             await self._forget_bindings(vhost, before - set(host.graph.bindings()))
 
@@ -197,6 +239,8 @@ class VirtualHosts:
             raise ResourceLocked(f"queue {clip(name)} is exclusive to another connection")
         if passive:
             return host.queue(name)
+        check_features(name, vhost, settings.arguments, durable=settings.durable,
+                       exclusive=settings.owner is not None, auto_delete=settings.auto_delete)
         if existing is not None:
             if not existing.same_declaration(settings):
                 raise PreconditionFailed(f"queue {clip(name)} exists with other settings "
@@ -207,9 +251,10 @@ class VirtualHosts:
         if name.startswith("amq.") and settings.name:
             raise AccessDenied(f"queue names starting with 'amq.' are reserved ({clip(name)})")
         queue = QueueSettings(name, settings.durable, settings.auto_delete,
-                              dict(settings.arguments), settings.owner)
+                              dict(settings.arguments), settings.owner, os.urandom(8).hex())
         if queue.durable and queue.owner is None:
-            spec = {"auto_delete": queue.auto_delete, "arguments": queue.arguments}
+            spec = {"auto_delete": queue.auto_delete, "arguments": queue.arguments,
+                    "incarnation": queue.incarnation}
             await asyncio.to_thread(self._metadata.put_topology, vhost, "queue", name,
                                     _json(spec))
         host.queues[name] = queue
@@ -218,13 +263,14 @@ class VirtualHosts:
     async def delete_queue(self, vhost: str, name: str) -> str:
         """Delete a queue and its bindings; the named queue that held its entries."""
         host = self.get(vhost)
-        host.queue(name)
+        named = host.named(name)
         before = set(host.graph.bindings())
         del host.queues[name]
         host.graph.queue_deleted(name)
+        self._unmirror(vhost, host, before, {name: named})
         await asyncio.to_thread(self._metadata.delete_topology, vhost, "queue", name)
         await self._forget_bindings(vhost, before - set(host.graph.bindings()))
-        return named_queue(vhost, name)
+        return named
 
     # --- bindings ------------------------------------------------------------------------
 
@@ -233,8 +279,12 @@ class VirtualHosts:
         """Bind; stored when the source exchange and the destination are both durable."""
         host = self.get(vhost)
         args = dict(arguments or {})
-        if host.graph.bind(source, destination, routing_key, args) and self._durable(
-                host, source, destination):
+        added = host.graph.bind(source, destination, routing_key, args)
+        if added and self._mirror is not None and source == TOPIC_EXCHANGE \
+                and not destination.is_exchange:
+            self._mirror.bound(vhost, destination.name, host.named(destination.name),
+                               routing_key)
+        if added and self._durable(host, source, destination):
             binding = Binding(source, destination, routing_key, frozen_arguments(args))
             await asyncio.to_thread(self._metadata.put_topology, vhost, "binding",
                                     _binding_key(binding), _json(_binding_spec(binding, args)))
@@ -246,13 +296,33 @@ class VirtualHosts:
         args = dict(arguments or {})
         before = set(host.graph.bindings())
         host.graph.unbind(source, destination, routing_key, args)
+        self._unmirror(vhost, host, before)
         await self._forget_bindings(vhost, before - set(host.graph.bindings()))
 
     def route(self, vhost: str, exchange: str, routing_key: str,
-              headers: Mapping[str, Any] | None = None) -> list[str]:
-        """The named queues a client's publish reaches (``ExchangeGraph.route``)."""
-        queues = self.get(vhost).graph.route(exchange, routing_key, headers)
-        return [named_queue(vhost, queue) for queue in sorted(queues)]
+              headers: Mapping[str, Any] | None = None, priority: int | None = None) -> list[str]:
+        """The named queues a client's publish reaches (``ExchangeGraph.route``); in a
+        priority queue, the level of ``priority`` (``core.queue_features``)."""
+        host = self.get(vhost)
+        queues = host.graph.route(exchange, routing_key, headers)
+        return [target(host.named(queue), host.queues[queue].arguments, priority)
+                for queue in sorted(queues)]
+
+    def _unmirror(self, vhost: str, host: VirtualHost, before: set[Binding],
+                  deleted: Mapping[str, str] | None = None) -> None:
+        """Tell the mirror of the ``amq.topic`` queue bindings gone since ``before``
+        (``deleted``: the named queue of a queue just deleted)."""
+        if self._mirror is None:
+            return
+        now = _topic_pairs(host)
+        for binding in before:
+            pair = (binding.destination.name, binding.routing_key)
+            if binding.source == TOPIC_EXCHANGE and not binding.destination.is_exchange \
+                    and pair not in now:
+                now.add(pair)  # told once, whatever its other bindings' arguments
+                queue = pair[0]
+                named = (deleted or {}).get(queue) or host.named(queue)
+                self._mirror.unbound(vhost, queue, named, pair[1])
 
     def _durable(self, host: VirtualHost, source: str, destination: Destination) -> bool:
         if not host.graph.get(source).durable:
@@ -266,6 +336,12 @@ class VirtualHosts:
         for binding in gone:
             await asyncio.to_thread(self._metadata.delete_topology, vhost, "binding",
                                     _binding_key(binding))
+
+
+def _topic_pairs(host: VirtualHost) -> set[tuple[str, str]]:
+    """(queue, routing key) of every queue binding of ``amq.topic`` in ``host``."""
+    return {(b.destination.name, b.routing_key) for b in host.graph.get(TOPIC_EXCHANGE).bindings
+            if not b.destination.is_exchange}
 
 
 def _server_name() -> str:

@@ -48,6 +48,7 @@ class Server:
         ports += [] if "--mqtt-port" in extra else ["--mqtt-port", "0"]
         ports += [] if "--mqtt-ws-port" in extra else ["--mqtt-ws-port", "0"]
         ports += [] if "--amqp-port" in extra else ["--amqp-port", "0"]
+        ports += [] if "--amqp-tls-port" in extra else ["--amqp-tls-port", "0"]
         self.process = subprocess.Popen(
             [*SLUICE, "serve", "--config", str(config_file), "--data-dir", str(data_dir), *ports, *extra],
             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=clean_env())

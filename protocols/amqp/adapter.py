@@ -20,23 +20,25 @@ from typing import Any, Protocol
 from core.clients import log_connected, log_disconnected
 from core.errors import NotFound, SluiceError
 from core.model import Principal
-from core.named_queues import NamedQueues
 from core.service import Broker
 from core.untrusted import DenialLog, clip
 from core.vhosts import VirtualHosts
 
+from .alarms import Alarms
 from .connection import ServerConnection
 from .errors import reply_code
-from .events import (ChannelClosed, ConnectionClosed, Event, LoginRequested, MethodReceived,
-                     PublishReceived, VhostRequested)
-from .flow_control import FlowControl
+from .events import (ChannelClosed, ConnectionClosed, Event, FlowChanged, LoginRequested,
+                     MethodReceived, PublishReceived, VhostRequested)
+from .flow_control import FlowControl, WriteGate
 from .login import Refused, log_in, peer_host
 from .messages import Consumers, Messages
 from .methods import ids
 from .options import AmqpOptions
+from .queue_limits import QueueLimits
 from .reason_codes import ReplyCode
 from .state_table import State
 from .topology import QueueWatch, Topology
+from .transactions import Transactions
 
 log = logging.getLogger(__name__)
 
@@ -67,10 +69,11 @@ class Host(QueueWatch, Protocol):
 
     broker: Broker
     vhosts: VirtualHosts
-    queues: NamedQueues
+    queues: QueueLimits
     consumers: Consumers
     options: AmqpOptions
     denials: DenialLog
+    alarms: Alarms
 
     def spawn(self, coroutine: Coroutine[Any, Any, None]) -> None: ...
 
@@ -89,13 +92,19 @@ class AmqpAdapter:
         """The client id in `sluice client list`; owner of its exclusive queues."""
         self.conn = ServerConnection(host.options.connection_options(), time.monotonic())
         self.flow = FlowControl(wire, MAX_PENDING_METHODS)
+        self.gate = WriteGate()
         self.loop = asyncio.get_running_loop()
         self.principal: Principal | None = None
         self.topology: Topology | None = None
         """Set once connection.open is answered."""
         self.messages: Messages | None = None
         """Publishes and deliveries; set with ``topology``."""
+        self.transactions: Transactions | None = None
+        """tx.* and confirm.select; set with ``topology``."""
         self.connected_at_ms: int | None = None
+        self.publisher = False
+        """Whether it has published: a resource alarm blocks only publishers."""
+        self.blocked = False
         self._work: deque[Event] = deque()
         self._working = False
         self._done = False
@@ -153,6 +162,37 @@ class AmqpAdapter:
         self._drain()
         return True
 
+    def alarm_changed(self) -> None:
+        """The broker's resource alarm went on or off: block or unblock this connection."""
+        if self._done or self.connected_at_ms is None:
+            return
+        if self.host.alarms.reason is not None:
+            if self.publisher and not self.blocked:
+                self._block()
+        elif self.blocked:
+            self.blocked = False
+            self.conn.reading_paused(False, time.monotonic())
+            self.flow.resume("alarm")
+            self.conn.unblock()
+            self._write(self.conn.data_to_send())
+
+    def _block(self) -> None:
+        """Stop reading (what was read is still carried out) and tell the client why."""
+        self.blocked = True
+        self.flow.pause("alarm")
+        self.conn.reading_paused(True, time.monotonic())
+        self.conn.block(self.host.alarms.reason or "")
+        self._write(self.conn.data_to_send())
+
+    def pause_writing(self) -> None:
+        """The wire's write buffer is above its high-water mark: deliveries wait."""
+        self.gate.shut()
+
+    def resume_writing(self) -> None:
+        """The wire drained: waiting consumers go on."""
+        if not self._done:
+            self.gate.reopen()
+
     def _write(self, data: bytes) -> None:
         if not data or self._done:
             return
@@ -173,8 +213,12 @@ class AmqpAdapter:
         conn = self.conn
         while (event := conn.next_event()) is not None:
             kind = type(event)
-            if kind in (MethodReceived, PublishReceived, ChannelClosed):
+            if kind in (MethodReceived, PublishReceived, ChannelClosed, FlowChanged):
                 self._work.append(event)
+                if kind is PublishReceived:
+                    self.publisher = True
+                    if self.host.alarms.reason is not None and not self.blocked:
+                        self._block()
             elif kind is LoginRequested:
                 self.flow.pause("login")
                 self.host.spawn(self._login(event))
@@ -223,7 +267,8 @@ class AmqpAdapter:
         self.topology = Topology(host.vhosts, vhost, self.principal, self.id, host)
         self.messages = Messages(host.broker, host.vhosts, host.queues, host.consumers,
                                  self.principal, self.topology, self.conn, self._write_out,
-                                 self._fail)
+                                 self._fail, self.gate)
+        self.transactions = Transactions(self.messages)
         self.connected_at_ms = time.time_ns() // 1_000_000
         self.host.opened(self)
         log_connected(PROTOCOL, self.id, self.principal.user, self.peer,
@@ -240,9 +285,12 @@ class AmqpAdapter:
         try:
             while work and not self._done:
                 event = work.popleft()
-                if isinstance(event, PublishReceived):
+                if self._held(event):
+                    pass
+                elif isinstance(event, PublishReceived):
                     batch = [event]
-                    while work and isinstance(work[0], PublishReceived):
+                    while work and isinstance(work[0], PublishReceived) \
+                            and not self._transactional(work[0].channel):
                         batch.append(work.popleft())
                     assert self.messages is not None
                     await self.messages.publish(batch)
@@ -254,18 +302,38 @@ class AmqpAdapter:
             self._working = False
         self._drain()  # a close decided above, or bytes read meanwhile
 
+    def _transactional(self, channel: int) -> bool:
+        return self.transactions is not None and self.transactions.transactional(channel)
+
+    def _held(self, event: Event) -> bool:
+        """Whether a transaction keeps ``event`` for its commit (a refusal closes the channel)."""
+        if self.transactions is None or not isinstance(event, (PublishReceived, MethodReceived)):
+            return False
+        try:
+            return self.transactions.hold(event)
+        except SluiceError as error:
+            self._fail(event.channel, event.method, error)
+            return True
+
     async def _carry_out(self, event: Event) -> None:
         topology, messages, conn = self.topology, self.messages, self.conn
-        assert topology is not None and messages is not None
+        transactions = self.transactions
+        assert topology is not None and messages is not None and transactions is not None
         if isinstance(event, ChannelClosed):
             topology.channel_closed(event.channel)
             messages.channel_closed(event.channel)
+            transactions.channel_closed(event.channel)
+            return
+        if isinstance(event, FlowChanged):
+            messages.flow(event.channel, event.active)
             return
         assert isinstance(event, MethodReceived)
         if not conn.can_send(event.channel):
             return  # read before a close of its channel or connection: dropped, as RabbitMQ
         method = event.method
-        handler: Topology | Messages = messages if messages.handles(method) else topology
+        handler: Transactions | Topology | Messages = (
+            transactions if transactions.handles(method)
+            else messages if messages.handles(method) else topology)
         if not handler.handles(method):
             conn.close_connection(ReplyCode.NOT_IMPLEMENTED, f"NOT_IMPLEMENTED - {method.name} "
                                   "is not supported by Sluice yet", *ids(method))

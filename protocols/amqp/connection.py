@@ -101,6 +101,7 @@ class ServerConnection:
         self._last_received = opened_at
         self._last_sent = opened_at
         self._closing_since = opened_at
+        self._read_paused = False
 
     # ------------------------------------------------------------------------ bytes in
 
@@ -422,6 +423,13 @@ class ServerConnection:
 
     # ------------------------------------------------------------------------ time
 
+    def reading_paused(self, paused: bool, now: float) -> None:
+        """The adapter stopped (or resumed) reading on purpose (a resource alarm): the client's
+        silence meanwhile is not a missed heartbeat, as RabbitMQ pauses its monitor."""
+        self._read_paused = paused
+        if not paused:
+            self._last_received = now
+
     def heartbeat_due(self, now: float) -> bool:
         """Whether we have been silent for a whole heartbeat interval."""
         return (self.heartbeat > 0 and self.state in _HEARTBEATING
@@ -439,7 +447,8 @@ class ServerConnection:
                 self._closed(ReplyCode.CONNECTION_FORCED, "handshake timeout", False)
         if self.state not in _HEARTBEATING or not self.heartbeat:
             return
-        if now - self._last_received >= MISSED_HEARTBEATS * self.heartbeat:
+        if not self._read_paused and \
+                now - self._last_received >= MISSED_HEARTBEATS * self.heartbeat:
             self._closed(ReplyCode.CONNECTION_FORCED, "missed heartbeats from client, "
                          f"timeout: {self.heartbeat}s", False)
         elif self.heartbeat_due(now):

@@ -1,9 +1,13 @@
-"""When one AMQP connection stops reading (uvicorn's ``flow_control.py``, reduced): while its
-login is being checked (the sans-IO decoder buffers what follows unbounded then) and while
-more than ``max_pending`` of its methods wait for core. Runs on the event loop."""
+"""Backpressure for one AMQP connection (uvicorn's ``flow_control.py``, reduced), both ways.
+
+Reading stops while its login is being checked (the sans-IO decoder buffers what follows
+unbounded then), while more than ``max_pending`` of its methods wait for core, and while the
+connection is blocked for a resource alarm. Deliveries stop while the wire's write buffer is
+above its high-water mark (`WriteGate`). Runs on the event loop."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Protocol
 
 
@@ -46,3 +50,29 @@ class FlowControl:
     @property
     def paused(self) -> bool:
         return bool(self._reasons)
+
+
+class WriteGate:
+    """Whether the wire takes more bytes now (asyncio's ``pause_writing`` / ``resume_writing``
+    at the transport's high and low water marks). Consumers that find it shut wait here instead
+    of popping more messages, so a client that reads slowly (with no_ack above all) makes the
+    broker hold at most about a write buffer for it. Runs on the event loop."""
+
+    def __init__(self) -> None:
+        self.open = True
+        self._waiting: dict[Callable[[], None], None] = {}
+
+    def wait(self, callback: Callable[[], None]) -> None:
+        """Call ``callback`` once the wire drains (once, however often it is asked)."""
+        self._waiting[callback] = None
+
+    def shut(self) -> None:
+        """The transport's buffer is above its high-water mark."""
+        self.open = False
+
+    def reopen(self) -> None:
+        """The buffer drained below the low-water mark: wake every waiter, in order."""
+        self.open = True
+        waiting, self._waiting = self._waiting, {}
+        for callback in waiting:
+            callback()

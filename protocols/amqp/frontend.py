@@ -13,15 +13,21 @@ from collections.abc import Coroutine, Iterator
 from typing import Any
 
 from core.clients import ClientView
+from core.errors import NotFound
+from core.model import Principal
 from core.named_queues import NamedQueues
 from core.service import Broker
 from core.untrusted import DenialLog
-from core.vhosts import VirtualHosts
+from core.vhosts import QueueSettings, VirtualHosts
 
 from .adapter import PROTOCOL, AmqpAdapter, Wire
-from .messages import Consumers
+from .alarms import Alarms
+from .consumers import Consumers
+from .dead_letters import DeadLetters
 from .options import AmqpOptions
+from .queue_limits import QueueLimits
 from .reason_codes import ReplyCode
+from .topic_bindings import SubjectBindings, check_binding
 
 log = logging.getLogger(__name__)
 
@@ -40,10 +46,14 @@ class AmqpFrontend:
                  options: AmqpOptions) -> None:
         self.broker = broker
         self.vhosts = vhosts
-        self.queues = queues
-        self.consumers = Consumers()
+        self.consumers = Consumers(self._unused)
+        self._named = queues
+        self.queues = QueueLimits(queues, vhosts, DeadLetters(broker, vhosts),
+                                  self.consumers.count, self.spawn, self.deleted)
+        """Core's named queues with each AMQP queue's TTL, limits and dead-lettering."""
         self.options = options
         self.denials = DenialLog(log)
+        self.alarms = Alarms()
         self.max_connections = options.connection_limit()
         self._adapters: set[AmqpAdapter] = set()
         self._open: dict[str, AmqpAdapter] = {}
@@ -51,7 +61,14 @@ class AmqpFrontend:
         self._sweep: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
-        """Start the timer that checks every connection."""
+        """Bind the subject filters of the queues bound to ``amq.topic`` (before anything can
+        publish), take up the queues' limits, watch the store for the disk alarm and start
+        the timer that checks every connection."""
+        self.vhosts.mirror_topic_bindings(SubjectBindings(self._named))
+        for vhost in self.vhosts.names():
+            for settings in list(self.vhosts.get(vhost).queues.values()):
+                self.queues.register(vhost, settings, loaded=True)
+        self.alarms.store_health(self.broker.watch_store(self.alarms.store_health))
         self._sweep = asyncio.get_running_loop().create_task(self._sweeping())
 
     async def stop(self) -> None:
@@ -94,19 +111,44 @@ class AmqpFrontend:
 
     def opened(self, adapter: AmqpAdapter) -> None:
         self._open[adapter.id] = adapter
+        self.alarms.add(adapter)
 
     def closed(self, adapter: AmqpAdapter) -> None:
         self._adapters.discard(adapter)
         self._open.pop(adapter.id, None)
+        self.alarms.remove(adapter)
 
     # ---------------------------------------------------------------- topology.QueueWatch
 
-    def counts(self, queue: str) -> tuple[int, int]:
-        return self.queues.ready(queue), self.consumers.count(queue)
+    def counts(self, queues: tuple[str, ...]) -> tuple[int, int]:
+        return sum(self.queues.ready(queue) for queue in queues), self.consumers.count(queues[-1])
+
+    def declared(self, vhost: str, queue: QueueSettings) -> None:
+        self.queues.register(vhost, queue)
 
     def deleted(self, queue: str) -> None:
         self.consumers.queue_deleted(queue)
         self.queues.forget(queue)
+
+    def check_binding(self, principal: Principal, source: str, routing_key: str) -> None:
+        check_binding(self.broker, principal, source, routing_key)
+
+    def _unused(self, vhost: str, name: str) -> None:
+        """A queue lost its last consumer: an auto-delete one is deleted (as RabbitMQ does)."""
+        try:
+            settings = self.vhosts.get(vhost).queues.get(name)
+        except NotFound:
+            return  # its virtual host is gone, and the queue with it
+        if settings is not None and settings.auto_delete:
+            self.spawn(self._auto_delete(vhost, name))
+
+    async def _auto_delete(self, vhost: str, name: str) -> None:
+        try:
+            if self.consumers.count(self.vhosts.get(vhost).named(name)):
+                return  # consumed again before this ran
+            self.deleted(await self.vhosts.delete_queue(vhost, name))
+        except NotFound:
+            pass  # deleted meanwhile (queue.delete, its exclusive connection closing)
 
     async def _sweeping(self) -> None:
         while True:

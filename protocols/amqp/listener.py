@@ -1,9 +1,11 @@
-"""The AMQP listener: plain TCP over asyncio, each accepted socket a `Wire` to the front end."""
+"""The AMQP listeners, plain TCP and TLS over asyncio: each accepted socket (for TLS, once its
+handshake is done within ``connect_timeout_s``) a `Wire` to the front end."""
 
 from __future__ import annotations
 
 import asyncio
 import socket
+import ssl
 from collections.abc import Callable
 
 from .adapter import AmqpAdapter, Wire
@@ -46,6 +48,14 @@ class AmqpWire(asyncio.Protocol):
         if self._adapter is not None:
             self._adapter.connection_lost()
 
+    def pause_writing(self) -> None:
+        if self._adapter is not None:
+            self._adapter.pause_writing()
+
+    def resume_writing(self) -> None:
+        if self._adapter is not None:
+            self._adapter.resume_writing()
+
     # Wire
     def write(self, data: bytes) -> None:
         if self._transport is not None and not self._transport.is_closing():
@@ -70,20 +80,39 @@ class AmqpWire(asyncio.Protocol):
 
 
 class AmqpListener:
-    """The open AMQP listener and its bound port."""
+    """The open AMQP listeners and their bound ports (``tls_port`` None: no TLS listener)."""
 
-    def __init__(self, server: asyncio.base_events.Server) -> None:
-        self._server = server
-        self.port: int = server.sockets[0].getsockname()[1]
+    def __init__(self, server: asyncio.base_events.Server,
+                 tls: asyncio.base_events.Server | None) -> None:
+        self._servers = [server] if tls is None else [server, tls]
+        self.port: int = _port(server)
+        self.tls_port: int | None = None if tls is None else _port(tls)
 
     async def stop(self) -> None:
         """Stop accepting."""
-        self._server.close()
+        for server in self._servers:
+            server.close()
 
 
-async def start_amqp_listener(frontend: AmqpFrontend, options: AmqpOptions) -> AmqpListener:
-    """Open the TCP listener of ``options``. Raises OSError when the port is taken."""
-    server = await asyncio.get_running_loop().create_server(
-        lambda: AmqpWire(frontend.new_connection), options.host, options.port,
-        backlog=BACKLOG, reuse_address=True)
-    return AmqpListener(server)
+def _port(server: asyncio.base_events.Server) -> int:
+    return server.sockets[0].getsockname()[1]
+
+
+async def start_amqp_listener(frontend: AmqpFrontend, options: AmqpOptions,
+                              tls: ssl.SSLContext | None = None) -> AmqpListener:
+    """Open the TCP listener of ``options``, and its TLS listener with ``tls`` unless
+    ``tls_port`` is -1. Raises OSError when a port is taken."""
+    loop = asyncio.get_running_loop()
+    server = await loop.create_server(lambda: AmqpWire(frontend.new_connection), options.host,
+                                      options.port, backlog=BACKLOG, reuse_address=True)
+    secure = None
+    if tls is not None and options.tls_port >= 0:
+        try:
+            secure = await loop.create_server(
+                lambda: AmqpWire(frontend.new_connection), options.host, options.tls_port,
+                backlog=BACKLOG, reuse_address=True, ssl=tls,
+                ssl_handshake_timeout=options.connect_timeout_s)
+        except BaseException:
+            server.close()
+            raise
+    return AmqpListener(server, secure)

@@ -2,12 +2,27 @@
 as ``amqp.*`` message properties (text), so a message delivered over AMQP carries the
 properties it was published with.
 
-A publish to ``amq.topic`` is stored under the subject its routing key names (``a.b.c`` ->
-``a/b/c``, a ``/`` or ``%`` inside a word escaped as ``%2F`` / ``%25``), in the topic that
-subject belongs to, so MQTT subscribers and native readers see it. Any other exchange stores
-into ``amqp.<exchange>`` (virtual host ``/``) or ``amqp.<vhost>.<exchange>``, names escaped.
+A publish to ``amq.topic`` is stored under the subject its routing key names, in the topic
+that subject belongs to, so MQTT subscribers and native readers see it; a queue bound to
+``amq.topic`` gets the subject filter its binding key names bound in core's fan-out, so MQTT
+and native publishes reach it. Routing keys and subjects swap ``.`` and ``/``: ``a.b.c`` is
+``a/b/c``, and a ``/`` inside a word is a ``.`` inside a level (``v1/2.x`` is ``v1.2/x``), a
+bijection, so nothing is merged and every key and topic comes back as it was (percent escapes
+cannot be: an MQTT topic may hold ``%2F`` itself). Binding keys map ``*`` to ``+`` and ``#`` to
+``#``. Any other exchange stores into ``amqp.<exchange>`` (virtual host ``/``) or
+``amqp.<vhost>.<exchange>``, names escaped.
 Converting stored properties back never raises on hostile values: what does not parse is left
 out.
+
+A message another protocol stored (MQTT, native) is delivered with the AMQP properties of what
+it has (``core.interop``): delivery_mode 2 when persistent (QoS 1/2, native) else 1, its
+remaining expiry as expiration (ms), content type, correlation data as correlation_id (UTF-8 up
+to 255 bytes, else the ``mqtt.correlation_data`` header), its response topic's routing key as
+reply_to, the time it was published as timestamp (s), MQTT 5 user properties as headers (a
+field table has no order: pamqp writes it sorted by name; a repeated name's values become an
+array in their order), the publishing MQTT client id as the
+``mqtt.client_id`` header and its QoS as ``x-mqtt-publish-qos`` (as RabbitMQ names it), the rest
+as ``mqtt.*`` headers; a native producer's own properties are headers too.
 """
 
 from __future__ import annotations
@@ -22,14 +37,22 @@ from typing import Any, Final
 
 from pamqp.commands import Basic
 
+from core import interop
+from core.clock import now_ms
+from core.interop import key_of_subject, subject_of_key  # noqa: F401 - subject_of_key: used by messages
 from core.model import SUBJECT_PROPERTY, OutgoingMessage
 
 TOPIC_EXCHANGE: Final = "amq.topic"
 DEFAULT_EXCHANGE_NAME: Final = "amq.default"
 """The default exchange ("") in topic names; clients cannot declare ``amq.*`` exchanges."""
-EXCHANGE_PROPERTY: Final = "amqp.exchange"
+EXCHANGE_PROPERTY: Final = interop.AMQP_EXCHANGE
 ROUTING_KEY_PROPERTY: Final = "amqp.routing_key"
-HEADERS_PROPERTY: Final = "amqp.headers"
+HEADERS_PROPERTY: Final = interop.AMQP_HEADERS
+CLIENT_ID_HEADER: Final = "mqtt.client_id"
+QOS_HEADER: Final = "x-mqtt-publish-qos"
+_OWN_NAMESPACES: Final = frozenset({"mqtt", "amqp", "sluice"})
+_SHORTSTR: Final = 255
+_MAX_HEADER_NAME: Final = 128
 TIMESTAMP_PROPERTY: Final = "amqp.timestamp"
 _TEXT_FIELDS: Final = ("content_type", "content_encoding", "correlation_id", "reply_to",
                        "expiration", "message_id", "user_id", "app_id")
@@ -56,10 +79,74 @@ def exchange_topic(vhost: str, exchange: str) -> str:
     return f"{topic[:_MAX_TOPIC - 17]}.{digest}"
 
 
-def subject_of_key(routing_key: str) -> str:
-    """The subject of an ``amq.topic`` routing key: words joined by ``/``."""
-    return "/".join(word.replace("%", "%25").replace("/", "%2F")
-                    for word in routing_key.split("."))
+_SINGLE_WORD: Final = "*"
+_SINGLE_LEVEL: Final = "+"
+_MULTI: Final = "#"
+
+
+def filter_of_binding_key(binding_key: str) -> str | None:
+    """The subject filter an ``amq.topic`` binding key reads (``devices.*.telemetry`` ->
+    ``devices/+/telemetry``; ``#`` may stand anywhere, as in AMQP). None when a word holds
+    ``+``: no MQTT topic can, and the filter could not say it."""
+    levels = []
+    for word in binding_key.split("."):
+        if word == _SINGLE_WORD:
+            levels.append(_SINGLE_LEVEL)
+        elif word == _MULTI:
+            levels.append(_MULTI)
+        elif _SINGLE_LEVEL in word or _MULTI in word:
+            return None
+        else:
+            levels.append(word.replace("/", "."))
+    return "/".join(levels)
+
+
+def binding_key_of_filter(subject_filter: str) -> str | None:
+    """The ``amq.topic`` binding key of an MQTT filter (``+`` -> ``*``); None when a level
+    holds ``*``, which a binding key would read as a wildcard."""
+    words = []
+    for level in subject_filter.split("/"):
+        if level == _SINGLE_LEVEL:
+            words.append(_SINGLE_WORD)
+        elif level == _MULTI:
+            words.append(_MULTI)
+        elif _SINGLE_WORD in level:
+            return None
+        else:
+            words.append(level.replace(".", "/"))
+    return ".".join(words)
+
+
+def read_filter(binding_key: str) -> str:
+    """The subject filter a binding of ``amq.topic`` is authorized on: the one it reads, or
+    wider (a level with ``+`` in it is any level; what follows a ``#`` is dropped, since
+    filters take ``#`` last), so a binding never reads what its filter would not."""
+    levels = []
+    for word in binding_key.split("."):
+        if word == _MULTI:
+            levels.append(_MULTI)
+            break
+        if word == _SINGLE_WORD or _SINGLE_LEVEL in word or _MULTI in word:
+            levels.append(_SINGLE_LEVEL)
+        else:
+            levels.append(word.replace("/", "."))
+    return "/".join(levels)
+
+
+def origin(topic: str, stored: Mapping[str, str]) -> tuple[str, str]:
+    """(exchange, routing key) a message of ``topic`` is delivered with: as published over
+    AMQP, else ``amq.topic`` and the key of its subject (an MQTT or native publish, which
+    reached the queue through a binding of ``amq.topic``)."""
+    exchange = stored.get(EXCHANGE_PROPERTY)
+    if exchange is not None:
+        return exchange, stored.get(ROUTING_KEY_PROPERTY, "")
+    return TOPIC_EXCHANGE, _shortstr(key_of_subject(stored.get(SUBJECT_PROPERTY) or topic))
+
+
+def _shortstr(text: str) -> str:
+    """``text`` cut to AMQP's 255-byte short string (an MQTT topic may be longer)."""
+    raw = text.encode()
+    return text if len(raw) <= 255 else raw[:255].decode(errors="ignore")
 
 
 def to_outgoing(topic: str, subject: str | None, exchange: str, routing_key: str,
@@ -87,8 +174,11 @@ def to_outgoing(topic: str, subject: str | None, exchange: str, routing_key: str
     return OutgoingMessage(topic, body, properties=props, also_into=also_into)
 
 
-def to_properties(stored: Mapping[str, str]) -> Basic.Properties:
-    """The AMQP properties of a stored message; values that do not parse are left out."""
+def to_properties(stored: Mapping[str, str], born_ms: int = 0) -> Basic.Properties:
+    """The AMQP properties of a stored message published at ``born_ms``; values that do not
+    parse are left out."""
+    if EXCHANGE_PROPERTY not in stored:
+        return _from_other(stored, born_ms)
     fields: dict[str, Any] = {}
     for name in _TEXT_FIELDS:
         value = stored.get(f"amqp.{name}")
@@ -107,6 +197,65 @@ def to_properties(stored: Mapping[str, str]) -> Basic.Properties:
     if isinstance(headers, dict):
         fields["headers"] = _from_json(headers)
     return Basic.Properties(**fields)
+
+
+def _from_other(stored: Mapping[str, str], born_ms: int) -> Basic.Properties:
+    """The AMQP properties of a message MQTT or a native producer stored."""
+    common = interop.common(stored, born_ms)
+    headers: dict[str, Any] = {}
+    for name, value in common.user_properties:
+        _add_header(headers, name, value)
+    qos = stored.get(interop.MQTT_QOS)
+    if qos in ("0", "1", "2"):
+        headers[QOS_HEADER] = int(qos)
+    if stored.get(interop.MQTT_CLIENT):
+        headers[CLIENT_ID_HEADER] = stored[interop.MQTT_CLIENT]
+    headers.update(common.extra)
+    for name, value in stored.items():  # a native producer's own properties
+        if name.partition(".")[0] not in _OWN_NAMESPACES:
+            _add_header(headers, name, value)
+    fields: dict[str, Any] = {"delivery_mode": 2 if common.persistent else 1}
+    if born_ms > 0:
+        fields["timestamp"] = datetime.fromtimestamp(born_ms // 1000, UTC)
+    if common.expiry_at_ms is not None:
+        fields["expiration"] = str(max(0, common.expiry_at_ms - now_ms()))
+    _short(fields, headers, "content_type", common.content_type, interop.MQTT_CONTENT_TYPE)
+    if common.correlation is not None:
+        try:
+            _short(fields, headers, "correlation_id", common.correlation.decode(),
+                   interop.MQTT_CORRELATION)
+        except UnicodeDecodeError:
+            headers[interop.MQTT_CORRELATION] = bytearray(common.correlation)
+    if common.reply_subject is not None:
+        _short(fields, headers, "reply_to", key_of_subject(common.reply_subject),
+               interop.MQTT_RESPONSE_TOPIC)
+    if headers:
+        fields["headers"] = headers
+    return Basic.Properties(**fields)
+
+
+def _add_header(headers: dict[str, Any], name: str, value: str) -> None:
+    """Add a header; a repeated name's values become an array, in order (names longer than
+    pamqp writes, 128 bytes, are left out rather than cut into another name)."""
+    if len(name.encode(errors="replace")) > _MAX_HEADER_NAME:
+        return
+    if name not in headers:
+        headers[name] = value
+    elif isinstance(headers[name], list):
+        headers[name].append(value)
+    else:
+        headers[name] = [headers[name], value]
+
+
+def _short(fields: dict[str, Any], headers: dict[str, Any], field: str, value: str | None,
+           header: str) -> None:
+    """``value`` as property ``field`` if it fits a short string, else as header ``header``."""
+    if value is None:
+        return
+    if len(value.encode(errors="replace")) <= _SHORTSTR:
+        fields[field] = value
+    else:
+        headers[header] = value
 
 
 def _parsed(raw: str | None, parse: Callable[[str], Any]) -> Any:
@@ -156,3 +305,14 @@ def _from_json(value: Any) -> Any:
         except (ValueError, InvalidOperation):
             return {}
     return {key: _from_json(item) for key, item in value.items()}
+
+
+def with_header(stored: Mapping[str, str], name: str, value: int | str) -> dict[str, str]:
+    """``stored`` with the AMQP header ``name`` set to ``value`` (headers that do not parse
+    are replaced)."""
+    headers = _parsed(stored.get(HEADERS_PROPERTY), json.loads)
+    headers = headers if isinstance(headers, dict) else {}
+    headers[name] = value
+    changed = dict(stored)
+    changed[HEADERS_PROPERTY] = json.dumps(headers, ensure_ascii=False, separators=(",", ":"))
+    return changed

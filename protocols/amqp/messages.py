@@ -23,15 +23,18 @@ from pamqp.commands import Basic, Confirm
 from core.errors import (AccessDenied, AlreadyExists, NotSupported, PreconditionFailed,
                          SluiceError)
 from core.model import Action, Delivery, OutgoingMessage, Principal
-from core.named_queues import NamedQueues
 from core.service import MAX_INVISIBLE_MS, Broker
 from core.untrusted import clip
-from core.vhosts import VirtualHosts, named_queue
+from core.queue_features import features, levels
+from core.vhosts import QueueSettings, VirtualHosts
 
 from .connection import ServerConnection
+from .consumers import Consumers, consumer_priority
 from .events import PublishReceived
-from .mapping import (EXCHANGE_PROPERTY, ROUTING_KEY_PROPERTY, TOPIC_EXCHANGE, exchange_topic,
-                      subject_of_key, to_outgoing, to_properties)
+from .flow_control import WriteGate
+from .mapping import (TOPIC_EXCHANGE, exchange_topic, origin, subject_of_key, to_outgoing,
+                      to_properties)
+from .queue_limits import QueueLimits, parse_expiration
 from .reason_codes import ReplyCode
 from .topology import Topology
 
@@ -40,40 +43,10 @@ MAX_POP = 256
 Fail = Callable[[int, Frame, Exception], None]
 
 
-class Consumers:
-    """Every consumer of every connection, by named queue."""
-
-    def __init__(self) -> None:
-        self._by_queue: dict[str, list[Consumer]] = {}
-
-    def add(self, consumer: Consumer) -> None:
-        """Register ``consumer``; AccessDenied (403) if it or one there is exclusive."""
-        present = self._by_queue.setdefault(consumer.queue, [])
-        if present and (consumer.exclusive or any(c.exclusive for c in present)):
-            raise AccessDenied(f"queue {clip(consumer.queue_name)} in vhost "
-                               f"{clip(consumer.vhost)} in exclusive use")
-        present.append(consumer)
-
-    def remove(self, consumer: Consumer) -> None:
-        present = self._by_queue.get(consumer.queue, [])
-        if consumer in present:
-            present.remove(consumer)
-        if not present:
-            self._by_queue.pop(consumer.queue, None)
-
-    def count(self, queue: str) -> int:
-        """Consumers of the named queue ``queue``."""
-        return len(self._by_queue.get(queue, ()))
-
-    def queue_deleted(self, queue: str) -> None:
-        """Cancel every consumer of ``queue`` (basic.cancel to clients that understand it)."""
-        for consumer in list(self._by_queue.pop(queue, ())):
-            consumer.owner.cancel_from_server(consumer)
-
-
 @dataclass(eq=False)
 class _Unacked:
     queue: str
+    """The named queue popped (the level, in a priority queue)."""
     offset: int
     consumer: Consumer | None
 
@@ -92,6 +65,8 @@ class _Channel:
     """basic.qos (global false): the limit of consumers started afterwards."""
     global_prefetch: int = 0
     consumers: dict[str, Consumer] = field(default_factory=dict)
+    flowing: bool = True
+    """channel.flow: False holds back deliveries to the channel's consumers."""
 
     def confirmed(self, tags: list[int], ok: bool) -> list[Frame]:
         """The acks (nacks) for ``tags``: one ``multiple`` when they are every outstanding tag
@@ -107,16 +82,20 @@ class Consumer:
     """One basic.consume: pops as many messages as its prefetch window has room for."""
 
     def __init__(self, owner: Messages, channel: int, state: _Channel, tag: str,
-                 queue_name: str, no_ack: bool, exclusive: bool) -> None:
+                 queue: QueueSettings, m: Basic.Consume) -> None:
         self.owner = owner
         self.channel = channel
         self.state = state
         self.tag = tag
         self.vhost = owner.topology.vhost
-        self.queue_name = queue_name
-        self.queue = named_queue(self.vhost, queue_name)
-        self.no_ack = no_ack
-        self.exclusive = exclusive
+        self.queue_name = queue.name
+        self.queue = owner.vhosts.get(self.vhost).named(queue.name)
+        kind = features(queue.arguments)
+        self.levels = levels(self.queue, kind.max_priority)
+        self.single_active = kind.single_active
+        self.priority = consumer_priority(m.arguments)
+        self.no_ack = m.no_ack
+        self.exclusive = m.exclusive
         self.prefetch = state.prefetch
         self.unacked = 0
         self.active = True
@@ -134,6 +113,14 @@ class Consumer:
         if self.state.global_prefetch:
             room = min(room, self.state.global_prefetch - len(self.state.unacked))
         return room
+
+    def has_room(self) -> bool:
+        """Whether a message could go out to this consumer now."""
+        return (self.active and self.room() > 0 and self.state.flowing and self.owner.gate.open
+                and self.owner.conn.can_send(self.channel))
+
+    def cancel_from_server(self) -> None:
+        self.owner.cancel_from_server(self)
 
     def dispatch(self) -> None:
         """Deliver what the window has room for; wait for the queue's signal when it is empty."""
@@ -159,9 +146,17 @@ class Consumer:
     def _dispatch(self) -> None:
         owner = self.owner
         room = self.room()
-        if room <= 0 or not owner.conn.can_send(self.channel):
+        if room <= 0 or not self.state.flowing or not owner.conn.can_send(self.channel):
             return
-        popped = owner.queues.pop(self.queue, room, MAX_INVISIBLE_MS)
+        if not owner.gate.open:  # the client reads slowly: wait until the wire drains
+            owner.gate.wait(self.dispatch)
+            return
+        if not owner.consumers.may_take(self):  # single active, or higher priorities first
+            if not self.single_active:
+                self._arm()
+            return
+        popped = owner.queues.pop_first(self.levels, room, MAX_INVISIBLE_MS,
+                                        mark=not self.no_ack)
         for delivery in popped:
             owner.deliver(self, delivery)
         owner.write_out()
@@ -169,11 +164,13 @@ class Consumer:
             self._arm()
         elif self.room() > 0:  # more may wait: taken after others had a turn
             asyncio.get_running_loop().call_soon(self.dispatch)
+        else:
+            owner.consumers.filled(self)
 
     def _arm(self) -> None:
         if not self._armed:
             self._armed = True
-            self.owner.queues.signal(self.queue).add_done_callback(self._signalled)
+            self.owner.queues.signal_any(self.levels).add_done_callback(self._signalled)
 
     def _signalled(self, _: asyncio.Future[None]) -> None:
         self._armed = False
@@ -183,9 +180,10 @@ class Consumer:
 class Messages:
     """The publishes, deliveries and acks of one connection."""
 
-    def __init__(self, broker: Broker, vhosts: VirtualHosts, queues: NamedQueues,
+    def __init__(self, broker: Broker, vhosts: VirtualHosts, queues: QueueLimits,
                  consumers: Consumers, principal: Principal, topology: Topology,
-                 conn: ServerConnection, write_out: Callable[[], None], fail: Fail) -> None:
+                 conn: ServerConnection, write_out: Callable[[], None], fail: Fail,
+                 gate: WriteGate) -> None:
         self.broker = broker
         self.vhosts = vhosts
         self.queues = queues
@@ -196,6 +194,8 @@ class Messages:
         self.write_out = write_out
         """Hand what the connection has to send to the wire."""
         self._fail = fail
+        self.gate = gate
+        """Open while the wire takes more; consumers wait on it otherwise."""
         self._channels: dict[int, _Channel] = {}
 
     def _channel(self, channel: int) -> _Channel:
@@ -210,6 +210,9 @@ class Messages:
         """Route, authorize and store ``events`` (read in one go) with one core send; then
         confirm them on channels in confirm mode."""
         batch: list[tuple[int, int, OutgoingMessage]] = []
+        refused: set[tuple[int, int]] = set()
+        """(channel, tag) of publishes a full reject-publish queue refused: nacked."""
+        pending: dict[str, tuple[int, int]] = {}
         for event in events:
             if not self.conn.can_send(event.channel):
                 continue  # its channel or connection is closing: dropped, as RabbitMQ does
@@ -223,12 +226,20 @@ class Messages:
             if state.confirming:
                 tag = next(state.publish_tags)
                 state.outstanding.add(tag)
+            if message is not None:
+                message, full = self.queues.admit(message, pending)
+                if full and tag:
+                    refused.add((event.channel, tag))
+                if full and message is None:  # every queue it reached is full
+                    for answer in state.confirmed([tag], False) if tag else ():
+                        self.conn.send_method(event.channel, answer)
+                    continue
             if message is None:
                 self._unroutable(event, state, tag)
             else:
                 batch.append((event.channel, tag, message))
         if batch:
-            await self._store(batch)
+            await self._store(batch, refused)
         self.write_out()
 
     def _prepare(self, event: PublishReceived) -> OutgoingMessage | None:
@@ -238,11 +249,13 @@ class Messages:
         m, properties = event.method, event.properties
         if m.immediate:
             raise NotSupported("immediate=true")
+        parse_expiration(properties.expiration)
         if properties.user_id is not None and properties.user_id != self.principal.user:
             raise PreconditionFailed(f"user_id property set to '{clip(properties.user_id)}' "
                                      f"but authenticated user was '{clip(self.principal.user)}'")
         vhost = self.topology.vhost
-        queues = tuple(self.vhosts.route(vhost, m.exchange, m.routing_key, properties.headers))
+        queues = tuple(self.vhosts.route(vhost, m.exchange, m.routing_key, properties.headers,
+                                          properties.priority))
         subject = subject_of_key(m.routing_key) if m.exchange == TOPIC_EXCHANGE \
             and m.routing_key else None
         if not queues and subject is None:  # amq.topic's topic has readers of its own
@@ -270,15 +283,23 @@ class Messages:
             for answer in state.confirmed([tag], True):
                 self.conn.send_method(event.channel, answer)
 
-    async def _store(self, batch: list[tuple[int, int, OutgoingMessage]]) -> None:
+    async def _store(self, batch: list[tuple[int, int, OutgoingMessage]],
+                     refused: set[tuple[int, int]]) -> None:
+        messages = [message for _, _, message in batch]
         try:
-            await self.broker.send_decided([message for _, _, message in batch])
+            await self.broker.send_decided(messages)
             ok, error = True, None
         except SluiceError as failed:
             ok, error = False, failed
+        if ok:
+            self.queues.stored(messages)
         tags: dict[int, list[int]] = {}
         for channel, tag, _ in batch:
-            if tag:
+            if tag and (channel, tag) in refused:
+                state = self._channels.get(channel)
+                for answer in state.confirmed([tag], False) if state is not None else ():
+                    self.conn.send_method(channel, answer)
+            elif tag:
                 tags.setdefault(channel, []).append(tag)
             elif error is not None:  # nothing else tells an unconfirmed publisher
                 self._fail(channel, Basic.Publish(), error)
@@ -310,45 +331,53 @@ class Messages:
         self._dispatch(state)
         return Basic.QosOk()
 
-    def _queue(self, channel: int, name: str) -> tuple[str, str]:
-        """(queue name, named queue) of a get or consume; NotFound, ResourceLocked."""
+    def _queue(self, channel: int, name: str) -> tuple[QueueSettings, str]:
+        """(queue, its named queue) of a get or consume; NotFound, ResourceLocked."""
         name = self.topology.queue_name(channel, name)
-        self.vhosts.get(self.topology.vhost).queue(name)
+        queue = self.vhosts.get(self.topology.vhost).queue(name)
         self.topology.check_owner(name)
-        return name, named_queue(self.topology.vhost, name)
+        named = self.vhosts.get(self.topology.vhost).named(name)
+        self.queues.used(named)
+        return queue, named
 
     def _get(self, channel: int, m: Basic.Get) -> Frame | None:
-        _, queue = self._queue(channel, m.queue)
-        popped = self.queues.pop(queue, 1, MAX_INVISIBLE_MS)
+        queue, named = self._queue(channel, m.queue)
+        kind = features(queue.arguments)
+        if kind.stream:
+            raise NotSupported(f"basic.get not supported by stream queues queue "
+                               f"'{clip(queue.name)}' in vhost '{clip(self.topology.vhost)}'")
+        queues = levels(named, kind.max_priority)
+        popped = self.queues.pop_first(queues, 1, MAX_INVISIBLE_MS, mark=not m.no_ack)
         if not popped:
             return Basic.GetEmpty()
         delivery = popped[0]
         state = self._channel(channel)
         tag = next(state.delivery_tags)
         if m.no_ack:
-            self.queues.settle(queue, delivery.queue_offset)
+            self.queues.settle(delivery.topic, delivery.queue_offset)
         else:
-            state.unacked[tag] = _Unacked(queue, delivery.queue_offset, None)
+            state.unacked[tag] = _Unacked(delivery.topic, delivery.queue_offset, None)
         props = delivery.properties
+        ready = sum(self.queues.ready(level) for level in queues)
         self.conn.send_content(channel, Basic.GetOk(
-            tag, delivery.attempt > 1, props.get(EXCHANGE_PROPERTY, ""),
-            props.get(ROUTING_KEY_PROPERTY, delivery.topic), self.queues.ready(queue)),
-            to_properties(props), delivery.body)
+            tag, delivery.attempt > 1, *origin(delivery.topic, props), ready),
+            to_properties(props, delivery.born_ts), delivery.body)
         return None
 
     def _ack(self, channel: int, m: Basic.Ack) -> Frame | None:
-        self._settle(channel, m.delivery_tag, m.multiple, False)
+        self._settle(channel, m.delivery_tag, m.multiple, False, False)
         return None
 
     def _nack(self, channel: int, m: Basic.Nack) -> Frame | None:
-        self._settle(channel, m.delivery_tag, m.multiple, m.requeue)
+        self._settle(channel, m.delivery_tag, m.multiple, m.requeue, True)
         return None
 
     def _reject(self, channel: int, m: Basic.Reject) -> Frame | None:
-        self._settle(channel, m.delivery_tag, False, m.requeue)
+        self._settle(channel, m.delivery_tag, False, m.requeue, True)
         return None
 
-    def _settle(self, channel: int, tag: int, multiple: bool, requeue: bool) -> None:
+    def _settle(self, channel: int, tag: int, multiple: bool, requeue: bool,
+                rejected: bool) -> None:
         state = self._channel(channel)
         if multiple:
             tags = [t for t in state.unacked if t <= tag or tag == 0]
@@ -357,13 +386,15 @@ class Messages:
         if not tags and (tag or not multiple):
             raise PreconditionFailed(f"unknown delivery tag {tag}")
         for t in tags:
-            self._done(state.unacked.pop(t), requeue)
+            self._done(state.unacked.pop(t), requeue, rejected)
         if state.global_prefetch:  # room on the channel: any of its consumers may use it
             self._dispatch(state)
 
-    def _done(self, unacked: _Unacked, requeue: bool) -> None:
+    def _done(self, unacked: _Unacked, requeue: bool, rejected: bool = False) -> None:
         if requeue:
             self.queues.release(unacked.queue, unacked.offset)
+        elif rejected:  # dead-lettered when its queue has a dead-letter exchange
+            self.queues.reject(unacked.queue, unacked.offset)
         else:
             self.queues.settle(unacked.queue, unacked.offset)
         if unacked.consumer is not None:
@@ -379,12 +410,12 @@ class Messages:
         return Basic.RecoverOk() if isinstance(m, Basic.Recover) else None
 
     def _consume(self, channel: int, m: Basic.Consume) -> Frame | None:
-        name, _ = self._queue(channel, m.queue)
+        queue, _ = self._queue(channel, m.queue)
         state = self._channel(channel)
         tag = m.consumer_tag or f"amq.ctag-{uuid.uuid4().hex}"
         if tag in state.consumers:
             raise AlreadyExists(f"attempt to reuse consumer tag '{clip(tag)}'")
-        consumer = Consumer(self, channel, state, tag, name, m.no_ack, m.exclusive)
+        consumer = Consumer(self, channel, state, tag, queue, m)
         self.consumers.add(consumer)
         state.consumers[tag] = consumer
         if not m.nowait:
@@ -406,19 +437,28 @@ class Messages:
         state = consumer.state
         tag = next(state.delivery_tags)
         if consumer.no_ack:
-            self.queues.settle(consumer.queue, delivery.queue_offset)
+            self.queues.settle(delivery.topic, delivery.queue_offset)
         else:
-            state.unacked[tag] = _Unacked(consumer.queue, delivery.queue_offset, consumer)
+            state.unacked[tag] = _Unacked(delivery.topic, delivery.queue_offset, consumer)
             consumer.unacked += 1
         props = delivery.properties
         self.conn.send_content(consumer.channel, Basic.Deliver(
-            consumer.tag, tag, delivery.attempt > 1, props.get(EXCHANGE_PROPERTY, ""),
-            props.get(ROUTING_KEY_PROPERTY, delivery.topic)), to_properties(props),
+            consumer.tag, tag, delivery.attempt > 1, *origin(delivery.topic, props)),
+            to_properties(props, delivery.born_ts),
             delivery.body)
 
     def _dispatch(self, state: _Channel) -> None:
         for consumer in state.consumers.values():
             consumer.wake()
+
+    def flow(self, channel: int, active: bool) -> None:
+        """channel.flow (answered already): stop or resume deliveries to the channel's
+        consumers; unacked deliveries stay unacked."""
+        state = self._channel(channel)
+        state.flowing = active
+        if active:
+            self._dispatch(state)
+        self.write_out()
 
     def cancel_from_server(self, consumer: Consumer) -> None:
         """The queue of ``consumer`` is gone: basic.cancel if the client understands it."""
@@ -436,9 +476,10 @@ class Messages:
             return
         for consumer in state.consumers.values():
             consumer.active = False
-            self.consumers.remove(consumer)
-        for unacked in state.unacked.values():
+        for unacked in state.unacked.values():  # released first: taken over before new ones
             self._done(unacked, True)
+        for consumer in state.consumers.values():
+            self.consumers.remove(consumer)
 
     def closed(self) -> None:
         """The connection is gone: every channel's consumers and deliveries go."""

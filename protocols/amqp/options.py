@@ -16,10 +16,14 @@ MIN_AUTO_CONNECTIONS: Final = 16
 
 @dataclass(frozen=True)
 class AmqpOptions:
-    """The AMQP 0-9-1 listener and its limits; ``port`` -1 turns it off (0 picks a free port)."""
+    """The AMQP 0-9-1 listeners and their limits; a port of -1 is not opened (0 picks a free
+    port). The TLS listener serves the certificate of the MQTT TLS listeners (``[mqtt]``
+    ``tls_cert`` and ``tls_key``, ``--tls-cert`` / ``--tls-key``) and opens only with one."""
 
     host: str = "127.0.0.1"
     port: int = 5672
+    tls_port: int = 5671
+    """AMQP over TLS (``amqps://``)."""
     heartbeat_s: int = 60
     """Heartbeat interval offered in connection.tune (0: none unless the client asks)."""
     frame_max: int = 131_072

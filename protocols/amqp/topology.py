@@ -18,8 +18,10 @@ from core.errors import AccessDenied, NotFound, PreconditionFailed, ResourceLock
 from core.exchanges import Destination
 from core.model import Principal
 from core.untrusted import clip
-from core.vhosts import QueueSettings, VirtualHosts, named_queue
+from core.queue_features import features, levels
+from core.vhosts import QueueSettings, VirtualHosts
 
+from . import queue_arguments
 from .arguments import json_safe_table
 
 Handler = Callable[[Any, int, Any], Awaitable[Frame | None]]
@@ -28,11 +30,19 @@ Handler = Callable[[Any, int, Any], Awaitable[Frame | None]]
 class QueueWatch(Protocol):
     """What the front end knows of a queue's messages and consumers."""
 
-    def counts(self, queue: str) -> tuple[int, int]:
-        """(messages ready, consumers) of the named queue ``queue``."""
+    def counts(self, queues: tuple[str, ...]) -> tuple[int, int]:
+        """(messages ready, consumers) of the queue whose named queues (``levels``, its own
+        last) are ``queues``."""
+
+    def declared(self, vhost: str, queue: QueueSettings) -> None:
+        """Queue ``queue`` of ``vhost`` was declared or redeclared."""
 
     def deleted(self, queue: str) -> None:
         """The named queue ``queue`` is gone: cancel its consumers, forget its state."""
+
+    def check_binding(self, principal: Principal, source: str, routing_key: str) -> None:
+        """AccessDenied unless ``principal`` may read what binding to ``source`` with
+        ``routing_key`` would let it read from other protocols (``amq.topic``)."""
 
 
 class Topology:
@@ -71,6 +81,14 @@ class Topology:
         """An empty queue name means the channel's last declared queue (spec 1.7.2)."""
         return name or self._last_queue.get(channel, "")
 
+    def _counts(self, name: str) -> tuple[int, int]:
+        """(messages ready, consumers) of queue ``name``; nothing for a queue not there."""
+        host = self.vhosts.get(self.vhost)
+        queue = host.queues.get(name)
+        if queue is None:
+            return 0, 0
+        return self.watch.counts(levels(host.named(name), features(queue.arguments).max_priority))
+
     def check_owner(self, name: str) -> None:
         queue = self.vhosts.get(self.vhost).queues.get(name)
         if queue is not None and queue.owner not in (None, self.connection_id):
@@ -94,6 +112,7 @@ class Topology:
 
     async def _exchange_bind(self, channel: int, m: Exchange.Bind) -> Frame | None:
         self._may_change(f"bind exchange {clip(m.destination)}")
+        self.watch.check_binding(self.principal, m.source, m.routing_key)
         await self.vhosts.bind(self.vhost, m.source, Destination(m.destination, True),
                                m.routing_key, json_safe_table(m.arguments))
         return None if m.nowait else Exchange.BindOk()
@@ -110,6 +129,9 @@ class Topology:
         if not m.passive:
             self._may_change(f"declare queue {clip(m.queue)}")
         owner = self.connection_id if m.exclusive else None
+        if not m.passive:
+            queue_arguments.check(m.arguments, m.queue, self.vhost, durable=m.durable,
+                                  exclusive=m.exclusive, auto_delete=m.auto_delete)
         settings = QueueSettings(m.queue, m.durable, m.auto_delete,
                                  json_safe_table(m.arguments), owner)
         queue = await self.vhosts.declare_queue(self.vhost, settings, passive=m.passive,
@@ -117,14 +139,16 @@ class Topology:
         if queue.owner == self.connection_id:
             self.exclusive.add(queue.name)
         self._last_queue[channel] = queue.name
-        ready, consumers = self.watch.counts(named_queue(self.vhost, queue.name))
+        if not m.passive:  # a passive declare only looks: it is no use for x-expires
+            self.watch.declared(self.vhost, queue)
+        ready, consumers = self._counts(queue.name)
         return None if m.nowait else Queue.DeclareOk(queue.name, ready, consumers)
 
     async def _queue_delete(self, channel: int, m: Queue.Delete) -> Frame | None:
         name = self.queue_name(channel, m.queue)
         self._may_change(f"delete queue {clip(name)}")
         self.check_owner(name)
-        ready, consumers = self.watch.counts(named_queue(self.vhost, name))
+        ready, consumers = self._counts(name)
         if m.if_unused and consumers:
             raise PreconditionFailed(f"queue {clip(name)} in vhost {clip(self.vhost)} in use")
         if m.if_empty and ready:
@@ -141,6 +165,7 @@ class Topology:
         name = self.queue_name(channel, m.queue)
         self._may_change(f"bind queue {clip(name)}")
         self.check_owner(name)
+        self.watch.check_binding(self.principal, m.exchange, m.routing_key)
         await self.vhosts.bind(self.vhost, m.exchange, Destination(name), m.routing_key,
                                json_safe_table(m.arguments))
         return None if m.nowait else Queue.BindOk()

@@ -7,6 +7,10 @@
   properties with no core counterpart travel as ``mqtt.*`` properties. Payload bytes never change.
 - A message that did not come from MQTT (a native send) is delivered on its subject, or on its
   topic name when it has none, at QoS 1 (it was stored durably).
+- A message published over AMQP is delivered with what MQTT has of its properties
+  (``core.interop``): QoS 1 when persistent (delivery_mode 2) else 0, its expiration as message
+  expiry, content type, correlation id, reply_to as response topic, headers as user properties
+  in order, and its other AMQP properties as ``amqp.*`` user properties.
 - ``from_stored`` never raises, whatever a sender stored: an ``mqtt.*`` value MQTT itself would
   not have written (``mqtt.qos=x``, bad base64, a subject with wildcards) is ignored and passed
   on as a user property (its name, its value) when it can travel as one, else dropped; either
@@ -23,6 +27,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Final, Mapping, TypeVar
 
+from core import interop
 from core.model import SUBJECT_PROPERTY, OutgoingMessage
 from core.untrusted import DenialLog, clip
 
@@ -31,18 +36,18 @@ from .properties import NO_PROPERTIES, Properties
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
-QOS_PROPERTY: Final = "mqtt.qos"
-RETAIN_PROPERTY: Final = "mqtt.retain"
-CLIENT_PROPERTY: Final = "mqtt.client"
+QOS_PROPERTY: Final = interop.MQTT_QOS
+RETAIN_PROPERTY: Final = interop.MQTT_RETAIN
+CLIENT_PROPERTY: Final = interop.MQTT_CLIENT
 """The publishing client id (for the No Local subscription option)."""
-EXPIRY_PROPERTY: Final = "mqtt.expiry_at"
+EXPIRY_PROPERTY: Final = interop.MQTT_EXPIRY_AT
 """Absolute expiry time in ms since the epoch (MQTT 5 Message Expiry Interval)."""
-CONTENT_TYPE_PROPERTY: Final = "mqtt.content_type"
-RESPONSE_TOPIC_PROPERTY: Final = "mqtt.response_topic"
-CORRELATION_PROPERTY: Final = "mqtt.correlation_data"
+CONTENT_TYPE_PROPERTY: Final = interop.MQTT_CONTENT_TYPE
+RESPONSE_TOPIC_PROPERTY: Final = interop.MQTT_RESPONSE_TOPIC
+CORRELATION_PROPERTY: Final = interop.MQTT_CORRELATION
 """Base64 of the binary correlation data."""
-PAYLOAD_FORMAT_PROPERTY: Final = "mqtt.payload_format"
-USER_PROPERTIES_PROPERTY: Final = "mqtt.user_properties"
+PAYLOAD_FORMAT_PROPERTY: Final = interop.MQTT_PAYLOAD_FORMAT
+USER_PROPERTIES_PROPERTY: Final = interop.MQTT_USER_PROPERTIES
 """JSON list of [name, value] pairs, in wire order (names may repeat)."""
 NATIVE_QOS: Final = 1
 MAX_WIRE_LENGTH: Final = 0xFFFF
@@ -106,11 +111,15 @@ _invalid = DenialLog(log, interval_s=300.0, max_keys=1024)
 """Stored values MQTT cannot take, logged once per (topic, property) per interval."""
 
 
-def from_stored(topic_name: str, body: bytes, properties: Mapping[str, str]) -> Inbound:
-    """What an MQTT subscriber gets for a stored message of core topic ``topic_name``. Never
-    raises: see the module notes for what happens to values MQTT cannot take."""
+def from_stored(topic_name: str, body: bytes, properties: Mapping[str, str],
+                born_ms: int = 0) -> Inbound:
+    """What an MQTT subscriber gets for a stored message of core topic ``topic_name``,
+    published at ``born_ms``. Never raises: see the module notes for what happens to values
+    MQTT cannot take."""
     invalid: list[tuple[str, str]] = []
     topic = _value(properties, SUBJECT_PROPERTY, _subject, topic_name, invalid) or topic_name
+    if interop.AMQP_EXCHANGE in properties and QOS_PROPERTY not in properties:
+        return _from_amqp(topic, body, interop.common(properties, born_ms), invalid)
     qos = _value(properties, QOS_PROPERTY, _QOS.__getitem__, topic_name, invalid)
     retain = _value(properties, RETAIN_PROPERTY, _FLAG.__getitem__, topic_name, invalid)
     expiry = _value(properties, EXPIRY_PROPERTY, _expiry_at, topic_name, invalid)
@@ -128,6 +137,33 @@ def from_stored(topic_name: str, body: bytes, properties: Mapping[str, str]) -> 
             user_properties=users + tuple(invalid))
     return Inbound(topic, body, NATIVE_QOS if qos is None else qos, bool(retain),
                    publisher if isinstance(publisher, str) else "", expiry, mqtt_props)
+
+
+def _from_amqp(topic: str, body: bytes, common: interop.Common,
+               invalid: list[tuple[str, str]]) -> Inbound:
+    """An AMQP publish as MQTT sees it; what MQTT cannot take is left out."""
+    users = tuple(pair for pair in common.user_properties + common.extra
+                  if _fits(_wire_text, pair[0]) is not None
+                  and _fits(_wire_text, pair[1]) is not None)
+    correlation = common.correlation
+    properties = Properties(
+        content_type=_fits(_wire_text, common.content_type),
+        response_topic=_fits(_topic_name, common.reply_subject),
+        correlation_data=correlation if correlation and len(correlation) <= MAX_WIRE_LENGTH
+        else None,
+        user_properties=users + tuple(invalid))
+    return Inbound(topic, body, 1 if common.persistent else 0, False, "", common.expiry_at_ms,
+                   properties)
+
+
+def _fits(parse: Callable[[str], str], value: str | None) -> str | None:
+    """``value`` if MQTT can take it (``parse`` does not raise), else None."""
+    if value is None:
+        return None
+    try:
+        return parse(value)
+    except ValueError:
+        return None
 
 
 def _value(properties: Mapping[str, str], name: str, parse: Callable[[str], T], topic_name: str,

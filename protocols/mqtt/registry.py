@@ -501,7 +501,7 @@ class SessionRegistry:
             assert self._last_inbound is not None
             return self._last_inbound
         inbound = from_stored(delivery.home_topic or delivery.topic, delivery.body,
-                              delivery.properties)
+                              delivery.properties, delivery.born_ts)
         self._last_delivery, self._last_inbound = delivery, inbound
         return inbound
 

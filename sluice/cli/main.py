@@ -28,7 +28,8 @@ SERVE_FLAGS = {  # flag destination -> config path it overrides
     "advertised_host": "native.advertised_host", "metadata_url": "metadata_url",
     "allow_anonymous": "auth.allow_anonymous", "mqtt_port": "mqtt.port",
     "mqtt_ws_port": "mqtt.ws_port", "mqtt_tls_port": "mqtt.tls_port",
-    "mqtt_wss_port": "mqtt.wss_port", "amqp_port": "amqp.port", "tls_cert": "mqtt.tls_cert", "tls_key": "mqtt.tls_key",
+    "mqtt_wss_port": "mqtt.wss_port", "amqp_port": "amqp.port",
+    "amqp_tls_port": "amqp.tls_port", "tls_cert": "mqtt.tls_cert", "tls_key": "mqtt.tls_key",
     "log_level": "log.level", "log_format": "log.format",
 }
 
@@ -81,6 +82,9 @@ def _add_serve(commands: argparse._SubParsersAction) -> None:
                        "(default: 8084)")
     serve.add_argument("--amqp-port", type=int, metavar="PORT",
                        help="AMQP 0-9-1 port (default: 5672; 0 picks a free one, -1 turns it off)")
+    serve.add_argument("--amqp-tls-port", type=int, metavar="PORT",
+                       help="AMQP 0-9-1 over TLS port, opened with --tls-cert/--tls-key "
+                       "(default: 5671)")
     serve.add_argument("--tls-cert", metavar="PEM", help="certificate chain for the TLS listeners")
     serve.add_argument("--tls-key", metavar="PEM", help="private key for --tls-cert")
     serve.add_argument("--advertised-host", metavar="HOST",

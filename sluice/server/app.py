@@ -22,6 +22,7 @@ import os
 import re
 import signal
 import socket
+import ssl
 import sys
 from dataclasses import dataclass, field
 from typing import Any, TextIO
@@ -43,6 +44,7 @@ from protocols.amqp.listener import AmqpListener, start_amqp_listener
 from protocols.amqp.login import GUEST
 from protocols.mqtt.frontend import MqttFrontend
 from protocols.mqtt.listeners import MqttListeners, start_mqtt_listeners
+from protocols.mqtt.tls import server_ssl_context
 from protocols.mqtt.topics import SYNTAX as MQTT_TOPIC_SYNTAX
 
 log = logging.getLogger("sluice")
@@ -56,6 +58,7 @@ _PORTS = {  # config path -> (what listens there, the flag that moves it)
     "mqtt.tls_port": ("MQTT TLS", "--mqtt-tls-port"),
     "mqtt.wss_port": ("MQTT secure WebSocket", "--mqtt-wss-port"),
     "amqp.port": ("AMQP", "--amqp-port"),
+    "amqp.tls_port": ("AMQP TLS", "--amqp-tls-port"),
 }
 
 
@@ -136,7 +139,11 @@ class RunningBroker:
         where = _hostport(self.config.amqp.host, self.amqp_listener.port)
         if self.config.amqp.guest_from_loopback:
             where += f"  ({GUEST}/{GUEST} from this host only)"
-        return [("AMQP", where)]
+        found = [("AMQP", where)]
+        if self.amqp_listener.tls_port is not None:
+            found.append(("AMQP TLS", _hostport(self.config.amqp.host,
+                                                self.amqp_listener.tls_port) + "  (TLS)"))
+        return found
 
     async def stop(self) -> None:
         """Stop accepting, stop servers, persist offsets, checkpoint and close store and metadata."""
@@ -199,11 +206,11 @@ async def start(config: Config) -> RunningBroker:
                                     allow_anonymous=config.auth.allow_anonymous,
                                     anonymous_principal=anonymous)
         await running.mqtt.start()  # sessions are bound before anything can publish
+        running.amqp = AmqpFrontend(broker, core.vhosts, core.queues, config.amqp)
+        await running.amqp.start()  # and so are the queues bound to amq.topic
         running.native = await _listen(config, "native", _start_native(running))
         running.clients.register(running.native.clients)
         running.clients.register(running.mqtt)
-        running.amqp = AmqpFrontend(broker, core.vhosts, core.queues, config.amqp)
-        await running.amqp.start()
         running.clients.register(running.amqp)
         running.admin = await _listen(config, "admin",
                                       start_admin_server(_admin_deps(running), config.admin.host,
@@ -211,8 +218,8 @@ async def start(config: Config) -> RunningBroker:
         running.mqtt_listeners = await _listen(config, "mqtt",
                                                start_mqtt_listeners(running.mqtt, config.mqtt))
         if config.amqp.port >= 0:
-            running.amqp_listener = await _listen(config, "amqp",
-                                                  start_amqp_listener(running.amqp, config.amqp))
+            running.amqp_listener = await _listen(config, "amqp", start_amqp_listener(
+                running.amqp, config.amqp, _tls_context(config)))
         return running
     except BaseException:
         if running is not None:
@@ -220,6 +227,13 @@ async def start(config: Config) -> RunningBroker:
         else:
             await asyncio.to_thread(store.close)
         raise
+
+
+def _tls_context(config: Config) -> ssl.SSLContext | None:
+    """The server context of every TLS listener (MQTT's certificate settings), if configured."""
+    mqtt = config.mqtt
+    return server_ssl_context(mqtt.tls_cert, mqtt.tls_key) if mqtt.tls_cert and mqtt.tls_key \
+        else None
 
 
 def _open_store(config: Config) -> FileStore:
@@ -290,6 +304,8 @@ def _listening_ports(config: Config) -> list[tuple[str, str, int]]:
     if secure:
         found += [("mqtt.tls_port", mqtt.host, mqtt.tls_port),
                   ("mqtt.wss_port", mqtt.host, mqtt.wss_port)]
+        if config.amqp.port >= 0:
+            found.append(("amqp.tls_port", config.amqp.host, config.amqp.tls_port))
     return [(dotted, host, port) for dotted, host, port in found if port >= 0]
 
 

@@ -316,9 +316,10 @@ def _validate(config: Config) -> None:
         if not -1 <= getattr(mqtt, key) <= 65_535:
             raise ConfigError(f"mqtt.{key} = {getattr(mqtt, key)} is out of range: use 0-65535 "
                               "(0 picks a free port, -1 turns the listener off)")
-    if not -1 <= config.amqp.port <= 65_535:
-        raise ConfigError(f"amqp.port = {config.amqp.port} is out of range: use 0-65535 "
-                          "(0 picks a free port, -1 turns the listener off)")
+    for key in ("port", "tls_port"):
+        if not -1 <= getattr(config.amqp, key) <= 65_535:
+            raise ConfigError(f"amqp.{key} = {getattr(config.amqp, key)} is out of range: use "
+                              "0-65535 (0 picks a free port, -1 turns the listener off)")
     try:
         config.amqp.connection_options()
     except ValueError as error:

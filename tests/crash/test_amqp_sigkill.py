@@ -1,7 +1,7 @@
 """SIGKILL `sluice serve` (sync flush) with confirmed AMQP publishes stored and deliveries left
 unacknowledged: after the restart every confirmed message is still in its durable queue, the
-unacknowledged ones come back, and the topology is there. (They come back without
-redelivered=true: which entries were delivered is not kept across a crash yet; README says so.)
+unacknowledged ones come back with redelivered=true (the others with redelivered=false), and
+the topology is there.
 
 The kill happens on events (every publish confirmed, the deliveries received), never after a
 fixed sleep.
@@ -17,6 +17,7 @@ pytestmark = pytest.mark.crash
 
 MESSAGES = 200
 UNACKED = 5
+PREFETCH = 3
 
 
 def drain(channel) -> list[tuple[bytes, bool]]:
@@ -52,6 +53,13 @@ def test_confirmed_publishes_and_unacked_deliveries_survive_sigkill(sluice_serve
         method, _, body = consumer.basic_get("jobs")
         assert method is not None and not method.redelivered
         in_flight.append(body)
+    pushed = connect(server).channel()
+    pushed.basic_qos(prefetch_count=PREFETCH)
+    for method, _, body in pushed.consume("jobs", inactivity_timeout=10):
+        assert method is not None and not method.redelivered
+        in_flight.append(body)
+        if len(in_flight) == UNACKED + PREFETCH:
+            break
 
     server.kill()  # SIGKILL: no shutdown, nothing flushed on the way out
 
@@ -65,5 +73,7 @@ def test_confirmed_publishes_and_unacked_deliveries_survive_sigkill(sluice_serve
     assert set(bodies) == confirmed, f"{len(confirmed - set(bodies))} confirmed messages lost"
     assert len(bodies) == len(set(bodies)), "a message came back twice"
     assert set(in_flight) <= set(bodies), "an unacknowledged delivery was lost"
+    redelivered = {body for body, again in survived if again}
+    assert redelivered == set(in_flight), "only the unacknowledged deliveries are redelivered"
     channel.basic_publish("work", "job", b"after the restart")
     assert drain(channel) == [(b"after the restart", False)], "the binding did not survive"

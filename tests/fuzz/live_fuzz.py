@@ -1,14 +1,16 @@
-"""Bounded live fuzzer: hostile MQTT (TCP and WebSocket) and native gRPC traffic against a real
-`sluice serve`, while a healthy client keeps publishing and receiving.
+"""Bounded live fuzzer: hostile MQTT (TCP and WebSocket), AMQP 0-9-1 and native gRPC traffic
+against a real `sluice serve`, while healthy MQTT and AMQP clients keep publishing and
+receiving.
 
     python -m tests.fuzz.live_fuzz [--seconds 180] [--seed N] [--concurrency 8]
     make fuzz FUZZ_ARGS='--seconds 30 --seed 7'
 
 It starts the broker on ephemeral ports with a fresh data directory, connects a healthy paho
-client that makes QoS 1 round trips the whole time, and from other connections sends mutated
-valid packets (`tests/fuzz/mutations.py`: bit flips, truncations, length-field lies, splices,
-huge counts), slow drips, hostile WebSocket upgrades and frames, and mutated serialized
-requests to every native gRPC method. Case ``i`` of seed ``s`` is the same bytes on every run
+client that makes QoS 1 round trips and a healthy pika client that makes confirmed publish and
+consume round trips the whole time, and from other connections sends mutated valid packets
+(`tests/fuzz/mutations.py`: bit flips, truncations, length-field lies, splices, huge counts),
+slow drips, hostile WebSocket upgrades and frames, mutated AMQP handshakes and channel frames
+(`tests/fuzz/amqp_frames.py`), and mutated serialized requests to every native gRPC method. Case ``i`` of seed ``s`` is the same bytes on every run
 (``--case i`` replays one). It fails (exit 1) if the broker dies, a healthy round trip takes
 longer than ``--round-trip-bound``, ``/health`` stops answering, the broker's memory or open
 descriptors grow beyond their bounds, sockets are not given back once the hostile connections
@@ -40,6 +42,7 @@ import aiohttp
 import grpc
 import grpc.aio
 import paho.mqtt.client as mqtt
+import pika
 import psutil
 from paho.mqtt.enums import CallbackAPIVersion
 
@@ -49,15 +52,19 @@ from protocols.mqtt.properties import varint
 from sluice.client.auth import request_metadata
 from sluice.client.config import ClientConfig
 from tests.conftest import CONFIG, Server
+from tests.fuzz.amqp_frames import handshake as amqp_handshake, session_frames as amqp_frames
 from tests.fuzz.mutations import connects, hostile_websocket, mutate, session_packets
 from tests.fuzz.native_requests import NativeRequest, valid_requests
 
 FUZZ_CONFIG = CONFIG + """
 [mqtt]
 connect_timeout_s = 5.0
+[amqp]
+connect_timeout_s = 5.0
 """
 KINDS: dict[str, int] = {"tcp-connect": 2, "tcp-session": 3, "ws-session": 1, "ws-raw": 1,
-                         "slow-drip": 1, "huge-count": 1, "grpc": 3}
+                         "slow-drip": 1, "huge-count": 1, "grpc": 3, "amqp-connect": 2,
+                         "amqp-session": 3}
 """Case kinds and their weights."""
 READ_WINDOW = 1.5
 """How long a case reads what the broker answers before it closes the connection itself."""
@@ -146,6 +153,54 @@ class HealthyClient(threading.Thread):
         self.join(self.bound + 5)
         self.client.disconnect()
         self.client.loop_stop()
+
+
+class HealthyAmqpClient(threading.Thread):
+    """A pika client publishing with confirms to its own queue and consuming each message back,
+    back to back."""
+
+    def __init__(self, address: str, tally: Tally, bound: float) -> None:
+        super().__init__(daemon=True, name="healthy-amqp-client")
+        self.tally, self.bound = tally, bound
+        self.latencies: list[float] = []
+        self.stop = threading.Event()
+        self._address = address
+
+    def run(self) -> None:
+        host, port = self._address.rsplit(":", 1)
+        connection = pika.BlockingConnection(pika.ConnectionParameters(
+            host, int(port), "/", pika.PlainCredentials("guest", "guest"),
+            connection_attempts=1, socket_timeout=10))
+        channel = connection.channel()
+        channel.confirm_delivery()
+        queue = channel.queue_declare("", exclusive=True).method.queue
+        received: list[bytes] = []
+        channel.basic_consume(queue, lambda _ch, _m, _p, body: received.append(body),
+                              auto_ack=True)
+        number = 0
+        try:
+            while not self.stop.is_set():
+                number += 1
+                payload = f"amqp round trip {number}".encode()
+                began = time.monotonic()
+                channel.basic_publish("", queue, payload)  # returns once confirmed
+                while payload not in received and time.monotonic() - began < self.bound:
+                    connection.process_data_events(0.05)
+                if payload not in received:
+                    self.tally.fail(f"a healthy AMQP round trip took longer than {self.bound:g} s "
+                                    f"(round trip {number})")
+                    return
+                received.clear()
+                self.latencies.append(time.monotonic() - began)
+        except pika.exceptions.AMQPError as error:
+            self.tally.fail(f"the healthy AMQP client lost its connection: {error!r}")
+        finally:
+            if connection.is_open:
+                connection.close()
+
+    def close(self) -> None:
+        self.stop.set()
+        self.join(self.bound + 10)
 
 
 # ----------------------------------------------------------------------------- broker watch
@@ -237,6 +292,7 @@ class Target:
     """Where the hostile cases go."""
 
     mqtt: tuple[str, int]
+    amqp: tuple[str, int]
     ws_url: str
     native: str
     grpc: grpc.aio.Channel
@@ -417,9 +473,46 @@ def _printable(data: bytes) -> str:
     return "".join(chr(b) for b in data if 0x20 <= b < 0x7F)
 
 
+def _amqp_stream(rng: random.Random) -> bytes:
+    """channel.open, then some of the other channel frames in a random order."""
+    frames = amqp_frames(f"fuzz-{rng.randrange(16)}")
+    return frames[0] + b"".join(rng.sample(frames[1:], rng.randint(1, len(frames) - 1)))
+
+
+async def amqp_connect(target: Target, rng: random.Random, seed: int) -> str:
+    """A mutated AMQP stream from its first byte: the protocol header and handshake are hostile."""
+    reader, writer = await asyncio.open_connection(*target.amqp)
+    try:
+        writer.write(mutate(seed, base=amqp_handshake() + _amqp_stream(rng), max_size=256 << 10))
+        return await read_answers(reader)
+    finally:
+        await _finish(writer)
+
+
+async def amqp_session(target: Target, rng: random.Random, seed: int) -> str:
+    """A valid AMQP handshake, then mutated channel frames (sometimes trickled)."""
+    reader, writer = await asyncio.open_connection(*target.amqp)
+    try:
+        writer.write(amqp_handshake())
+        await asyncio.wait_for(reader.read(4096), READ_WINDOW)
+        data = mutate(seed, base=_amqp_stream(rng), max_size=1 << 20)
+        if rng.random() < 0.2:
+            for start in range(0, min(len(data), 300), 7):
+                writer.write(data[start:start + 7])
+                await asyncio.sleep(rng.uniform(0.001, 0.01))  # the drip's pace is the input
+                if reader.at_eof():
+                    return "closed by broker"
+            data = data[300:]
+        writer.write(data)
+        return await read_answers(reader)
+    finally:
+        await _finish(writer)
+
+
 CASES: dict[str, Callable[[Target, random.Random, int], Awaitable[str]]] = {
     "tcp-connect": tcp_connect, "tcp-session": tcp_session, "ws-session": ws_session,
     "ws-raw": ws_raw, "slow-drip": slow_drip, "huge-count": huge_count, "grpc": native_call,
+    "amqp-connect": amqp_connect, "amqp-session": amqp_session,
 }
 
 
@@ -444,7 +537,8 @@ async def fuzz(server: Server, settings: Settings, tally: Tally,
                progress: Callable[[float], None]) -> None:
     config = ClientConfig(server.native, "sluice", "sluice")
     async with grpc.aio.insecure_channel(server.native) as channel:
-        target = Target(_host_port(server.mqtt), server.mqtt_ws, server.native, channel,
+        target = Target(_host_port(server.mqtt), _host_port(server.amqp), server.mqtt_ws,
+                        server.native, channel,
                         valid_requests(config), config)
         if settings.case is not None:
             kind, outcome = await run_case(target, settings.seed, settings.case)
@@ -507,8 +601,10 @@ def main(argv: list[str] | None = None) -> int:
         log = BrokerLog(server)
         log.start()
         healthy = HealthyClient(server.mqtt, tally, settings.round_trip_bound)
+        healthy_amqp = HealthyAmqpClient(server.amqp, tally, settings.round_trip_bound)
         watch = Watch(server, tally, settings)
         healthy.start()
+        healthy_amqp.start()
         watch.start()
 
         def progress(elapsed: float) -> None:
@@ -520,13 +616,14 @@ def main(argv: list[str] | None = None) -> int:
         asyncio.run(fuzz(server, settings, tally, progress))
         _check_sockets_return(watch, tally)
         healthy.close()
+        healthy_amqp.close()
         watch.stop.set()
         watch.join(10)
         _stop(server, tally)
         log.join(10)
         if log.errors:  # hostile input is an expected condition: one INFO line, no traceback
             tally.fail(f"the broker logged {len(log.errors)} error lines or tracebacks")
-        print_summary(settings, tally, healthy, watch, log.errors)
+        print_summary(settings, tally, healthy, healthy_amqp, watch, log.errors)
     finally:
         server.kill()
         shutil.rmtree(workdir, ignore_errors=True)
@@ -552,8 +649,8 @@ def _check_sockets_return(watch: Watch, tally: Tally, within: float = 20.0) -> N
                f"{watch.baseline_sockets} at the start")
 
 
-def print_summary(settings: Settings, tally: Tally, healthy: HealthyClient, watch: Watch,
-                  errors: list[str]) -> None:
+def print_summary(settings: Settings, tally: Tally, healthy: HealthyClient,
+                  healthy_amqp: HealthyAmqpClient, watch: Watch, errors: list[str]) -> None:
     print(f"\nlive fuzz summary (seed {settings.seed}): {tally.cases} cases")
     for kind, outcomes in tally.outcomes.items():
         if outcomes:
@@ -563,6 +660,10 @@ def print_summary(settings: Settings, tally: Tally, healthy: HealthyClient, watc
     latencies = sorted(healthy.latencies)
     if latencies:
         print(f"  healthy QoS 1 round trips: {len(latencies)}, median "
+              f"{latencies[len(latencies) // 2] * 1000:.1f} ms, worst {latencies[-1] * 1000:.0f} ms")
+    latencies = sorted(healthy_amqp.latencies)
+    if latencies:
+        print(f"  healthy AMQP round trips: {len(latencies)}, median "
               f"{latencies[len(latencies) // 2] * 1000:.1f} ms, worst {latencies[-1] * 1000:.0f} ms")
     print(f"  broker memory: {watch.baseline_rss >> 20} MB at the start, peak {watch.peak_rss >> 20} MB;"
           f" descriptors: {watch.baseline_fds} at the start, peak {watch.peak_fds}, "

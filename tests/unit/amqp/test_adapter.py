@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import time
 
-from pamqp.commands import Basic, Channel, Connection, Exchange, Queue, Tx
+from pamqp.commands import Basic, Channel, Connection, Exchange, Queue
 
 from protocols.amqp.frames import PROTOCOL_HEADER, encode_content
 from protocols.amqp.options import AmqpOptions
@@ -171,7 +171,7 @@ def test_only_admins_change_topology_but_anyone_logged_in_declares_passively(tmp
 
 
 def test_methods_not_built_yet_close_the_connection_with_540(tmp_path):
-    for n, m in enumerate((Tx.Select(), Queue.Purge(queue="q"))):
+    for n, m in enumerate((Queue.Purge(queue="q"),)):
         async def scenario(frontend, core, m=m):
             client = Client(frontend)
             await client.open()

@@ -9,7 +9,6 @@ from decimal import Decimal
 from pamqp.commands import Basic, Channel, Confirm, Exchange, Queue
 
 from core.model import SUBJECT_PROPERTY
-from core.vhosts import named_queue
 from protocols.amqp.frames import encode_content
 from protocols.amqp.mapping import exchange_topic, subject_of_key
 from tests.unit.amqp.fake_wire import USER, Client, run
@@ -71,7 +70,7 @@ def test_a_publish_is_stored_once_and_comes_back_with_its_properties(tmp_path):
         assert topic == "amqp.fan" and core.broker.describe_topic(topic).queues
         stored = sum(q.max_offset for q in core.broker.describe_topic(topic).queues)
         assert stored == 1, "stored once, indexed into both queues"
-        [other] = core.queues.pop(named_queue("/", "r"), 5, 1000)
+        [other] = core.queues.pop(core.vhosts.get("/").named("r"), 5, 1000)
         assert other.body == b"hello"
     run(tmp_path, scenario)
 
@@ -81,7 +80,7 @@ def test_exchange_topics_and_subjects_are_escaped_reversibly():
     assert exchange_topic("prod", "a.b") == "amqp.prod.a%2Eb"
     assert exchange_topic("a", "b") != exchange_topic("/", "a.b")
     assert len(exchange_topic("/", "x" * 255)) <= 127
-    assert subject_of_key("devices.d/1.50%") == "devices/d%2F1/50%25"
+    assert subject_of_key("devices.d/1.50%") == "devices/d.1/50%"
 
 
 def test_amq_topic_stores_under_the_subject_of_the_routing_key(tmp_path):
@@ -94,7 +93,7 @@ def test_amq_topic_stores_under_the_subject_of_the_routing_key(tmp_path):
         await client.call(1, Confirm.Select())
         publish(client, b"21.5", "amq.topic", "devices.d1.telemetry")
         assert isinstance(await client.expect(Basic.Ack), Basic.Ack)
-        [stored] = core.queues.pop(named_queue("/", "t"), 5, 1000)
+        [stored] = core.queues.pop(core.vhosts.get("/").named("t"), 5, 1000)
         assert stored.home_topic == "devices"
         assert stored.properties[SUBJECT_PROPERTY] == "devices/d1/telemetry"
     run(tmp_path, scenario)
@@ -130,7 +129,7 @@ def test_confirms_ack_consecutive_publishes_with_multiple(tmp_path):
             ack = await client.expect(Basic.Ack)
             assert ack.delivery_tag > acked and (ack.multiple or ack.delivery_tag == acked + 1)
             acked = ack.delivery_tag
-        assert core.queues.ready(named_queue("/", "q")) == 5
+        assert core.queues.ready(core.vhosts.get("/").named("q")) == 5
     run(tmp_path, scenario)
 
 

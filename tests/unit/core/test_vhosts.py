@@ -39,16 +39,19 @@ def test_durable_topology_survives_a_restart_and_transient_does_not(metadata):
         await hosts.bind("/", "orders", Destination("billing"), "order.*.created")
         await hosts.bind("/", "orders", Destination("tmp"), "#")
         await hosts.bind("/", "amq.fanout", Destination("orders", is_exchange=True), "")
-        assert hosts.route("/", "amq.fanout", "order.eu.created") == sorted(
-            [named_queue("/", "billing"), named_queue("/", "tmp")])
-    asyncio.run(build())
+        host = hosts.get("/")
+        assert hosts.route("/", "amq.fanout", "order.eu.created") == [
+            host.named("billing"), host.named("tmp")]
+        return host.named("billing")
+    billing = asyncio.run(build())
 
     hosts = reopened(metadata)
     assert hosts.names() == [DEFAULT_VHOST]
     host = hosts.get("/")
     assert sorted(host.queues) == ["billing"]
     assert "orders" in host.graph and "scratch" not in host.graph
-    assert hosts.route("/", "amq.fanout", "order.eu.created") == [named_queue("/", "billing")]
+    assert hosts.route("/", "amq.fanout", "order.eu.created") == [billing]
+    assert host.named("billing") == billing, "a restart keeps the queue's incarnation"
     assert hosts.route("/", "orders", "order.eu.cancelled") == []
 
 
@@ -59,7 +62,8 @@ def test_deleting_removes_rows_so_a_restart_does_not_bring_them_back(metadata):
         await hosts.declare_exchange("/", "logs", "fanout")
         await hosts.declare_queue("/", QueueSettings("all-logs"))
         await hosts.bind("/", "logs", Destination("all-logs"), "")
-        assert await hosts.delete_queue("/", "all-logs") == named_queue("/", "all-logs")
+        named = hosts.get("/").named("all-logs")
+        assert await hosts.delete_queue("/", "all-logs") == named
         await hosts.declare_queue("/", QueueSettings("again"))
         await hosts.bind("/", "logs", Destination("again"), "")
         await hosts.unbind("/", "logs", Destination("again"), "")
@@ -79,12 +83,13 @@ def test_virtual_hosts_are_isolated_namespaces(metadata):
         with pytest.raises(AlreadyExists):
             await hosts.create("shop")
         await hosts.declare_queue("shop", QueueSettings("orders"))
-        assert hosts.route("shop", "", "orders") == [named_queue("shop", "orders")]
+        orders = hosts.get("shop").named("orders")
+        assert hosts.route("shop", "", "orders") == [orders]
         assert hosts.route("/", "", "orders") == []
         assert named_queue("shop", "orders") != named_queue("/", "orders")
         with pytest.raises(NotFound, match="no virtual host 'nowhere'"):
             hosts.get("nowhere")
-        assert await hosts.delete("shop") == [named_queue("shop", "orders")]
+        assert await hosts.delete("shop") == [orders]
     asyncio.run(scenario())
     assert reopened(metadata).names() == [DEFAULT_VHOST]
 
@@ -120,3 +125,22 @@ def test_a_core_restores_its_virtual_hosts_at_start(tmp_path):
         assert "kept" in core.vhosts.get("/").queues
     run_core(tmp_path, declare, store="file")
     run_core(tmp_path, check, store="file")
+
+
+def test_a_queue_declared_again_after_a_delete_is_a_new_incarnation(metadata):
+    async def scenario() -> tuple[str, str]:
+        hosts = VirtualHosts(metadata)
+        await hosts.ensure_default()
+        await hosts.declare_queue("/", QueueSettings("jobs"))
+        first = await hosts.delete_queue("/", "jobs")
+        await hosts.declare_queue("/", QueueSettings("jobs"))
+        return first, hosts.get("/").named("jobs")
+    first, second = asyncio.run(scenario())
+    assert first != second
+    assert reopened(metadata).get("/").named("jobs") == second
+
+
+def test_a_queue_row_from_before_incarnations_keeps_its_named_queue(metadata):
+    metadata.put_topology("/", "vhost", "", "{}")
+    metadata.put_topology("/", "queue", "old", '{"arguments": {}, "auto_delete": false}')
+    assert reopened(metadata).get("/").named("old") == named_queue("/", "old")

@@ -1,0 +1,102 @@
+"""Delivered marks: per named queue, the offset below which every message has been handed to a
+consumer at least once, kept across a crash so that what was delivered and not acked comes back
+marked as a redelivery (AMQP's redelivered flag), as RabbitMQ does.
+
+Cursors (``core.cursors``) keep delivery attempts too, but they are saved once per commit
+interval; a mark is written before the deliveries of a pop go out, one ``write`` per pop (not
+per message), so a SIGKILL loses none. There is no fsync: the marks survive the process, not a
+power cut (then the last saved cursors still count).
+
+File ``delivered.log`` in the data directory, text lines appended::
+
+    <named queue> SP <mark> LF      mark: first offset never delivered; -1: queue forgotten
+
+The last line of a queue wins; a torn last line (no LF) is ignored. Past ``COMPACT_BYTES`` the
+file is replaced by one line per queue. Runs on the event loop; not thread-safe.
+"""
+
+from __future__ import annotations
+
+import os
+
+from store import replace_file
+
+FILE_NAME = "delivered.log"
+COMPACT_BYTES = 1 << 20
+_FORGOTTEN = -1
+
+
+def read_marks(path: str) -> dict[str, int]:
+    """The marks in the file at ``path`` (none if it does not exist)."""
+    try:
+        with open(path, "rb") as file:
+            data = file.read()
+    except FileNotFoundError:
+        return {}
+    marks: dict[str, int] = {}
+    for line in data.split(b"\n")[:-1]:  # the part after the last LF is torn or empty
+        queue, _, mark = line.decode(errors="replace").rpartition(" ")
+        try:
+            value = int(mark)
+        except ValueError:
+            continue
+        if value == _FORGOTTEN:
+            marks.pop(queue, None)
+        elif queue:
+            marks[queue] = max(value, marks.get(queue, 0))
+    return marks
+
+
+class DeliveredMarks:
+    """The delivered marks of every named queue popped with ``mark`` on."""
+
+    def __init__(self, data_dir: str) -> None:
+        self.path = os.path.join(data_dir, FILE_NAME)
+        self._marks = read_marks(self.path)
+        self._restored = dict(self._marks)
+        """Marks from before this start, not yet applied to their queue's cursor."""
+        self._fd = -1
+        self._size = 0
+
+    def restored(self, queue: str) -> int | None:
+        """The mark ``queue`` had before this start, once (None afterwards or if it had none)."""
+        return self._restored.pop(queue, None) if self._restored else None
+
+    def mark(self, queue: str, offset: int) -> None:
+        """Everything of ``queue`` below ``offset`` has been delivered at least once."""
+        if offset > self._marks.get(queue, 0):
+            self._marks[queue] = offset
+            self._append(f"{queue} {offset}\n")
+
+    def forget(self, queue: str) -> None:
+        """``queue`` is gone, with the queues named ``queue@...`` (its priority levels): a
+        queue declared again under its name starts unmarked."""
+        def family(names: dict[str, int]) -> list[str]:
+            return [name for name in names if name == queue or name.startswith(queue + "@")]
+        for name in family(self._restored):
+            del self._restored[name]
+        for name in family(self._marks):
+            del self._marks[name]
+            self._append(f"{name} {_FORGOTTEN}\n")
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
+    def _append(self, line: str) -> None:
+        if self._fd < 0:
+            self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+            self._size = os.fstat(self._fd).st_size
+        data = line.encode()
+        os.write(self._fd, data)
+        self._size += len(data)
+        if self._size > COMPACT_BYTES:
+            self._compact()
+
+    def _compact(self) -> None:
+        """Replace the file by one line per queue (rare: blocks the loop for one small fsync)."""
+        data = "".join(f"{queue} {mark}\n" for queue, mark in self._marks.items()).encode()
+        self.close()
+        replace_file(self.path, data)
+        self._size = len(data)

@@ -1,0 +1,139 @@
+"""Celery end to end against `sluice serve`: a real worker process (``celery -A ... worker
+--pool solo``) configured with ``amqp://guest:guest@localhost:PORT//`` runs tasks sent by this
+process, results come back over AMQP (``rpc://``: reply_to, correlation_id and an auto-delete
+reply queue per client), failures and retries travel as they do on RabbitMQ, the worker answers
+broadcast control commands, and the reply queue is gone once its client disconnects.
+
+The broker is the module's `sluice serve` (``amqp_server``) on a free port rather than 5672,
+so tests can run beside a broker already on 5672; the URL is otherwise the one `make run`
+serves."""
+from __future__ import annotations
+
+import os
+import queue
+import signal
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pika.exceptions
+import pytest
+from celery import group
+
+from tests.conftest import ROOT, clean_env
+from tests.integration.amqp.conftest import connect
+
+WAIT_S = 30
+APP = "tests.integration.amqp.celery_tasks"
+
+
+def broker_url(server) -> str:
+    return f"amqp://guest:guest@localhost:{server.amqp.rpartition(':')[2]}//"
+
+
+class Worker:
+    """A `celery worker` child process; its log lines are read on a thread."""
+
+    def __init__(self, url: str, log_dir: Path) -> None:
+        env = {**clean_env(), "CELERY_BROKER_URL": url, "C_FORCE_ROOT": "1",
+               "PYTHONPATH": str(ROOT)}
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "celery", "-A", APP, "worker", "--pool", "solo",
+             "--without-gossip", "--without-mingle", "--loglevel", "INFO",
+             "--hostname", "sluice-test@%h"],
+            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        self.lines: queue.Queue[str | None] = queue.Queue()
+        self.output: list[str] = []
+        threading.Thread(target=self._pump, daemon=True).start()
+
+    def _pump(self) -> None:
+        for line in self.process.stdout:
+            self.lines.put(line)
+        self.lines.put(None)
+
+    def wait_for(self, text: str) -> None:
+        """Read the worker's output until a line holds ``text``."""
+        while True:
+            try:
+                line = self.lines.get(timeout=WAIT_S)
+            except queue.Empty:
+                pytest.fail(f"no {text!r} from the worker:\n{''.join(self.output)}")
+            if line is None:
+                pytest.fail(f"the worker exited ({self.process.wait()}):\n{''.join(self.output)}")
+            self.output.append(line)
+            if text in line:
+                return
+
+    def stop(self) -> int:
+        """Warm shutdown (SIGTERM), as a service manager stops it."""
+        self.process.send_signal(signal.SIGTERM)
+        try:
+            return self.process.wait(timeout=WAIT_S)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            return self.process.wait()
+
+
+@pytest.fixture(scope="module")
+def celery_app(amqp_server):
+    from tests.integration.amqp.celery_tasks import app
+    app.conf.broker_url = broker_url(amqp_server)
+    yield app
+    app.pool.force_close_all()
+
+
+@pytest.fixture(scope="module")
+def worker(amqp_server, tmp_path_factory) -> Iterator[Worker]:
+    started = Worker(broker_url(amqp_server), tmp_path_factory.mktemp("celery"))
+    try:
+        started.wait_for("ready.")
+        yield started
+    finally:
+        assert started.stop() == 0, "".join(started.output)
+
+
+def test_tasks_run_and_results_come_back_over_rpc(celery_app, worker):
+    from tests.integration.amqp.celery_tasks import add
+    assert add.delay(2, 3).get(timeout=WAIT_S) == 5
+    results = [add.delay(n, n) for n in range(30)]
+    assert [result.get(timeout=WAIT_S) for result in results] == [2 * n for n in range(30)]
+    assert group(add.s(n, 1) for n in range(5))().get(timeout=WAIT_S) == [1, 2, 3, 4, 5]
+
+
+def test_a_failure_and_retries_reach_the_caller(celery_app, worker):
+    from tests.integration.amqp.celery_tasks import fail, flaky
+    failed = fail.delay("no such order")
+    with pytest.raises(ValueError, match="no such order"):
+        failed.get(timeout=WAIT_S)
+    assert failed.state == "FAILURE"
+    assert flaky.delay(3).get(timeout=WAIT_S) == 2  # two retries, each a new message
+
+
+def test_the_worker_answers_broadcast_control_commands(celery_app, worker):
+    replies = celery_app.control.inspect(timeout=5).ping()
+    assert replies and all(reply == {"ok": "pong"} for reply in replies.values())
+    [name] = replies
+    assert name.startswith("sluice-test@")
+    registered = celery_app.control.inspect(destination=[name], timeout=5).registered()
+    assert f"{sys.modules['tests.integration.amqp.celery_tasks'].__name__}.add" in registered[name]
+
+
+def test_a_clients_rpc_reply_queue_goes_when_it_disconnects(amqp_server, worker):
+    from celery import Celery
+    client = Celery("reply-queue-check", broker=broker_url(amqp_server), backend="rpc://")
+    client.conf.update(task_serializer="json", result_serializer="json", accept_content=["json"])
+    result = client.send_task(f"{APP}.add", (20, 22))
+    assert result.get(timeout=WAIT_S) == 42
+    reply_queue = client.backend.binding.name  # the client's oid: its own auto-delete queue
+    assert reply_queue == client.backend.oid
+    checker = connect(amqp_server)
+    checker.channel().queue_declare(reply_queue, passive=True)  # there while the client is
+    client.backend.result_consumer.stop()
+    client.pool.force_close_all()
+    client.close()
+    with pytest.raises(pika.exceptions.ChannelClosedByBroker) as gone:
+        checker.channel().queue_declare(reply_queue, passive=True)
+    assert gone.value.reply_code == 404
+    checker.close()

@@ -1,0 +1,108 @@
+"""The rules behind messages leaving AMQP queues: argument checks worded as RabbitMQ words
+them, the parsed policy, x-death bookkeeping, cycles, expirations; and core's peek/take of a
+named queue's head."""
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+import pytest
+from pamqp.commands import Basic
+
+from core.errors import PreconditionFailed
+from core.model import OutgoingMessage
+from protocols.amqp.dead_letters import is_cycle, record_death
+from protocols.amqp.queue_arguments import DEFAULT_DELIVERY_LIMIT, QueuePolicy, check, policy
+from protocols.amqp.queue_limits import expires_at, parse_expiration
+from tests.unit.amqp.fake_wire import run
+
+NOW = datetime(2026, 1, 2, 3, 4, 5, 678_000, tzinfo=UTC)
+
+
+def refused(arguments: dict, **flags: bool) -> str:
+    options = {"durable": True, "exclusive": False, "auto_delete": False} | flags
+    with pytest.raises(PreconditionFailed) as error:
+        check(arguments, "q", "/", **options)
+    return str(error.value)
+
+
+def test_argument_types_and_values_are_checked_as_rabbitmq_checks_them():
+    assert refused({"x-message-ttl": 1.5}) == \
+        "invalid arg 'x-message-ttl' for queue 'q' in vhost '/': {unacceptable_type,double}"
+    assert refused({"x-expires": 0}).endswith(": {value_zero,0}")
+    assert refused({"x-expires": 1 << 33}).endswith(f": {{value_too_large,{1 << 33}}}")
+    assert refused({"x-max-length-bytes": True}).endswith(": {unacceptable_type,bool}")
+    assert refused({"x-dead-letter-exchange": 5}).endswith(": {unacceptable_type,long}")
+    assert refused({"x-overflow": b"drop-tail"}).endswith(": invalid_overflow")
+    assert refused({"x-queue-type": "quorum"}, auto_delete=True) == \
+        "invalid property 'auto-delete' for queue 'q' in vhost '/'"
+    check({"x-message-ttl": 0, "x-max-length": 0, "x-overflow": "reject-publish-dlx",
+           "x-dead-letter-exchange": "", "x-dead-letter-routing-key": b"k",
+           "x-queue-type": "classic", "unknown": object()}, "q", "/",
+          durable=False, exclusive=True, auto_delete=True)
+
+
+def test_the_policy_of_stored_arguments():
+    assert policy({}) is None and policy({"x-queue-type": "classic", "other": 1}) is None
+    assert policy({"x-message-ttl": 5, "x-dead-letter-exchange": "dlx"}) == QueuePolicy(
+        message_ttl=5, dead_letter_exchange="dlx")
+    assert policy({"x-queue-type": "quorum"}).delivery_limit == DEFAULT_DELIVERY_LIMIT
+    assert policy({"x-queue-type": "quorum", "x-delivery-limit": -1}).delivery_limit is None
+    assert policy({"x-delivery-limit": 3}) is None, "a classic queue has no delivery limit"
+
+
+def test_a_first_death_writes_x_death_and_moves_expiration_into_it():
+    properties = Basic.Properties(headers={"a": 1}, expiration="500", message_id="m")
+    dead = record_death(properties, "q", "expired", "ex", ["k"], NOW)
+    assert dead.expiration is None and dead.message_id == "m"
+    assert dead.headers["x-death"] == [{
+        "count": 1, "reason": "expired", "queue": "q", "time": NOW.replace(microsecond=0),
+        "exchange": "ex", "routing-keys": ["k"], "original-expiration": "500"}]
+    assert (dead.headers["x-first-death-queue"], dead.headers["x-last-death-reason"]) == \
+        ("q", "expired")
+
+
+def test_deaths_merge_per_queue_and_reason_newest_first():
+    first = record_death(Basic.Properties(), "q", "rejected", "", ["q"], NOW)
+    second = record_death(first, "r", "expired", "dlx", ["q"], NOW)
+    third = record_death(second, "q", "rejected", "", ["q"], NOW)
+    assert [(d["queue"], d["reason"], d["count"]) for d in third.headers["x-death"]] == \
+        [("q", "rejected", 2), ("r", "expired", 1)]
+    assert third.headers["x-first-death-queue"] == "q"
+    assert (third.headers["x-last-death-queue"], third.headers["x-last-death-reason"]) == \
+        ("q", "rejected")
+
+
+def test_a_cycle_without_a_rejection_is_detected():
+    expired = record_death(Basic.Properties(), "q", "expired", "", ["q"], NOW).headers
+    assert is_cycle(expired, "q") and not is_cycle(expired, "other")
+    rejected = record_death(Basic.Properties(headers=expired), "r", "rejected", "", ["q"],
+                            NOW).headers
+    assert not is_cycle(rejected, "q")
+
+
+def test_expirations_parse_as_rabbitmq_parses_them_and_the_smaller_ttl_wins():
+    assert parse_expiration(None) is None and parse_expiration("0") == 0
+    with pytest.raises(PreconditionFailed, match="invalid expiration '1.5': "
+                                                 "{leftover_string,\".5\"}"):
+        parse_expiration("1.5")
+    ttl = QueuePolicy(message_ttl=1000)
+    assert expires_at(ttl, {}, 10) == 1010
+    assert expires_at(ttl, {"amqp.expiration": "20"}, 10) == 30
+    assert expires_at(QueuePolicy(), {"amqp.expiration": "bad"}, 10) is None
+    assert expires_at(QueuePolicy(), {}, 10) is None
+
+
+def test_peek_shows_the_head_without_taking_it_and_take_hides_it(tmp_path):
+    async def scenario(frontend, core):
+        queues = core.queues
+        await core.broker.send_decided([OutgoingMessage("t", b"%d" % n, also_into=("nq",))
+                                        for n in range(3)])
+        assert [m.body for m in queues.peek("nq", 5)] == [b"0", b"1", b"2"]
+        assert queues.ready("nq") == 3
+        queues.take("nq", 0, 60_000)
+        assert [m.body for m in queues.peek("nq", 5)] == [b"1", b"2"]
+        [popped] = queues.pop("nq", 1, 60_000)
+        assert popped.body == b"1" and [m.body for m in queues.peek("nq", 5)] == [b"2"]
+        queues.settle("nq", 0)
+        assert queues.ready("nq") == 1
+    run(tmp_path, scenario)

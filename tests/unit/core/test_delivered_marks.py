@@ -1,0 +1,42 @@
+"""Delivered marks: written per pop, read back after a crash (torn tail ignored, forgotten
+queues dropped, compaction keeps every queue's mark), and a restored mark turning the next
+delivery of what was below it into a redelivery."""
+from __future__ import annotations
+
+from core import delivered_marks
+from core.cursors import Cursor
+from core.delivered_marks import DeliveredMarks, read_marks
+
+
+def test_marks_survive_a_reopen_and_a_torn_last_line_is_ignored(tmp_path):
+    marks = DeliveredMarks(str(tmp_path))
+    marks.mark("a", 3)
+    marks.mark("a", 2)  # a mark never moves back
+    marks.mark("b", 7)
+    marks.mark("gone", 1)
+    marks.forget("gone")
+    # no close: a SIGKILL leaves what was written; a torn line follows
+    with open(marks.path, "ab") as file:
+        file.write(b"a 99")
+    again = DeliveredMarks(str(tmp_path))
+    assert (again.restored("a"), again.restored("b"), again.restored("gone")) == (3, 7, None)
+    assert again.restored("a") is None, "a restored mark is handed out once"
+
+
+def test_compaction_keeps_one_line_per_queue(tmp_path, monkeypatch):
+    monkeypatch.setattr(delivered_marks, "COMPACT_BYTES", 200)
+    marks = DeliveredMarks(str(tmp_path))
+    for offset in range(1, 100):
+        marks.mark("q", offset)
+        marks.mark("r", offset * 2)
+    marks.close()
+    with open(marks.path, "rb") as file:
+        assert len(file.read()) < 400
+    assert read_marks(marks.path) == {"q": 99, "r": 198}
+
+
+def test_a_restored_mark_makes_the_next_delivery_a_redelivery():
+    cursor = Cursor(committed=10, next=10, acked={12})
+    cursor.delivered_below(14)
+    attempts = [cursor.deliver(offset, 0, 1000).attempt for offset in (10, 11, 13, 14)]
+    assert attempts == [2, 2, 2, 1]
