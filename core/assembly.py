@@ -3,7 +3,9 @@
 - ``broker``: the authenticated client API (``core.service.Broker``);
 - ``queues``: named queues fed by subject fan-out (``core.named_queues.NamedQueues``);
 - ``state``: compacted state (``core.state_store.StateStore``);
-- ``vhosts``: AMQP virtual hosts, their exchanges, queues and bindings (``core.vhosts``).
+- ``vhosts``: AMQP virtual hosts, their exchanges, queues and bindings (``core.vhosts``);
+- ``vhost_permissions``: who may configure, write and read what in each of them;
+- ``vhost_admin``: what the admin API lists and does with them (``core.vhost_admin``).
 
 The composition root builds one ``Core`` and passes each adapter only the faces it uses.
 ``await start()`` on the event loop that will call it; ``await close()`` before closing the
@@ -26,6 +28,8 @@ from .service import Broker
 from .settings import CoreConfig
 from .state_store import StateStore
 from .topic_map import SubjectTopics
+from .vhost_admin import VhostAdmin
+from .vhost_permissions import VhostPermissions
 from .vhosts import VirtualHosts
 
 
@@ -46,6 +50,9 @@ class Core:
         self.queues = NamedQueues(self.engine, data_dir)
         self.state = StateStore(self.engine)
         self.vhosts = VirtualHosts(metadata)
+        self.vhost_permissions = VhostPermissions(metadata)
+        self.broker.users.add_listener(self.vhost_permissions.user_changed)
+        self.vhost_admin = VhostAdmin(self.vhosts, self.vhost_permissions, self.queues)
         self._metadata = metadata
         self.first_start = False
         """Whether ``start`` found no virtual host and created ``/`` (RabbitMQ's first start)."""
@@ -55,6 +62,7 @@ class Core:
         await self.engine.start()
         self.vhosts.load(await asyncio.to_thread(self._metadata.topology))
         self.first_start = await self.vhosts.ensure_default()
+        self.vhost_permissions.load(await asyncio.to_thread(self._metadata.vhost_permissions))
 
     def begin_shutdown(self) -> None:
         """Answer every pending long poll at once and refuse new sends; acks still count."""

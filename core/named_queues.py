@@ -38,6 +38,10 @@ class NamedQueues:
         self._cursors = engine.cursors
         self._signals = engine.signals
         self._engine = engine
+        self.delivered: dict[str, int] = {}
+        """Messages popped per queue since start (redeliveries included)."""
+        self.settled: dict[str, int] = {}
+        """Popped messages settled per queue since start (acked, or rejected without requeue)."""
         self._marks = DeliveredMarks(data_dir)
 
     def close(self) -> None:
@@ -88,6 +92,19 @@ class NamedQueues:
                 continue
             return messages, (messages[-1].queue_offset + 1 if messages else offset)
 
+    def offset_at(self, queue: str, timestamp_ms: int) -> int:
+        """The first offset of ``queue`` stored at or after ``timestamp_ms`` (its deliverable
+        end if none): a binary search, one message read per step."""
+        low, high = self.bounds(queue)
+        while low < high:
+            middle = (low + high) // 2
+            found, _ = self.read(queue, middle, 1)
+            if found and found[0].queue_offset == middle and found[0].store_ts >= timestamp_ms:
+                high = middle
+            else:
+                low = middle + 1
+        return low
+
     def signal(self, queue: str) -> asyncio.Future[None]:
         """A future resolved when ``queue`` next gets deliverable messages (or a popped message
         of it becomes visible again through ``release``)."""
@@ -123,8 +140,10 @@ class NamedQueues:
                 cursor.next = max(cursor.next, corrupt.offset + 1)
                 cursor.ack(corrupt.offset)
                 continue
-            if mark and popped:
-                self._marks.mark(queue, cursor.next)
+            if popped:
+                self.delivered[queue] = self.delivered.get(queue, 0) + len(popped)
+                if mark:
+                    self._marks.mark(queue, cursor.next)
             return popped
 
     def pop_first(self, queues: tuple[str, ...], max_messages: int, invisible_ms: int, *,
@@ -174,11 +193,54 @@ class NamedQueues:
         cursor = self._cursors.get((queue, queue, 0))
         return None if cursor is None else cursor.next_deadline()
 
+    def attempts(self, queue: str, offset: int) -> int:
+        """How often the popped, unsettled message at ``offset`` of ``queue`` was handed out
+        (0 if it is not popped)."""
+        cursor = self._cursors.get((queue, queue, 0))
+        flight = None if cursor is None else cursor.inflight.get(offset)
+        return 0 if flight is None else flight.attempt
+
     def settle(self, queue: str, offset: int) -> None:
         """The popped message at ``offset`` of ``queue`` is done."""
         cursor = self._cursors.get((queue, queue, 0))
         if cursor is not None and offset in cursor.inflight:
             cursor.ack(offset)
+            self.settled[queue] = self.settled.get(queue, 0) + 1
+
+    def unsettled(self, queue: str) -> int:
+        """Popped messages of ``queue`` neither settled nor released."""
+        cursor = self._cursors.get((queue, queue, 0))
+        if cursor is None:
+            return 0
+        now = now_ms()
+        return sum(1 for flight in cursor.inflight.values() if flight.deadline_ms > now)
+
+    def purge(self, queue: str) -> int:
+        """Settle every message of ``queue`` waiting to be popped (released ones included); how
+        many. Popped, unsettled messages stay. Nothing is deleted from the log: the queue's
+        consumption state moves past the messages, saved with the offsets."""
+        earliest, end = self._engine.reader.range(queue, 0)
+        cursor = self._cursors.open((queue, queue, 0), earliest)
+        if cursor.next < earliest:
+            cursor.skip_to(earliest)
+        now = now_ms()
+        held = [offset for offset, flight in cursor.inflight.items() if flight.deadline_ms > now]
+        purged = 0
+        for offset in [o for o, f in cursor.inflight.items() if f.deadline_ms <= now]:
+            cursor.ack(offset)
+            purged += 1
+        low = min(held, default=end)
+        if low > cursor.committed:
+            below = low - cursor.committed - sum(1 for o in cursor.acked if o < low)
+            purged += below
+            cursor.skip_to(low)
+        top = min(end, low + MAX_IN_FLIGHT_SPAN)  # the farthest a pop may reach past ``low``
+        for offset in range(max(low, cursor.committed), top):
+            if offset not in cursor.inflight and offset not in cursor.acked:
+                cursor.ack(offset)
+                purged += 1
+        cursor.next = max(cursor.next, top)
+        return purged
 
     def release(self, queue: str, offset: int) -> None:
         """Make the popped message at ``offset`` of ``queue`` visible again now (its consumer
@@ -206,4 +268,6 @@ class NamedQueues:
     def forget(self, queue: str) -> None:
         """Drop the consumption state of ``queue`` (a session or group that ended)."""
         self._cursors.drop_consumer(queue)
+        self.delivered.pop(queue, None)
+        self.settled.pop(queue, None)
         self._marks.forget(queue)

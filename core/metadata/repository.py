@@ -25,7 +25,7 @@ from core.model import (AclRule, Action, ConsumeMode, GroupConfig, MessageType, 
 from . import master_key
 from .engine import WRITE_OPTION, open_engine
 from .passwords import check_password, hash_password, waste_check
-from .schema import (acl_rules, amqp_topology, consumer_groups, current_version, migrate, subscriptions, topics,
+from .schema import (acl_rules, amqp_permissions, amqp_topology, consumer_groups, current_version, migrate, subscriptions, topics,
                      users)
 from .schema import permissions as permission_table
 
@@ -291,6 +291,39 @@ class MetadataRepository:
                                                amqp_topology.c.name)
         with self._engine.connect() as conn:
             return [(row.vhost, row.kind, row.name, row.spec) for row in conn.execute(query)]
+
+    # --- AMQP permissions: configure / write / read expressions per user per vhost ---
+
+    def put_vhost_permission(self, user: str, vhost: str, configure: str, write: str,
+                             read: str) -> None:
+        """Store (or replace) ``user``'s permission on ``vhost``; UserNotFound if no such user."""
+        row = {"user_name": user, "vhost": vhost, "configure": configure, "write": write,
+               "read": read}
+        try:
+            with self._writer.begin() as conn:
+                self._require_user(conn, user)
+                conn.execute(self._upsert(amqp_permissions, row, ("user_name", "vhost")))
+        except IntegrityError:
+            raise _user_not_found(user) from None
+
+    def delete_vhost_permissions(self, user: str | None = None, vhost: str | None = None) -> int:
+        """Delete the permissions of a user, of a vhost, or of one user on one vhost; how many
+        rows went."""
+        query = amqp_permissions.delete()
+        if user is not None:
+            query = query.where(amqp_permissions.c.user_name == user)
+        if vhost is not None:
+            query = query.where(amqp_permissions.c.vhost == vhost)
+        with self._writer.begin() as conn:
+            return conn.execute(query).rowcount
+
+    def vhost_permissions(self) -> list[tuple[str, str, str, str, str]]:
+        """Every (user, vhost, configure, write, read), by user and vhost."""
+        query = select(amqp_permissions).order_by(amqp_permissions.c.user_name,
+                                                  amqp_permissions.c.vhost)
+        with self._engine.connect() as conn:
+            return [(row.user_name, row.vhost, row.configure, row.write, row.read)
+                    for row in conn.execute(query)]
 
     def _secrets(self, password: str) -> dict[str, str]:
         if not password:

@@ -93,6 +93,19 @@ amqp_topology = Table(
 )
 
 
+amqp_permissions = Table(
+    "amqp_permissions", metadata,
+    # RabbitMQ's permissions: per user per virtual host, three regular expressions matched
+    # against exchange and queue names ('' matches nothing).
+    Column("user_name", String(127), ForeignKey(users.c.name, ondelete="CASCADE"),
+           primary_key=True),
+    Column("vhost", String(255), primary_key=True),
+    Column("configure", String(1024), nullable=False),
+    Column("write", String(1024), nullable=False),
+    Column("read", String(1024), nullable=False),
+)
+
+
 def _v1(conn: Connection) -> None:
     metadata.create_all(conn, tables=[topics, consumer_groups, subscriptions, users, permissions])
 
@@ -105,7 +118,11 @@ def _v3(conn: Connection) -> None:
     metadata.create_all(conn, tables=[amqp_topology])
 
 
-MIGRATIONS: tuple[Callable[[Connection], None], ...] = (_v1, _v2, _v3)
+def _v4(conn: Connection) -> None:
+    metadata.create_all(conn, tables=[amqp_permissions])
+
+
+MIGRATIONS: tuple[Callable[[Connection], None], ...] = (_v1, _v2, _v3, _v4)
 LATEST_VERSION = len(MIGRATIONS)
 
 _PG_MIGRATION_LOCK = 0x51CE_0001

@@ -23,6 +23,7 @@ from aiohttp import web
 
 from core.clients import ClientDirectory
 from core.named_queues import NamedQueues
+from core.vhost_admin import VhostAdmin
 from core.errors import AccessDenied, MessageNotFound, NotFound, UserNotFound
 from core.model import (INTERNAL_PREFIX, Action, ConsumeMode, Delivery, GroupConfig, MessageType,
                         Permission, Principal, ResourceKind, RetryPolicy, TopicConfig)
@@ -45,6 +46,8 @@ class AdminDeps:
     """Every protocol's clients, for /clients and /metrics; None if no listener reports them."""
     dashboard_dir: Path | None = None
     """The telemetry dashboard's static files (``dashboard.py``); None: no dashboard."""
+    vhosts: VhostAdmin | None = None
+    """AMQP virtual hosts, their permissions, queues and connections (``vhosts.py``)."""
 
 
 DEPS: web.AppKey[AdminDeps] = web.AppKey("deps", AdminDeps)

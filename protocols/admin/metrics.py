@@ -71,6 +71,8 @@ class BrokerCollector(Collector):
         yield from self._topics(broker)
         yield from self._groups(broker)
         yield from self._counters(broker)
+        if getattr(self.deps, "vhosts", None) is not None:
+            yield from amqp_queue_metrics(self.deps.vhosts.queues_of())
 
     def _store(self, store: Any) -> Iterator[Metric]:
         if store is None:
@@ -143,6 +145,49 @@ class BrokerCollector(Collector):
                                                        labels=["name"])
             families[metric].add_metric([name], value)
         yield from families.values()
+
+
+MAX_QUEUE_SERIES = 1000
+"""AMQP queues with their own series, the first by (vhost, queue); the rest are in the
+per-vhost totals only, so a broker with many queues cannot blow up Prometheus."""
+_QUEUE_GAUGES = (("messages_ready", "Messages ready for delivery"),
+                 ("messages_unacknowledged", "Messages delivered and not yet acknowledged"),
+                 ("consumers", "Consumers"))
+_QUEUE_COUNTERS = (("published", "Messages routed into the queue since it was created"),
+                   ("delivered", "Deliveries and gets (redeliveries included) since start"),
+                   ("acked", "Deliveries settled (acked, or rejected without requeue) since "
+                             "start"))
+
+
+def amqp_queue_metrics(queues: list[dict[str, Any]]) -> Iterator[Metric]:
+    """Per-queue series (at most ``MAX_QUEUE_SERIES``) and per-vhost totals of AMQP queues."""
+    per_queue = {name: GaugeMetricFamily(f"sluice_amqp_queue_{name}", text,
+                                         labels=["vhost", "queue"])
+                 for name, text in _QUEUE_GAUGES}
+    per_queue |= {name: CounterMetricFamily(f"sluice_amqp_queue_{name}", text,
+                                            labels=["vhost", "queue"])
+                  for name, text in _QUEUE_COUNTERS}
+    totals = {name: GaugeMetricFamily(f"sluice_amqp_vhost_{name}", f"{text}, summed over the "
+                                      "virtual host's queues", labels=["vhost"])
+              for name, text in _QUEUE_GAUGES}
+    sums: dict[str, dict[str, int]] = {}
+    for n, queue in enumerate(queues):
+        vhost = queue["vhost"]
+        if n < MAX_QUEUE_SERIES:
+            for name, family in per_queue.items():
+                family.add_metric([vhost, queue["name"]], queue[name])
+        held = sums.setdefault(vhost, dict.fromkeys(totals, 0))
+        for name in totals:
+            held[name] += queue[name]
+    for vhost, held in sums.items():
+        for name, family in totals.items():
+            family.add_metric([vhost], held[name])
+    yield from per_queue.values()
+    yield from totals.values()
+    yield GaugeMetricFamily("sluice_amqp_queues", "AMQP queues", value=len(queues))
+    yield GaugeMetricFamily("sluice_amqp_queues_without_series",
+                            f"AMQP queues beyond the first {MAX_QUEUE_SERIES}, counted in the "
+                            "per-vhost totals only", value=max(0, len(queues) - MAX_QUEUE_SERIES))
 
 
 BROKER_COUNTERS = {

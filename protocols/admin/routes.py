@@ -15,7 +15,7 @@ from aiohttp import web
 
 from core.model import Principal
 
-from . import acl, clients, dashboard, metrics, tail
+from . import acl, clients, dashboard, metrics, tail, vhosts
 from . import handlers as h
 from .access import Access
 
@@ -61,6 +61,7 @@ async def openapi(request: web.Request, principal: Principal) -> dict[str, Any]:
 
 R = Route
 A = Access
+VH = Query("vhost", "only this virtual host's")
 ROUTES: tuple[Route, ...] = (
     R("GET", "/health", h.health, "Store and metadata status (503 when failing)", "service",
       A.PUBLIC, response="Health"),
@@ -145,4 +146,43 @@ ROUTES: tuple[Route, ...] = (
     R("DELETE", "/clients/{protocol}/{client_id}", clients.kick_client,
       "Disconnect a client (its session stays as the protocol keeps it)", "clients", A.ADMIN,
       status=204),
+
+    R("GET", "/vhosts", vhosts.list_vhosts,
+      "List AMQP virtual hosts (a user sees those it has a permission on)", "vhosts", A.USER,
+      response="[Vhost]"),
+    R("POST", "/vhosts", vhosts.create_vhost, "Create a virtual host", "vhosts", A.ADMIN,
+      status=201, body="VhostCreate", response="Vhost"),
+    R("DELETE", "/vhosts/{vhost}", vhosts.delete_vhost,
+      "Delete a virtual host with everything in it (its connections are closed)", "vhosts",
+      A.ADMIN, status=204),
+    R("GET", "/vhost-permissions", vhosts.list_vhost_permissions,
+      "List users' permissions on virtual hosts", "vhosts", A.ADMIN,
+      response="[VhostPermission]",
+      query=(Query("vhost", "only this virtual host's"), Query("user", "only this user's"))),
+    R("PUT", "/vhosts/{vhost}/permissions/{user}", vhosts.set_vhost_permission,
+      "Set a user's configure / write / read expressions on a virtual host", "vhosts", A.ADMIN,
+      body="VhostPermissionSet", response="VhostPermission"),
+    R("DELETE", "/vhosts/{vhost}/permissions/{user}", vhosts.clear_vhost_permission,
+      "Clear a user's permission on a virtual host", "vhosts", A.ADMIN, status=204),
+    R("GET", "/exchanges", vhosts.list_exchanges, "List AMQP exchanges", "amqp", A.ADMIN,
+      response="[Exchange]", query=(VH,)),
+    R("GET", "/queues", vhosts.list_queues,
+      "List AMQP queues: messages ready and unacknowledged, consumers, totals and rates",
+      "amqp", A.ADMIN, response="[AmqpQueue]", query=(VH,)),
+    R("GET", "/queues/{vhost}/{queue}", vhosts.show_queue, "Show one AMQP queue", "amqp",
+      A.ADMIN, response="AmqpQueue"),
+    R("DELETE", "/queues/{vhost}/{queue}", vhosts.delete_queue,
+      "Delete an AMQP queue (its consumers are cancelled)", "amqp", A.ADMIN,
+      response="MessageCount",
+      query=(Query("if_unused", "true: only if it has no consumers", type="boolean"),
+             Query("if_empty", "true: only if no message is ready", type="boolean"))),
+    R("POST", "/queues/{vhost}/{queue}/purge", vhosts.purge_queue,
+      "Purge an AMQP queue: settle every ready message (the log keeps them)", "amqp", A.ADMIN,
+      response="MessageCount"),
+    R("GET", "/bindings", vhosts.list_bindings, "List AMQP bindings", "amqp", A.ADMIN,
+      response="[AmqpBinding]", query=(VH,)),
+    R("GET", "/amqp/connections", vhosts.list_amqp_connections, "List AMQP connections",
+      "amqp", A.ADMIN, response="[AmqpConnection]"),
+    R("GET", "/amqp/channels", vhosts.list_channels, "List AMQP channels", "amqp", A.ADMIN,
+      response="[AmqpChannel]"),
 )

@@ -22,8 +22,10 @@ from core.errors import NotFound, SluiceError
 from core.model import Principal
 from core.service import Broker
 from core.untrusted import DenialLog, clip
+from core.vhost_permissions import VhostPermissions
 from core.vhosts import VirtualHosts
 
+from .access import VhostAccess
 from .alarms import Alarms
 from .connection import ServerConnection
 from .errors import reply_code
@@ -31,7 +33,8 @@ from .events import (ChannelClosed, ConnectionClosed, Event, FlowChanged, LoginR
                      MethodReceived, PublishReceived, VhostRequested)
 from .flow_control import FlowControl, WriteGate
 from .login import Refused, log_in, peer_host
-from .messages import Consumers, Messages
+from .consumers import Consumers
+from .messages import Messages
 from .methods import ids
 from .options import AmqpOptions
 from .queue_limits import QueueLimits
@@ -69,6 +72,7 @@ class Host(QueueWatch, Protocol):
 
     broker: Broker
     vhosts: VirtualHosts
+    permissions: VhostPermissions
     queues: QueueLimits
     consumers: Consumers
     options: AmqpOptions
@@ -262,9 +266,14 @@ class AmqpAdapter:
         except NotFound:
             self.conn.refuse_vhost(f"vhost {vhost[:200]} not found")
             return
-        self.conn.open_vhost()
         host = self.host
-        self.topology = Topology(host.vhosts, vhost, self.principal, self.id, host)
+        if not host.permissions.may_open(self.principal, vhost):
+            self.conn.refuse_vhost(f"access to vhost {clip(vhost)} refused for user "
+                                   f"{clip(self.principal.user)}")
+            return
+        self.conn.open_vhost()
+        access = VhostAccess(host.permissions, self.principal, vhost)
+        self.topology = Topology(host.vhosts, vhost, self.principal, self.id, host, access)
         self.messages = Messages(host.broker, host.vhosts, host.queues, host.consumers,
                                  self.principal, self.topology, self.conn, self._write_out,
                                  self._fail, self.gate)
@@ -328,9 +337,12 @@ class AmqpAdapter:
             messages.flow(event.channel, event.active)
             return
         assert isinstance(event, MethodReceived)
-        if not conn.can_send(event.channel):
-            return  # read before a close of its channel or connection: dropped, as RabbitMQ
         method = event.method
+        if not conn.can_send(event.channel):
+            # read before a close of its channel or connection: dropped, as RabbitMQ, except
+            # acks, which count as they did for RabbitMQ, read in order
+            messages.settle_read(event.channel, method)
+            return
         handler: Transactions | Topology | Messages = (
             transactions if transactions.handles(method)
             else messages if messages.handles(method) else topology)
@@ -362,7 +374,7 @@ class AmqpAdapter:
         self._write(self.conn.data_to_send())
         self._flush()
         self._done = True
-        self._work.clear()
+        read, self._work = self._work, deque()
         self.wire.close()
         if not event.by_client and not self._refusal_logged:
             self._log_closed(event)
@@ -370,6 +382,9 @@ class AmqpAdapter:
             log_disconnected(PROTOCOL, self.id, self.principal.user, self.peer,
                              _close_reason(event))
         if self.messages is not None:
+            for unread in read:  # acks read before the close count, as RabbitMQ
+                if isinstance(unread, MethodReceived) and not self._transactional(unread.channel):
+                    self.messages.settle_read(unread.channel, unread.method)
             self.messages.closed()
         if self.topology is not None and self.topology.exclusive:
             self.host.spawn(self.topology.delete_exclusive())

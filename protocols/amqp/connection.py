@@ -132,6 +132,11 @@ class ServerConnection:
         """Channels open (or closing) now."""
         return len(self._channels)
 
+    @property
+    def channel_numbers(self) -> list[int]:
+        """The channels open (or closing) now, in order."""
+        return sorted(self._channels)
+
     def channel_state(self, channel: int) -> ChannelState:
         """Where ``channel`` is (CLOSED when it was never opened)."""
         return self._channels.get(channel, ChannelState.CLOSED)

@@ -18,6 +18,7 @@ from core.model import Principal
 from core.named_queues import NamedQueues
 from core.service import Broker
 from core.untrusted import DenialLog
+from core.vhost_permissions import VhostPermissions
 from core.vhosts import QueueSettings, VirtualHosts
 
 from .adapter import PROTOCOL, AmqpAdapter, Wire
@@ -35,6 +36,7 @@ SWEEP_S = 1.0
 """How often every connection's timeouts and heartbeats are checked."""
 KICK_TEXT = "closed by an administrator"
 SHUTDOWN_TEXT = "broker forced connection closure with reason 'shutdown'"
+VHOST_DELETED_TEXT = "vhost deleted"
 
 
 class AmqpFrontend:
@@ -43,9 +45,12 @@ class AmqpFrontend:
     protocol = PROTOCOL
 
     def __init__(self, broker: Broker, vhosts: VirtualHosts, queues: NamedQueues,
-                 options: AmqpOptions) -> None:
+                 options: AmqpOptions, permissions: VhostPermissions | None = None) -> None:
+        """``permissions``: who may open and use which virtual host; without them only
+        administrators may open one."""
         self.broker = broker
         self.vhosts = vhosts
+        self.permissions = permissions or VhostPermissions(None)
         self.consumers = Consumers(self._unused)
         self._named = queues
         self.queues = QueueLimits(queues, vhosts, DeadLetters(broker, vhosts),
@@ -134,11 +139,15 @@ class AmqpFrontend:
         check_binding(self.broker, principal, source, routing_key)
 
     def _unused(self, vhost: str, name: str) -> None:
-        """A queue lost its last consumer: an auto-delete one is deleted (as RabbitMQ does)."""
+        """A queue lost its last consumer: an auto-delete one is deleted (as RabbitMQ does),
+        an x-expires one starts counting its idle time."""
         try:
-            settings = self.vhosts.get(vhost).queues.get(name)
+            host = self.vhosts.get(vhost)
         except NotFound:
             return  # its virtual host is gone, and the queue with it
+        settings = host.queues.get(name)
+        if settings is not None:
+            self.queues.used(host.named(name))
         if settings is not None and settings.auto_delete:
             self.spawn(self._auto_delete(vhost, name))
 
@@ -149,6 +158,38 @@ class AmqpFrontend:
             self.deleted(await self.vhosts.delete_queue(vhost, name))
         except NotFound:
             pass  # deleted meanwhile (queue.delete, its exclusive connection closing)
+
+    def purge(self, queues: tuple[str, ...]) -> int:
+        return sum(self._named.purge(queue) for queue in queues)
+
+    # ---------------------------------------------------------------- core.vhost_admin.LiveVhosts
+
+    def consumer_count(self, queue: str) -> int:
+        return self.consumers.count(queue)
+
+    def close_vhost(self, vhost: str) -> int:
+        """Close every connection to ``vhost`` with 320, as RabbitMQ does when it is deleted."""
+        closing = [a for a in self._open.values() if a.topology and a.topology.vhost == vhost]
+        for adapter in closing:
+            adapter.kick(ReplyCode.CONNECTION_FORCED, VHOST_DELETED_TEXT)
+        return len(closing)
+
+    def connections(self) -> list[dict[str, Any]]:
+        return [{"id": a.id, "user": a.principal.user if a.principal else "", "peer": a.peer,
+                 "connected_at_ms": a.connected_at_ms, **a.details()}
+                for a in sorted(self._open.values(), key=lambda a: a.id)]
+
+    def channels(self) -> list[dict[str, Any]]:
+        rows = []
+        for adapter in sorted(self._open.values(), key=lambda a: a.id):
+            if adapter.messages is None or adapter.topology is None:
+                continue
+            for number in adapter.conn.channel_numbers:
+                rows.append({"connection": adapter.id, "number": number,
+                             "user": adapter.principal.user if adapter.principal else "",
+                             "vhost": adapter.topology.vhost, "peer": adapter.peer,
+                             **adapter.messages.channel_details(number)})
+        return rows
 
     async def _sweeping(self) -> None:
         while True:

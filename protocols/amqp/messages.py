@@ -26,8 +26,10 @@ from core.model import Action, Delivery, OutgoingMessage, Principal
 from core.service import MAX_INVISIBLE_MS, Broker
 from core.untrusted import clip
 from core.queue_features import features, levels
+from core.vhost_permissions import Right
 from core.vhosts import QueueSettings, VirtualHosts
 
+from .access import EXCHANGE, QUEUE
 from .connection import ServerConnection
 from .consumers import Consumers, consumer_priority
 from .events import PublishReceived
@@ -36,6 +38,7 @@ from .mapping import (TOPIC_EXCHANGE, exchange_topic, origin, subject_of_key, to
                       to_properties)
 from .queue_limits import QueueLimits, parse_expiration
 from .reason_codes import ReplyCode
+from .streams import OFFSET_ARGUMENT, check_consumer, start_offset
 from .topology import Topology
 
 MAX_POP = 256
@@ -49,6 +52,8 @@ class _Unacked:
     """The named queue popped (the level, in a priority queue)."""
     offset: int
     consumer: Consumer | None
+    stream: bool = False
+    """Read from a stream: an ack only makes room, nothing is settled or requeued."""
 
 
 @dataclass(eq=False)
@@ -96,6 +101,8 @@ class Consumer:
         self.priority = consumer_priority(m.arguments)
         self.no_ack = m.no_ack
         self.exclusive = m.exclusive
+        self.stream_offset: int | None = None
+        """The next offset to read, for a consumer of a stream queue."""
         self.prefetch = state.prefetch
         self.unacked = 0
         self.active = True
@@ -151,12 +158,15 @@ class Consumer:
         if not owner.gate.open:  # the client reads slowly: wait until the wire drains
             owner.gate.wait(self.dispatch)
             return
-        if not owner.consumers.may_take(self):  # single active, or higher priorities first
+        if self.stream_offset is not None:  # a stream: read on from this consumer's offset
+            popped, self.stream_offset = owner.queues.read(self.queue, self.stream_offset, room)
+        elif not owner.consumers.may_take(self):  # single active, or higher priorities first
             if not self.single_active:
                 self._arm()
             return
-        popped = owner.queues.pop_first(self.levels, room, MAX_INVISIBLE_MS,
-                                        mark=not self.no_ack)
+        else:
+            popped = owner.queues.pop_first(self.levels, room, MAX_INVISIBLE_MS,
+                                            mark=not self.no_ack)
         for delivery in popped:
             owner.deliver(self, delivery)
         owner.write_out()
@@ -254,6 +264,7 @@ class Messages:
             raise PreconditionFailed(f"user_id property set to '{clip(properties.user_id)}' "
                                      f"but authenticated user was '{clip(self.principal.user)}'")
         vhost = self.topology.vhost
+        self.topology.access.check(Right.WRITE, EXCHANGE, m.exchange)
         queues = tuple(self.vhosts.route(vhost, m.exchange, m.routing_key, properties.headers,
                                           properties.priority))
         subject = subject_of_key(m.routing_key) if m.exchange == TOPIC_EXCHANGE \
@@ -318,6 +329,15 @@ class Messages:
         """Carry out ``method``; its answer, or None (nowait, acks)."""
         return _HANDLERS[type(method)](self, channel, method)
 
+    def settle_read(self, channel: int, method: Frame) -> None:
+        """Carry out an ack, nack or reject read before its channel or connection closed (no
+        answer can go out any more); other methods are dropped."""
+        if type(method) in _SETTLING and channel in self._channels:
+            try:
+                _HANDLERS[type(method)](self, channel, method)
+            except SluiceError:
+                pass  # an unknown tag: the channel is closing anyway
+
     def _select(self, channel: int, m: Confirm.Select) -> Frame | None:
         self._channel(channel).confirming = True
         return None if m.nowait else Confirm.SelectOk()
@@ -334,6 +354,7 @@ class Messages:
     def _queue(self, channel: int, name: str) -> tuple[QueueSettings, str]:
         """(queue, its named queue) of a get or consume; NotFound, ResourceLocked."""
         name = self.topology.queue_name(channel, name)
+        self.topology.access.check(Right.READ, QUEUE, name)
         queue = self.vhosts.get(self.topology.vhost).queue(name)
         self.topology.check_owner(name)
         named = self.vhosts.get(self.topology.vhost).named(name)
@@ -391,7 +412,9 @@ class Messages:
             self._dispatch(state)
 
     def _done(self, unacked: _Unacked, requeue: bool, rejected: bool = False) -> None:
-        if requeue:
+        if unacked.stream:  # a stream keeps its messages: an ack only makes room
+            pass
+        elif requeue:
             self.queues.release(unacked.queue, unacked.offset)
         elif rejected:  # dead-lettered when its queue has a dead-letter exchange
             self.queues.reject(unacked.queue, unacked.offset)
@@ -416,6 +439,11 @@ class Messages:
         if tag in state.consumers:
             raise AlreadyExists(f"attempt to reuse consumer tag '{clip(tag)}'")
         consumer = Consumer(self, channel, state, tag, queue, m)
+        if features(queue.arguments).stream:
+            check_consumer(queue.name, self.topology.vhost, m.no_ack, consumer.prefetch)
+            consumer.stream_offset = start_offset(
+                m.arguments, self.queues.bounds(consumer.queue),
+                lambda ms: self.queues.offset_at(consumer.queue, ms))
         self.consumers.add(consumer)
         state.consumers[tag] = consumer
         if not m.nowait:
@@ -436,20 +464,32 @@ class Messages:
         """Send ``delivery`` to ``consumer`` (settled at once under no_ack)."""
         state = consumer.state
         tag = next(state.delivery_tags)
+        stream = consumer.stream_offset is not None
         if consumer.no_ack:
             self.queues.settle(delivery.topic, delivery.queue_offset)
         else:
-            state.unacked[tag] = _Unacked(delivery.topic, delivery.queue_offset, consumer)
+            state.unacked[tag] = _Unacked(delivery.topic, delivery.queue_offset, consumer, stream)
             consumer.unacked += 1
         props = delivery.properties
+        properties = to_properties(props, delivery.born_ts)
+        if stream:
+            properties.headers = {**(properties.headers or {}),
+                                  OFFSET_ARGUMENT: delivery.queue_offset}
         self.conn.send_content(consumer.channel, Basic.Deliver(
             consumer.tag, tag, delivery.attempt > 1, *origin(delivery.topic, props)),
-            to_properties(props, delivery.born_ts),
-            delivery.body)
+            properties, delivery.body)
 
     def _dispatch(self, state: _Channel) -> None:
         for consumer in state.consumers.values():
             consumer.wake()
+
+    def channel_details(self, channel: int) -> dict[str, Any]:
+        """What `sluice channel list` shows of ``channel``: consumers, unacked deliveries,
+        prefetch limits, confirm mode and unconfirmed publishes."""
+        state = self._channels.get(channel) or _Channel()
+        return {"consumers": len(state.consumers), "messages_unacknowledged": len(state.unacked),
+                "prefetch_count": state.prefetch, "global_prefetch_count": state.global_prefetch,
+                "confirm": state.confirming, "messages_unconfirmed": len(state.outstanding)}
 
     def flow(self, channel: int, active: bool) -> None:
         """channel.flow (answered already): stop or resume deliveries to the channel's
@@ -499,3 +539,5 @@ _HANDLERS: dict[type, Callable[[Messages, int, Any], Frame | None]] = {
     Basic.Consume: Messages._consume,
     Basic.Cancel: Messages._cancel,
 }
+_SETTLING = (Basic.Ack, Basic.Nack, Basic.Reject)
+"""Methods that still count when read before their channel or connection closed."""

@@ -21,6 +21,7 @@ from collections.abc import Callable, Coroutine, Iterable, Sequence
 from typing import Any
 
 from core.clock import now_ms
+from core.interop import MQTT_EXPIRY_AT
 from core.errors import PreconditionFailed, SluiceError
 from core.model import SUBJECT_PROPERTY, Delivery, OutgoingMessage
 from core.named_queues import NamedQueues
@@ -63,7 +64,8 @@ def parse_expiration(text: str | None) -> int | None:
 
 def expires_at(policy_: QueuePolicy, properties: dict[str, str] | Any, stored_ms: int) -> int | None:
     """When a message stored at ``stored_ms`` expires in a queue with ``policy_`` (the
-    smaller of the queue's TTL and the message's expiration); None: never."""
+    smaller of the queue's TTL and the message's expiration, or an MQTT publish's message
+    expiry); None: never."""
     ttl = policy_.message_ttl
     raw = properties.get(EXPIRATION_PROPERTY)
     if raw is not None:
@@ -73,7 +75,11 @@ def expires_at(policy_: QueuePolicy, properties: dict[str, str] | Any, stored_ms
             own = None
         if own is not None:
             ttl = own if ttl is None else min(ttl, own)
-    return None if ttl is None else stored_ms + ttl
+    deadline = None if ttl is None else stored_ms + ttl
+    expiry = properties.get(MQTT_EXPIRY_AT)  # absolute ms
+    if expiry is not None and expiry.isascii() and expiry.isdigit() and len(expiry) <= 16:
+        deadline = int(expiry) if deadline is None else min(deadline, int(expiry))
+    return deadline
 
 
 @dataclasses.dataclass(eq=False)
@@ -207,7 +213,8 @@ class QueueLimits:
         limit = the_policy.delivery_limit
         if limit is not None and delivery.attempt - 1 > limit:
             return DELIVERY_LIMIT
-        if the_policy.message_ttl is None and EXPIRATION_PROPERTY not in delivery.properties:
+        if the_policy.message_ttl is None and EXPIRATION_PROPERTY not in delivery.properties \
+                and MQTT_EXPIRY_AT not in delivery.properties:
             return None
         deadline = expires_at(the_policy, delivery.properties, delivery.store_ts)
         return EXPIRED if deadline is not None and deadline <= now else None
@@ -216,21 +223,38 @@ class QueueLimits:
         self._named.settle(named, offset)
 
     def release(self, named: str, offset: int) -> None:
-        self._named.release(named, offset)
+        """Requeue a delivery; on a quorum queue, one returned more often than its delivery
+        limit is dead-lettered (or dropped) instead."""
+        queue = self._queue_of(named)
+        limit = None if queue is None else queue.policy.delivery_limit
+        if limit is None or self._named.attempts(named, offset) <= limit:
+            self._named.release(named, offset)
+            return
+        self._leave(queue, named, offset, DELIVERY_LIMIT)
 
     def ready(self, named: str) -> int:
         return self._named.ready(named)
 
-    def signal(self, named: str) -> asyncio.Future[None]:
-        return self._named.signal(named)
-
     def signal_any(self, queues: tuple[str, ...]) -> asyncio.Future[None]:
         return self._named.signal_any(queues)
+
+    def bounds(self, named: str) -> tuple[int, int]:
+        return self._named.bounds(named)
+
+    def read(self, named: str, offset: int, max_messages: int) -> tuple[list[Delivery], int]:
+        """Read a stream by offset (``NamedQueues.read``); no limit applies to readers."""
+        return self._named.read(named, offset, max_messages)
+
+    def offset_at(self, named: str, timestamp_ms: int) -> int:
+        return self._named.offset_at(named, timestamp_ms)
 
     def reject(self, named: str, offset: int) -> None:
         """A delivery rejected (or nacked) without requeue: dead-lettered with reason
         ``rejected`` when its queue has a dead-letter exchange, else dropped."""
-        queue = self._queue_of(named)
+        self._leave(self._queue_of(named), named, offset, REJECTED)
+
+    def _leave(self, queue: _Queue | None, named: str, offset: int, reason: str) -> None:
+        """The popped message at ``offset`` leaves its queue for ``reason``."""
         if queue is None or queue.policy.dead_letter_exchange is None:
             self._named.settle(named, offset)
             return
@@ -238,7 +262,7 @@ class QueueLimits:
         if not messages or messages[0].queue_offset != offset:
             self._named.settle(named, offset)
             return
-        self._dead_letter(queue, named, [(messages[0], REJECTED)])
+        self._dead_letter(queue, named, [(messages[0], reason)])
 
     # ---------------------------------------------------------------- publish
 

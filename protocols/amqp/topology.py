@@ -1,9 +1,11 @@
 """The channel methods of this step mapped onto core's virtual hosts: exchange and queue
-declare/delete, exchange-to-exchange and queue bindings, and basic.qos.
+declare/delete/purge, exchange-to-exchange and queue bindings.
 
 Each handler returns the method that answers (None under ``nowait``) or raises a core error,
-which the adapter turns into a reply code (``errors.reply_code``). Declaring, deleting and
-binding need an admin user for now; passive declares only a login. Runs on the event loop.
+which the adapter turns into a reply code (``errors.reply_code``). Rights are RabbitMQ's
+(``access.VhostAccess``): configure to declare or delete, write on the destination and read on
+the source to bind, read to purge; passive declares need only the virtual host. Runs on the
+event loop.
 """
 
 from __future__ import annotations
@@ -14,14 +16,16 @@ from typing import Any, Protocol
 from pamqp.base import Frame
 from pamqp.commands import Exchange, Queue
 
-from core.errors import AccessDenied, NotFound, PreconditionFailed, ResourceLocked
+from core.errors import NotFound, PreconditionFailed, ResourceLocked
 from core.exchanges import Destination
 from core.model import Principal
 from core.untrusted import clip
 from core.queue_features import features, levels
+from core.vhost_permissions import Right
 from core.vhosts import QueueSettings, VirtualHosts
 
 from . import queue_arguments
+from .access import EXCHANGE, QUEUE, VhostAccess
 from .arguments import json_safe_table
 
 Handler = Callable[[Any, int, Any], Awaitable[Frame | None]]
@@ -44,16 +48,22 @@ class QueueWatch(Protocol):
         """AccessDenied unless ``principal`` may read what binding to ``source`` with
         ``routing_key`` would let it read from other protocols (``amq.topic``)."""
 
+    def purge(self, queues: tuple[str, ...]) -> int:
+        """Settle every ready message of the named queues ``queues`` (a queue's levels); how
+        many."""
+
 
 class Topology:
     """One connection's view of its virtual host: what it declared and may change."""
 
     def __init__(self, vhosts: VirtualHosts, vhost: str, principal: Principal,
-                 connection_id: str, watch: QueueWatch) -> None:
+                 connection_id: str, watch: QueueWatch, access: VhostAccess) -> None:
         self.vhosts = vhosts
         self.watch = watch
         self.vhost = vhost
         self.principal = principal
+        self.access = access
+        """The user's rights on this virtual host."""
         self.connection_id = connection_id
         """Owner of the exclusive queues this connection declares."""
         self.exclusive: set[str] = set()
@@ -72,22 +82,21 @@ class Topology:
         """Forget what ``channel`` held."""
         self._last_queue.pop(channel, None)
 
-    def _may_change(self, what: str) -> None:
-        if not self.principal.admin:
-            raise AccessDenied(f"user {clip(self.principal.user)} may not {what} (only "
-                               "administrators may change AMQP topology for now)")
-
     def queue_name(self, channel: int, name: str) -> str:
         """An empty queue name means the channel's last declared queue (spec 1.7.2)."""
         return name or self._last_queue.get(channel, "")
 
     def _counts(self, name: str) -> tuple[int, int]:
         """(messages ready, consumers) of queue ``name``; nothing for a queue not there."""
-        host = self.vhosts.get(self.vhost)
-        queue = host.queues.get(name)
-        if queue is None:
+        if name not in self.vhosts.get(self.vhost).queues:
             return 0, 0
-        return self.watch.counts(levels(host.named(name), features(queue.arguments).max_priority))
+        return self.watch.counts(self._levels(name))
+
+    def _levels(self, name: str) -> tuple[str, ...]:
+        """The named queues of queue ``name`` (one per priority level, its own last);
+        NotFound if there is none."""
+        host = self.vhosts.get(self.vhost)
+        return levels(host.named(name), features(host.queue(name).arguments).max_priority)
 
     def check_owner(self, name: str) -> None:
         queue = self.vhosts.get(self.vhost).queues.get(name)
@@ -98,7 +107,7 @@ class Topology:
 
     async def _exchange_declare(self, channel: int, m: Exchange.Declare) -> Frame | None:
         if not m.passive:
-            self._may_change(f"declare exchange {clip(m.exchange)}")
+            self.access.check(Right.CONFIGURE, EXCHANGE, m.exchange)
         await self.vhosts.declare_exchange(
             self.vhost, m.exchange, m.exchange_type, durable=m.durable,
             auto_delete=m.auto_delete, internal=m.internal,
@@ -106,19 +115,19 @@ class Topology:
         return None if m.nowait else Exchange.DeclareOk()
 
     async def _exchange_delete(self, channel: int, m: Exchange.Delete) -> Frame | None:
-        self._may_change(f"delete exchange {clip(m.exchange)}")
+        self.access.check(Right.CONFIGURE, EXCHANGE, m.exchange)
         await self.vhosts.delete_exchange(self.vhost, m.exchange, if_unused=m.if_unused)
         return None if m.nowait else Exchange.DeleteOk()
 
     async def _exchange_bind(self, channel: int, m: Exchange.Bind) -> Frame | None:
-        self._may_change(f"bind exchange {clip(m.destination)}")
+        self._check_bind(m.source, m.destination, EXCHANGE)
         self.watch.check_binding(self.principal, m.source, m.routing_key)
         await self.vhosts.bind(self.vhost, m.source, Destination(m.destination, True),
                                m.routing_key, json_safe_table(m.arguments))
         return None if m.nowait else Exchange.BindOk()
 
     async def _exchange_unbind(self, channel: int, m: Exchange.Unbind) -> Frame | None:
-        self._may_change(f"unbind exchange {clip(m.destination)}")
+        self._check_bind(m.source, m.destination, EXCHANGE)
         await self.vhosts.unbind(self.vhost, m.source, Destination(m.destination, True),
                                  m.routing_key, json_safe_table(m.arguments))
         return None if m.nowait else Exchange.UnbindOk()
@@ -126,16 +135,22 @@ class Topology:
     # ---------------------------------------------------------------- queues
 
     async def _queue_declare(self, channel: int, m: Queue.Declare) -> Frame | None:
-        if not m.passive:
-            self._may_change(f"declare queue {clip(m.queue)}")
+        arguments = json_safe_table(m.arguments)
+        if not m.passive and m.queue:
+            self._check_declare(m.queue, arguments)
         owner = self.connection_id if m.exclusive else None
         if not m.passive:
             queue_arguments.check(m.arguments, m.queue, self.vhost, durable=m.durable,
                                   exclusive=m.exclusive, auto_delete=m.auto_delete)
-        settings = QueueSettings(m.queue, m.durable, m.auto_delete,
-                                 json_safe_table(m.arguments), owner)
+        settings = QueueSettings(m.queue, m.durable, m.auto_delete, arguments, owner)
         queue = await self.vhosts.declare_queue(self.vhost, settings, passive=m.passive,
                                                 connection=self.connection_id)
+        if not m.passive and not m.queue:  # RabbitMQ checks the name it generated
+            try:
+                self._check_declare(queue.name, arguments)
+            except Exception:
+                self.watch.deleted(await self.vhosts.delete_queue(self.vhost, queue.name))
+                raise
         if queue.owner == self.connection_id:
             self.exclusive.add(queue.name)
         self._last_queue[channel] = queue.name
@@ -146,7 +161,7 @@ class Topology:
 
     async def _queue_delete(self, channel: int, m: Queue.Delete) -> Frame | None:
         name = self.queue_name(channel, m.queue)
-        self._may_change(f"delete queue {clip(name)}")
+        self.access.check(Right.CONFIGURE, QUEUE, name)
         self.check_owner(name)
         ready, consumers = self._counts(name)
         if m.if_unused and consumers:
@@ -163,7 +178,7 @@ class Topology:
 
     async def _queue_bind(self, channel: int, m: Queue.Bind) -> Frame | None:
         name = self.queue_name(channel, m.queue)
-        self._may_change(f"bind queue {clip(name)}")
+        self._check_bind(m.exchange, name, QUEUE)
         self.check_owner(name)
         self.watch.check_binding(self.principal, m.exchange, m.routing_key)
         await self.vhosts.bind(self.vhost, m.exchange, Destination(name), m.routing_key,
@@ -172,11 +187,33 @@ class Topology:
 
     async def _queue_unbind(self, channel: int, m: Queue.Unbind) -> Frame | None:
         name = self.queue_name(channel, m.queue)
-        self._may_change(f"unbind queue {clip(name)}")
+        self._check_bind(m.exchange, name, QUEUE)
         self.check_owner(name)
         await self.vhosts.unbind(self.vhost, m.exchange, Destination(name), m.routing_key,
                                  json_safe_table(m.arguments))
         return Queue.UnbindOk()
+
+    async def _queue_purge(self, channel: int, m: Queue.Purge) -> Frame | None:
+        name = self.queue_name(channel, m.queue)
+        self.access.check(Right.READ, QUEUE, name)
+        self.vhosts.get(self.vhost).queue(name)
+        self.check_owner(name)
+        count = self.watch.purge(self._levels(name))
+        return None if m.nowait else Queue.PurgeOk(count)
+
+    def _check_bind(self, source: str, destination: str, kind: str) -> None:
+        """RabbitMQ's rule for (un)binding: write on the destination, read on the source."""
+        self.access.check(Right.WRITE, kind, destination)
+        self.access.check(Right.READ, EXCHANGE, source)
+
+    def _check_declare(self, name: str, arguments: dict[str, Any]) -> None:
+        """Configure on the queue; a dead-letter exchange needs read on the queue and write on
+        that exchange too (RabbitMQ's ``check_dlx``)."""
+        self.access.check(Right.CONFIGURE, QUEUE, name)
+        dead_letter = arguments.get("x-dead-letter-exchange")
+        if isinstance(dead_letter, str):
+            self.access.check(Right.READ, QUEUE, name)
+            self.access.check(Right.WRITE, EXCHANGE, dead_letter)
 
     async def delete_exclusive(self) -> None:
         """Delete this connection's exclusive queues (it has closed)."""
@@ -197,4 +234,5 @@ _HANDLERS: dict[type, Handler] = {
     Queue.Delete: Topology._queue_delete,
     Queue.Bind: Topology._queue_bind,
     Queue.Unbind: Topology._queue_unbind,
+    Queue.Purge: Topology._queue_purge,
 }

@@ -43,9 +43,10 @@ class AdminClient:
         self._headers = {"Authorization": f"Basic {token}", "Accept": "application/json"}
 
     def call(self, method: str, path: str, body: Any = None,
-             query: dict[str, Any] | None = None) -> Any:
-        """The decoded JSON answer (None for 204); CliError for refusals and HTTP errors."""
-        target = self.url + urllib.parse.quote(path)
+             query: dict[str, Any] | None = None, *, quoted: bool = False) -> Any:
+        """The decoded JSON answer (None for 204); CliError for refusals and HTTP errors.
+        ``quoted``: ``path`` is already percent-encoded (segments holding a ``/``)."""
+        target = self.url + (path if quoted else urllib.parse.quote(path))
         if query:
             target += "?" + urllib.parse.urlencode({k: v for k, v in query.items() if v is not None})
         data = None if body is None else json.dumps(body).encode()

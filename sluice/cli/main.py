@@ -21,6 +21,7 @@ from .clients import add_client_commands
 from .data import add_data_commands
 from .demo import add_demo_command
 from .simulate import add_simulate_command
+from .vhosts import add_vhost_commands
 
 SERVE_FLAGS = {  # flag destination -> config path it overrides
     "data_dir": "data_dir", "flush": "store.flush", "flush_interval_ms": "store.flush_interval_ms",
@@ -155,6 +156,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_serve(commands)
     add_admin_commands(commands)
     add_client_commands(commands)
+    add_vhost_commands(commands)
     add_data_commands(commands)
     add_simulate_command(commands)
     add_analytics_commands(commands)

@@ -206,12 +206,14 @@ async def start(config: Config) -> RunningBroker:
                                     allow_anonymous=config.auth.allow_anonymous,
                                     anonymous_principal=anonymous)
         await running.mqtt.start()  # sessions are bound before anything can publish
-        running.amqp = AmqpFrontend(broker, core.vhosts, core.queues, config.amqp)
+        running.amqp = AmqpFrontend(broker, core.vhosts, core.queues, config.amqp,
+                                    core.vhost_permissions)
         await running.amqp.start()  # and so are the queues bound to amq.topic
         running.native = await _listen(config, "native", _start_native(running))
         running.clients.register(running.native.clients)
         running.clients.register(running.mqtt)
         running.clients.register(running.amqp)
+        core.vhost_admin.live = running.amqp
         running.admin = await _listen(config, "admin",
                                       start_admin_server(_admin_deps(running), config.admin.host,
                                                          config.admin.port))
@@ -275,7 +277,7 @@ def _start_native(running: RunningBroker):
 
 def _admin_deps(running: RunningBroker) -> AdminDeps:
     return AdminDeps(running.broker, running.store, running.metadata, queues=running.core.queues,
-                     clients=running.clients,
+                     clients=running.clients, vhosts=running.core.vhost_admin,
                      dashboard_dir=analytics.DASHBOARD_DIR)
 
 

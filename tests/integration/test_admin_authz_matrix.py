@@ -47,7 +47,7 @@ class Cell:
     expect: dict[str, int]
     body: dict | None = None
     fresh: str | None = None
-    """What the admin's call consumes: 'topic', 'group' or 'user', made as ``x-{kind}-{n}``."""
+    """What the admin's call consumes (topic, group, user, rule, vhost, queue): ``x-{kind}-{n}``."""
 
 
 TABLE = [
@@ -91,6 +91,24 @@ TABLE = [
     Cell("GET", "/clients", "/clients", only_admin(200)),
     Cell("GET", "/clients/native/nobody", "/clients/{protocol}/{client_id}", only_admin(404)),
     Cell("DELETE", "/clients/native/nobody", "/clients/{protocol}/{client_id}", only_admin(404)),
+    Cell("GET", "/vhosts", "/vhosts", USERS_200),
+    Cell("POST", "/vhosts", "/vhosts", only_admin(201), body={"name": "new-vhost-{n}"}),
+    Cell("DELETE", "/vhosts/{target}", "/vhosts/{vhost}", only_admin(204), fresh="vhost"),
+    Cell("GET", "/vhost-permissions", "/vhost-permissions", only_admin(200)),
+    Cell("PUT", "/vhosts/m-vhost/permissions/{target}", "/vhosts/{vhost}/permissions/{user}",
+         only_admin(200), body={"configure": "", "write": "", "read": ".*"}, fresh="user"),
+    Cell("DELETE", "/vhosts/m-vhost/permissions/{target}", "/vhosts/{vhost}/permissions/{user}",
+         only_admin(204), fresh="user"),
+    Cell("GET", "/exchanges", "/exchanges", only_admin(200)),
+    Cell("GET", "/queues", "/queues", only_admin(200)),
+    Cell("GET", "/queues/m-vhost/m-queue", "/queues/{vhost}/{queue}", only_admin(200)),
+    Cell("DELETE", "/queues/m-vhost/{target}", "/queues/{vhost}/{queue}", only_admin(200),
+         fresh="queue"),
+    Cell("POST", "/queues/m-vhost/{target}/purge", "/queues/{vhost}/{queue}/purge",
+         only_admin(200), fresh="queue"),
+    Cell("GET", "/bindings", "/bindings", only_admin(200)),
+    Cell("GET", "/amqp/connections", "/amqp/connections", only_admin(200)),
+    Cell("GET", "/amqp/channels", "/amqp/channels", only_admin(200)),
 ]
 """Every cell of a non-admin write names a resource that exists, so a 403 is the rule, not a
 missing thing; the victims of refused writes are checked to be untouched afterwards. (The
@@ -123,6 +141,10 @@ def world(tmp_path_factory):
             assert admin("POST", f"/users/{role}/permissions", grant)[0] == 201
     sent = broker.call(broker.running.broker.send(SYSTEM, [OutgoingMessage("m-topic", b"secret",
                                                                            keys=("k",))]))
+    assert admin("POST", "/vhosts", {"name": "m-vhost"})[0] == 201
+    rights = {"configure": "^m-", "write": "^m-", "read": "^m-"}
+    assert admin("PUT", "/vhosts/m-vhost/permissions/owner", rights)[0] == 200
+    declare_queue(broker, "m-queue", MESSAGES_IN_M_QUEUE)
     yield World(broker, admin, sent[0].msg_id, itertools.count())
     broker.stop()
 
@@ -135,20 +157,44 @@ def test_the_table_names_every_route_the_api_serves():
 def fresh_target(world: World, kind: str) -> str:
     """A resource only this cell uses: the admin may delete or change it."""
     name = f"x-{kind}-{next(world.counter)}"
+    if kind == "queue":
+        declare_queue(world.broker, name, 1)
+        return name
     if kind == "rule":
         rule = {"pattern": name + "/#", "actions": ["subscribe"], "effect": "allow"}
         assert world.admin("POST", "/acl", rule)[0] == 201
         return rule["pattern"].replace("#", "%23")
     body = {"topic": {"name": name, "queue_count": 1}, "group": {"name": name},
-            "user": {"name": name, "password": "x"}}[kind]
+            "user": {"name": name, "password": "x"}, "vhost": {"name": name}}[kind]
     assert world.admin("POST", f"/{kind}s", body)[0] == 201
     if kind == "user":
         grant = {"kind": "topic", "pattern": "m-topic", "actions": ["subscribe"]}
         assert world.admin("POST", f"/users/{name}/permissions", grant)[0] == 201
+        rights = {"configure": "", "write": "", "read": "^m-"}
+        assert world.admin("PUT", f"/vhosts/m-vhost/permissions/{name}", rights)[0] == 200
     return name
 
 
-VICTIMS = {"topic": "m-topic", "group": "m-group", "user": "owner", "rule": "m-rule/%23"}
+VICTIMS = {"topic": "m-topic", "group": "m-group", "user": "owner", "rule": "m-rule/%23",
+           "vhost": "m-vhost", "queue": "m-queue"}
+MESSAGES_IN_M_QUEUE = 3
+
+
+def declare_queue(broker: BrokerThread, name: str, messages: int) -> None:
+    """A durable queue of m-vhost holding ``messages`` messages, published through AMQP."""
+    import pika
+    port = broker.running.amqp_listener.port
+    connection = pika.BlockingConnection(pika.ConnectionParameters(
+        "127.0.0.1", port, "m-vhost", pika.PlainCredentials("sluice", "sluice"),
+        connection_attempts=1, socket_timeout=10))
+    try:
+        channel = connection.channel()
+        channel.queue_declare(name, durable=True)
+        channel.confirm_delivery()
+        for n in range(messages):
+            channel.basic_publish("", name, b"m-%d" % n)
+    finally:
+        connection.close()
 
 
 @pytest.mark.parametrize("role", ROLES)
@@ -185,6 +231,11 @@ def assert_untouched(world: World) -> None:
                                                                  ("group", "m-group")}
     assert Http(world.admin.url, "owner", PASSWORD)("GET", "/topics")[0] == 200  # password kept
     assert {r["pattern"] for r in world.admin("GET", "/acl")[1]} >= {"m-rule/#"}
+    assert "m-vhost" in {v["name"] for v in world.admin("GET", "/vhosts")[1]}
+    assert [(p["user"], p["configure"], p["write"], p["read"]) for p in world.admin(
+        "GET", "/vhost-permissions?user=owner")[1]] == [("owner", "^m-", "^m-", "^m-")]
+    queue = world.admin("GET", "/queues/m-vhost/m-queue")[1]
+    assert queue["messages_ready"] == MESSAGES_IN_M_QUEUE, queue
 
 
 LISTED = {  # role -> (topics, groups) its lists show, of those the fixture made
@@ -203,3 +254,43 @@ def test_lists_show_each_role_only_what_it_has_a_right_on(world, role):
     topics = {t["name"] for t in user("GET", "/topics")[1]} & fixture_made
     groups = {g["name"] for g in user("GET", "/groups")[1]} & fixture_made
     assert (topics, groups) == LISTED[role]
+
+
+@pytest.mark.parametrize("role", LISTED)
+def test_a_user_sees_the_vhosts_it_may_open(world, role):
+    user = Http(world.admin.url, *(("sluice", "sluice") if role == "admin" else (role, PASSWORD)))
+    assert ("m-vhost" in {v["name"] for v in user("GET", "/vhosts")[1]}) is (
+        role in ("admin", "owner"))
+
+
+CLI_CELLS = [  # the `sluice` commands over the routes above: (argv, admin's exit status)
+    (["vhost", "list"], 0),
+    (["vhost", "add", "cli-vhost-{n}"], 0),
+    (["vhost", "permit", "owner", "m-vhost", "--configure", "^m-", "--write", "^m-", "--read",
+      "^m-"], 0),
+    (["vhost", "permissions", "--vhost", "m-vhost"], 0),
+    (["queue", "list"], 0),
+    (["queue", "purge", "{queue}", "--vhost", "m-vhost"], 0),
+    (["queue", "delete", "{queue}", "--vhost", "m-vhost"], 0),
+    (["exchange", "list", "--vhost", "m-vhost"], 0),
+    (["binding", "list"], 0),
+    (["channel", "list"], 0),
+]
+
+
+@pytest.mark.parametrize("role", ["admin", "owner", "none"])
+@pytest.mark.parametrize("argv", CLI_CELLS, ids=lambda c: " ".join(c[0][:2]))
+def test_the_cli_does_what_the_api_allows(world, capsys, role, argv):
+    from sluice.cli import main
+    command, admin_status = argv
+    user, password = ("sluice", "sluice") if role == "admin" else (role, PASSWORD)
+    queue = fresh_target(world, "queue") if role == "admin" else "m-queue"
+    args = [a.format(n=next(world.counter), queue=queue) for a in command]
+    status = main([*args, "--admin", world.broker.running.admin_url, "--user", user,
+                   "--password", password])
+    err = capsys.readouterr().err
+    if role == "admin" or command[:2] == ["vhost", "list"]:
+        assert status == admin_status, err
+    else:
+        assert status == 1 and "403" in err, err
+    assert_untouched(world)

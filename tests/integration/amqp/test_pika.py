@@ -81,17 +81,26 @@ def test_declare_bind_and_rabbitmqs_refusals(amqp_server):
     connection.close()
 
 
-def test_a_user_who_is_no_admin_may_only_declare_passively(amqp_server):
+def test_a_user_needs_a_permission_on_the_vhost_and_then_the_right_to_declare(amqp_server):
     admin = ["--admin", amqp_server.admin, "--user", SLUICE_USER, "--password", SLUICE_PASSWORD]
-    created = subprocess.run([sys.executable, "-m", "sluice.cli", "user", "create", "plain",
-                              "--new-password", "plain-pw", *admin], cwd=ROOT, env=clean_env(),
-                             capture_output=True, text=True, timeout=60)
-    assert created.returncode == 0, created.stderr
+
+    def sluice(*argv: str) -> None:
+        done = subprocess.run([sys.executable, "-m", "sluice.cli", *argv, *admin], cwd=ROOT,
+                              env=clean_env(), capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0, done.stderr
+
+    sluice("user", "create", "plain", "--new-password", "plain-pw")
+    with pytest.raises(errors.ProbableAccessDeniedError):
+        connect(amqp_server, user="plain", password="plain-pw")
+    sluice("vhost", "permit", "plain", "/", "--read", ".*")
     connection = connect(amqp_server, user="plain", password="plain-pw")
     channel = connection.channel()
     channel.exchange_declare("amq.direct", passive=True)
-    denied = closed_channel(lambda: channel.queue_declare(name("q")))
-    assert denied.reply_code == 403 and "administrators" in denied.reply_text
+    queue = name("q")
+    denied = closed_channel(lambda: channel.queue_declare(queue))
+    assert denied.reply_code == 403
+    assert denied.reply_text == (f"ACCESS_REFUSED - access to queue '{queue}' in vhost '/' "
+                                 "refused for user 'plain'")
     connection.close()
 
 

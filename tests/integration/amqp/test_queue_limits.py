@@ -264,10 +264,11 @@ def test_a_quorum_queue_counts_deliveries_and_dead_letters_past_its_limit(channe
     method, properties, _ = channel.basic_get(source)
     assert method.redelivered and properties.headers["x-delivery-count"] == 1
     channel.basic_nack(method.delivery_tag, requeue=True)
-    assert channel.basic_get(source) == (None, None, None)
     _, properties, body = next_message(channel, dead)
     assert body == b"flaky"
     assert properties.headers["x-death"][0]["reason"] == "delivery_limit"
+    assert channel.queue_declare(source, passive=True).method.message_count == 0
+    assert channel.basic_get(source) == (None, None, None)
     channel.queue_delete(source)
 
 

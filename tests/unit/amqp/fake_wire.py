@@ -125,7 +125,8 @@ def run(tmp_path, scenario: Scenario, options: AmqpOptions = AmqpOptions()) -> N
         await core.start()
         core.broker.users.create_user(ADMIN, PASSWORD, admin=True)
         core.broker.users.create_user(USER, PASSWORD)
-        frontend = AmqpFrontend(core.broker, core.vhosts, core.queues, options)
+        frontend = AmqpFrontend(core.broker, core.vhosts, core.queues, options,
+                                core.vhost_permissions)
         await frontend.start()
         try:
             await scenario(frontend, core)

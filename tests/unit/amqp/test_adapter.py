@@ -156,32 +156,50 @@ def test_refusals_close_the_channel_with_rabbitmqs_codes(tmp_path):
     run(tmp_path, scenario)
 
 
-def test_only_admins_change_topology_but_anyone_logged_in_declares_passively(tmp_path):
+def test_a_user_without_a_permission_on_the_vhost_is_refused_at_connection_open(tmp_path):
     async def scenario(frontend, core):
         client = Client(frontend)
-        await client.open(USER)
-        denied = await refused(client, 1, Queue.Declare(queue="q"))
-        assert denied.reply_code == 403 and "administrators" in denied.reply_text
-        assert (await refused(client, 1, Exchange.Declare(exchange="e"))).reply_code == 403
-        assert (await refused(client, 1, Queue.Bind(queue="q", exchange="amq.direct"))
-                ).reply_code == 403
-        assert isinstance(await client.call(1, Exchange.Declare(exchange="amq.direct",
-                                                                passive=True)), Exchange.DeclareOk)
+        tune = await client.login(USER, PASSWORD)
+        client.send_method(0, Connection.TuneOk(tune.channel_max, tune.frame_max, 0))
+        client.send_method(0, Connection.Open(virtual_host="/"))
+        close = await client.expect(Connection.Close)
+        assert close.reply_code == 530
+        assert close.reply_text == f"NOT_ALLOWED - access to vhost '/' refused for user '{USER}'"
     run(tmp_path, scenario)
 
 
-def test_methods_not_built_yet_close_the_connection_with_540(tmp_path):
-    for n, m in enumerate((Queue.Purge(queue="q"),)):
-        async def scenario(frontend, core, m=m):
-            client = Client(frontend)
-            await client.open()
-            close = await client.call(1, m)
-            assert isinstance(close, Connection.Close) and close.reply_code == 540
-            assert m.name in close.reply_text
-            client.send_method(0, Connection.CloseOk())
-            await client.closed()
-        (tmp_path / str(n)).mkdir()
-        run(tmp_path / str(n), scenario)
+def test_rights_follow_the_users_expressions_and_change_at_once(tmp_path):
+    async def scenario(frontend, core):
+        await core.vhost_admin.permit(USER, "/", "^app\\.", "^app\\.", "")
+        client = Client(frontend)
+        await client.open(USER)
+        assert isinstance(await client.call(1, Queue.Declare(queue="app.q")), Queue.DeclareOk)
+        denied = await refused(client, 1, Queue.Declare(queue="q"))
+        assert denied.reply_code == 403
+        assert denied.reply_text == (f"ACCESS_REFUSED - access to queue 'q' in vhost '/' "
+                                     f"refused for user '{USER}'")
+        bind = await refused(client, 1, Queue.Bind(queue="app.q", exchange="amq.direct"))
+        assert bind.reply_code == 403 and "exchange 'amq.direct'" in bind.reply_text, \
+            "binding needs read on the exchange, and '' grants no read"
+        assert (await refused(client, 1, Queue.Purge(queue="app.q"))).reply_code == 403
+        assert isinstance(await client.call(1, Exchange.Declare(exchange="amq.direct",
+                                                                passive=True)), Exchange.DeclareOk)
+        await core.vhost_admin.permit(USER, "/", "^app\\.", "^app\\.", ".*")
+        assert isinstance(await client.call(1, Queue.Bind(queue="app.q", exchange="amq.direct")),
+                          Queue.BindOk)
+        assert isinstance(await client.call(1, Queue.Purge(queue="app.q")), Queue.PurgeOk)
+    run(tmp_path, scenario)
+
+
+def test_a_server_named_queue_is_checked_under_the_name_it_got_and_not_kept(tmp_path):
+    async def scenario(frontend, core):
+        await core.vhost_admin.permit(USER, "/", "^app\\.", ".*", ".*")
+        client = Client(frontend)
+        await client.open(USER)
+        denied = await refused(client, 1, Queue.Declare(queue=""))
+        assert denied.reply_code == 403 and "'amq.gen-" in denied.reply_text
+        assert core.vhosts.get("/").queues == {}
+    run(tmp_path, scenario)
 
 
 def test_a_publish_with_immediate_is_540_as_in_rabbitmq(tmp_path):

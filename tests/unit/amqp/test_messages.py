@@ -166,6 +166,7 @@ def test_a_publish_needs_the_publish_right_on_its_topic(tmp_path):
         admin = Client(frontend)
         await admin.open()
         await declared(admin, "q")
+        await core.vhost_admin.permit(USER, "/", ".*", ".*", ".*")
         client = Client(frontend)
         await client.open(USER)
         publish(client, b"x")

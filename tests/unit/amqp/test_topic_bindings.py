@@ -7,7 +7,9 @@ from __future__ import annotations
 import pytest
 from pamqp.commands import Basic, Confirm, Queue
 
+from core.clock import now_ms
 from core.errors import AccessDenied
+from core.interop import MQTT_EXPIRY_AT
 from core.model import SUBJECT_PROPERTY, Action, OutgoingMessage, Permission, ResourceKind
 from tests.unit.amqp.fake_wire import ADMIN, USER, Client, run
 from tests.unit.amqp.test_messages import declared, publish
@@ -82,4 +84,21 @@ def test_binding_to_amq_topic_needs_the_right_to_read_its_subjects(tmp_path):
         users.grant(Permission(USER, ResourceKind.TOPIC, "devices",
                                frozenset({Action.SUBSCRIBE})))
         frontend.check_binding(users.principal(USER), "amq.topic", "devices.*.telemetry")
+    run(tmp_path, scenario)
+
+
+def test_an_expired_mqtt_message_is_not_delivered_from_an_amqp_queue(tmp_path):
+    async def scenario(frontend, core):
+        client = Client(frontend)
+        await client.open()
+        await declared(client, "t")
+        await client.call(1, Queue.Bind(queue="t", exchange="amq.topic", routing_key="a.*"))
+        for body, expiry_at in ((b"expired", now_ms() - 1), (b"fresh", now_ms() + 60_000)):
+            await core.broker.send_decided([OutgoingMessage("a", body, properties={
+                SUBJECT_PROPERTY: "a/b", MQTT_EXPIRY_AT: str(expiry_at)})])
+        get = await client.call(1, Basic.Get(queue="t", no_ack=True))
+        assert isinstance(get, Basic.GetOk)
+        await client.next()
+        assert (await client.next())[1].value == b"fresh"
+        assert isinstance(await client.call(1, Basic.Get(queue="t")), Basic.GetEmpty)
     run(tmp_path, scenario)

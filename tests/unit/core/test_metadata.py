@@ -32,7 +32,7 @@ def _perm(user: str, pattern: str, *actions: Action, kind: ResourceKind = Resour
 def test_a_new_database_gets_the_latest_schema_and_reopening_changes_nothing(metadata_url, master_key):
     MetadataRepository(metadata_url, master_key).close()
     repo = MetadataRepository(metadata_url, master_key)
-    assert repo.schema_version() == LATEST_VERSION == 3
+    assert repo.schema_version() == LATEST_VERSION == 4
     repo.create_topic(TOPIC)
     repo.close()
     repo = MetadataRepository(metadata_url, master_key)
@@ -42,7 +42,7 @@ def test_a_new_database_gets_the_latest_schema_and_reopening_changes_nothing(met
     with engine.connect() as conn:
         rows = conn.execute(select(schema_version.c.version)).scalars().all()
     engine.dispose()
-    assert rows == [1, 2, 3]
+    assert rows == [1, 2, 3, 4]
 
 
 def test_a_database_from_a_newer_sluice_is_refused_with_upgrade_advice(metadata_url, master_key):
@@ -345,3 +345,37 @@ def test_amqp_topology_rows_upsert_and_delete_by_object_kind_or_vhost(repo):
     assert repo.delete_topology("/", "queue", "billing") == 0
     assert repo.delete_topology("shop") == 1
     assert repo.topology() == [("/", "exchange", "orders", '{"type": "fanout"}')]
+
+
+def test_amqp_permissions_are_replaced_per_user_and_vhost_and_go_with_their_user(repo):
+    repo.create_user("ann", "pw")
+    repo.create_user("bo", "pw")
+    repo.put_vhost_permission("ann", "/", ".*", ".*", ".*")
+    repo.put_vhost_permission("ann", "/", "", "^app", ".*")
+    repo.put_vhost_permission("ann", "shop", "", "", ".*")
+    repo.put_vhost_permission("bo", "shop", ".*", "", "")
+    assert repo.vhost_permissions() == [("ann", "/", "", "^app", ".*"),
+                                        ("ann", "shop", "", "", ".*"),
+                                        ("bo", "shop", ".*", "", "")]
+    with pytest.raises(UserNotFound):
+        repo.put_vhost_permission("nobody", "/", ".*", ".*", ".*")
+    assert repo.delete_vhost_permissions(vhost="shop") == 2
+    repo.delete_user("ann")
+    assert repo.vhost_permissions() == []
+
+
+def test_a_version_3_database_migrates_to_amqp_permissions(metadata_url, master_key):
+    from core.metadata import schema
+    engine = create_engine(metadata_url)
+    with engine.begin() as conn:
+        schema.metadata.create_all(conn, tables=[schema.schema_version])
+        for number, migration in enumerate(schema.MIGRATIONS[:3], start=1):
+            migration(conn)
+            conn.execute(schema.schema_version.insert().values(version=number, applied_ms=0))
+    engine.dispose()
+    repo = MetadataRepository(metadata_url, master_key)
+    repo.create_user("ann", "pw")
+    repo.put_vhost_permission("ann", "/", ".*", ".*", ".*")
+    assert repo.schema_version() == 4 and repo.vhost_permissions() == [("ann", "/", ".*", ".*",
+                                                                         ".*")]
+    repo.close()

@@ -1,0 +1,217 @@
+"""The authorization matrix of AMQP 0-9-1: every operation × {admin, owner, publisher, other
+user, no rights}, with pika against a `sluice serve` process, on virtual host ``m-vhost``.
+
+The roles' permissions are RabbitMQ's (configure / write / read expressions): the owner has
+``^m-`` for all three, the publisher ``^m-`` for write only, the other user ``^o-`` for all
+three, and the user with no rights has no permission on the virtual host (530 at
+connection.open). Every role may publish to the topics behind the exchanges, so the cells show
+the virtual host's rules. (AMQP has no anonymous login: PLAIN always names a user.)
+
+Refused means 403 ACCESS_REFUSED on the channel, or 530 NOT_ALLOWED at connection.open; allowed
+means anything else. The expected cells are written out, not derived from the rules.
+"""
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+import pika
+import pika.exceptions
+import pytest
+
+from tests.conftest import Server
+from tests.integration.amqp.conftest import parameters
+from tests.integration.test_admin_api import Http
+
+ROLES = ("admin", "owner", "publisher", "other", "none")
+PASSWORD = "pw"
+VHOST = "m-vhost"
+RIGHTS = {  # role -> (configure, write, read) on m-vhost; "none" has no permission there
+    "owner": ("^m-", "^m-", "^m-"),
+    "publisher": ("", "^m-", ""),
+    "other": ("^o-", "^o-", "^o-"),
+}
+MESSAGES = 3
+"""Messages the fixture leaves in m-queue and o-queue."""
+
+
+def allowed(*roles: str) -> dict[str, bool]:
+    return {role: role in roles for role in ROLES}
+
+
+@dataclass
+class World:
+    server: Server
+    admin: Http
+    counter: Iterator[int]
+
+    def connect(self, role: str) -> pika.BlockingConnection:
+        user, password = ("sluice", "sluice") if role == "admin" else (role, PASSWORD)
+        return pika.BlockingConnection(parameters(self.server, user, password, VHOST))
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory) -> Iterator[World]:
+    server = Server(tmp_path_factory.mktemp("amqp-matrix") / "data")
+    try:
+        server.wait_ready()
+        admin = Http(f"http://{server.admin}" if "://" not in server.admin else server.admin)
+        assert admin("POST", "/vhosts", {"name": VHOST})[0] == 201
+        for role in ROLES[1:]:
+            assert admin("POST", "/users", {"name": role, "password": PASSWORD})[0] == 201
+            grant = {"kind": "topic", "pattern": "amqp.*", "actions": ["publish"]}
+            assert admin("POST", f"/users/{role}/permissions", grant)[0] == 201
+            if role in RIGHTS:
+                configure, write, read = RIGHTS[role]
+                body = {"configure": configure, "write": write, "read": read}
+                assert admin("PUT", f"/vhosts/{VHOST}/permissions/{role}", body)[0] == 200
+        world = World(server, admin, itertools.count())
+        with world.connect("admin") as connection:
+            channel = connection.channel()
+            channel.confirm_delivery()
+            for name in ("m-exchange", "m-exchange-2", "o-exchange"):
+                channel.exchange_declare(name, "direct", durable=True)
+            for name in ("m-queue", "o-queue"):
+                channel.queue_declare(name, durable=True)
+                for n in range(MESSAGES):
+                    channel.basic_publish("", name, b"%s %d" % (name.encode(), n))
+        yield world
+    finally:
+        server.kill()
+
+
+# ------------------------------------------------------------------------------ operations
+
+def on_channel(action: Callable[[pika.adapters.blocking_connection.BlockingChannel, str], None],
+               fresh: str | None = None) -> Callable[[str, World], bool]:
+    """An operation: connect as the role, open a channel, run ``action`` (given the name of a
+    fresh exchange or queue the admin made for this call when ``fresh`` says which)."""
+    def op(role: str, world: World) -> bool:
+        name = f"m-fresh-{next(world.counter)}"
+        if fresh is not None:
+            with world.connect("admin") as connection:
+                channel = connection.channel()
+                if fresh == "exchange":
+                    channel.exchange_declare(name, "fanout")
+                else:
+                    channel.queue_declare(name)
+        try:
+            connection = world.connect(role)
+        except pika.exceptions.ProbableAccessDeniedError as refused:
+            assert "530" in str(refused) or "NOT_ALLOWED" in str(refused), refused
+            return False
+        except pika.exceptions.ConnectionClosedByBroker as refused:
+            assert refused.reply_code == 530, refused
+            return False
+        try:
+            action(connection.channel(), name)
+            return True
+        except pika.exceptions.ChannelClosedByBroker as refused:
+            assert refused.reply_code == 403, refused
+            assert refused.reply_text.startswith("ACCESS_REFUSED - access to "), refused
+            return False
+        finally:
+            if connection.is_open:
+                connection.close()
+    return op
+
+
+def publish(exchange: str) -> Callable[[str, World], bool]:
+    def action(channel, _: str) -> None:
+        channel.confirm_delivery()
+        channel.basic_publish(exchange, "nowhere", b"x")
+    return on_channel(action)
+
+
+def get(queue: str) -> Callable[[str, World], bool]:
+    return on_channel(lambda channel, _: channel.basic_get(queue, auto_ack=False))
+
+
+def consume(queue: str) -> Callable[[str, World], bool]:
+    return on_channel(lambda channel, _: channel.basic_consume(queue, lambda *a: None))
+
+
+def purge(queue: str) -> Callable[[str, World], bool]:
+    return on_channel(lambda channel, _: channel.queue_purge(queue))
+
+
+@dataclass(frozen=True)
+class Operation:
+    name: str
+    run: Callable[[str, World], bool]
+    expect: dict[str, bool]
+
+
+TABLE = [
+    Operation("connection.open", on_channel(lambda channel, _: None),
+              allowed("admin", "owner", "publisher", "other")),
+    Operation("exchange.declare", on_channel(
+        lambda channel, name: channel.exchange_declare(name, "topic")), allowed("admin", "owner")),
+    Operation("exchange.declare passive", on_channel(
+        lambda channel, _: channel.exchange_declare("m-exchange", passive=True)),
+        allowed("admin", "owner", "publisher", "other")),
+    Operation("exchange.delete", on_channel(
+        lambda channel, name: channel.exchange_delete(name), fresh="exchange"),
+        allowed("admin", "owner")),
+    Operation("exchange.bind (write on destination, read on source)", on_channel(
+        lambda channel, _: channel.exchange_bind("m-exchange-2", "m-exchange", "k")),
+        allowed("admin", "owner")),
+    Operation("queue.declare", on_channel(lambda channel, name: channel.queue_declare(name)),
+              allowed("admin", "owner")),
+    Operation("queue.declare of another user's name", on_channel(
+        lambda channel, _: channel.queue_declare("o-queue", durable=True)),
+        allowed("admin", "other")),
+    Operation("queue.declare passive", on_channel(
+        lambda channel, _: channel.queue_declare("m-queue", passive=True)),
+        allowed("admin", "owner", "publisher", "other")),
+    Operation("queue.delete", on_channel(
+        lambda channel, name: channel.queue_delete(name), fresh="queue"),
+        allowed("admin", "owner")),
+    Operation("queue.bind (write on queue, read on exchange)", on_channel(
+        lambda channel, _: channel.queue_bind("m-queue", "m-exchange", "k")),
+        allowed("admin", "owner")),
+    Operation("queue.bind from another user's exchange", on_channel(
+        lambda channel, _: channel.queue_bind("m-queue", "o-exchange", "k")), allowed("admin")),
+    Operation("basic.publish", publish("m-exchange"), allowed("admin", "owner", "publisher")),
+    Operation("basic.publish to the default exchange", publish(""), allowed("admin")),
+    Operation("basic.publish to another user's exchange", publish("o-exchange"),
+              allowed("admin", "other")),
+    Operation("basic.get", get("m-queue"), allowed("admin", "owner")),
+    Operation("basic.get from another user's queue", get("o-queue"), allowed("admin", "other")),
+    Operation("basic.consume", consume("m-queue"), allowed("admin", "owner")),
+    Operation("basic.consume on another user's queue", consume("o-queue"),
+              allowed("admin", "other")),
+    Operation("queue.purge", purge("m-fresh-purge"), allowed("admin", "owner")),
+    Operation("queue.purge of another user's queue", purge("o-queue"), allowed("admin", "other")),
+]
+"""The default exchange is checked as ``amq.default``, which no role's expression matches."""
+
+
+@pytest.mark.parametrize("role", ROLES)
+@pytest.mark.parametrize("operation", TABLE, ids=lambda o: o.name)
+def test_matrix(world, operation, role):
+    if "purge" in operation.name and "another" not in operation.name:
+        with world.connect("admin") as connection:
+            connection.channel().queue_declare("m-fresh-purge")
+    assert operation.run(role, world) is operation.expect[role], (operation.name, role)
+
+
+def test_the_table_covers_every_role():
+    assert all(set(o.expect) == set(ROLES) for o in TABLE)
+
+
+def test_a_user_with_few_rights_neither_reads_nor_purges_another_users_queue(world):
+    with world.connect("admin") as connection:
+        channel = connection.channel()
+        channel.queue_declare("o-secret", durable=True)
+        channel.confirm_delivery()
+        for n in range(MESSAGES):
+            channel.basic_publish("", "o-secret", b"secret %d" % n)
+    for role in ("owner", "publisher", "none"):
+        for attempt in (get("o-secret"), consume("o-secret"), purge("o-secret")):
+            assert attempt(role, world) is False, role
+    queue = world.admin("GET", f"/queues/{VHOST}/o-secret")[1]
+    assert (queue["messages_ready"], queue["messages_unacknowledged"]) == (MESSAGES, 0)
+    with world.connect("other") as connection:
+        assert connection.channel().queue_purge("o-secret").method.message_count == MESSAGES
