@@ -1,5 +1,5 @@
-"""The AMQP listeners, plain TCP and TLS over asyncio: each accepted socket (for TLS, once its
-handshake is done within ``connect_timeout_s``) a `Wire` to the front end."""
+"""The AMQP listeners, plain TCP and TLS (`tls.TlsListener`) over asyncio: each accepted socket
+(for TLS, once its handshake is done) a `Wire` to the front end."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from collections.abc import Callable
 from .adapter import AmqpAdapter, Wire
 from .frontend import AmqpFrontend
 from .options import AmqpOptions
+from .tls import TlsListener, listen
 
 HIGH_WATER = 256 << 10
 LOW_WATER = 64 << 10
@@ -82,20 +83,17 @@ class AmqpWire(asyncio.Protocol):
 class AmqpListener:
     """The open AMQP listeners and their bound ports (``tls_port`` None: no TLS listener)."""
 
-    def __init__(self, server: asyncio.base_events.Server,
-                 tls: asyncio.base_events.Server | None) -> None:
-        self._servers = [server] if tls is None else [server, tls]
-        self.port: int = _port(server)
-        self.tls_port: int | None = None if tls is None else _port(tls)
+    def __init__(self, server: asyncio.base_events.Server, tls: TlsListener | None) -> None:
+        self._server = server
+        self._tls = tls
+        self.port: int = server.sockets[0].getsockname()[1]
+        self.tls_port: int | None = None if tls is None else tls.port
 
     async def stop(self) -> None:
         """Stop accepting."""
-        for server in self._servers:
-            server.close()
-
-
-def _port(server: asyncio.base_events.Server) -> int:
-    return server.sockets[0].getsockname()[1]
+        self._server.close()
+        if self._tls is not None:
+            self._tls.close()
 
 
 async def start_amqp_listener(frontend: AmqpFrontend, options: AmqpOptions,
@@ -108,10 +106,10 @@ async def start_amqp_listener(frontend: AmqpFrontend, options: AmqpOptions,
     secure = None
     if tls is not None and options.tls_port >= 0:
         try:
-            secure = await loop.create_server(
-                lambda: AmqpWire(frontend.new_connection), options.host, options.tls_port,
-                backlog=BACKLOG, reuse_address=True, ssl=tls,
-                ssl_handshake_timeout=options.connect_timeout_s)
+            secure = listen(options.host, options.tls_port, tls,
+                            lambda: AmqpWire(frontend.new_connection),
+                            timeout=options.connect_timeout_s, backlog=BACKLOG,
+                            denials=frontend.denials)
         except BaseException:
             server.close()
             raise

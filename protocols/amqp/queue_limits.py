@@ -195,7 +195,7 @@ class QueueLimits:
         """``pop`` from each of ``queues`` (a priority queue's levels, highest first) in turn
         until ``max_messages`` are taken."""
         popped: list[Delivery] = []
-        for named in queues:
+        for named in self._named.with_work(queues):
             if len(popped) >= max_messages:
                 break
             popped += self.pop(named, max_messages - len(popped), invisible_ms, mark=mark)

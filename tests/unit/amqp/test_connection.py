@@ -223,3 +223,15 @@ def test_blocked_and_unblocked_go_to_clients_that_understand_them() -> None:
     feed(plain, PROTOCOL_HEADER + method(0, Connection.StartOk({}, "PLAIN", "\0u\0p")))
     assert plain.block("low on disk") is False
 
+
+
+def test_silence_while_reading_is_paused_is_not_a_missed_heartbeat() -> None:
+    conn = opened(Options(frame_max=4096, channel_max=16, heartbeat=10), heartbeat=10)
+    conn.reading_paused(True, 0.0)  # a resource alarm: the broker does not read
+    conn.check_timeouts(100.0)
+    assert conn.state is State.OPEN and conn.data_to_send() == HEARTBEAT_FRAME
+    conn.reading_paused(False, 100.0)
+    conn.check_timeouts(119.0)
+    assert conn.state is State.OPEN, "the silence is counted from the resume on"
+    conn.check_timeouts(120.0)
+    assert conn.state is State.CLOSED
