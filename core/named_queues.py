@@ -15,6 +15,7 @@ thread-safe.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Iterator
 
 from .clock import now_ms
 from .consume import MAX_IN_FLIGHT_SPAN, pop_queue
@@ -149,13 +150,31 @@ class NamedQueues:
     def pop_first(self, queues: tuple[str, ...], max_messages: int, invisible_ms: int, *,
                   mark: bool = False) -> list[Delivery]:
         """``pop`` from each of ``queues`` in turn (a priority queue's levels, highest first)
-        until ``max_messages`` are taken."""
-        popped = self.pop(queues[0], max_messages, invisible_ms, mark=mark)
-        for queue in queues[1:]:
+        until ``max_messages`` are taken; levels with nothing to take are passed over."""
+        popped: list[Delivery] = []
+        for queue in self.with_work(queues):
             if len(popped) >= max_messages:
                 break
             popped += self.pop(queue, max_messages - len(popped), invisible_ms, mark=mark)
         return popped
+
+    def with_work(self, queues: tuple[str, ...]) -> Iterator[str]:
+        """Those of ``queues`` a pop could take from now, in order: an entry never popped, or
+        a popped one due again (cheap: nothing is read, no consumption state is created)."""
+        if len(queues) == 1:
+            yield queues[0]
+            return
+        now = now_ms()
+        for queue in queues:
+            earliest, end = self._engine.reader.range(queue, 0)
+            cursor = self._cursors.get((queue, queue, 0))
+            if cursor is None:
+                if end > earliest:
+                    yield queue
+                continue
+            deadline = cursor.next_deadline()
+            if cursor.next < end or (deadline is not None and deadline <= now):
+                yield queue
 
     def peek(self, queue: str, limit: int) -> list[Delivery]:
         """Up to ``limit`` messages of ``queue`` never popped nor settled, oldest first, left

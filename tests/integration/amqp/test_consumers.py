@@ -129,3 +129,34 @@ def test_higher_priority_consumers_get_messages_while_they_have_room(amqp_server
             await bad.consume(to_low, arguments={"x-priority": "high"})
         await connection.close()
     asyncio.run(main())
+
+
+def test_priority_levels_and_a_stream_are_rebuilt_after_a_crash(sluice_server, tmp_path):
+    server = sluice_server(tmp_path / "data", "--flush", "sync")
+    server.wait_ready()
+    connection = connect(server)
+    channel = connection.channel()
+    channel.confirm_delivery()
+    channel.queue_declare("urgent", durable=True, arguments={"x-max-priority": 3})
+    channel.queue_declare("log", durable=True, arguments={"x-queue-type": "stream"})
+    for body, priority in ((b"low", 0), (b"high", 3), (b"mid", 2)):
+        persistent = pika.BasicProperties(delivery_mode=2, priority=priority)
+        channel.basic_publish("", "urgent", body, persistent)
+        channel.basic_publish("", "log", body, persistent)
+    server.kill()  # SIGKILL: the levels and the stream come back from the log alone
+
+    again = sluice_server(tmp_path / "data", "--flush", "sync")
+    again.wait_ready()
+    channel = connect(again).channel()
+    got = [channel.basic_get("urgent", auto_ack=True)[2] for _ in range(3)]
+    assert got == [b"high", b"mid", b"low"]
+    channel.basic_qos(prefetch_count=10)
+    read = []
+    for method, properties, body in channel.consume("log", arguments={"x-stream-offset": "first"},
+                                                    inactivity_timeout=WAIT_S):
+        assert method is not None, "the stream lost messages"
+        read.append(body)
+        channel.basic_ack(method.delivery_tag)
+        if len(read) == 3:
+            break
+    assert read == [b"low", b"high", b"mid"]

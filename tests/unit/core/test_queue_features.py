@@ -1,11 +1,14 @@
 """Queue arguments that change how messages reach consumers: checked as RabbitMQ checks them,
-and a priority queue's levels (a message's priority above the max counts as the max)."""
+and a priority queue's levels (a message's priority above the max counts as the max), popped
+highest first."""
 from __future__ import annotations
 
 import pytest
 
 from core.errors import PreconditionFailed
+from core.model import OutgoingMessage
 from core.queue_features import QueueFeatures, check, features, levels, target
+from tests.unit.amqp.fake_wire import run
 
 
 def declare(arguments, durable=True, exclusive=False, auto_delete=False):
@@ -50,3 +53,17 @@ def test_priority_levels_highest_first_and_the_level_of_a_message():
     assert [target("n", arguments, p) for p in (None, 0, 3, 5, 9)] == \
         ["n", "n", "n@p3", "n@p5", "n@p5"]
     assert target("n", {}, 9) == "n", "without x-max-priority a priority changes nothing"
+
+
+def test_levels_are_popped_highest_first_and_empty_ones_are_passed_over(tmp_path):
+    async def scenario(frontend, core):
+        queues, top = core.queues, levels("n", 2)
+        await core.broker.send_decided([OutgoingMessage("t", b"low", also_into=("n",)),
+                                        OutgoingMessage("t", b"high", also_into=("n@p1",))])
+        [first] = queues.pop_first(top, 1, 60_000)
+        assert first.body == b"high"
+        queues.release(first.topic, first.queue_offset)
+        again = queues.pop_first(top, 5, 60_000)
+        assert [(m.body, m.attempt) for m in again] == [(b"high", 2), (b"low", 1)]
+        assert core.engine.cursors.get(("n@p2", "n@p2", 0)) is None, "no state for an empty level"
+    run(tmp_path, scenario)
