@@ -17,12 +17,12 @@ import asyncio
 import dataclasses
 import logging
 import re
-from collections.abc import Callable, Coroutine, Iterable, Sequence
+from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence
 from typing import Any
 
 from core.clock import now_ms
+from core.errors import NotFound, PreconditionFailed, SluiceError
 from core.interop import MQTT_EXPIRY_AT
-from core.errors import PreconditionFailed, SluiceError
 from core.model import SUBJECT_PROPERTY, Delivery, OutgoingMessage
 from core.named_queues import NamedQueues
 from core.service import MAX_INVISIBLE_MS
@@ -62,7 +62,8 @@ def parse_expiration(text: str | None) -> int | None:
     return value
 
 
-def expires_at(policy_: QueuePolicy, properties: dict[str, str] | Any, stored_ms: int) -> int | None:
+def expires_at(policy_: QueuePolicy, properties: Mapping[str, str],
+               stored_ms: int) -> int | None:
     """When a message stored at ``stored_ms`` expires in a queue with ``policy_`` (the
     smaller of the queue's TTL and the message's expiration, or an MQTT publish's message
     expiry); None: never."""
@@ -80,6 +81,10 @@ def expires_at(policy_: QueuePolicy, properties: dict[str, str] | Any, stored_ms
     if expiry is not None and expiry.isascii() and expiry.isdigit() and len(expiry) <= 16:
         deadline = int(expiry) if deadline is None else min(deadline, int(expiry))
     return deadline
+
+
+def _rejects_publishes(the_policy: QueuePolicy) -> bool:
+    return the_policy.limits_length and the_policy.overflow != "drop-head"
 
 
 @dataclasses.dataclass(eq=False)
@@ -109,6 +114,8 @@ class QueueLimits:
         self._spawn = spawn
         self._deleted = deleted
         self._queues: dict[str, _Queue] = {}
+        self._limited = 0
+        """Queues with a reject-publish length limit: publishes look at none while 0."""
 
     # ---------------------------------------------------------------- queues
 
@@ -120,6 +127,7 @@ class QueueLimits:
         if queue is None:
             found = policy(settings.arguments) or _NO_POLICY
             queue = self._queues[named] = _Queue(vhost, settings.name, named, found)
+            self._limited += _rejects_publishes(found)
             if loaded:
                 self._arm_sweep(queue, now_ms())
         self.used(named)
@@ -138,14 +146,28 @@ class QueueLimits:
         """The queue is gone: its timers stop and its consumption state goes."""
         queue = self._queues.pop(named, None)
         if queue is not None:
+            self._limited -= _rejects_publishes(queue.policy)
             for handle in (queue.sweep, queue.unused):
                 if handle is not None:
                     handle.cancel()
         self._named.forget(named)
 
+    def _alive(self, queue: _Queue) -> bool:
+        """Whether ``queue`` is still declared (its virtual host may have been deleted under
+        it); forgotten if not."""
+        try:
+            host = self._vhosts.get(queue.vhost)
+            alive = self._queues.get(queue.named) is queue \
+                and queue.name in host.queues and host.named(queue.name) == queue.named
+        except NotFound:
+            alive = False
+        if not alive and self._queues.get(queue.named) is queue:
+            self.forget(queue.named)
+        return alive
+
     def _maybe_unused(self, queue: _Queue) -> None:
         queue.unused = None
-        if self._queues.get(queue.named) is not queue:
+        if not self._alive(queue):
             return
         if self._consumer_count(queue.named):
             self.used(queue.named)  # in use now: idle time starts over
@@ -153,8 +175,7 @@ class QueueLimits:
         self._spawn(self._delete_unused(queue))
 
     async def _delete_unused(self, queue: _Queue) -> None:
-        host = self._vhosts.get(queue.vhost)
-        if queue.name not in host.queues or host.named(queue.name) != queue.named:
+        if not self._alive(queue):
             return
         log.info("AMQP queue %s in vhost %s deleted: unused for %d ms (x-expires)",
                  clip(queue.name), clip(queue.vhost), queue.policy.expires)
@@ -271,6 +292,8 @@ class QueueLimits:
         """``message`` without the queues whose reject-publish limit it would exceed, and
         whether any refused it (a confirm is then a nack). ``pending`` counts what this batch
         adds to each queue so far (messages, bytes). None when nothing is left to store."""
+        if not self._limited:
+            return message, False
         keep: list[str] = []
         refused = False
         size = len(message.body)
@@ -355,7 +378,7 @@ class QueueLimits:
     def _sweep(self, queue: _Queue) -> None:
         """Expire the queue's head: what nobody popped is taken out once its time is up."""
         queue.sweep_at = queue.sweep = None
-        if self._queues.get(queue.named) is not queue:
+        if not self._alive(queue):
             return
         now = now_ms()
         expired: list[tuple[Delivery, str]] = []
@@ -400,7 +423,8 @@ class QueueLimits:
             await self._dead_letters.send(queue.vhost, queue.name,
                                           queue.policy.dead_letter_exchange,
                                           queue.policy.dead_letter_routing_key, letters)
-        except SluiceError as error:  # kept in the queue: dead-lettered again when next due
+        except SluiceError as error:  # NotFound too: its virtual host is gone
+            # kept in the queue: dead-lettered again when next due
             log.warning("dead letters of AMQP queue %s in vhost %s not stored: %s",
                         clip(queue.name), clip(queue.vhost), error)
             for offset in offsets:

@@ -6,14 +6,15 @@ from __future__ import annotations
 from datetime import UTC, datetime
 
 import pytest
-from pamqp.commands import Basic
+from pamqp.commands import Basic, Confirm, Queue
 
 from core.errors import PreconditionFailed
 from core.model import OutgoingMessage
 from protocols.amqp.dead_letters import is_cycle, record_death
 from protocols.amqp.queue_arguments import DEFAULT_DELIVERY_LIMIT, QueuePolicy, check, policy
 from protocols.amqp.queue_limits import expires_at, parse_expiration
-from tests.unit.amqp.fake_wire import run
+from tests.unit.amqp.fake_wire import Client, run
+from tests.unit.amqp.test_messages import publish
 
 NOW = datetime(2026, 1, 2, 3, 4, 5, 678_000, tzinfo=UTC)
 
@@ -105,4 +106,66 @@ def test_peek_shows_the_head_without_taking_it_and_take_hides_it(tmp_path):
         assert popped.body == b"1" and [m.body for m in queues.peek("nq", 5)] == [b"2"]
         queues.settle("nq", 0)
         assert queues.ready("nq") == 1
+    run(tmp_path, scenario)
+
+
+async def declare(client, queue: str, **arguments) -> None:
+    assert isinstance(await client.call(1, Queue.Declare(queue=queue, arguments=arguments)),
+                      Queue.DeclareOk)
+
+
+async def confirmed(client, body: bytes, key: str) -> type:
+    """Publish with confirms on channel 1: Basic.Ack or Basic.Nack."""
+    publish(client, body, key=key)
+    return type((await client.next())[1])
+
+
+def test_drop_head_settles_the_oldest_into_the_dead_letter_queue(tmp_path):
+    async def scenario(frontend, core):
+        client = Client(frontend)
+        await client.open()
+        await declare(client, "dead")
+        await declare(client, "capped", **{"x-max-length": 1, "x-dead-letter-exchange": "",
+                                           "x-dead-letter-routing-key": "dead"})
+        await client.call(1, Confirm.Select())
+        assert await confirmed(client, b"old", "capped") is Basic.Ack
+        assert await confirmed(client, b"new", "capped") is Basic.Ack
+        await frontend.settled()
+        host = core.vhosts.get("/")
+        assert [m.body for m in core.queues.peek(host.named("capped"), 5)] == [b"new"]
+        [dead] = core.queues.peek(host.named("dead"), 5)
+        assert dead.body == b"old" and '"reason":"maxlen"' in dead.properties["amqp.headers"]
+    run(tmp_path, scenario)
+
+
+def test_reject_publish_nacks_only_what_does_not_fit(tmp_path):
+    async def scenario(frontend, core):
+        client = Client(frontend)
+        await client.open()
+        await declare(client, "one", **{"x-max-length": 1, "x-overflow": "reject-publish"})
+        await client.call(1, Confirm.Select())
+        assert await confirmed(client, b"a", "one") is Basic.Ack
+        assert await confirmed(client, b"b", "one") is Basic.Nack
+        assert core.queues.ready(core.vhosts.get("/").named("one")) == 1
+    run(tmp_path, scenario)
+
+
+def test_a_quorum_message_past_its_limit_leaves_when_it_is_returned(tmp_path):
+    async def scenario(frontend, core):
+        client = Client(frontend)
+        await client.open()
+        assert isinstance(await client.call(1, Queue.Declare(
+            queue="qq", durable=True, arguments={"x-queue-type": "quorum",
+                                                 "x-delivery-limit": 0})), Queue.DeclareOk)
+        await client.call(1, Confirm.Select())
+        assert await confirmed(client, b"x", "qq") is Basic.Ack
+        get = await client.call(1, Basic.Get(queue="qq"))
+        await client.next()
+        await client.next()
+        named = core.vhosts.get("/").named("qq")
+        assert core.queues.attempts(named, 0) == 1
+        client.send_method(1, Basic.Nack(get.delivery_tag, requeue=True))
+        await client.call(1, Basic.Qos(prefetch_count=1))  # the nack was carried out
+        assert core.queues.ready(named) == 0 and core.queues.attempts(named, 0) == 0
+        assert isinstance(await client.call(1, Basic.Get(queue="qq")), Basic.GetEmpty)
     run(tmp_path, scenario)

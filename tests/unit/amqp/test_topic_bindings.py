@@ -76,14 +76,15 @@ def test_binding_to_amq_topic_needs_the_right_to_read_its_subjects(tmp_path):
         users = core.broker.users
         bob, ada = users.principal(USER), users.principal(ADMIN)
         with pytest.raises(AccessDenied, match="devices/\\+/telemetry"):
-            frontend.check_binding(bob, "amq.topic", "devices.*.telemetry")
+            frontend.check_binding(bob, "/", "amq.topic", "devices.*.telemetry")
         with pytest.raises(AccessDenied, match="a/#"):
-            frontend.check_binding(bob, "amq.topic", "a.#.b")
-        frontend.check_binding(bob, "amq.direct", "devices.*.telemetry")
-        frontend.check_binding(ada, "amq.topic", "#")
+            frontend.check_binding(bob, "/", "amq.topic", "a.#.b")
+        frontend.check_binding(bob, "/", "amq.direct", "devices.*.telemetry")
+        frontend.check_binding(ada, "/", "amq.topic", "#")
         users.grant(Permission(USER, ResourceKind.TOPIC, "devices",
                                frozenset({Action.SUBSCRIBE})))
-        frontend.check_binding(users.principal(USER), "amq.topic", "devices.*.telemetry")
+        frontend.check_binding(users.principal(USER), "/", "amq.topic",
+                               "devices.*.telemetry")
     run(tmp_path, scenario)
 
 
