@@ -2,7 +2,8 @@
 
 Sections: ``store`` (the store beside the disk's raw limits), ``native`` (Sluice beside
 RabbitMQ: durable sends and acked consumption, and Sluice's packed stream), ``mqtt`` (Sluice's
-MQTT listener beside Mosquitto, with the load generator's own ceiling), ``analytics`` (the
+MQTT listener beside Mosquitto, with the load generator's own ceiling), ``amqp`` (Sluice's AMQP
+0-9-1 listener beside RabbitMQ: confirms and acks, 256 queues, topic fan-out, latency), ``analytics`` (the
 Spark source beside ``spark.read.json``), ``latency`` (MQTT publish to a window aggregate on
 the dashboard stream, at 1,000 readings/s) and ``hardening`` (what hostile input costs: decoding
 packets with 1, 1,000 and 100,000 user properties). With no section named, all of them run.
@@ -19,7 +20,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Protocol
 
-from . import analytics_bench, hardening_bench, latency_bench, mqtt_bench, native_bench, store_bench
+from . import amqp_bench, analytics_bench, hardening_bench, latency_bench, mqtt_bench, native_bench, store_bench
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -65,6 +66,13 @@ def _mqtt_section(options: argparse.Namespace, workdir: Path, log: Callable[[str
     return mqtt_bench.run_section(settings, workdir / "mqtt", log)
 
 
+def _amqp_section(options: argparse.Namespace, workdir: Path, log: Callable[[str], None]) -> Rendered:
+    settings = amqp_bench.Settings.smoke() if options.quick else amqp_bench.Settings()
+    if options.repeats is not None:
+        settings = amqp_bench.Settings(**{**settings.__dict__, "rounds": options.repeats})
+    return amqp_bench.run_section(settings, workdir / "amqp", log)
+
+
 def _analytics_section(options: argparse.Namespace, workdir: Path, log: Callable[[str], None]) -> Rendered:
     settings = analytics_bench.Settings.smoke() if options.quick else analytics_bench.Settings()
     if options.repeats is not None:
@@ -87,9 +95,10 @@ def _hardening_section(options: argparse.Namespace, workdir: Path, log: Callable
 
 
 SECTIONS: dict[str, Section] = {"store": _store_section, "native": _native_section, "mqtt": _mqtt_section,
+                                "amqp": _amqp_section,
                                 "analytics": _analytics_section, "latency": _latency_section,
                                 "hardening": _hardening_section}
-DEFAULT_SECTIONS = ("store", "native", "mqtt", "analytics", "latency", "hardening")
+DEFAULT_SECTIONS = ("store", "native", "mqtt", "amqp", "analytics", "latency", "hardening")
 """Run when no section is named (``make bench``); the mqtt section takes about 3 minutes on a
 2-core machine."""
 
@@ -111,7 +120,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="store: time bound of each timed run (default 3; 0.25 with --quick); "
                              "latency: seconds measured after warm-up (default 60; 15 with --quick)")
     parser.add_argument("--repeats", type=_positive_int, default=None,
-                        help="runs of each measurement, medians reported; the native and mqtt sections' rounds "
+                        help="runs of each measurement, medians reported; the native, mqtt and amqp sections' rounds "
                              "(default 3; 1 with --quick)")
     parser.add_argument("--messages", type=_positive_int, default=None,
                         help="native: messages per send/ack run (default 20,000; 1,000 with --quick)")

@@ -58,7 +58,7 @@ class VhostPermission:
             try:
                 self._compiled[right] = re.compile(expression) if expression else None
             except re.error as error:
-                raise InvalidArgument(f"the {right.value} expression {clip(expression)!r} is "
+                raise InvalidArgument(f"the {right.value} expression {clip(expression)} is "
                                       f"not a regular expression: {error}") from None
 
     def allows(self, right: Right, name: str) -> bool:

@@ -135,8 +135,9 @@ class AmqpFrontend:
         self.consumers.queue_deleted(queue)
         self.queues.forget(queue)
 
-    def check_binding(self, principal: Principal, source: str, routing_key: str) -> None:
-        check_binding(self.broker, principal, source, routing_key)
+    def check_binding(self, principal: Principal, vhost: str, source: str,
+                      routing_key: str) -> None:
+        check_binding(self.broker, principal, vhost, source, routing_key)
 
     def _unused(self, vhost: str, name: str) -> None:
         """A queue lost its last consumer: an auto-delete one is deleted (as RabbitMQ does),

@@ -39,7 +39,7 @@ from pamqp.commands import Basic
 
 from core import interop
 from core.clock import now_ms
-from core.interop import key_of_subject, subject_of_key  # noqa: F401 - subject_of_key: used by messages
+from core.interop import key_of_subject, subject_of_key  # noqa: F401 - re-exported
 from core.model import SUBJECT_PROPERTY, OutgoingMessage
 
 TOPIC_EXCHANGE: Final = "amq.topic"

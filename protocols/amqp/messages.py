@@ -108,6 +108,7 @@ class Consumer:
         self.active = True
         self._armed = False
         self._dispatching = False
+        self._woken = False
 
     def room(self) -> int:
         """How many more messages this consumer may be handed now."""
@@ -137,6 +138,17 @@ class Consumer:
             self._dispatch()
         finally:
             self._dispatching = False
+
+    def wake(self) -> None:
+        """Dispatch once this event-loop iteration's work is done: the acks read together make
+        room together, and one pop fills it."""
+        if not self._woken:
+            self._woken = True
+            asyncio.get_running_loop().call_soon(self._wake)
+
+    def _wake(self) -> None:
+        self._woken = False
+        self.dispatch()
 
     def _dispatch(self) -> None:
         owner = self.owner
@@ -354,7 +366,7 @@ class Messages:
         kind = features(queue.arguments)
         if kind.stream:
             raise NotSupported(f"basic.get not supported by stream queues queue "
-                               f"'{clip(queue.name)}' in vhost '{clip(self.topology.vhost)}'")
+                               f"{clip(queue.name)} in vhost {clip(self.topology.vhost)}")
         queues = levels(named, kind.max_priority)
         popped = self.queues.pop_first(queues, 1, MAX_INVISIBLE_MS, mark=not m.no_ack)
         if not popped:
@@ -396,7 +408,8 @@ class Messages:
             raise PreconditionFailed(f"unknown delivery tag {tag}")
         for t in tags:
             self._done(state.unacked.pop(t), requeue, rejected)
-        self._dispatch(state)
+        if state.global_prefetch:  # room on the channel: any of its consumers may use it
+            self._dispatch(state)
 
     def _done(self, unacked: _Unacked, requeue: bool, rejected: bool = False) -> None:
         if unacked.stream:  # a stream keeps its messages: an ack only makes room
@@ -409,6 +422,7 @@ class Messages:
             self.queues.settle(unacked.queue, unacked.offset)
         if unacked.consumer is not None:
             unacked.consumer.unacked -= 1
+            unacked.consumer.wake()
 
     def _recover(self, channel: int, m: Basic.Recover | Basic.RecoverAsync) -> Frame | None:
         state = self._channel(channel)
@@ -466,8 +480,8 @@ class Messages:
             properties, delivery.body)
 
     def _dispatch(self, state: _Channel) -> None:
-        for consumer in list(state.consumers.values()):
-            consumer.dispatch()
+        for consumer in state.consumers.values():
+            consumer.wake()
 
     def channel_details(self, channel: int) -> dict[str, Any]:
         """What `sluice channel list` shows of ``channel``: consumers, unacked deliveries,

@@ -45,12 +45,15 @@ class SubjectBindings:
             self._queues.unbind(subject_filter, named)
 
 
-def check_binding(broker: Broker, principal: Principal, source: str, routing_key: str) -> None:
+def check_binding(broker: Broker, principal: Principal, vhost: str, source: str,
+                  routing_key: str) -> None:
     """AccessDenied unless ``principal`` may subscribe to the subjects a binding of
-    ``amq.topic`` with ``routing_key`` reads; nothing for other exchanges."""
+    ``amq.topic`` with ``routing_key`` reads; nothing for other exchanges. Worded as
+    RabbitMQ's topic authorization."""
     if source != TOPIC_EXCHANGE:
         return
     subject_filter = read_filter(routing_key)
     if not broker.filter_allowed(principal, subject_filter):
-        raise AccessDenied(f"user {clip(principal.user)} may not read {clip(subject_filter)}, "
-                           f"which binding key {clip(routing_key)} of amq.topic reads")
+        raise AccessDenied(f"access to topic {clip(routing_key)} in exchange '{source}' in "
+                           f"vhost {clip(vhost)} refused for user {clip(principal.user)} "
+                           f"(it reads {clip(subject_filter)})")

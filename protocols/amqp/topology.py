@@ -44,8 +44,9 @@ class QueueWatch(Protocol):
     def deleted(self, queue: str) -> None:
         """The named queue ``queue`` is gone: cancel its consumers, forget its state."""
 
-    def check_binding(self, principal: Principal, source: str, routing_key: str) -> None:
-        """AccessDenied unless ``principal`` may read what binding to ``source`` with
+    def check_binding(self, principal: Principal, vhost: str, source: str,
+                      routing_key: str) -> None:
+        """AccessDenied unless ``principal`` may read what binding to ``source`` of ``vhost`` with
         ``routing_key`` would let it read from other protocols (``amq.topic``)."""
 
     def purge(self, queues: tuple[str, ...]) -> int:
@@ -121,7 +122,7 @@ class Topology:
 
     async def _exchange_bind(self, channel: int, m: Exchange.Bind) -> Frame | None:
         self._check_bind(m.source, m.destination, EXCHANGE)
-        self.watch.check_binding(self.principal, m.source, m.routing_key)
+        self.watch.check_binding(self.principal, self.vhost, m.source, m.routing_key)
         await self.vhosts.bind(self.vhost, m.source, Destination(m.destination, True),
                                m.routing_key, json_safe_table(m.arguments))
         return None if m.nowait else Exchange.BindOk()
@@ -180,7 +181,7 @@ class Topology:
         name = self.queue_name(channel, m.queue)
         self._check_bind(m.exchange, name, QUEUE)
         self.check_owner(name)
-        self.watch.check_binding(self.principal, m.exchange, m.routing_key)
+        self.watch.check_binding(self.principal, self.vhost, m.exchange, m.routing_key)
         await self.vhosts.bind(self.vhost, m.exchange, Destination(name), m.routing_key,
                                json_safe_table(m.arguments))
         return None if m.nowait else Queue.BindOk()

@@ -85,3 +85,20 @@ def test_hardening_bench_smoke_run_times_property_decoding_and_counts_session_de
     assert "500 persistent MQTT sessions" in out, out
     assert re.search(r"descriptors grew by -?\d+ \(cache of queue files: \d+\): bounded", out), out
     assert list(tmp_path.iterdir()) == [], "benchmark files are removed afterwards"
+
+
+def test_amqp_bench_smoke_run_compares_with_rabbitmq_or_says_why_not(tmp_path):
+    """The amqp section runs in its smoke mode with or without rabbitmq-server installed:
+    Sluice is always measured in every scenario, and compared when RabbitMQ runs."""
+    done = subprocess.run([sys.executable, "-m", "bench", "amqp", "--quick", "--data-dir", str(tmp_path)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = done.stdout
+    for scenario in ("1 durable queue, 1 pub -> 1 consumer", "16 durable queues, 4 pub -> 2 consumers",
+                     "topic exchange -> 10 queues", "latency at 1,000 msg/s"):
+        assert re.search(rf"^Sluice +{re.escape(scenario)} +1 ", out, re.MULTILINE), scenario
+    assert "RabbitMQ  latency at 1,000 msg/s" in out or "RabbitMQ skipped:" in out, out
+    if "RabbitMQ  latency at 1,000 msg/s" in out:
+        assert "Sluice/RabbitMQ" in out and "broker CPU per message" in out, out
+    assert "failed in round" not in out, out
+    assert list(tmp_path.iterdir()) == [], "benchmark files are removed afterwards"

@@ -11,11 +11,14 @@ import uuid
 
 import paho.mqtt.client as mqtt
 import pika
+import pika.exceptions
+import pytest
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties as PahoProperties
 
 from sluice.client import ClientConfig, Message, Producer, PullConsumer, ReceivedMessage
 from tests.integration.amqp.conftest import SLUICE_PASSWORD, SLUICE_USER, connect
+from tests.integration.test_admin_api import Http
 from tests.integration.mqtt.test_robustness import PahoClient
 
 WAIT_S = 10
@@ -246,4 +249,41 @@ def test_a_native_publish_reaches_amqp_with_its_properties_as_headers(amqp_serve
     method, properties, body = get(channel, queue)
     assert (body, method.routing_key, properties.delivery_mode, properties.headers) == \
         (b"v2", "devices.n2.config", 2, {"site": "oslo"})
+    connection.close()
+
+
+# --------------------------------------------------------------------------- authorization
+
+
+def test_binding_to_amq_topic_needs_the_right_to_read_the_subjects(amqp_server):
+    admin = Http(amqp_server.admin if "://" in amqp_server.admin
+                 else f"http://{amqp_server.admin}")
+    user = name("reader")
+    assert admin("POST", "/users", {"name": user, "password": "pw"})[0] == 201
+    assert admin("PUT", f"/vhosts/%2F/permissions/{user}",
+                 {"configure": ".*", "write": ".*", "read": ".*"})[0] == 200
+    connection = connect(amqp_server, user=user, password="pw")
+    channel = connection.channel()
+    queue = name("spy")
+    channel.queue_declare(queue)
+    with pytest.raises(pika.exceptions.ChannelClosedByBroker) as refused:
+        channel.queue_bind(queue, "amq.topic", "devices.*.telemetry")
+    assert refused.value.reply_code == 403
+    assert refused.value.reply_text == (
+        f"ACCESS_REFUSED - access to topic 'devices.*.telemetry' in exchange 'amq.topic' in "
+        f"vhost '/' refused for user '{user}' (it reads 'devices/+/telemetry')")
+    connection.close()
+
+    grant = {"kind": "topic", "pattern": "devices", "actions": ["subscribe"]}
+    assert admin("POST", f"/users/{user}/permissions", grant)[0] == 201
+    connection = connect(amqp_server, user=user, password="pw")
+    channel = connection.channel()
+    channel.queue_bind(queue, "amq.topic", "devices.*.telemetry")
+    publisher = PahoClient(amqp_server.mqtt, name("d3"), username=SLUICE_USER,
+                           password=SLUICE_PASSWORD)
+    try:
+        publisher.publish("devices/d3/telemetry", b"now readable", qos=1)
+    finally:
+        publisher.stop()
+    assert get(channel, queue)[2] == b"now readable"
     connection.close()
