@@ -366,7 +366,7 @@ class Messages:
         kind = features(queue.arguments)
         if kind.stream:
             raise NotSupported(f"basic.get not supported by stream queues queue "
-                               f"'{clip(queue.name)}' in vhost '{clip(self.topology.vhost)}'")
+                               f"{clip(queue.name)} in vhost {clip(self.topology.vhost)}")
         queues = levels(named, kind.max_priority)
         popped = self.queues.pop_first(queues, 1, MAX_INVISIBLE_MS, mark=not m.no_ack)
         if not popped:
