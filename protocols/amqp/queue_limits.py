@@ -83,6 +83,11 @@ def expires_at(policy_: QueuePolicy, properties: Mapping[str, str],
     return deadline
 
 
+_Letter = tuple[str | None, int, DeadLetter]
+"""A dead letter and the named queue and offset to settle once it is stored (None: a publish
+refused before it was stored)."""
+
+
 def _rejects_publishes(the_policy: QueuePolicy) -> bool:
     return the_policy.limits_length and the_policy.overflow != "drop-head"
 
@@ -98,6 +103,8 @@ class _Queue:
     sweep_at: int | None = None
     sweep: asyncio.TimerHandle | None = None
     unused: asyncio.TimerHandle | None = None
+    outbox: list[_Letter] = dataclasses.field(default_factory=list)
+    """Dead letters waiting for this turn's publish."""
 
 
 class QueueLimits:
@@ -114,6 +121,8 @@ class QueueLimits:
         self._spawn = spawn
         self._deleted = deleted
         self._queues: dict[str, _Queue] = {}
+        self._outgoing: list[_Queue] = []
+        """Queues with dead letters to publish at the end of this event-loop turn."""
         self._limited = 0
         """Queues with a reject-publish length limit: publishes look at none while 0."""
 
@@ -401,34 +410,45 @@ class QueueLimits:
                      dead: Sequence[tuple[Delivery, str]]) -> None:
         """Settle ``dead`` (popped or taken) once their copies are stored in the dead-letter
         exchange; at once when the queue has none."""
-        exchange = None if queue is None else queue.policy.dead_letter_exchange
-        if exchange is None:
+        if queue is None or queue.policy.dead_letter_exchange is None:
             for delivery, _ in dead:
                 self._named.settle(named, delivery.queue_offset)
             return
-        assert queue is not None
-        letters = [DeadLetter(d.properties, d.body, reason) for d, reason in dead]
-        self._spawn(self._publish(queue, named, [d.queue_offset for d, _ in dead], letters))
+        self._post(queue, [(named, d.queue_offset, DeadLetter(d.properties, d.body, reason))
+                           for d, reason in dead])
 
     def _dead_letter_unstored(self, queue: _Queue, message: OutgoingMessage) -> None:
-        exchange = queue.policy.dead_letter_exchange
-        if exchange is not None:
-            self._spawn(self._publish(queue, queue.named, [],
-                                      [DeadLetter(message.properties, message.body, MAXLEN)]))
+        if queue.policy.dead_letter_exchange is not None:
+            self._post(queue, [(None, 0, DeadLetter(message.properties, message.body, MAXLEN))])
 
-    async def _publish(self, queue: _Queue, named: str, offsets: list[int],
-                       letters: list[DeadLetter]) -> None:
+    def _post(self, queue: _Queue, letters: list[_Letter]) -> None:
+        """Queue ``letters`` for one publish per queue and event-loop turn (no task per
+        message, however many are rejected one by one)."""
+        if not queue.outbox:
+            self._outgoing.append(queue)
+            if len(self._outgoing) == 1:
+                asyncio.get_running_loop().call_soon(self._send_outgoing)
+        queue.outbox.extend(letters)
+
+    def _send_outgoing(self) -> None:
+        for queue in self._outgoing:
+            letters, queue.outbox = queue.outbox, []
+            self._spawn(self._publish(queue, letters))
+        self._outgoing.clear()
+
+    async def _publish(self, queue: _Queue, letters: list[_Letter]) -> None:
+        """Store ``letters`` in the dead-letter exchange, then settle their entries."""
         assert queue.policy.dead_letter_exchange is not None
         try:
             await self._dead_letters.send(queue.vhost, queue.name,
                                           queue.policy.dead_letter_exchange,
-                                          queue.policy.dead_letter_routing_key, letters)
+                                          queue.policy.dead_letter_routing_key,
+                                          [letter for _, _, letter in letters])
+            done = self._named.settle
         except SluiceError as error:  # NotFound too: its virtual host is gone
-            # kept in the queue: dead-lettered again when next due
-            log.warning("dead letters of AMQP queue %s in vhost %s not stored: %s",
-                        clip(queue.name), clip(queue.vhost), error)
-            for offset in offsets:
-                self._named.release(named, offset)
-            return
-        for offset in offsets:
-            self._named.settle(named, offset)
+            log.warning("dead letters of AMQP queue %s in vhost %s not stored (kept in the "
+                        "queue): %s", clip(queue.name), clip(queue.vhost), error)
+            done = self._named.release
+        for named, offset, _ in letters:
+            if named is not None:
+                done(named, offset)
