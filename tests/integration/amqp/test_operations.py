@@ -150,3 +150,19 @@ def test_virtual_hosts_are_separate_namespaces_with_their_own_permissions(amqp_s
     assert closed.value.reply_code == 320
     assert vhost not in {v["name"] for v in admin("GET", "/vhosts")[1]}
     assert admin("GET", f"/vhost-permissions?user={user}")[1] == []
+
+
+def test_a_priority_queue_is_listed_and_purged_over_all_its_levels(amqp_server, admin):
+    queue = name("urgent")
+    with connect(amqp_server) as connection:
+        channel = connection.channel()
+        channel.queue_declare(queue, arguments={"x-max-priority": 5})
+        channel.confirm_delivery()
+        for priority in (0, 3, 5, 9):
+            channel.basic_publish("", queue, b"p%d" % priority,
+                                  pika.BasicProperties(priority=priority))
+        row = queue_row(admin, queue)
+        assert (row["messages_ready"], row["published"]) == (4, 4)
+        assert channel.queue_purge(queue).method.message_count == 4
+        assert queue_row(admin, queue)["messages_ready"] == 0
+        channel.queue_delete(queue)
