@@ -1,10 +1,11 @@
 """A throwaway RabbitMQ node for the native benchmark: Debian's ``rabbitmq-server`` on loopback.
 
 The node gets its own directory (Mnesia, logs, Erlang cookie, config), its own node name
-``bench-<pid>@localhost``, and free loopback ports for AMQP, Erlang distribution and a private
-epmd, so it neither touches nor clashes with a system RabbitMQ. No plugin is enabled (no
-management UI). ``throwaway_node`` starts it, waits until the AMQP port accepts a connection, and
-on exit stops the node, ends the epmd it started and deletes the directory.
+``bench-<pid>@localhost`` (the interop tests use another prefix), and free loopback ports for
+AMQP, Erlang distribution and a private epmd, so it neither touches nor clashes with a system
+RabbitMQ. No plugin is enabled (no management UI). ``throwaway_node`` starts it, waits until the
+AMQP port accepts a connection, and on exit stops the node, ends the epmd it started and deletes
+the directory.
 """
 from __future__ import annotations
 
@@ -60,8 +61,10 @@ def find_server() -> Path | None:
 
 
 @contextmanager
-def throwaway_node(parent: Path, log: Log, timeout: float = START_TIMEOUT) -> Iterator[RabbitNode]:
-    """Start a private RabbitMQ node under ``parent``; stop it and delete its files on exit."""
+def throwaway_node(parent: Path, log: Log, timeout: float = START_TIMEOUT,
+                   prefix: str = "bench") -> Iterator[RabbitNode]:
+    """Start a private RabbitMQ node ``<prefix>-<pid>@localhost`` under ``parent``; stop it and
+    delete its files on exit."""
     script = find_server()
     if script is None:
         raise ServerUnavailable(f"rabbitmq-server is not installed; {INSTALL_HINT}")
@@ -70,7 +73,7 @@ def throwaway_node(parent: Path, log: Log, timeout: float = START_TIMEOUT) -> It
     with ExitStack() as cleanup:
         cleanup.callback(shutil.rmtree, directory, True)
         amqp_port, dist_port, epmd_port = free_ports(3)
-        node_name = f"bench-{os.getpid()}@localhost"
+        node_name = f"{prefix}-{os.getpid()}@localhost"
         env = _node_environment(directory, node_name, amqp_port, dist_port, epmd_port)
         output = open(directory / "server-output.log", "wb")
         cleanup.callback(output.close)

@@ -267,10 +267,12 @@ class NamedQueues:
 
     def release(self, queue: str, offset: int) -> None:
         """Make the popped message at ``offset`` of ``queue`` visible again now (its consumer
-        left), and wake those waiting on the queue."""
+        left), and wake those waiting on the queue. Released messages are popped first, in
+        queue order whatever order they were released in (as RabbitMQ requeues a message at
+        its place): their deadline is 0, before any timed-out one's."""
         cursor = self._cursors.get((queue, queue, 0))
         if cursor is not None and offset in cursor.inflight:
-            cursor.extend(offset, now_ms(), 0)
+            cursor.extend(offset, 0, 0)
             self._signals.notify(queue)
 
     # --- one consumer: position and ack ---

@@ -116,8 +116,8 @@ class DeadLetters:
         try:
             names = host.graph.route(exchange, key, properties.headers, by_client=False)
         except NotFound:
-            log.info("dead letter of queue %s in vhost %s dropped: no exchange %s", clip(queue),
-                     clip(vhost), clip(exchange))
+            log.debug("dead letter of queue %s in vhost %s dropped: no exchange %s",
+                      clip(queue), clip(vhost), clip(exchange))
             return None
         headers = properties.headers or {}
         targets = tuple(host.named(name) for name in sorted(names)

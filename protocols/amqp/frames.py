@@ -16,7 +16,7 @@ frame (class, body size, properties) and body frames of at most frame_max - 8 by
 from __future__ import annotations
 
 import struct
-from typing import Final
+from typing import Final, TypeVar
 
 from pamqp import commands, frame
 from pamqp.base import Frame
@@ -38,6 +38,22 @@ FRAME_TYPES: Final = frozenset({METHOD, HEADER, BODY, HEARTBEAT})
 HEARTBEAT_FRAME: Final = Heartbeat.marshal()
 
 _HEAD = struct.Struct(">BHI")
+_F = TypeVar("_F", bound=type[Frame])
+
+
+def _any_name(method: _F) -> _F:
+    """``method`` without pamqp's check of queue and exchange names against
+    ``[a-zA-Z0-9-_.:@#,/+ ]*``: RabbitMQ takes any short string, so a queue named ``a.*``
+    or ``café`` is declared and must be answered (its declare-ok, and deliveries naming its
+    exchange). The decoder has already bounded them to 255 bytes."""
+    return type(method.__name__, (method,), {"validate": lambda self: None,
+                                             "__doc__": method.__doc__})
+
+
+DeclareOk = _any_name(commands.Queue.DeclareOk)
+GetOk = _any_name(commands.Basic.GetOk)
+Deliver = _any_name(commands.Basic.Deliver)
+Return = _any_name(commands.Basic.Return)
 
 
 def frame_header(data: bytes | bytearray) -> tuple[int, int, int]:

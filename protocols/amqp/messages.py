@@ -13,15 +13,14 @@ from __future__ import annotations
 import asyncio
 import itertools
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from typing import Any
 
 from pamqp.base import Frame
 from pamqp.commands import Basic, Confirm
 
-from core.errors import (AccessDenied, AlreadyExists, NotSupported, PreconditionFailed,
-                         SluiceError)
+from core.errors import AccessDenied, NotSupported, PreconditionFailed, SluiceError
 from core.model import Action, Delivery, OutgoingMessage, Principal
 from core.service import MAX_INVISIBLE_MS, Broker
 from core.untrusted import clip
@@ -29,6 +28,7 @@ from core.queue_features import features, levels
 from core.vhost_permissions import Right
 from core.vhosts import QueueSettings, VirtualHosts
 
+from . import frames
 from .access import EXCHANGE, QUEUE
 from .connection import ServerConnection
 from .consumers import Consumers, consumer_priority
@@ -36,6 +36,7 @@ from .events import PublishReceived
 from .flow_control import WriteGate
 from .mapping import (TOPIC_EXCHANGE, exchange_topic, origin, subject_of_key, to_outgoing,
                       to_properties)
+from .methods import ids
 from .queue_limits import QueueLimits, parse_expiration
 from .reason_codes import ReplyCode
 from .streams import OFFSET_ARGUMENT, check_consumer, start_offset
@@ -261,8 +262,8 @@ class Messages:
             raise NotSupported("immediate=true")
         parse_expiration(properties.expiration)
         if properties.user_id is not None and properties.user_id != self.principal.user:
-            raise PreconditionFailed(f"user_id property set to '{clip(properties.user_id)}' "
-                                     f"but authenticated user was '{clip(self.principal.user)}'")
+            raise PreconditionFailed(f"user_id property set to {clip(properties.user_id)} "
+                                     f"but authenticated user was {clip(self.principal.user)}")
         vhost = self.topology.vhost
         self.topology.access.check(Right.WRITE, EXCHANGE, m.exchange)
         queues = tuple(self.vhosts.route(vhost, m.exchange, m.routing_key, properties.headers,
@@ -287,7 +288,7 @@ class Messages:
     def _unroutable(self, event: PublishReceived, state: _Channel, tag: int) -> None:
         m = event.method
         if m.mandatory:
-            self.conn.send_content(event.channel, Basic.Return(
+            self.conn.send_content(event.channel, frames.Return(
                 ReplyCode.NO_ROUTE, "NO_ROUTE", m.exchange, m.routing_key), event.properties,
                 event.body)
         if tag:
@@ -343,11 +344,17 @@ class Messages:
         return None if m.nowait else Confirm.SelectOk()
 
     def _qos(self, channel: int, m: Basic.Qos) -> Frame | None:
+        """global=true limits the channel; global=false each consumer of the channel, those
+        consuming already included. RabbitMQ leaves those at their old limit, but kombu reads
+        a server that is not RabbitMQ 3.x as following the spec, where the limit changes at
+        once: Celery raises it so that a worker holding countdown tasks still gets others."""
         state = self._channel(channel)
         if m.global_:
             state.global_prefetch = m.prefetch_count
         else:
             state.prefetch = m.prefetch_count
+            for consumer in state.consumers.values():
+                consumer.prefetch = m.prefetch_count
         self._dispatch(state)
         return Basic.QosOk()
 
@@ -380,7 +387,7 @@ class Messages:
             state.unacked[tag] = _Unacked(delivery.topic, delivery.queue_offset, None)
         props = delivery.properties
         ready = sum(self.queues.ready(level) for level in queues)
-        self.conn.send_content(channel, Basic.GetOk(
+        self.conn.send_content(channel, frames.GetOk(
             tag, delivery.attempt > 1, *origin(delivery.topic, props), ready),
             to_properties(props, delivery.born_ts), delivery.body)
         return None
@@ -436,8 +443,10 @@ class Messages:
         queue, _ = self._queue(channel, m.queue)
         state = self._channel(channel)
         tag = m.consumer_tag or f"amq.ctag-{uuid.uuid4().hex}"
-        if tag in state.consumers:
-            raise AlreadyExists(f"attempt to reuse consumer tag '{clip(tag)}'")
+        if tag in state.consumers:  # a connection error in RabbitMQ
+            self.conn.close_connection(ReplyCode.NOT_ALLOWED, "NOT_ALLOWED - attempt to reuse "
+                                       f"consumer tag {clip(tag)}", *ids(m))
+            return None
         consumer = Consumer(self, channel, state, tag, queue, m)
         if features(queue.arguments).stream:
             check_consumer(queue.name, self.topology.vhost, m.no_ack, consumer.prefetch)
@@ -475,7 +484,7 @@ class Messages:
         if stream:
             properties.headers = {**(properties.headers or {}),
                                   OFFSET_ARGUMENT: delivery.queue_offset}
-        self.conn.send_content(consumer.channel, Basic.Deliver(
+        self.conn.send_content(consumer.channel, frames.Deliver(
             consumer.tag, tag, delivery.attempt > 1, *origin(delivery.topic, props)),
             properties, delivery.body)
 
@@ -508,6 +517,11 @@ class Messages:
         if isinstance(capabilities, dict) and capabilities.get("consumer_cancel_notify"):
             self.conn.send_method(consumer.channel, Basic.Cancel(consumer.tag, True))
             self.write_out()
+
+    def unacked_tags(self, channel: int) -> Collection[int]:
+        """The delivery tags of ``channel`` not acked, nacked or rejected yet."""
+        state = self._channels.get(channel)
+        return state.unacked.keys() if state is not None else ()
 
     def channel_closed(self, channel: int) -> None:
         """Cancel the channel's consumers and release its unacked deliveries."""

@@ -111,12 +111,22 @@ def test_a_failure_and_retries_reach_the_caller(celery_app, worker):
     assert flaky.delay(3).get(timeout=WAIT_S) == 2  # two retries, each a new message
 
 
+def test_countdown_tasks_do_not_hold_back_others(celery_app, worker):
+    """The worker holds countdown tasks unacked and raises its prefetch (basic.qos) to go on
+    taking others: an immediate task is done long before the countdowns end."""
+    from tests.integration.amqp.celery_tasks import add
+    later = [add.apply_async((n, 0), countdown=6) for n in range(3)]  # more than prefetch 1
+    assert add.delay(1, 1).get(timeout=3) == 2
+    assert [result.get(timeout=WAIT_S) for result in later] == list(range(3))
+
+
 def test_the_worker_answers_broadcast_control_commands(celery_app, worker):
-    replies = celery_app.control.inspect(timeout=5).ping()
+    replies = celery_app.control.inspect(timeout=WAIT_S, limit=1).ping()
     assert replies and all(reply == {"ok": "pong"} for reply in replies.values())
     [name] = replies
     assert name.startswith("sluice-test@")
-    registered = celery_app.control.inspect(destination=[name], timeout=5).registered()
+    registered = celery_app.control.inspect(destination=[name], timeout=WAIT_S,
+                                            limit=1).registered()
     assert f"{sys.modules['tests.integration.amqp.celery_tasks'].__name__}.add" in registered[name]
 
 
