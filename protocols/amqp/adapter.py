@@ -208,6 +208,7 @@ class AmqpAdapter:
     def _flush(self) -> None:
         self._flush_scheduled = False
         if self._out and not self._done:
+            self.host.queues.flush_marks()  # before deliveries go out: redelivered after a crash
             self.wire.write(bytes(self._out))
         self._out.clear()
 
