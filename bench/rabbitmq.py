@@ -16,7 +16,7 @@ import tempfile
 import time
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from .processes import LOOPBACK, ServerUnavailable, free_ports, stop_process_group, tail, wait_for_port
@@ -42,6 +42,18 @@ class RabbitNode:
     directory: Path
     pid: int
     """Leader of the node's process group (a shell that runs beam.smp)."""
+    env: dict[str, str] = field(default_factory=dict, repr=False, compare=False)
+    """The node's environment, for ``ctl``."""
+
+    def ctl(self, *args: str, timeout: float = 60.0) -> str:
+        """Run ``rabbitmqctl ARGS`` against this node; its output (CalledProcessError if it
+        fails)."""
+        script = find_server()
+        assert script is not None
+        done = subprocess.run([str(script.parent / "rabbitmqctl"), *args], env=self.env,
+                              cwd=self.directory, capture_output=True, text=True,
+                              timeout=timeout, check=True)
+        return done.stdout
 
     @property
     def url(self) -> str:
@@ -86,7 +98,7 @@ def throwaway_node(parent: Path, log: Log, timeout: float = START_TIMEOUT,
             wait_for_port(amqp_port, started + timeout, process, "rabbitmq-server")
         except ServerUnavailable as error:
             raise ServerUnavailable(f"RabbitMQ node did not start: {error}\n{_tail(directory)}") from None
-        node = RabbitNode(amqp_port, node_name, _version(script), directory, process.pid)
+        node = RabbitNode(amqp_port, node_name, _version(script), directory, process.pid, env)
         log(f"RabbitMQ {node.version} node {node_name} up on {LOOPBACK}:{amqp_port} "
             f"after {time.monotonic() - started:.1f}s")
         yield node

@@ -161,7 +161,7 @@ class AmqpFrontend:
             pass  # deleted meanwhile (queue.delete, its exclusive connection closing)
 
     def purge(self, queues: tuple[str, ...]) -> int:
-        return sum(self._named.purge(queue) for queue in queues)
+        return sum(self.queues.purge(queue) for queue in queues)
 
     # ---------------------------------------------------------------- core.vhost_admin.LiveVhosts
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -517,6 +517,11 @@ class Messages:
         if isinstance(capabilities, dict) and capabilities.get("consumer_cancel_notify"):
             self.conn.send_method(consumer.channel, Basic.Cancel(consumer.tag, True))
             self.write_out()
+
+    def unacked_tags(self, channel: int) -> Collection[int]:
+        """The delivery tags of ``channel`` not acked, nacked or rejected yet."""
+        state = self._channels.get(channel)
+        return state.unacked.keys() if state is not None else ()
 
     def channel_closed(self, channel: int) -> None:
         """Cancel the channel's consumers and release its unacked deliveries."""

@@ -32,6 +32,7 @@ from core.vhosts import QueueSettings, VirtualHosts
 from .dead_letters import DELIVERY_LIMIT, EXPIRED, MAXLEN, REJECTED, DeadLetter, DeadLetters
 from .mapping import with_header
 from .queue_arguments import MAX_EXPIRY_MS, QueuePolicy, policy
+from .ready_bytes import ReadyBytes
 
 log = logging.getLogger(__name__)
 
@@ -121,6 +122,7 @@ class QueueLimits:
         self._spawn = spawn
         self._deleted = deleted
         self._queues: dict[str, _Queue] = {}
+        self._bytes = ReadyBytes(queues)
         self._outgoing: list[_Queue] = []
         """Queues with dead letters to publish at the end of this event-loop turn."""
         self._limited = 0
@@ -159,6 +161,7 @@ class QueueLimits:
             for handle in (queue.sweep, queue.unused):
                 if handle is not None:
                     handle.cancel()
+        self._bytes.forget(named)
         self._named.forget(named)
 
     def _alive(self, queue: _Queue) -> bool:
@@ -203,6 +206,7 @@ class QueueLimits:
         while len(out) < max_messages:
             wanted = max_messages - len(out)
             popped = self._named.pop(named, wanted, invisible_ms, mark=mark)
+            self._taken(queue, named, popped)
             now = now_ms()
             dead: list[tuple[Delivery, str]] = []
             for delivery in popped:
@@ -250,7 +254,26 @@ class QueueLimits:
         return EXPIRED if deadline is not None and deadline <= now else None
 
     def settle(self, named: str, offset: int) -> None:
+        self._settle(self._queue_of(named), named, offset)
+
+    def _settle(self, queue: _Queue | None, named: str, offset: int) -> None:
+        if queue is not None and queue.policy.max_length_bytes is not None:
+            self._bytes.settled(named, offset)
         self._named.settle(named, offset)
+
+    def _release(self, queue: _Queue | None, named: str, offset: int) -> None:
+        if queue is not None and queue.policy.max_length_bytes is not None:
+            self._bytes.released(named, offset)
+        self._named.release(named, offset)
+
+    def _taken(self, queue: _Queue | None, named: str, taken: list[Delivery]) -> None:
+        if taken and queue is not None and queue.policy.max_length_bytes is not None:
+            self._bytes.taken(named, taken)
+
+    def purge(self, named: str) -> int:
+        """``NamedQueues.purge``: every ready message of ``named`` is settled."""
+        self._bytes.recount(named)
+        return self._named.purge(named)
 
     def release(self, named: str, offset: int) -> None:
         """Requeue a delivery; on a quorum queue, one returned more often than its delivery
@@ -258,7 +281,7 @@ class QueueLimits:
         queue = self._queue_of(named)
         limit = None if queue is None else queue.policy.delivery_limit
         if limit is None or self._named.attempts(named, offset) <= limit:
-            self._named.release(named, offset)
+            self._release(queue, named, offset)
             return
         self._leave(queue, named, offset, DELIVERY_LIMIT)
 
@@ -267,6 +290,9 @@ class QueueLimits:
 
     def signal_any(self, queues: tuple[str, ...]) -> asyncio.Future[None]:
         return self._named.signal_any(queues)
+
+    def flush_marks(self) -> None:
+        self._named.flush_marks()
 
     def bounds(self, named: str) -> tuple[int, int]:
         return self._named.bounds(named)
@@ -286,11 +312,11 @@ class QueueLimits:
     def _leave(self, queue: _Queue | None, named: str, offset: int, reason: str) -> None:
         """The popped message at ``offset`` leaves its queue for ``reason``."""
         if queue is None or queue.policy.dead_letter_exchange is None:
-            self._named.settle(named, offset)
+            self._settle(queue, named, offset)
             return
         messages, _ = self._named.read(named, offset, 1)
         if not messages or messages[0].queue_offset != offset:
-            self._named.settle(named, offset)
+            self._settle(queue, named, offset)
             return
         self._dead_letter(queue, named, [(messages[0], reason)])
 
@@ -332,11 +358,7 @@ class QueueLimits:
                 and self._named.ready(named) + extra > the_policy.max_length:
             return True
         return the_policy.max_length_bytes is not None and \
-            self._ready_bytes(named) + extra_bytes > the_policy.max_length_bytes
-
-    def _ready_bytes(self, named: str) -> int:
-        """Body bytes of the messages waiting in ``named`` (read through the recent cache)."""
-        return sum(len(m.body) for m in self._named.peek(named, 1 << 20))
+            self._bytes.total(named) + extra_bytes > the_policy.max_length_bytes
 
     def stored(self, messages: Iterable[OutgoingMessage]) -> None:
         """Messages were stored: drop heads over a drop-head limit, arm expiry timers."""
@@ -348,6 +370,8 @@ class QueueLimits:
                 if queue is None:
                     continue
                 touched[named] = queue
+                if queue.policy.max_length_bytes is not None:
+                    self._bytes.stored(named, len(message.body))
                 deadline = expires_at(queue.policy, message.properties, now)
                 if deadline is not None:
                     self._arm_sweep(queue, deadline)
@@ -362,14 +386,14 @@ class QueueLimits:
         excess = 0 if the_policy.max_length is None else \
             max(0, self._named.ready(named) - the_policy.max_length)
         dropped = self._named.pop(named, excess, MAX_INVISIBLE_MS) if excess else []
+        self._taken(queue, named, dropped)
         if the_policy.max_length_bytes is not None:
-            over = self._ready_bytes(named) - the_policy.max_length_bytes
-            while over > 0:
+            while self._bytes.total(named) > the_policy.max_length_bytes:
                 head = self._named.pop(named, 1, MAX_INVISIBLE_MS)
                 if not head:
                     break
+                self._taken(queue, named, head)
                 dropped.extend(head)
-                over -= len(head[0].body)
         if dropped:
             self._dead_letter(queue, named, [(d, MAXLEN) for d in dropped])
 
@@ -398,6 +422,7 @@ class QueueLimits:
                     self._arm_sweep(queue, deadline)
                 break
             self._named.take(queue.named, message.queue_offset, MAX_INVISIBLE_MS)
+            self._taken(queue, queue.named, [message])
             expired.append((message, EXPIRED))
         if len(expired) == SWEEP_BATCH:
             self._arm_sweep(queue, now)  # more may be due
@@ -412,7 +437,7 @@ class QueueLimits:
         exchange; at once when the queue has none."""
         if queue is None or queue.policy.dead_letter_exchange is None:
             for delivery, _ in dead:
-                self._named.settle(named, delivery.queue_offset)
+                self._settle(queue, named, delivery.queue_offset)
             return
         self._post(queue, [(named, d.queue_offset, DeadLetter(d.properties, d.body, reason))
                            for d, reason in dead])
@@ -444,11 +469,11 @@ class QueueLimits:
                                           queue.policy.dead_letter_exchange,
                                           queue.policy.dead_letter_routing_key,
                                           [letter for _, _, letter in letters])
-            done = self._named.settle
+            done = self._settle
         except SluiceError as error:  # NotFound too: its virtual host is gone
             log.warning("dead letters of AMQP queue %s in vhost %s not stored (kept in the "
                         "queue): %s", clip(queue.name), clip(queue.vhost), error)
-            done = self._named.release
+            done = self._release
         for named, offset, _ in letters:
             if named is not None:
-                done(named, offset)
+                done(queue, named, offset)

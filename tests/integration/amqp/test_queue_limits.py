@@ -312,3 +312,18 @@ def test_a_queue_declared_again_after_a_delete_starts_empty(channel):
     channel.basic_publish("", queue, b"new")
     assert channel.basic_get(queue, auto_ack=True)[2] == b"new"
     channel.queue_delete(queue)
+
+
+def test_dead_letters_to_amq_topic_reach_bound_queues_once(channel):
+    bound, source = name("cmds"), name("orders")
+    channel.queue_declare(bound)
+    channel.queue_bind(bound, "amq.topic", "devices.*.cmd")
+    channel.queue_declare(source, arguments={"x-dead-letter-exchange": "amq.topic",
+                                             "x-dead-letter-routing-key": "devices.d1.cmd"})
+    channel.basic_publish("", source, b"reboot")
+    method, _, _ = channel.basic_get(source)
+    channel.basic_reject(method.delivery_tag, requeue=False)
+    method, properties, body = next_message(channel, bound)
+    assert (body, method.exchange, method.routing_key) == (b"reboot", "amq.topic",
+                                                           "devices.d1.cmd")
+    assert channel.basic_get(bound) == (None, None, None), "delivered once"

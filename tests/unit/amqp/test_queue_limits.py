@@ -169,3 +169,24 @@ def test_a_quorum_message_past_its_limit_leaves_when_it_is_returned(tmp_path):
         assert core.queues.ready(named) == 0 and core.queues.attempts(named, 0) == 0
         assert isinstance(await client.call(1, Basic.Get(queue="qq")), Basic.GetEmpty)
     run(tmp_path, scenario)
+
+
+def test_ready_bytes_follow_deliveries_without_reading_the_queue(tmp_path):
+    async def scenario(frontend, core):
+        client = Client(frontend)
+        await client.open()
+        await declare(client, "b", **{"x-max-length-bytes": 10,
+                                      "x-overflow": "reject-publish"})
+        await client.call(1, Confirm.Select())
+        assert await confirmed(client, b"12345", "b") is Basic.Ack
+        assert await confirmed(client, b"67890", "b") is Basic.Ack
+        assert await confirmed(client, b"x", "b") is Basic.Nack
+        get = await client.call(1, Basic.Get(queue="b"))
+        await client.next()
+        await client.next()
+        assert await confirmed(client, b"abcde", "b") is Basic.Ack, "the delivery made room"
+        client.send_method(1, Basic.Reject(get.delivery_tag, requeue=True))
+        assert await confirmed(client, b"", "b") is Basic.Nack, "the requeue took it back"
+        assert isinstance(await client.call(1, Queue.Purge(queue="b")), Queue.PurgeOk)
+        assert await confirmed(client, b"0123456789", "b") is Basic.Ack
+    run(tmp_path, scenario)
