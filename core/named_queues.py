@@ -45,8 +45,12 @@ class NamedQueues:
         """Popped messages settled per queue since start (acked, or rejected without requeue)."""
         self._marks = DeliveredMarks(data_dir)
 
+    def flush_marks(self) -> None:
+        """Write the delivered marks taken by ``pop`` since the last flush (one write)."""
+        self._marks.flush()
+
     def close(self) -> None:
-        """Close the delivered-marks file."""
+        """Flush and close the delivered-marks file."""
         self._marks.close()
 
     # --- what feeds a queue ---
@@ -125,9 +129,9 @@ class NamedQueues:
         to one of them and comes back after ``invisible_ms`` unless settled. A corrupt message
         is skipped (logged, settled: it is never delivered).
 
-        With ``mark``, what was popped is recorded as delivered before this returns (one write,
-        ``core.delivered_marks``), so after a crash it comes back as a redelivery
-        (``Delivery.attempt`` > 1) rather than as new."""
+        With ``mark``, what was popped is recorded as delivered (``core.delivered_marks``);
+        once ``flush_marks`` has run (before the deliveries go out), it comes back after a
+        crash as a redelivery (``Delivery.attempt`` > 1) rather than as new."""
         reader = self._engine.reader
         cursor = self._cursors.open((queue, queue, 0), reader.range(queue, 0)[0])
         restored = self._marks.restored(queue)

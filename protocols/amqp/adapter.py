@@ -22,10 +22,10 @@ from core.errors import NotFound, SluiceError
 from core.model import Principal
 from core.service import Broker
 from core.untrusted import DenialLog, clip
-from core.vhost_permissions import VhostPermissions
+from core.vhost_permissions import Right, VhostPermissions
 from core.vhosts import VirtualHosts
 
-from .access import VhostAccess
+from .access import EXCHANGE, VhostAccess
 from .alarms import Alarms
 from .connection import ServerConnection
 from .errors import reply_code
@@ -208,6 +208,7 @@ class AmqpAdapter:
     def _flush(self) -> None:
         self._flush_scheduled = False
         if self._out and not self._done:
+            self.host.queues.flush_marks()  # before deliveries go out: redelivered after a crash
             self.wire.write(bytes(self._out))
         self._out.clear()
 
@@ -319,6 +320,9 @@ class AmqpAdapter:
         if self.transactions is None or not isinstance(event, (PublishReceived, MethodReceived)):
             return False
         try:
+            if isinstance(event, PublishReceived) and self._transactional(event.channel):
+                assert self.topology is not None  # refused at publish time, as RabbitMQ does
+                self.topology.access.check(Right.WRITE, EXCHANGE, event.method.exchange)
             return self.transactions.hold(event)
         except SluiceError as error:
             self._fail(event.channel, event.method, error)

@@ -306,6 +306,9 @@ class QueueLimits:
     def signal_any(self, queues: tuple[str, ...]) -> asyncio.Future[None]:
         return self._named.signal_any(queues)
 
+    def flush_marks(self) -> None:
+        self._named.flush_marks()
+
     def bounds(self, named: str) -> tuple[int, int]:
         return self._named.bounds(named)
 
