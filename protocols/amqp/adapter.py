@@ -28,6 +28,7 @@ from core.vhosts import VirtualHosts
 from .access import EXCHANGE, VhostAccess
 from .alarms import Alarms
 from .connection import ServerConnection
+from .direct_reply import DirectReplies
 from .errors import reply_code
 from .events import (ChannelClosed, ConnectionClosed, Event, FlowChanged, LoginRequested,
                      MethodReceived, PublishReceived, VhostRequested)
@@ -75,6 +76,7 @@ class Host(QueueWatch, Protocol):
     permissions: VhostPermissions
     queues: QueueLimits
     consumers: Consumers
+    replies: DirectReplies
     options: AmqpOptions
     denials: DenialLog
     alarms: Alarms
@@ -277,7 +279,7 @@ class AmqpAdapter:
         self.topology = Topology(host.vhosts, vhost, self.principal, self.id, host, access)
         self.messages = Messages(host.broker, host.vhosts, host.queues, host.consumers,
                                  self.principal, self.topology, self.conn, self._write_out,
-                                 self._fail, self.gate)
+                                 self._fail, self.gate, host.replies)
         self.transactions = Transactions(self.messages)
         self.connected_at_ms = time.time_ns() // 1_000_000
         self.host.opened(self)

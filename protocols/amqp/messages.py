@@ -28,10 +28,11 @@ from core.queue_features import features, levels
 from core.vhost_permissions import Right
 from core.vhosts import QueueSettings, VirtualHosts
 
-from . import frames
+from . import direct_reply, frames
 from .access import EXCHANGE, QUEUE
 from .connection import ServerConnection
 from .consumers import Consumers, consumer_priority
+from .direct_reply import DirectReplies, ReplyConsumer
 from .events import PublishReceived
 from .flow_control import WriteGate
 from .mapping import (TOPIC_EXCHANGE, exchange_topic, origin, subject_of_key, to_outgoing,
@@ -68,11 +69,15 @@ class _Channel:
     delivery_tags: itertools.count = field(default_factory=lambda: itertools.count(1))
     unacked: dict[int, _Unacked] = field(default_factory=dict)
     prefetch: int = 0
-    """basic.qos (global false): the limit of consumers started afterwards."""
+    """basic.qos (global false): the limit of each consumer of the channel."""
     global_prefetch: int = 0
     consumers: dict[str, Consumer] = field(default_factory=dict)
     flowing: bool = True
     """channel.flow: False holds back deliveries to the channel's consumers."""
+    reply_address: str = ""
+    """Where replies to this channel's direct reply-to consumer go (none: empty)."""
+    reply_tag: str = ""
+    """The consumer tag of that reply consumer."""
 
     def confirmed(self, tags: list[int], ok: bool) -> list[Frame]:
         """The acks (nacks) for ``tags``: one ``multiple`` when they are every outstanding tag
@@ -194,7 +199,7 @@ class Messages:
     def __init__(self, broker: Broker, vhosts: VirtualHosts, queues: QueueLimits,
                  consumers: Consumers, principal: Principal, topology: Topology,
                  conn: ServerConnection, write_out: Callable[[], None], fail: Fail,
-                 gate: WriteGate) -> None:
+                 gate: WriteGate, replies: DirectReplies) -> None:
         self.broker = broker
         self.vhosts = vhosts
         self.queues = queues
@@ -207,6 +212,7 @@ class Messages:
         self._fail = fail
         self.gate = gate
         """Open while the wire takes more; consumers wait on it otherwise."""
+        self.replies = replies
         self._channels: dict[int, _Channel] = {}
 
     def _channel(self, channel: int) -> _Channel:
@@ -228,7 +234,8 @@ class Messages:
             if not self.conn.can_send(event.channel):
                 continue  # its channel or connection is closing: dropped, as RabbitMQ does
             try:
-                message = self._prepare(event)
+                replied = self._direct_reply(event)
+                message = None if replied else self._prepare(event)
             except SluiceError as error:
                 self._fail(event.channel, event.method, error)
                 continue
@@ -237,6 +244,10 @@ class Messages:
             if state.confirming:
                 tag = next(state.publish_tags)
                 state.outstanding.add(tag)
+            if replied:
+                for answer in state.confirmed([tag], True) if tag else ():
+                    self.conn.send_method(event.channel, answer)
+                continue
             if message is not None:
                 message, full = self.queues.admit(message, pending)
                 if full and tag:
@@ -253,10 +264,9 @@ class Messages:
             await self._store(batch, refused)
         self.write_out()
 
-    def _prepare(self, event: PublishReceived) -> OutgoingMessage | None:
-        """The message to store for ``event``; None when no queue is reached. A publish to
-        ``amq.topic`` is always stored: MQTT subscribers and native readers of its topic are
-        its consumers too."""
+    def _check(self, event: PublishReceived) -> None:
+        """What RabbitMQ refuses in any publish: immediate, a bad expiration, another user's
+        user_id, no write right on the exchange."""
         m, properties = event.method, event.properties
         if m.immediate:
             raise NotSupported("immediate=true")
@@ -264,8 +274,43 @@ class Messages:
         if properties.user_id is not None and properties.user_id != self.principal.user:
             raise PreconditionFailed(f"user_id property set to {clip(properties.user_id)} "
                                      f"but authenticated user was {clip(self.principal.user)}")
-        vhost = self.topology.vhost
         self.topology.access.check(Right.WRITE, EXCHANGE, m.exchange)
+
+    def _direct_reply(self, event: PublishReceived) -> bool:
+        """Whether ``event`` is a direct reply, delivered (or dropped) here and not stored. A
+        request naming ``amq.rabbitmq.reply-to`` gets its channel's reply address instead."""
+        m, properties = event.method, event.properties
+        if properties.reply_to == direct_reply.PSEUDO_QUEUE:
+            state = self._channels.get(event.channel)
+            if state is None or not state.reply_address:
+                raise PreconditionFailed("fast reply consumer does not exist")
+            properties.reply_to = state.reply_address
+        if not direct_reply.is_reply(m.exchange, m.routing_key):
+            return False
+        self._check(event)
+        if not self.replies.send(m.routing_key, properties, event.body) and m.mandatory:
+            self.conn.send_content(event.channel, frames.Return(
+                ReplyCode.NO_ROUTE, "NO_ROUTE", m.exchange, m.routing_key), properties,
+                event.body)
+        return True
+
+    def deliver_reply(self, consumer: ReplyConsumer, routing_key: str,
+                      properties: Basic.Properties, body: bytes) -> None:
+        """Send a direct reply to this connection's reply ``consumer`` (no ack expected)."""
+        state = self._channels.get(consumer.channel)
+        if state is None or not self.conn.can_send(consumer.channel):
+            return
+        self.conn.send_content(consumer.channel, frames.Deliver(
+            consumer.tag, next(state.delivery_tags), False, "", routing_key), properties, body)
+        self.write_out()
+
+    def _prepare(self, event: PublishReceived) -> OutgoingMessage | None:
+        """The message to store for ``event``; None when no queue is reached. A publish to
+        ``amq.topic`` is always stored: MQTT subscribers and native readers of its topic are
+        its consumers too."""
+        m, properties = event.method, event.properties
+        self._check(event)
+        vhost = self.topology.vhost
         queues = tuple(self.vhosts.route(vhost, m.exchange, m.routing_key, properties.headers,
                                           properties.priority))
         subject = subject_of_key(m.routing_key) if m.exchange == TOPIC_EXCHANGE \
@@ -440,10 +485,12 @@ class Messages:
         return Basic.RecoverOk() if isinstance(m, Basic.Recover) else None
 
     def _consume(self, channel: int, m: Basic.Consume) -> Frame | None:
+        if m.queue == direct_reply.PSEUDO_QUEUE:
+            return self._consume_replies(channel, m)
         queue, _ = self._queue(channel, m.queue)
         state = self._channel(channel)
         tag = m.consumer_tag or f"amq.ctag-{uuid.uuid4().hex}"
-        if tag in state.consumers:  # a connection error in RabbitMQ
+        if tag in state.consumers or tag == state.reply_tag:  # a connection error in RabbitMQ
             self.conn.close_connection(ReplyCode.NOT_ALLOWED, "NOT_ALLOWED - attempt to reuse "
                                        f"consumer tag {clip(tag)}", *ids(m))
             return None
@@ -460,8 +507,28 @@ class Messages:
         consumer.dispatch()
         return None
 
+    def _consume_replies(self, channel: int, m: Basic.Consume) -> Frame | None:
+        """basic.consume of ``amq.rabbitmq.reply-to``: this channel's reply consumer."""
+        if not m.no_ack:
+            raise PreconditionFailed("reply consumer cannot acknowledge")
+        state = self._channel(channel)
+        if state.reply_address:
+            raise PreconditionFailed("reply consumer already set")
+        tag = m.consumer_tag or f"amq.ctag-{uuid.uuid4().hex}"
+        if tag in state.consumers:
+            self.conn.close_connection(ReplyCode.NOT_ALLOWED, "NOT_ALLOWED - attempt to reuse "
+                                       f"consumer tag {clip(tag)}", *ids(m))
+            return None
+        state.reply_address = self.replies.add(ReplyConsumer(channel, tag, self.deliver_reply))
+        state.reply_tag = tag
+        return None if m.nowait else Basic.ConsumeOk(tag)
+
     def _cancel(self, channel: int, m: Basic.Cancel) -> Frame | None:
-        consumer = self._channel(channel).consumers.pop(m.consumer_tag, None)
+        state = self._channel(channel)
+        if state.reply_address and m.consumer_tag == state.reply_tag:
+            self.replies.remove(state.reply_address)
+            state.reply_address = state.reply_tag = ""
+        consumer = state.consumers.pop(m.consumer_tag, None)
         if consumer is not None:
             consumer.active = False
             self.consumers.remove(consumer)
@@ -528,6 +595,8 @@ class Messages:
         state = self._channels.pop(channel, None)
         if state is None:
             return
+        if state.reply_address:
+            self.replies.remove(state.reply_address)
         for consumer in state.consumers.values():
             consumer.active = False
         for unacked in state.unacked.values():  # released first: taken over before new ones

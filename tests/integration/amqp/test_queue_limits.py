@@ -149,9 +149,10 @@ def test_a_requeued_message_past_its_ttl_is_dead_lettered_not_redelivered(channe
     held, _, _ = channel.basic_get(source)
     assert next_message(channel, dead)[2] == b"waiting"  # so "held", older, is past its TTL
     channel.basic_nack(held.delivery_tag, requeue=True)
-    assert channel.basic_get(source) == (None, None, None)
     _, properties, body = next_message(channel, dead)
     assert body == b"held" and properties.headers["x-death"][0]["reason"] == "expired"
+    assert channel.queue_declare(source, passive=True).method.message_count == 0
+    assert channel.basic_get(source) == (None, None, None)
 
 
 def test_an_expired_message_without_a_dead_letter_exchange_is_dropped(channel):

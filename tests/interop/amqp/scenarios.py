@@ -554,6 +554,106 @@ def request_reply(broker: Any) -> dict[str, Any]:
     return n.rel(seen)
 
 
+
+
+# ---------------------------------------------------------------------------------------------
+# the handshake, transactions and purge (pika blocking)
+
+
+def handshake(broker: Any) -> dict[str, Any]:
+    """What tune negotiates with pika's defaults and with a heartbeat asked for, and the
+    capabilities the server announces."""
+    connection = connect(broker)
+    impl = connection._impl
+    seen: dict[str, Any] = {
+        "capabilities": impl.server_properties.get("capabilities"),
+        "tuned": (impl.params.channel_max, impl.params.frame_max, impl.params.heartbeat),
+    }
+    connection.close()
+    connection = connect(broker, heartbeat=5, channel_max=16, frame_max=8192)
+    impl = connection._impl
+    seen["asked"] = (impl.params.channel_max, impl.params.frame_max, impl.params.heartbeat)
+    connection.close()
+    return seen
+
+
+def transactions_and_purge(broker: Any) -> dict[str, Any]:
+    """tx.select / commit / rollback of publishes and acks, and queue.purge counts."""
+    n = Names()
+    seen: dict[str, Any] = {}
+    connection = connect(broker)
+    channel = connection.channel()
+    channel.queue_declare(n("q"))
+    channel.tx_select()
+    channel.basic_publish("", n("q"), b"rolled back")
+    channel.tx_rollback()
+    channel.basic_publish("", n("q"), b"one")
+    channel.basic_publish("", n("q"), b"two")
+    seen["before commit"] = channel.queue_declare(n("q"), passive=True).method.message_count
+    channel.tx_commit()
+    seen["after commit"] = channel.queue_declare(n("q"), passive=True).method.message_count
+    method, _, body = channel.basic_get(n("q"))
+    channel.basic_ack(method.delivery_tag)
+    channel.tx_rollback()  # the ack is dropped: the message stays unacked
+    seen["got"] = body
+    seen["confirm on a transactional channel"] = attempt(connection, lambda ch: (
+        ch.tx_select(), ch.confirm_delivery()))
+    seen["purged"] = channel.queue_purge(n("q")).method.message_count
+    channel.close()  # the unacked one comes back
+    channel = connection.channel()
+    seen["after close"] = drain(channel, n("q"))
+    channel.queue_delete(n("q"))
+    connection.close()
+    return n.rel(seen)
+
+
+def direct_reply_to(broker: Any) -> dict[str, Any]:
+    """RabbitMQ's direct reply-to: a client consumes ``amq.rabbitmq.reply-to`` (no-ack) and
+    names it as reply_to; the server answers on the rewritten address, with nothing stored."""
+    n = Names()
+    seen: dict[str, Any] = {}
+    server = connect(broker)
+    serving = server.channel()
+    serving.queue_declare(n("rpc"))
+    addresses = []
+
+    def answer(channel: Any, method: Any, props: Any, body: bytes) -> None:
+        addresses.append(props.reply_to)
+        channel.basic_publish("", props.reply_to, body[::-1], pika.BasicProperties(
+            correlation_id=props.correlation_id))
+        channel.basic_ack(method.delivery_tag)
+    serving.basic_consume(n("rpc"), answer)
+    client = connect(broker)
+    calling = client.channel()
+    replies: list[tuple[bytes, str, str, str, bool]] = []
+    calling.basic_consume("amq.rabbitmq.reply-to", lambda ch, m, p, body: replies.append(
+        (body, p.correlation_id, m.exchange, m.routing_key == addresses[0], m.redelivered)),
+        auto_ack=True)
+    for i in range(3):
+        calling.basic_publish("", n("rpc"), f"call {i}".encode(), pika.BasicProperties(
+            reply_to="amq.rabbitmq.reply-to", correlation_id=f"c{i}"))
+    deadline = time.monotonic() + WAIT_S
+    while len(replies) < 3 and time.monotonic() < deadline:
+        server.process_data_events(time_limit=0.05)
+        client.process_data_events(time_limit=0.05)
+    seen["replies"] = replies
+    seen["address"] = (addresses[0].startswith("amq.rabbitmq.reply-to."),
+                       len(set(addresses)), len(addresses))
+    seen["without a reply consumer"] = attempt(client, lambda ch: ch.basic_publish(
+        "", n("rpc"), b"x", pika.BasicProperties(reply_to="amq.rabbitmq.reply-to")) or
+        ch.queue_declare(n("rpc"), passive=True))
+    seen["reply consumer with acks"] = attempt(client, lambda ch: ch.basic_consume(
+        "amq.rabbitmq.reply-to", lambda *args: None))
+    client.close()
+    seen["reply to a gone client"] = attempt(server, lambda ch: (ch.confirm_delivery(),
+                                                                 ch.basic_publish("", addresses[0],
+                                                                                  b"late")))
+    server.channel().queue_delete(n("rpc"))
+    server.close()
+    return n.rel(seen)
+
+
 SCENARIOS = [declare_answers, unknown_exchange_type, properties_round_trip, confirms_and_returns,
              requeue_on_close_and_recover, routing, refusals, auto_delete_and_exclusive,
-             consume_with_prefetch, kombu_simple_queue, request_reply]
+             consume_with_prefetch, kombu_simple_queue, request_reply, handshake,
+             transactions_and_purge, direct_reply_to]

@@ -244,6 +244,38 @@ def test_request_reply(amqp_broker):
     }
 
 
+def test_handshake(amqp_broker):
+    """The capabilities RabbitMQ announces, its tune defaults, and what a client asks for."""
+    assert observe(s.handshake, amqp_broker) == {
+        "capabilities": dict.fromkeys([
+            "publisher_confirms", "exchange_exchange_bindings", "basic.nack",
+            "consumer_cancel_notify", "connection.blocked", "consumer_priorities",
+            "authentication_failure_close", "per_consumer_qos", "direct_reply_to"], True),
+        "tuned": (2047, 131072, 60), "asked": (16, 8192, 5),
+    }
+
+
+def test_transactions_and_purge(amqp_broker):
+    assert observe(s.transactions_and_purge, amqp_broker) == {
+        "before commit": 0, "after commit": 2, "got": b"one",
+        "confirm on a transactional channel": closed(406, "cannot switch from tx to confirm "
+                                                          "mode"),
+        "purged": 1, "after close": [(b"one", True)],
+    }
+
+
+def test_direct_reply_to(amqp_broker):
+    """Replies reach the requesting channel's reply consumer by the rewritten address; asking
+    for it without a reply consumer, or acking replies, is 406; a late reply is dropped."""
+    assert observe(s.direct_reply_to, amqp_broker) == {
+        "replies": [(f"{i} llac".encode(), f"c{i}", "", True, False) for i in range(3)],
+        "address": (True, 1, 3),
+        "without a reply consumer": closed(406, "fast reply consumer does not exist"),
+        "reply consumer with acks": closed(406, "reply consumer cannot acknowledge"),
+        "reply to a gone client": (None, None),
+    }
+
+
 def without_known(scenario: str, observed: Any) -> Any:
     """``observed`` with the keys ``KNOWN`` lists for ``scenario`` left out."""
     if (scenario, "") in KNOWN:
