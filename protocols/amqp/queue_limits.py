@@ -276,14 +276,29 @@ class QueueLimits:
         return self._named.purge(named)
 
     def release(self, named: str, offset: int) -> None:
-        """Requeue a delivery; on a quorum queue, one returned more often than its delivery
-        limit is dead-lettered (or dropped) instead."""
+        """Requeue a delivery; one returned more often than its quorum queue's delivery limit,
+        or past its queue's TTL, is dead-lettered (or dropped) instead, as RabbitMQ does."""
         queue = self._queue_of(named)
-        limit = None if queue is None else queue.policy.delivery_limit
-        if limit is None or self._named.attempts(named, offset) <= limit:
-            self._release(queue, named, offset)
+        if queue is None:
+            self._named.release(named, offset)
             return
-        self._leave(queue, named, offset, DELIVERY_LIMIT)
+        limit = queue.policy.delivery_limit
+        if limit is not None and self._named.attempts(named, offset) > limit:
+            self._leave(queue, named, offset, DELIVERY_LIMIT)
+        elif queue.policy.message_ttl is not None and self._expired(queue, named, offset):
+            self._leave(queue, named, offset, EXPIRED)
+        else:
+            self._release(queue, named, offset)
+
+    def _expired(self, queue: _Queue, named: str, offset: int) -> bool:
+        """Whether the popped message at ``offset`` is past its TTL (read from the recent
+        cache: a requeue in a queue with a TTL costs a read)."""
+        messages, _ = self._named.read(named, offset, 1)
+        if not messages or messages[0].queue_offset != offset:
+            return False
+        message = messages[0]
+        deadline = expires_at(queue.policy, message.properties, message.store_ts)
+        return deadline is not None and deadline <= now_ms()
 
     def ready(self, named: str) -> int:
         return self._named.ready(named)
