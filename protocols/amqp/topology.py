@@ -144,6 +144,10 @@ class Topology:
         if not m.passive:
             queue_arguments.check(m.arguments, m.queue, self.vhost, durable=m.durable,
                                   exclusive=m.exclusive, auto_delete=m.auto_delete)
+            existing = self.vhosts.get(self.vhost).queues.get(m.queue)
+            if existing is not None:
+                queue_arguments.check_equivalent(existing.arguments, arguments, m.queue,
+                                                 self.vhost)
         settings = QueueSettings(m.queue, m.durable, m.auto_delete, arguments, owner)
         queue = await self.vhosts.declare_queue(self.vhost, settings, passive=m.passive,
                                                 connection=self.connection_id)

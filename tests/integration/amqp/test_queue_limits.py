@@ -328,3 +328,27 @@ def test_dead_letters_to_amq_topic_reach_bound_queues_once(channel):
     assert (body, method.exchange, method.routing_key) == (b"reboot", "amq.topic",
                                                            "devices.d1.cmd")
     assert channel.basic_get(bound) == (None, None, None), "delivered once"
+
+
+@pytest.mark.parametrize("first, again, error", [
+    ({"x-message-ttl": 1000}, {"x-message-ttl": 2000},
+     "inequivalent arg 'x-message-ttl' for queue '{q}' in vhost '/': received '2000' but "
+     "current is '1000'"),
+    ({}, {"x-max-length": 5},
+     "inequivalent arg 'x-max-length' for queue '{q}' in vhost '/': received the value '5' of "
+     "type 'signedint' but current is none"),
+    ({"x-dead-letter-exchange": "dlx"}, {},
+     "inequivalent arg 'x-dead-letter-exchange' for queue '{q}' in vhost '/': received none "
+     "but current is the value 'dlx' of type 'longstr'"),
+])
+def test_a_redeclaration_with_other_limits_is_inequivalent(amqp_server, first, again, error):
+    connection = connect(amqp_server)
+    channel = connection.channel()
+    queue = name("limits")
+    channel.queue_declare(queue, arguments=first)
+    channel.queue_declare(queue, arguments=first)  # the same: accepted
+    with pytest.raises(errors.ChannelClosedByBroker) as closed:
+        channel.queue_declare(queue, arguments=again)
+    assert closed.value.reply_code == 406
+    assert closed.value.reply_text == "PRECONDITION_FAILED - " + error.replace("{q}", queue)
+    connection.close()

@@ -11,7 +11,8 @@ from pamqp.commands import Basic, Confirm, Queue
 from core.errors import PreconditionFailed
 from core.model import OutgoingMessage
 from protocols.amqp.dead_letters import is_cycle, record_death
-from protocols.amqp.queue_arguments import DEFAULT_DELIVERY_LIMIT, QueuePolicy, check, policy
+from protocols.amqp.queue_arguments import (DEFAULT_DELIVERY_LIMIT, QueuePolicy, check,
+                                           check_equivalent, policy)
 from protocols.amqp.queue_limits import expires_at, parse_expiration
 from tests.unit.amqp.fake_wire import Client, run
 from tests.unit.amqp.test_messages import publish
@@ -190,3 +191,15 @@ def test_ready_bytes_follow_deliveries_without_reading_the_queue(tmp_path):
         assert isinstance(await client.call(1, Queue.Purge(queue="b")), Queue.PurgeOk)
         assert await confirmed(client, b"0123456789", "b") is Basic.Ack
     run(tmp_path, scenario)
+
+
+def test_redeclarations_compare_the_limits_as_rabbitmq_words_it():
+    check_equivalent({"x-message-ttl": 5, "x-other": 1}, {"x-message-ttl": 5}, "q", "/")
+    with pytest.raises(PreconditionFailed) as error:
+        check_equivalent({"x-overflow": "drop-head"}, {"x-overflow": "reject-publish"}, "q",
+                         "/")
+    assert str(error.value) == ("inequivalent arg 'x-overflow' for queue 'q' in vhost '/': "
+                                "received 'reject-publish' but current is 'drop-head'")
+    with pytest.raises(PreconditionFailed, match="received the value '5000000000' of type "
+                                                 "'long' but current is none"):
+        check_equivalent({}, {"x-max-length-bytes": 5_000_000_000}, "q", "/")
