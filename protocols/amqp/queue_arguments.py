@@ -150,7 +150,10 @@ def _as_text(value: Any) -> str | None:
 
 def policy(arguments: Mapping[str, Any]) -> QueuePolicy | None:
     """The policy of a queue's stored (checked, JSON-safe) arguments; None when they ask for
-    nothing this module handles, so such a queue costs nothing on the hot path."""
+    nothing this module handles, so such a queue costs nothing on the hot path. A stream's
+    arguments are its retention, not this (``core.queue_features``): None for a stream."""
+    if arguments.get("x-queue-type") == "stream":
+        return None
     quorum = arguments.get("x-queue-type") == "quorum"
     found = QueuePolicy(
         message_ttl=_int_or_none(arguments.get("x-message-ttl")),

@@ -276,6 +276,22 @@ def test_direct_reply_to(amqp_broker):
     }
 
 
+def test_celery(amqp_broker):
+    """A Celery worker and client as RabbitMQ users run them: results and failures over
+    rpc://, retries, a task done while the worker holds countdown tasks (they were not ready
+    yet), broadcast ping, a clean warm shutdown."""
+    assert observe(s.celery, amqp_broker) == {
+        "results": [2 * n for n in range(10)],
+        "failure": ("FAILURE", "ValueError", "no such order"),
+        "retried": 2,
+        "immediate while countdowns wait": 2,
+        "countdowns still waiting then": [False, False, False],
+        "countdowns": [0, 1, 2],
+        "ping": [{"ok": "pong"}],
+        "worker exit": 0,
+    }
+
+
 def without_known(scenario: str, observed: Any) -> Any:
     """``observed`` with the keys ``KNOWN`` lists for ``scenario`` left out."""
     if (scenario, "") in KNOWN:

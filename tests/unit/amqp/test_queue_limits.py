@@ -50,6 +50,7 @@ def test_the_policy_of_stored_arguments():
     assert policy({"x-queue-type": "quorum"}).delivery_limit == DEFAULT_DELIVERY_LIMIT
     assert policy({"x-queue-type": "quorum", "x-delivery-limit": -1}).delivery_limit is None
     assert policy({"x-delivery-limit": 3}) is None, "a classic queue has no delivery limit"
+    assert policy({"x-queue-type": "stream", "x-max-length-bytes": 10}) is None
 
 
 def test_a_first_death_writes_x_death_and_moves_expiration_into_it():
