@@ -1,7 +1,7 @@
 """AMQP 0-9-1 client scripts run unchanged against RabbitMQ and against Sluice.
 
-Each scenario is a plain function ``(broker) -> observation``: it connects pika (blocking or
-asyncio), aiormq or kombu to ``broker.host``/``broker.port`` as guest, does one thing, and
+Each scenario is a plain function ``(broker) -> observation``: it connects pika, aiormq,
+kombu or a Celery worker and client to ``broker.host``/``broker.port`` as guest, does one thing, and
 returns what the clients saw as plain comparable data: answers, reply codes and texts, message
 properties, redelivered flags, counts. Entity names are fresh per run (``Names``) and are
 written back as their stable labels in observations (``Names.rel``), so two runs on two brokers
@@ -24,8 +24,11 @@ import aiormq
 import amqp.exceptions
 import pika
 import pika.exceptions as pika_errors
+from celery import Celery
 from kombu import Connection as KombuConnection, Exchange as KombuExchange, Queue as KombuQueue
 from pamqp.commands import Basic
+
+from tests.integration.amqp.celery_worker import APP, Worker
 
 WAIT_S = 10.0
 
@@ -653,7 +656,37 @@ def direct_reply_to(broker: Any) -> dict[str, Any]:
     return n.rel(seen)
 
 
+def celery(broker: Any) -> dict[str, Any]:
+    """A real Celery worker (``--pool solo``, prefetch 1, late acks) and an ``rpc://`` client:
+    results, a failure, retries, a task sent while countdown tasks wait, broadcast ping."""
+    url = f"amqp://{broker.user}:{broker.password}@{broker.host}:{broker.port}//"
+    worker = Worker(url)
+    client = Celery("interop-client", broker=url, backend="rpc://")
+    client.conf.update(task_serializer="json", result_serializer="json",
+                       accept_content=["json"])
+    seen: dict[str, Any] = {}
+    try:
+        worker.wait_for("ready.")
+        results = [client.send_task(f"{APP}.add", (n, n)) for n in range(10)]
+        seen["results"] = [result.get(timeout=WAIT_S) for result in results]
+        failed = client.send_task(f"{APP}.fail", ("no such order",))
+        failed.get(timeout=WAIT_S, propagate=False)
+        seen["failure"] = (failed.state, type(failed.result).__name__, str(failed.result))
+        seen["retried"] = client.send_task(f"{APP}.flaky", (3,)).get(timeout=WAIT_S)
+        later = [client.send_task(f"{APP}.add", (n, 0), countdown=4) for n in range(3)]
+        now = client.send_task(f"{APP}.add", (1, 1))
+        seen["immediate while countdowns wait"] = now.get(timeout=WAIT_S)
+        seen["countdowns still waiting then"] = [result.ready() for result in later]
+        seen["countdowns"] = [result.get(timeout=WAIT_S) for result in later]
+        replies = client.control.inspect(timeout=WAIT_S, limit=1).ping() or {}
+        seen["ping"] = sorted(replies.values(), key=str)
+    finally:
+        client.close()
+        seen["worker exit"] = worker.stop()
+    return seen
+
+
 SCENARIOS = [declare_answers, unknown_exchange_type, properties_round_trip, confirms_and_returns,
              requeue_on_close_and_recover, routing, refusals, auto_delete_and_exclusive,
              consume_with_prefetch, kombu_simple_queue, request_reply, handshake,
-             transactions_and_purge, direct_reply_to]
+             transactions_and_purge, direct_reply_to, celery]
