@@ -1,10 +1,11 @@
 """A throwaway RabbitMQ node for the native benchmark: Debian's ``rabbitmq-server`` on loopback.
 
 The node gets its own directory (Mnesia, logs, Erlang cookie, config), its own node name
-``bench-<pid>@localhost``, and free loopback ports for AMQP, Erlang distribution and a private
-epmd, so it neither touches nor clashes with a system RabbitMQ. No plugin is enabled (no
-management UI). ``throwaway_node`` starts it, waits until the AMQP port accepts a connection, and
-on exit stops the node, ends the epmd it started and deletes the directory.
+``bench-<pid>@localhost`` (the interop tests use another prefix), and free loopback ports for
+AMQP, Erlang distribution and a private epmd, so it neither touches nor clashes with a system
+RabbitMQ. No plugin is enabled (no management UI). ``throwaway_node`` starts it, waits until the
+AMQP port accepts a connection, and on exit stops the node, ends the epmd it started and deletes
+the directory.
 """
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ import tempfile
 import time
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from .processes import LOOPBACK, ServerUnavailable, free_ports, stop_process_group, tail, wait_for_port
@@ -41,6 +42,18 @@ class RabbitNode:
     directory: Path
     pid: int
     """Leader of the node's process group (a shell that runs beam.smp)."""
+    env: dict[str, str] = field(default_factory=dict, repr=False, compare=False)
+    """The node's environment, for ``ctl``."""
+
+    def ctl(self, *args: str, timeout: float = 60.0) -> str:
+        """Run ``rabbitmqctl ARGS`` against this node; its output (CalledProcessError if it
+        fails)."""
+        script = find_server()
+        assert script is not None
+        done = subprocess.run([str(script.parent / "rabbitmqctl"), *args], env=self.env,
+                              cwd=self.directory, capture_output=True, text=True,
+                              timeout=timeout, check=True)
+        return done.stdout
 
     @property
     def url(self) -> str:
@@ -60,8 +73,10 @@ def find_server() -> Path | None:
 
 
 @contextmanager
-def throwaway_node(parent: Path, log: Log, timeout: float = START_TIMEOUT) -> Iterator[RabbitNode]:
-    """Start a private RabbitMQ node under ``parent``; stop it and delete its files on exit."""
+def throwaway_node(parent: Path, log: Log, timeout: float = START_TIMEOUT,
+                   prefix: str = "bench") -> Iterator[RabbitNode]:
+    """Start a private RabbitMQ node ``<prefix>-<pid>@localhost`` under ``parent``; stop it and
+    delete its files on exit."""
     script = find_server()
     if script is None:
         raise ServerUnavailable(f"rabbitmq-server is not installed; {INSTALL_HINT}")
@@ -70,7 +85,7 @@ def throwaway_node(parent: Path, log: Log, timeout: float = START_TIMEOUT) -> It
     with ExitStack() as cleanup:
         cleanup.callback(shutil.rmtree, directory, True)
         amqp_port, dist_port, epmd_port = free_ports(3)
-        node_name = f"bench-{os.getpid()}@localhost"
+        node_name = f"{prefix}-{os.getpid()}@localhost"
         env = _node_environment(directory, node_name, amqp_port, dist_port, epmd_port)
         output = open(directory / "server-output.log", "wb")
         cleanup.callback(output.close)
@@ -83,7 +98,7 @@ def throwaway_node(parent: Path, log: Log, timeout: float = START_TIMEOUT) -> It
             wait_for_port(amqp_port, started + timeout, process, "rabbitmq-server")
         except ServerUnavailable as error:
             raise ServerUnavailable(f"RabbitMQ node did not start: {error}\n{_tail(directory)}") from None
-        node = RabbitNode(amqp_port, node_name, _version(script), directory, process.pid)
+        node = RabbitNode(amqp_port, node_name, _version(script), directory, process.pid, env)
         log(f"RabbitMQ {node.version} node {node_name} up on {LOOPBACK}:{amqp_port} "
             f"after {time.monotonic() - started:.1f}s")
         yield node

@@ -3,9 +3,10 @@ consumer at least once, kept across a crash so that what was delivered and not a
 marked as a redelivery (AMQP's redelivered flag), as RabbitMQ does.
 
 Cursors (``core.cursors``) keep delivery attempts too, but they are saved once per commit
-interval; a mark is written before the deliveries of a pop go out, one ``write`` per pop (not
-per message), so a SIGKILL loses none. There is no fsync: the marks survive the process, not a
-power cut (then the last saved cursors still count).
+interval. Marks are taken in memory (``mark``) and written by ``flush``, one ``write`` for all
+taken since, which the adapter calls before the deliveries they cover go out (once per
+event-loop turn, not per message), so a SIGKILL loses none. There is no fsync: the marks
+survive the process, not a power cut (then the last saved cursors still count).
 
 File ``delivered.log`` in the data directory, text lines appended::
 
@@ -55,6 +56,8 @@ class DeliveredMarks:
         self._marks = read_marks(self.path)
         self._restored = dict(self._marks)
         """Marks from before this start, not yet applied to their queue's cursor."""
+        self._pending: dict[str, int] = {}
+        """Marks taken since the last ``flush``."""
         self._fd = -1
         self._size = 0
 
@@ -63,10 +66,18 @@ class DeliveredMarks:
         return self._restored.pop(queue, None) if self._restored else None
 
     def mark(self, queue: str, offset: int) -> None:
-        """Everything of ``queue`` below ``offset`` has been delivered at least once."""
+        """Everything of ``queue`` below ``offset`` is being delivered (kept at ``flush``)."""
         if offset > self._marks.get(queue, 0):
             self._marks[queue] = offset
-            self._append(f"{queue} {offset}\n")
+            self._pending[queue] = offset
+
+    def flush(self) -> None:
+        """Write the marks taken since the last flush, in one write; call it before the
+        deliveries they cover go out."""
+        if self._pending:
+            lines = "".join(f"{queue} {mark}\n" for queue, mark in self._pending.items())
+            self._pending.clear()
+            self._append(lines)
 
     def forget(self, queue: str) -> None:
         """``queue`` is gone, with the queues named ``queue@...`` (its priority levels): a
@@ -75,20 +86,27 @@ class DeliveredMarks:
             return [name for name in names if name == queue or name.startswith(queue + "@")]
         for name in family(self._restored):
             del self._restored[name]
+        for name in family(self._pending):
+            del self._pending[name]
         for name in family(self._marks):
             del self._marks[name]
             self._append(f"{name} {_FORGOTTEN}\n")
 
     def close(self) -> None:
+        """Flush and close the file."""
+        self.flush()
+        self._close_file()
+
+    def _close_file(self) -> None:
         if self._fd >= 0:
             os.close(self._fd)
             self._fd = -1
 
-    def _append(self, line: str) -> None:
+    def _append(self, lines: str) -> None:
         if self._fd < 0:
             self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
             self._size = os.fstat(self._fd).st_size
-        data = line.encode()
+        data = lines.encode()
         os.write(self._fd, data)
         self._size += len(data)
         if self._size > COMPACT_BYTES:
@@ -97,6 +115,6 @@ class DeliveredMarks:
     def _compact(self) -> None:
         """Replace the file by one line per queue (rare: blocks the loop for one small fsync)."""
         data = "".join(f"{queue} {mark}\n" for queue, mark in self._marks.items()).encode()
-        self.close()
+        self._close_file()
         replace_file(self.path, data)
         self._size = len(data)

@@ -27,6 +27,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from .equivalence import check_equivalent
 from .errors import AccessDenied, InvalidArgument, NotFound, PreconditionFailed
 from .routing import TopicSyntax, TopicTrie
 from .untrusted import clip
@@ -130,9 +131,10 @@ class Exchange:
             return self._trie.match(TOPIC_SYNTAX.levels(routing_key))  # type: ignore[return-value]
         return {b.destination for b in self.bindings if headers_match(dict(b.arguments), headers)}
 
-    def settings(self) -> tuple[ExchangeType, bool, bool, bool, dict[str, Any]]:
-        """What a redeclaration must repeat exactly."""
-        return self.type, self.durable, self.auto_delete, self.internal, self.arguments
+    def described(self) -> dict[str, Any]:
+        """`settings` by the names RabbitMQ gives them, arguments by their own names."""
+        return {"type": self.type.value, "durable": self.durable,
+                "auto_delete": self.auto_delete, "internal": self.internal, **self.arguments}
 
 
 def headers_match(arguments: Mapping[str, Any], headers: Mapping[str, Any]) -> bool:
@@ -160,8 +162,10 @@ class ExchangeGraph:
     routes only to queues that do, and bindings need their destination queue to exist.
     """
 
-    def __init__(self, queue_exists: Callable[[str], bool]) -> None:
+    def __init__(self, queue_exists: Callable[[str], bool], vhost: str = "/") -> None:
         self._queue_exists = queue_exists
+        self.vhost = vhost
+        """The virtual host's name, for error texts."""
         self._exchanges: dict[str, Exchange] = {
             name: Exchange(name, kind) for name, kind in PREDECLARED.items()}
         self._exchanges[DEFAULT_EXCHANGE] = Exchange(DEFAULT_EXCHANGE, ExchangeType.DIRECT)
@@ -173,7 +177,7 @@ class ExchangeGraph:
         """The exchange ``name``; NotFound (AMQP 404) if there is none."""
         exchange = self._exchanges.get(name)
         if exchange is None:
-            raise NotFound(f"no exchange {clip(name)} in this virtual host; declare it first")
+            raise NotFound(f"no exchange {clip(name)} in vhost {clip(self.vhost)}")
         return exchange
 
     def exchanges(self) -> list[Exchange]:
@@ -192,7 +196,7 @@ class ExchangeGraph:
         existing = self._exchanges.get(name)
         if passive:
             if existing is None:
-                raise NotFound(f"no exchange {clip(name)} in this virtual host")
+                raise NotFound(f"no exchange {clip(name)} in vhost {clip(self.vhost)}")
             return existing
         try:
             exchange_type = ExchangeType(kind)
@@ -201,15 +205,11 @@ class ExchangeGraph:
                                   "fanout, topic and headers") from None
         wanted = Exchange(name, exchange_type, durable, auto_delete, internal, dict(arguments or {}))
         if existing is not None:
-            if existing.settings() != wanted.settings():
-                raise PreconditionFailed(
-                    f"exchange {clip(name)} exists with other settings (type "
-                    f"{existing.type.value}, durable {existing.durable}, auto_delete "
-                    f"{existing.auto_delete}, internal {existing.internal}); declare it as it is "
-                    "or delete it first")
+            check_equivalent("exchange", name, self.vhost, wanted.described(),
+                             existing.described())
             return existing
         if name == DEFAULT_EXCHANGE or name.startswith("amq."):
-            raise AccessDenied(f"exchange names starting with 'amq.' are reserved ({clip(name)})")
+            raise AccessDenied(f"exchange name {clip(name)} contains reserved prefix 'amq.*'")
         self._exchanges[name] = wanted
         return wanted
 
@@ -223,8 +223,7 @@ class ExchangeGraph:
         if name == DEFAULT_EXCHANGE or name in PREDECLARED:
             raise AccessDenied(f"the predeclared exchange {clip(name)} cannot be deleted")
         if if_unused and exchange.bindings:
-            raise PreconditionFailed(f"exchange {clip(name)} has bindings; unbind them first "
-                                     "or delete it without if-unused")
+            raise PreconditionFailed(f"exchange {clip(name)} in vhost {clip(self.vhost)} in use")
         del self._exchanges[name]
         self._drop_bindings_to(Destination(name, is_exchange=True))
         return True
@@ -307,8 +306,7 @@ class ExchangeGraph:
                 raise AccessDenied("the default exchange cannot be bound to another exchange")
             self.get(destination.name)
         elif not self._queue_exists(destination.name):
-            raise NotFound(f"no queue {clip(destination.name)} in this virtual host; declare it "
-                           "first")
+            raise NotFound(f"no queue {clip(destination.name)} in vhost {clip(self.vhost)}")
 
     def _drop_bindings_to(self, destination: Destination) -> None:
         for exchange in list(self._exchanges.values()):

@@ -45,8 +45,12 @@ class NamedQueues:
         """Popped messages settled per queue since start (acked, or rejected without requeue)."""
         self._marks = DeliveredMarks(data_dir)
 
+    def flush_marks(self) -> None:
+        """Write the delivered marks taken by ``pop`` since the last flush (one write)."""
+        self._marks.flush()
+
     def close(self) -> None:
-        """Close the delivered-marks file."""
+        """Flush and close the delivered-marks file."""
         self._marks.close()
 
     # --- what feeds a queue ---
@@ -125,9 +129,9 @@ class NamedQueues:
         to one of them and comes back after ``invisible_ms`` unless settled. A corrupt message
         is skipped (logged, settled: it is never delivered).
 
-        With ``mark``, what was popped is recorded as delivered before this returns (one write,
-        ``core.delivered_marks``), so after a crash it comes back as a redelivery
-        (``Delivery.attempt`` > 1) rather than as new."""
+        With ``mark``, what was popped is recorded as delivered (``core.delivered_marks``);
+        once ``flush_marks`` has run (before the deliveries go out), it comes back after a
+        crash as a redelivery (``Delivery.attempt`` > 1) rather than as new."""
         reader = self._engine.reader
         cursor = self._cursors.open((queue, queue, 0), reader.range(queue, 0)[0])
         restored = self._marks.restored(queue)
@@ -263,10 +267,12 @@ class NamedQueues:
 
     def release(self, queue: str, offset: int) -> None:
         """Make the popped message at ``offset`` of ``queue`` visible again now (its consumer
-        left), and wake those waiting on the queue."""
+        left), and wake those waiting on the queue. Released messages are popped first, in
+        queue order whatever order they were released in (as RabbitMQ requeues a message at
+        its place): their deadline is 0, before any timed-out one's."""
         cursor = self._cursors.get((queue, queue, 0))
         if cursor is not None and offset in cursor.inflight:
-            cursor.extend(offset, now_ms(), 0)
+            cursor.extend(offset, 0, 0)
             self._signals.notify(queue)
 
     # --- one consumer: position and ack ---

@@ -42,36 +42,37 @@ def check(queue: str, vhost: str, arguments: Mapping[str, Any], *, durable: bool
           exclusive: bool, auto_delete: bool) -> None:
     """PreconditionFailed (406) with RabbitMQ's wording for an argument it would refuse."""
     def invalid(name: str, reason: str) -> PreconditionFailed:
-        return PreconditionFailed(f"invalid arg '{name}' for queue '{clip(queue)}' in vhost "
-                                  f"'{clip(vhost)}': {reason}")
+        return PreconditionFailed(f"invalid arg '{name}' for queue {clip(queue)} in vhost "
+                                  f"{clip(vhost)}: {reason}")
 
     priority = arguments.get("x-max-priority")
     if priority is not None:
         if not isinstance(priority, int) or isinstance(priority, bool):
-            raise invalid("x-max-priority", f"{{unacceptable_type,{_type(priority)}}}")
+            raise invalid("x-max-priority", f"{{unacceptable_type,{field_type(priority)}}}")
         if priority < 0:
             raise invalid("x-max-priority", f"{{value_negative,{priority}}}")
         if priority > MAX_PRIORITY:
             raise invalid("x-max-priority", f"{{max_value_exceeded,{priority}}}")
     single = arguments.get("x-single-active-consumer")
     if single is not None and not isinstance(single, bool):
-        raise invalid("x-single-active-consumer", f"{{unacceptable_type,{_type(single)}}}")
+        raise invalid("x-single-active-consumer", f"{{unacceptable_type,{field_type(single)}}}")
     kind = arguments.get("x-queue-type")
+    if kind is not None and not isinstance(kind, str):
+        raise invalid("x-queue-type", f"{{unacceptable_type,{fieldfield_type(kind)}}}")
     if kind is not None and kind not in QUEUE_TYPES:
-        raise invalid("x-queue-type", f"{{unacceptable_type,{clip(kind)}}}" if isinstance(
-            kind, str) else f"{{unacceptable_type,{_type(kind)}}}")
+        raise invalid("x-queue-type", f"unsupported queue type {clip(kind)}")
     if kind == STREAM:
         for flag, name in ((not durable, "non-durable"), (exclusive, "exclusive-owner"),
                            (auto_delete, "auto-delete")):
             if flag:
                 raise PreconditionFailed(f"invalid property '{name}' for queue "
-                                         f"'{clip(queue)}' in vhost '{clip(vhost)}'")
+                                         f"{clip(queue)} in vhost {clip(vhost)}")
         if priority is not None:
             raise invalid("x-max-priority", "not supported by stream queues")
 
 
-def _type(value: Any) -> str:
-    """AMQP's name for the field type of ``value``."""
+def field_type(value: Any) -> str:
+    """AMQP's name for the field type of ``value`` (in RabbitMQ's refusals)."""
     if isinstance(value, bool):
         return "bool"
     if isinstance(value, int):

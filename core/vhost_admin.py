@@ -11,6 +11,7 @@ channels, open connections) comes from a ``LiveVhosts`` the composition root att
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -66,9 +67,13 @@ class VhostAdmin:
 
     # --- virtual hosts ---
 
-    def list_vhosts(self) -> list[dict[str, Any]]:
+    def list_vhosts(self, shown: Callable[[str], bool] = lambda _: True) -> list[dict[str, Any]]:
+        """The virtual hosts ``shown`` accepts, with their counts (nothing is counted for the
+        others)."""
         rows = []
         for name in self.vhosts.names():
+            if not shown(name):
+                continue
             host = self.vhosts.get(name)
             ready = sum(self.queues.ready(level) for q in host.queues.values()
                         for level in _levels(name, q))

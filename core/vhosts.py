@@ -24,8 +24,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from .errors import (AccessDenied, AlreadyExists, InvalidArgument, NotFound,
-                     PreconditionFailed, ResourceLocked)
+from .equivalence import check_equivalent
+from .errors import AccessDenied, AlreadyExists, InvalidArgument, NotFound, ResourceLocked
 from .exchanges import Binding, Destination, ExchangeGraph, frozen_arguments
 from .metadata import MetadataRepository
 from .queue_features import check as check_features
@@ -53,8 +53,12 @@ class QueueSettings:
 
     def same_declaration(self, other: QueueSettings) -> bool:
         """Whether ``other`` redeclares this queue alike (RabbitMQ compares these)."""
-        return ((self.durable, self.auto_delete, self.arguments, self.owner is not None)
-                == (other.durable, other.auto_delete, other.arguments, other.owner is not None))
+        return self.described() == other.described()
+
+    def described(self) -> dict[str, Any]:
+        """What a redeclaration must repeat, by the names RabbitMQ gives them."""
+        return {"durable": self.durable, "exclusive": self.owner is not None,
+                "auto_delete": self.auto_delete, **self.arguments}
 
 
 @dataclass
@@ -66,18 +70,25 @@ class VirtualHost:
     graph: ExchangeGraph = field(init=False)
 
     def __post_init__(self) -> None:
-        self.graph = ExchangeGraph(self.queues.__contains__)
+        self.graph = ExchangeGraph(self.queues.__contains__, self.name)
 
     def queue(self, name: str) -> QueueSettings:
         """The queue ``name``; NotFound (AMQP 404) if there is none."""
         queue = self.queues.get(name)
         if queue is None:
-            raise NotFound(f"no queue {clip(name)} in virtual host {clip(self.name)}")
+            raise NotFound(f"no queue {clip(name)} in vhost {clip(self.name)}")
         return queue
 
     def named(self, name: str) -> str:
         """The named queue holding the entries of queue ``name`` as declared now; NotFound."""
         return named_queue(self.name, name, self.queue(name).incarnation)
+
+
+def locked_text(queue: str, vhost: str) -> str:
+    """Why another connection's exclusive queue is refused (RabbitMQ's words)."""
+    return (f"cannot obtain exclusive access to locked queue {clip(queue)} in vhost "
+            f"{clip(vhost)}. It could be originally declared on another connection or the "
+            "exclusive property value does not match that of the original declaration.")
 
 
 def named_queue(vhost: str, queue: str, incarnation: str = "") -> str:
@@ -236,20 +247,18 @@ class VirtualHosts:
         name = check_amqp_name(settings.name, "queue") or _server_name()
         existing = host.queues.get(name)
         if existing is not None and existing.owner not in (None, connection or settings.owner):
-            raise ResourceLocked(f"queue {clip(name)} is exclusive to another connection")
+            raise ResourceLocked(locked_text(name, vhost))
         if passive:
             return host.queue(name)
         check_features(name, vhost, settings.arguments, durable=settings.durable,
                        exclusive=settings.owner is not None, auto_delete=settings.auto_delete)
         if existing is not None:
             if not existing.same_declaration(settings):
-                raise PreconditionFailed(f"queue {clip(name)} exists with other settings "
-                                         f"(durable {existing.durable}, auto_delete "
-                                         f"{existing.auto_delete}, arguments "
-                                         f"{clip(existing.arguments)})")
+                check_equivalent("queue", name, vhost, settings.described(),
+                                 existing.described())
             return existing
         if name.startswith("amq.") and settings.name:
-            raise AccessDenied(f"queue names starting with 'amq.' are reserved ({clip(name)})")
+            raise AccessDenied(f"queue name {clip(name)} contains reserved prefix 'amq.*'")
         queue = QueueSettings(name, settings.durable, settings.auto_delete,
                               dict(settings.arguments), settings.owner, os.urandom(8).hex())
         if queue.durable and queue.owner is None:

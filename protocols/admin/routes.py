@@ -136,7 +136,7 @@ ROUTES: tuple[Route, ...] = (
     R("GET", "/clients", clients.list_clients,
       "List connected clients and kept sessions of every protocol", "clients", A.ADMIN,
       response="[Client]",
-      query=(Query("protocol", "only this protocol's clients (mqtt, native)"),
+      query=(Query("protocol", "only this protocol's clients (mqtt, amqp, native)"),
              Query("user", "only this user's clients"),
              Query("connected", "true: only connected clients, not kept sessions",
                    type="boolean"))),

@@ -37,8 +37,7 @@ def _flag(request: web.Request, name: str) -> bool:
 async def list_vhosts(request: web.Request, principal: Principal) -> list[dict[str, Any]]:
     """Every virtual host for an admin; for other users those they have a permission on."""
     admin = vhost_admin(request)
-    return [row for row in admin.list_vhosts()
-            if admin.permissions.may_open(principal, row["name"])]
+    return admin.list_vhosts(lambda vhost: admin.permissions.may_open(principal, vhost))
 
 
 async def create_vhost(request: web.Request, principal: Principal) -> dict[str, Any]:

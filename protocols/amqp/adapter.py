@@ -17,17 +17,20 @@ from collections import deque
 from collections.abc import Coroutine
 from typing import Any, Protocol
 
+from pamqp.commands import Basic
+
 from core.clients import log_connected, log_disconnected
 from core.errors import NotFound, SluiceError
 from core.model import Principal
 from core.service import Broker
 from core.untrusted import DenialLog, clip
-from core.vhost_permissions import VhostPermissions
+from core.vhost_permissions import Right, VhostPermissions
 from core.vhosts import VirtualHosts
 
-from .access import VhostAccess
+from .access import EXCHANGE, VhostAccess
 from .alarms import Alarms
 from .connection import ServerConnection
+from .direct_reply import DirectReplies
 from .errors import reply_code
 from .events import (ChannelClosed, ConnectionClosed, Event, FlowChanged, LoginRequested,
                      MethodReceived, PublishReceived, VhostRequested)
@@ -50,6 +53,8 @@ PROTOCOL = "amqp"
 """The protocol's name in client lists and connect/disconnect log lines."""
 MAX_PENDING_METHODS = 256
 """Methods read but not yet carried out before reading pauses."""
+MAX_UNFLUSHED = 64 << 10
+"""Bytes collected for the wire before they are handed to it within the same iteration."""
 
 
 class Wire(Protocol):
@@ -76,6 +81,7 @@ class Host(QueueWatch, Protocol):
     permissions: VhostPermissions
     queues: QueueLimits
     consumers: Consumers
+    replies: DirectReplies
     options: AmqpOptions
     denials: DenialLog
     alarms: Alarms
@@ -192,25 +198,38 @@ class AmqpAdapter:
         self._write(self.conn.data_to_send())
 
     def pause_writing(self) -> None:
-        """The wire's write buffer is above its high-water mark: deliveries wait."""
+        """The wire's write buffer is above its high-water mark: deliveries wait, and so does
+        reading, so a client that sends requests (basic.get) but reads no answers cannot make
+        the broker buffer them."""
         self.gate.shut()
+        self.flow.pause("writing")
 
     def resume_writing(self) -> None:
-        """The wire drained: waiting consumers go on."""
+        """The wire drained: reading and waiting consumers go on."""
         if not self._done:
+            self.flow.resume("writing")
             self.gate.reopen()
+
+    async def _writable(self) -> None:
+        """Return once the wire drained (or the connection is gone)."""
+        drained = self.loop.create_future()
+        self.gate.wait(lambda: drained.done() or drained.set_result(None))
+        await drained
 
     def _write(self, data: bytes) -> None:
         if not data or self._done:
             return
         self._out += data
-        if not self._flush_scheduled:
+        if len(self._out) >= MAX_UNFLUSHED:  # the wire sees it now, and can say it is full
+            self._flush()
+        elif not self._flush_scheduled:
             self._flush_scheduled = True
             self.loop.call_soon(self._flush)
 
     def _flush(self) -> None:
         self._flush_scheduled = False
         if self._out and not self._done:
+            self.host.queues.flush_marks()  # before deliveries go out: redelivered after a crash
             self.wire.write(bytes(self._out))
         self._out.clear()
 
@@ -279,7 +298,7 @@ class AmqpAdapter:
         self.topology = Topology(host.vhosts, vhost, self.principal, self.id, host, access)
         self.messages = Messages(host.broker, host.vhosts, host.queues, host.consumers,
                                  self.principal, self.topology, self.conn, self._write_out,
-                                 self._fail, self.gate)
+                                 self._fail, self.gate, host.replies)
         self.transactions = Transactions(self.messages)
         self.connected_at_ms = time.time_ns() // 1_000_000
         self.host.opened(self)
@@ -323,6 +342,9 @@ class AmqpAdapter:
         if self.transactions is None or not isinstance(event, (PublishReceived, MethodReceived)):
             return False
         try:
+            if isinstance(event, PublishReceived) and self._transactional(event.channel):
+                assert self.topology is not None  # refused at publish time, as RabbitMQ does
+                self.topology.access.check(Right.WRITE, EXCHANGE, event.method.exchange)
             return self.transactions.hold(event)
         except SluiceError as error:
             self._fail(event.channel, event.method, error)
@@ -347,6 +369,10 @@ class AmqpAdapter:
             # acks, which count as they did for RabbitMQ, read in order
             messages.settle_read(event.channel, method)
             return
+        if isinstance(method, Basic.Get) and not self.gate.open:
+            await self._writable()  # its answer carries a message: not while the wire is full
+            if self._done:
+                return
         handler: Transactions | Topology | Messages = (
             transactions if transactions.handles(method)
             else messages if messages.handles(method) else topology)
@@ -380,6 +406,7 @@ class AmqpAdapter:
         self._done = True
         read, self._work = self._work, deque()
         self.wire.close()
+        self.gate.reopen()  # whatever waits for the wire to drain stops waiting
         if not event.by_client and not self._refusal_logged:
             self._log_closed(event)
         if self.connected_at_ms is not None and self.principal is not None:

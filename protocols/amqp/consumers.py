@@ -16,6 +16,7 @@ from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
 from core.errors import AccessDenied, PreconditionFailed
+from core.queue_features import field_type
 from core.untrusted import clip
 
 
@@ -23,8 +24,8 @@ def consumer_priority(arguments: Mapping[str, Any] | None) -> int:
     """basic.consume's ``x-priority`` (0 without); PreconditionFailed (406) if not an integer."""
     value = (arguments or {}).get("x-priority", 0)
     if not isinstance(value, int) or isinstance(value, bool):
-        raise PreconditionFailed(f"invalid arg 'x-priority' for consumer: "
-                                 f"{{unacceptable_type,{type(value).__name__}}}")
+        raise PreconditionFailed(f"invalid arg 'x-priority': expected integer, got "
+                                 f"{field_type(value)}")
     return value
 
 

@@ -7,7 +7,9 @@ time, exchange, routing-keys (and original-expiration when the message had one, 
 removed from the copy). A repeated death in the same queue for the same reason counts up and
 moves its table to the front. ``x-first-death-*`` are set once, ``x-last-death-*`` each time.
 A message that would go round in a cycle with no rejection in it is dropped, as RabbitMQ
-drops it. Runs on the event loop.
+drops it. Dead letters are stored in the dead-letter exchange's own topic (``amq.topic``'s
+too), indexed into the queues it routes them to, never under an MQTT subject. Runs on the
+event loop.
 """
 
 from __future__ import annotations
@@ -26,8 +28,8 @@ from core.service import Broker
 from core.untrusted import clip
 from core.vhosts import VirtualHosts
 
-from .mapping import (EXCHANGE_PROPERTY, ROUTING_KEY_PROPERTY, TOPIC_EXCHANGE, exchange_topic,
-                      subject_of_key, to_outgoing, to_properties)
+from .mapping import (EXCHANGE_PROPERTY, ROUTING_KEY_PROPERTY, exchange_topic, to_outgoing,
+                      to_properties)
 
 log = logging.getLogger(__name__)
 
@@ -116,16 +118,16 @@ class DeadLetters:
         try:
             names = host.graph.route(exchange, key, properties.headers, by_client=False)
         except NotFound:
-            log.info("dead letter of queue %s in vhost %s dropped: no exchange %s", clip(queue),
-                     clip(vhost), clip(exchange))
+            log.debug("dead letter of queue %s in vhost %s dropped: no exchange %s",
+                      clip(queue), clip(vhost), clip(exchange))
             return None
         headers = properties.headers or {}
         targets = tuple(host.named(name) for name in sorted(names)
                         if name in host.queues and not is_cycle(headers, name))
-        subject = subject_of_key(key) if exchange == TOPIC_EXCHANGE and key else None
-        if not targets and subject is None:
+        if not targets:
             return None
-        topic = self._broker.topic_of_subject(subject) if subject else \
-            exchange_topic(vhost, exchange)
-        return to_outgoing(topic, subject, exchange, key, properties, letter.body, targets)
+        # Never under an amq.topic subject: MQTT and native readers would get a message that
+        # no one was authorized to publish to that subject.
+        return to_outgoing(exchange_topic(vhost, exchange), None, exchange, key, properties,
+                           letter.body, targets)
 

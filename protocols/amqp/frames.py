@@ -16,7 +16,7 @@ frame (class, body size, properties) and body frames of at most frame_max - 8 by
 from __future__ import annotations
 
 import struct
-from typing import Final
+from typing import Final, TypeVar
 
 from pamqp import commands, frame
 from pamqp.base import Frame
@@ -45,6 +45,23 @@ _DELIVER_ID = struct.pack(">I", commands.Basic.Deliver.index)
 _TAG_BIT = struct.Struct(">qB")
 """basic.deliver's delivery tag (pamqp's long-long is signed) and its one bit, redelivered."""
 
+_F = TypeVar("_F", bound=type[Frame])
+
+
+def _any_name(method: _F) -> _F:
+    """``method`` without pamqp's check of queue and exchange names against
+    ``[a-zA-Z0-9-_.:@#,/+ ]*``: RabbitMQ takes any short string, so a queue named ``a.*``
+    or ``café`` is declared and must be answered (its declare-ok, and deliveries naming its
+    exchange). The decoder has already bounded them to 255 bytes."""
+    return type(method.__name__, (method,), {"validate": lambda self: None,
+                                             "__doc__": method.__doc__})
+
+
+DeclareOk = _any_name(commands.Queue.DeclareOk)
+GetOk = _any_name(commands.Basic.GetOk)
+Deliver = _any_name(commands.Basic.Deliver)
+Return = _any_name(commands.Basic.Return)
+
 
 def frame_header(data: bytes | bytearray, offset: int = 0) -> tuple[int, int, int]:
     """(type, channel, payload size) of the frame starting at ``data[offset]`` (7 bytes needed)."""
@@ -63,7 +80,7 @@ def encode_content(channel: int, method: Frame, properties: commands.Basic.Prope
     step = frame_max - FRAME_OVERHEAD
     if step <= 0:
         raise ValueError(f"frame_max {frame_max} leaves no room for a body")
-    fast = _deliver_payload(method) if type(method) is commands.Basic.Deliver else None
+    fast = _deliver_payload(method) if isinstance(method, commands.Basic.Deliver) else None
     properties_payload = properties.marshal()
     parts = [frame.marshal(method, channel) if fast is None else _framed(METHOD, channel, fast),
              _HEAD.pack(HEADER, channel, 12 + len(properties_payload)),

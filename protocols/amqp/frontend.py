@@ -25,6 +25,7 @@ from .adapter import PROTOCOL, AmqpAdapter, Wire
 from .alarms import Alarms
 from .consumers import Consumers
 from .dead_letters import DeadLetters
+from .direct_reply import DirectReplies
 from .options import AmqpOptions
 from .queue_limits import QueueLimits
 from .reason_codes import ReplyCode
@@ -52,6 +53,7 @@ class AmqpFrontend:
         self.vhosts = vhosts
         self.permissions = permissions or VhostPermissions(None)
         self.consumers = Consumers(self._unused)
+        self.replies = DirectReplies()
         self._named = queues
         self.queues = QueueLimits(queues, vhosts, DeadLetters(broker, vhosts),
                                   self.consumers.count, self.spawn, self.deleted)
@@ -161,7 +163,7 @@ class AmqpFrontend:
             pass  # deleted meanwhile (queue.delete, its exclusive connection closing)
 
     def purge(self, queues: tuple[str, ...]) -> int:
-        return sum(self._named.purge(queue) for queue in queues)
+        return sum(self.queues.purge(queue) for queue in queues)
 
     # ---------------------------------------------------------------- core.vhost_admin.LiveVhosts
 

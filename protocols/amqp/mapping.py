@@ -20,9 +20,9 @@ remaining expiry as expiration (ms), content type, correlation data as correlati
 to 255 bytes, else the ``mqtt.correlation_data`` header), its response topic's routing key as
 reply_to, the time it was published as timestamp (s), MQTT 5 user properties as headers (a
 field table has no order: pamqp writes it sorted by name; a repeated name's values become an
-array in their order), the publishing MQTT client id as the
-``mqtt.client_id`` header and its QoS as ``x-mqtt-publish-qos`` (as RabbitMQ names it), the rest
-as ``mqtt.*`` headers; a native producer's own properties are headers too.
+array in their order), the publishing MQTT client id as the ``mqtt.client_id`` header and its
+QoS as ``x-mqtt-publish-qos`` (as RabbitMQ names it), the rest as ``mqtt.*`` headers; a native
+producer's own properties are headers too.
 """
 
 from __future__ import annotations

@@ -13,15 +13,14 @@ from __future__ import annotations
 import asyncio
 import itertools
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from typing import Any
 
 from pamqp.base import Frame
 from pamqp.commands import Basic, Confirm
 
-from core.errors import (AccessDenied, AlreadyExists, NotSupported, PreconditionFailed,
-                         SluiceError)
+from core.errors import AccessDenied, NotSupported, PreconditionFailed, SluiceError
 from core.model import Action, Delivery, OutgoingMessage, Principal
 from core.service import MAX_INVISIBLE_MS, Broker
 from core.untrusted import clip
@@ -29,13 +28,16 @@ from core.queue_features import features, levels
 from core.vhost_permissions import Right
 from core.vhosts import QueueSettings, VirtualHosts
 
+from . import direct_reply, frames
 from .access import EXCHANGE, QUEUE
 from .connection import ServerConnection
 from .consumers import Consumers, consumer_priority
+from .direct_reply import DirectReplies, ReplyConsumer
 from .events import PublishReceived
 from .flow_control import WriteGate
 from .mapping import (TOPIC_EXCHANGE, exchange_topic, origin, subject_of_key, to_outgoing,
                       to_properties)
+from .methods import ids
 from .queue_limits import QueueLimits, parse_expiration
 from .reason_codes import ReplyCode
 from .streams import OFFSET_ARGUMENT, check_consumer, start_offset
@@ -67,11 +69,15 @@ class _Channel:
     delivery_tags: itertools.count = field(default_factory=lambda: itertools.count(1))
     unacked: dict[int, _Unacked] = field(default_factory=dict)
     prefetch: int = 0
-    """basic.qos (global false): the limit of consumers started afterwards."""
+    """basic.qos (global false): the limit of each consumer of the channel."""
     global_prefetch: int = 0
     consumers: dict[str, Consumer] = field(default_factory=dict)
     flowing: bool = True
     """channel.flow: False holds back deliveries to the channel's consumers."""
+    reply_address: str = ""
+    """Where replies to this channel's direct reply-to consumer go (none: empty)."""
+    reply_tag: str = ""
+    """The consumer tag of that reply consumer."""
 
     def confirmed(self, tags: list[int], ok: bool) -> list[Frame]:
         """The acks (nacks) for ``tags``: one ``multiple`` when they are every outstanding tag
@@ -193,7 +199,7 @@ class Messages:
     def __init__(self, broker: Broker, vhosts: VirtualHosts, queues: QueueLimits,
                  consumers: Consumers, principal: Principal, topology: Topology,
                  conn: ServerConnection, write_out: Callable[[], None], fail: Fail,
-                 gate: WriteGate) -> None:
+                 gate: WriteGate, replies: DirectReplies) -> None:
         self.broker = broker
         self.vhosts = vhosts
         self.queues = queues
@@ -206,6 +212,7 @@ class Messages:
         self._fail = fail
         self.gate = gate
         """Open while the wire takes more; consumers wait on it otherwise."""
+        self.replies = replies
         self._channels: dict[int, _Channel] = {}
 
     def _channel(self, channel: int) -> _Channel:
@@ -227,7 +234,8 @@ class Messages:
             if not self.conn.can_send(event.channel):
                 continue  # its channel or connection is closing: dropped, as RabbitMQ does
             try:
-                message = self._prepare(event)
+                replied = self._direct_reply(event)
+                message = None if replied else self._prepare(event)
             except SluiceError as error:
                 self._fail(event.channel, event.method, error)
                 continue
@@ -236,6 +244,10 @@ class Messages:
             if state.confirming:
                 tag = next(state.publish_tags)
                 state.outstanding.add(tag)
+            if replied:
+                for answer in state.confirmed([tag], True) if tag else ():
+                    self.conn.send_method(event.channel, answer)
+                continue
             if message is not None:
                 message, full = self.queues.admit(message, pending)
                 if full and tag:
@@ -252,19 +264,53 @@ class Messages:
             await self._store(batch, refused)
         self.write_out()
 
-    def _prepare(self, event: PublishReceived) -> OutgoingMessage | None:
-        """The message to store for ``event``; None when no queue is reached. A publish to
-        ``amq.topic`` is always stored: MQTT subscribers and native readers of its topic are
-        its consumers too."""
+    def _check(self, event: PublishReceived) -> None:
+        """What RabbitMQ refuses in any publish: immediate, a bad expiration, another user's
+        user_id, no write right on the exchange."""
         m, properties = event.method, event.properties
         if m.immediate:
             raise NotSupported("immediate=true")
         parse_expiration(properties.expiration)
         if properties.user_id is not None and properties.user_id != self.principal.user:
-            raise PreconditionFailed(f"user_id property set to '{clip(properties.user_id)}' "
-                                     f"but authenticated user was '{clip(self.principal.user)}'")
-        vhost = self.topology.vhost
+            raise PreconditionFailed(f"user_id property set to {clip(properties.user_id)} "
+                                     f"but authenticated user was {clip(self.principal.user)}")
         self.topology.access.check(Right.WRITE, EXCHANGE, m.exchange)
+
+    def _direct_reply(self, event: PublishReceived) -> bool:
+        """Whether ``event`` is a direct reply, delivered (or dropped) here and not stored. A
+        request naming ``amq.rabbitmq.reply-to`` gets its channel's reply address instead."""
+        m, properties = event.method, event.properties
+        if properties.reply_to == direct_reply.PSEUDO_QUEUE:
+            state = self._channels.get(event.channel)
+            if state is None or not state.reply_address:
+                raise PreconditionFailed("fast reply consumer does not exist")
+            properties.reply_to = state.reply_address
+        if not direct_reply.is_reply(m.exchange, m.routing_key):
+            return False
+        self._check(event)
+        if not self.replies.send(m.routing_key, properties, event.body) and m.mandatory:
+            self.conn.send_content(event.channel, frames.Return(
+                ReplyCode.NO_ROUTE, "NO_ROUTE", m.exchange, m.routing_key), properties,
+                event.body)
+        return True
+
+    def deliver_reply(self, consumer: ReplyConsumer, routing_key: str,
+                      properties: Basic.Properties, body: bytes) -> None:
+        """Send a direct reply to this connection's reply ``consumer`` (no ack expected)."""
+        state = self._channels.get(consumer.channel)
+        if state is None or not self.conn.can_send(consumer.channel):
+            return
+        self.conn.send_content(consumer.channel, frames.Deliver(
+            consumer.tag, next(state.delivery_tags), False, "", routing_key), properties, body)
+        self.write_out()
+
+    def _prepare(self, event: PublishReceived) -> OutgoingMessage | None:
+        """The message to store for ``event``; None when no queue is reached. A publish to
+        ``amq.topic`` is always stored: MQTT subscribers and native readers of its topic are
+        its consumers too."""
+        m, properties = event.method, event.properties
+        self._check(event)
+        vhost = self.topology.vhost
         queues = tuple(self.vhosts.route(vhost, m.exchange, m.routing_key, properties.headers,
                                           properties.priority))
         subject = subject_of_key(m.routing_key) if m.exchange == TOPIC_EXCHANGE \
@@ -287,7 +333,7 @@ class Messages:
     def _unroutable(self, event: PublishReceived, state: _Channel, tag: int) -> None:
         m = event.method
         if m.mandatory:
-            self.conn.send_content(event.channel, Basic.Return(
+            self.conn.send_content(event.channel, frames.Return(
                 ReplyCode.NO_ROUTE, "NO_ROUTE", m.exchange, m.routing_key), event.properties,
                 event.body)
         if tag:
@@ -343,11 +389,17 @@ class Messages:
         return None if m.nowait else Confirm.SelectOk()
 
     def _qos(self, channel: int, m: Basic.Qos) -> Frame | None:
+        """global=true limits the channel; global=false each consumer of the channel, those
+        consuming already included. RabbitMQ leaves those at their old limit, but kombu reads
+        a server that is not RabbitMQ 3.x as following the spec, where the limit changes at
+        once: Celery raises it so that a worker holding countdown tasks still gets others."""
         state = self._channel(channel)
         if m.global_:
             state.global_prefetch = m.prefetch_count
         else:
             state.prefetch = m.prefetch_count
+            for consumer in state.consumers.values():
+                consumer.prefetch = m.prefetch_count
         self._dispatch(state)
         return Basic.QosOk()
 
@@ -366,7 +418,7 @@ class Messages:
         kind = features(queue.arguments)
         if kind.stream:
             raise NotSupported(f"basic.get not supported by stream queues queue "
-                               f"'{clip(queue.name)}' in vhost '{clip(self.topology.vhost)}'")
+                               f"{clip(queue.name)} in vhost {clip(self.topology.vhost)}")
         queues = levels(named, kind.max_priority)
         popped = self.queues.pop_first(queues, 1, MAX_INVISIBLE_MS, mark=not m.no_ack)
         if not popped:
@@ -380,7 +432,7 @@ class Messages:
             state.unacked[tag] = _Unacked(delivery.topic, delivery.queue_offset, None)
         props = delivery.properties
         ready = sum(self.queues.ready(level) for level in queues)
-        self.conn.send_content(channel, Basic.GetOk(
+        self.conn.send_content(channel, frames.GetOk(
             tag, delivery.attempt > 1, *origin(delivery.topic, props), ready),
             to_properties(props, delivery.born_ts), delivery.body)
         return None
@@ -433,11 +485,15 @@ class Messages:
         return Basic.RecoverOk() if isinstance(m, Basic.Recover) else None
 
     def _consume(self, channel: int, m: Basic.Consume) -> Frame | None:
+        if m.queue == direct_reply.PSEUDO_QUEUE:
+            return self._consume_replies(channel, m)
         queue, _ = self._queue(channel, m.queue)
         state = self._channel(channel)
         tag = m.consumer_tag or f"amq.ctag-{uuid.uuid4().hex}"
-        if tag in state.consumers:
-            raise AlreadyExists(f"attempt to reuse consumer tag '{clip(tag)}'")
+        if tag in state.consumers or tag == state.reply_tag:  # a connection error in RabbitMQ
+            self.conn.close_connection(ReplyCode.NOT_ALLOWED, "NOT_ALLOWED - attempt to reuse "
+                                       f"consumer tag {clip(tag)}", *ids(m))
+            return None
         consumer = Consumer(self, channel, state, tag, queue, m)
         if features(queue.arguments).stream:
             check_consumer(queue.name, self.topology.vhost, m.no_ack, consumer.prefetch)
@@ -451,8 +507,28 @@ class Messages:
         consumer.dispatch()
         return None
 
+    def _consume_replies(self, channel: int, m: Basic.Consume) -> Frame | None:
+        """basic.consume of ``amq.rabbitmq.reply-to``: this channel's reply consumer."""
+        if not m.no_ack:
+            raise PreconditionFailed("reply consumer cannot acknowledge")
+        state = self._channel(channel)
+        if state.reply_address:
+            raise PreconditionFailed("reply consumer already set")
+        tag = m.consumer_tag or f"amq.ctag-{uuid.uuid4().hex}"
+        if tag in state.consumers:
+            self.conn.close_connection(ReplyCode.NOT_ALLOWED, "NOT_ALLOWED - attempt to reuse "
+                                       f"consumer tag {clip(tag)}", *ids(m))
+            return None
+        state.reply_address = self.replies.add(ReplyConsumer(channel, tag, self.deliver_reply))
+        state.reply_tag = tag
+        return None if m.nowait else Basic.ConsumeOk(tag)
+
     def _cancel(self, channel: int, m: Basic.Cancel) -> Frame | None:
-        consumer = self._channel(channel).consumers.pop(m.consumer_tag, None)
+        state = self._channel(channel)
+        if state.reply_address and m.consumer_tag == state.reply_tag:
+            self.replies.remove(state.reply_address)
+            state.reply_address = state.reply_tag = ""
+        consumer = state.consumers.pop(m.consumer_tag, None)
         if consumer is not None:
             consumer.active = False
             self.consumers.remove(consumer)
@@ -475,7 +551,7 @@ class Messages:
         if stream:
             properties.headers = {**(properties.headers or {}),
                                   OFFSET_ARGUMENT: delivery.queue_offset}
-        self.conn.send_content(consumer.channel, Basic.Deliver(
+        self.conn.send_content(consumer.channel, frames.Deliver(
             consumer.tag, tag, delivery.attempt > 1, *origin(delivery.topic, props)),
             properties, delivery.body)
 
@@ -509,11 +585,18 @@ class Messages:
             self.conn.send_method(consumer.channel, Basic.Cancel(consumer.tag, True))
             self.write_out()
 
+    def unacked_tags(self, channel: int) -> Collection[int]:
+        """The delivery tags of ``channel`` not acked, nacked or rejected yet."""
+        state = self._channels.get(channel)
+        return state.unacked.keys() if state is not None else ()
+
     def channel_closed(self, channel: int) -> None:
         """Cancel the channel's consumers and release its unacked deliveries."""
         state = self._channels.pop(channel, None)
         if state is None:
             return
+        if state.reply_address:
+            self.replies.remove(state.reply_address)
         for consumer in state.consumers.values():
             consumer.active = False
         for unacked in state.unacked.values():  # released first: taken over before new ones

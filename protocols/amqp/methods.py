@@ -29,6 +29,7 @@ CAPABILITIES: Final[common.FieldTable] = {
     "authentication_failure_close": True,
     "per_consumer_qos": True,
     "direct_reply_to": True,
+    "consumer_priorities": True,
 }
 
 

@@ -150,7 +150,10 @@ def _as_text(value: Any) -> str | None:
 
 def policy(arguments: Mapping[str, Any]) -> QueuePolicy | None:
     """The policy of a queue's stored (checked, JSON-safe) arguments; None when they ask for
-    nothing this module handles, so such a queue costs nothing on the hot path."""
+    nothing this module handles, so such a queue costs nothing on the hot path. A stream's
+    arguments are its retention, not this (``core.queue_features``): None for a stream."""
+    if arguments.get("x-queue-type") == "stream":
+        return None
     quorum = arguments.get("x-queue-type") == "quorum"
     found = QueuePolicy(
         message_ttl=_int_or_none(arguments.get("x-message-ttl")),
@@ -175,3 +178,37 @@ def _delivery_limit_of(arguments: Mapping[str, Any]) -> int | None:
 
 def _int_or_none(value: Any) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+COMPARED: Final = ("x-expires", "x-message-ttl", "x-dead-letter-exchange",
+                   "x-dead-letter-routing-key", "x-max-length", "x-max-length-bytes",
+                   "x-overflow", "x-delivery-limit")
+"""The arguments of this module a redeclaration must repeat (RabbitMQ compares them)."""
+
+
+def check_equivalent(current: Mapping[str, Any], received: Mapping[str, Any], queue: str,
+                     vhost: str) -> None:
+    """PreconditionFailed (406) worded as RabbitMQ's ``inequivalent arg`` when a queue is
+    declared again with other values for one of ``COMPARED``. ``current`` is the stored
+    (JSON-safe) table, ``received`` the JSON-safe table of the new declaration."""
+    for key in COMPARED:
+        old, new = current.get(key), received.get(key)
+        if old == new and type(old) is type(new):
+            continue
+        where = f"queue '{clip(queue, 200)[1:-1]}' in vhost '{clip(vhost, 200)[1:-1]}'"
+        raise PreconditionFailed(f"inequivalent arg '{key}' for {where}: received "
+                                 f"{_value(new, old is None)} but current is "
+                                 f"{_value(old, new is None)}")
+
+
+def _value(value: Any, typed: bool) -> str:
+    """A value in RabbitMQ's wording: none, 'v', or the value 'v' of type 't' (when the other
+    side has none)."""
+    if value is None:
+        return "none"
+    if not typed:
+        return f"'{value}'"
+    kind = _type_name(value)
+    if kind == "long" and -(1 << 31) <= value < 1 << 31:
+        kind = "signedint"
+    return f"the value '{value}' of type '{kind}'"

@@ -32,6 +32,7 @@ from core.vhosts import QueueSettings, VirtualHosts
 from .dead_letters import DELIVERY_LIMIT, EXPIRED, MAXLEN, REJECTED, DeadLetter, DeadLetters
 from .mapping import with_header
 from .queue_arguments import MAX_EXPIRY_MS, QueuePolicy, policy
+from .ready_bytes import ReadyBytes
 
 log = logging.getLogger(__name__)
 
@@ -83,6 +84,11 @@ def expires_at(policy_: QueuePolicy, properties: Mapping[str, str],
     return deadline
 
 
+_Letter = tuple[str | None, int, DeadLetter]
+"""A dead letter and the named queue and offset to settle once it is stored (None: a publish
+refused before it was stored)."""
+
+
 def _rejects_publishes(the_policy: QueuePolicy) -> bool:
     return the_policy.limits_length and the_policy.overflow != "drop-head"
 
@@ -98,6 +104,8 @@ class _Queue:
     sweep_at: int | None = None
     sweep: asyncio.TimerHandle | None = None
     unused: asyncio.TimerHandle | None = None
+    outbox: list[_Letter] = dataclasses.field(default_factory=list)
+    """Dead letters waiting for this turn's publish."""
 
 
 class QueueLimits:
@@ -114,6 +122,9 @@ class QueueLimits:
         self._spawn = spawn
         self._deleted = deleted
         self._queues: dict[str, _Queue] = {}
+        self._bytes = ReadyBytes(queues)
+        self._outgoing: list[_Queue] = []
+        """Queues with dead letters to publish at the end of this event-loop turn."""
         self._limited = 0
         """Queues with a reject-publish length limit: publishes look at none while 0."""
 
@@ -150,6 +161,7 @@ class QueueLimits:
             for handle in (queue.sweep, queue.unused):
                 if handle is not None:
                     handle.cancel()
+        self._bytes.forget(named)
         self._named.forget(named)
 
     def _alive(self, queue: _Queue) -> bool:
@@ -194,6 +206,7 @@ class QueueLimits:
         while len(out) < max_messages:
             wanted = max_messages - len(out)
             popped = self._named.pop(named, wanted, invisible_ms, mark=mark)
+            self._taken(queue, named, popped)
             now = now_ms()
             dead: list[tuple[Delivery, str]] = []
             for delivery in popped:
@@ -241,23 +254,60 @@ class QueueLimits:
         return EXPIRED if deadline is not None and deadline <= now else None
 
     def settle(self, named: str, offset: int) -> None:
+        self._settle(self._queue_of(named), named, offset)
+
+    def _settle(self, queue: _Queue | None, named: str, offset: int) -> None:
+        if queue is not None and queue.policy.max_length_bytes is not None:
+            self._bytes.settled(named, offset)
         self._named.settle(named, offset)
 
+    def _release(self, queue: _Queue | None, named: str, offset: int) -> None:
+        if queue is not None and queue.policy.max_length_bytes is not None:
+            self._bytes.released(named, offset)
+        self._named.release(named, offset)
+
+    def _taken(self, queue: _Queue | None, named: str, taken: list[Delivery]) -> None:
+        if taken and queue is not None and queue.policy.max_length_bytes is not None:
+            self._bytes.taken(named, taken)
+
+    def purge(self, named: str) -> int:
+        """``NamedQueues.purge``: every ready message of ``named`` is settled."""
+        self._bytes.recount(named)
+        return self._named.purge(named)
+
     def release(self, named: str, offset: int) -> None:
-        """Requeue a delivery; on a quorum queue, one returned more often than its delivery
-        limit is dead-lettered (or dropped) instead."""
+        """Requeue a delivery; one returned more often than its quorum queue's delivery limit,
+        or past its queue's TTL, is dead-lettered (or dropped) instead, as RabbitMQ does."""
         queue = self._queue_of(named)
-        limit = None if queue is None else queue.policy.delivery_limit
-        if limit is None or self._named.attempts(named, offset) <= limit:
+        if queue is None:
             self._named.release(named, offset)
             return
-        self._leave(queue, named, offset, DELIVERY_LIMIT)
+        limit = queue.policy.delivery_limit
+        if limit is not None and self._named.attempts(named, offset) > limit:
+            self._leave(queue, named, offset, DELIVERY_LIMIT)
+        elif queue.policy.message_ttl is not None and self._expired(queue, named, offset):
+            self._leave(queue, named, offset, EXPIRED)
+        else:
+            self._release(queue, named, offset)
+
+    def _expired(self, queue: _Queue, named: str, offset: int) -> bool:
+        """Whether the popped message at ``offset`` is past its TTL (read from the recent
+        cache: a requeue in a queue with a TTL costs a read)."""
+        messages, _ = self._named.read(named, offset, 1)
+        if not messages or messages[0].queue_offset != offset:
+            return False
+        message = messages[0]
+        deadline = expires_at(queue.policy, message.properties, message.store_ts)
+        return deadline is not None and deadline <= now_ms()
 
     def ready(self, named: str) -> int:
         return self._named.ready(named)
 
     def signal_any(self, queues: tuple[str, ...]) -> asyncio.Future[None]:
         return self._named.signal_any(queues)
+
+    def flush_marks(self) -> None:
+        self._named.flush_marks()
 
     def bounds(self, named: str) -> tuple[int, int]:
         return self._named.bounds(named)
@@ -277,11 +327,11 @@ class QueueLimits:
     def _leave(self, queue: _Queue | None, named: str, offset: int, reason: str) -> None:
         """The popped message at ``offset`` leaves its queue for ``reason``."""
         if queue is None or queue.policy.dead_letter_exchange is None:
-            self._named.settle(named, offset)
+            self._settle(queue, named, offset)
             return
         messages, _ = self._named.read(named, offset, 1)
         if not messages or messages[0].queue_offset != offset:
-            self._named.settle(named, offset)
+            self._settle(queue, named, offset)
             return
         self._dead_letter(queue, named, [(messages[0], reason)])
 
@@ -323,11 +373,7 @@ class QueueLimits:
                 and self._named.ready(named) + extra > the_policy.max_length:
             return True
         return the_policy.max_length_bytes is not None and \
-            self._ready_bytes(named) + extra_bytes > the_policy.max_length_bytes
-
-    def _ready_bytes(self, named: str) -> int:
-        """Body bytes of the messages waiting in ``named`` (read through the recent cache)."""
-        return sum(len(m.body) for m in self._named.peek(named, 1 << 20))
+            self._bytes.total(named) + extra_bytes > the_policy.max_length_bytes
 
     def stored(self, messages: Iterable[OutgoingMessage]) -> None:
         """Messages were stored: drop heads over a drop-head limit, arm expiry timers."""
@@ -339,6 +385,8 @@ class QueueLimits:
                 if queue is None:
                     continue
                 touched[named] = queue
+                if queue.policy.max_length_bytes is not None:
+                    self._bytes.stored(named, len(message.body))
                 deadline = expires_at(queue.policy, message.properties, now)
                 if deadline is not None:
                     self._arm_sweep(queue, deadline)
@@ -353,14 +401,14 @@ class QueueLimits:
         excess = 0 if the_policy.max_length is None else \
             max(0, self._named.ready(named) - the_policy.max_length)
         dropped = self._named.pop(named, excess, MAX_INVISIBLE_MS) if excess else []
+        self._taken(queue, named, dropped)
         if the_policy.max_length_bytes is not None:
-            over = self._ready_bytes(named) - the_policy.max_length_bytes
-            while over > 0:
+            while self._bytes.total(named) > the_policy.max_length_bytes:
                 head = self._named.pop(named, 1, MAX_INVISIBLE_MS)
                 if not head:
                     break
+                self._taken(queue, named, head)
                 dropped.extend(head)
-                over -= len(head[0].body)
         if dropped:
             self._dead_letter(queue, named, [(d, MAXLEN) for d in dropped])
 
@@ -389,6 +437,7 @@ class QueueLimits:
                     self._arm_sweep(queue, deadline)
                 break
             self._named.take(queue.named, message.queue_offset, MAX_INVISIBLE_MS)
+            self._taken(queue, queue.named, [message])
             expired.append((message, EXPIRED))
         if len(expired) == SWEEP_BATCH:
             self._arm_sweep(queue, now)  # more may be due
@@ -401,34 +450,45 @@ class QueueLimits:
                      dead: Sequence[tuple[Delivery, str]]) -> None:
         """Settle ``dead`` (popped or taken) once their copies are stored in the dead-letter
         exchange; at once when the queue has none."""
-        exchange = None if queue is None else queue.policy.dead_letter_exchange
-        if exchange is None:
+        if queue is None or queue.policy.dead_letter_exchange is None:
             for delivery, _ in dead:
-                self._named.settle(named, delivery.queue_offset)
+                self._settle(queue, named, delivery.queue_offset)
             return
-        assert queue is not None
-        letters = [DeadLetter(d.properties, d.body, reason) for d, reason in dead]
-        self._spawn(self._publish(queue, named, [d.queue_offset for d, _ in dead], letters))
+        self._post(queue, [(named, d.queue_offset, DeadLetter(d.properties, d.body, reason))
+                           for d, reason in dead])
 
     def _dead_letter_unstored(self, queue: _Queue, message: OutgoingMessage) -> None:
-        exchange = queue.policy.dead_letter_exchange
-        if exchange is not None:
-            self._spawn(self._publish(queue, queue.named, [],
-                                      [DeadLetter(message.properties, message.body, MAXLEN)]))
+        if queue.policy.dead_letter_exchange is not None:
+            self._post(queue, [(None, 0, DeadLetter(message.properties, message.body, MAXLEN))])
 
-    async def _publish(self, queue: _Queue, named: str, offsets: list[int],
-                       letters: list[DeadLetter]) -> None:
+    def _post(self, queue: _Queue, letters: list[_Letter]) -> None:
+        """Queue ``letters`` for one publish per queue and event-loop turn (no task per
+        message, however many are rejected one by one)."""
+        if not queue.outbox:
+            self._outgoing.append(queue)
+            if len(self._outgoing) == 1:
+                asyncio.get_running_loop().call_soon(self._send_outgoing)
+        queue.outbox.extend(letters)
+
+    def _send_outgoing(self) -> None:
+        for queue in self._outgoing:
+            letters, queue.outbox = queue.outbox, []
+            self._spawn(self._publish(queue, letters))
+        self._outgoing.clear()
+
+    async def _publish(self, queue: _Queue, letters: list[_Letter]) -> None:
+        """Store ``letters`` in the dead-letter exchange, then settle their entries."""
         assert queue.policy.dead_letter_exchange is not None
         try:
             await self._dead_letters.send(queue.vhost, queue.name,
                                           queue.policy.dead_letter_exchange,
-                                          queue.policy.dead_letter_routing_key, letters)
+                                          queue.policy.dead_letter_routing_key,
+                                          [letter for _, _, letter in letters])
+            done = self._settle
         except SluiceError as error:  # NotFound too: its virtual host is gone
-            # kept in the queue: dead-lettered again when next due
-            log.warning("dead letters of AMQP queue %s in vhost %s not stored: %s",
-                        clip(queue.name), clip(queue.vhost), error)
-            for offset in offsets:
-                self._named.release(named, offset)
-            return
-        for offset in offsets:
-            self._named.settle(named, offset)
+            log.warning("dead letters of AMQP queue %s in vhost %s not stored (kept in the "
+                        "queue): %s", clip(queue.name), clip(queue.vhost), error)
+            done = self._release
+        for named, offset, _ in letters:
+            if named is not None:
+                done(queue, named, offset)

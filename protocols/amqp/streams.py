@@ -26,7 +26,7 @@ _UNIT_MS = {"Y": 365 * 86_400_000, "M": 30 * 86_400_000, "D": 86_400_000, "h": 3
 
 def check_consumer(queue: str, vhost: str, no_ack: bool, prefetch: int) -> None:
     """540 for automatic acks, 406 without a prefetch count (RabbitMQ's answers)."""
-    where = f"queue '{clip(queue)}' in vhost '{clip(vhost)}'"
+    where = f"queue {clip(queue)} in vhost {clip(vhost)}"
     if no_ack:
         raise NotSupported(f"automatic acknowledgement not supported by stream queues {where}")
     if prefetch <= 0:
@@ -53,7 +53,9 @@ def start_offset(arguments: Mapping[str, Any] | None, bounds: tuple[int, int],
     if isinstance(spec, datetime):
         moment = spec if spec.tzinfo else spec.replace(tzinfo=timezone.utc)
         return at_time(int(moment.timestamp() * 1000))
-    if isinstance(spec, str) and (interval := _INTERVAL.fullmatch(spec)):
+    interval = _INTERVAL.fullmatch(spec) if isinstance(spec, str) else None
+    if interval and int(interval[1]) > 0:
         return at_time(now_ms() - int(interval[1]) * _UNIT_MS[interval[2]])
-    raise PreconditionFailed(f"invalid arg '{OFFSET_ARGUMENT}': {clip(repr(spec))} (first, "
-                             "last, next, an offset, a timestamp or an interval like 1h)")
+    raise PreconditionFailed(f"invalid arg '{OFFSET_ARGUMENT}': {{invalid_stream_offset_arg,"
+                             f"{clip(repr(spec))}}} (first, last, next, an offset, a timestamp "
+                             "or an interval like 1h)")

@@ -22,11 +22,12 @@ from core.model import Principal
 from core.untrusted import clip
 from core.queue_features import features, levels
 from core.vhost_permissions import Right
-from core.vhosts import QueueSettings, VirtualHosts
+from core.vhosts import QueueSettings, VirtualHosts, locked_text
 
 from . import queue_arguments
 from .access import EXCHANGE, QUEUE, VhostAccess
 from .arguments import json_safe_table
+from .frames import DeclareOk
 
 Handler = Callable[[Any, int, Any], Awaitable[Frame | None]]
 
@@ -102,7 +103,7 @@ class Topology:
     def check_owner(self, name: str) -> None:
         queue = self.vhosts.get(self.vhost).queues.get(name)
         if queue is not None and queue.owner not in (None, self.connection_id):
-            raise ResourceLocked(f"queue {clip(name)} is exclusive to another connection")
+            raise ResourceLocked(locked_text(name, self.vhost))
 
     # ---------------------------------------------------------------- exchanges
 
@@ -143,6 +144,10 @@ class Topology:
         if not m.passive:
             queue_arguments.check(m.arguments, m.queue, self.vhost, durable=m.durable,
                                   exclusive=m.exclusive, auto_delete=m.auto_delete)
+            existing = self.vhosts.get(self.vhost).queues.get(m.queue)
+            if existing is not None:
+                queue_arguments.check_equivalent(existing.arguments, arguments, m.queue,
+                                                 self.vhost)
         settings = QueueSettings(m.queue, m.durable, m.auto_delete, arguments, owner)
         queue = await self.vhosts.declare_queue(self.vhost, settings, passive=m.passive,
                                                 connection=self.connection_id)
@@ -158,7 +163,7 @@ class Topology:
         if not m.passive:  # a passive declare only looks: it is no use for x-expires
             self.watch.declared(self.vhost, queue)
         ready, consumers = self._counts(queue.name)
-        return None if m.nowait else Queue.DeclareOk(queue.name, ready, consumers)
+        return None if m.nowait else DeclareOk(queue.name, ready, consumers)
 
     async def _queue_delete(self, channel: int, m: Queue.Delete) -> Frame | None:
         name = self.queue_name(channel, m.queue)
@@ -168,8 +173,7 @@ class Topology:
         if m.if_unused and consumers:
             raise PreconditionFailed(f"queue {clip(name)} in vhost {clip(self.vhost)} in use")
         if m.if_empty and ready:
-            raise PreconditionFailed(f"queue {clip(name)} in vhost {clip(self.vhost)} is not "
-                                     "empty")
+            raise PreconditionFailed(f"queue {clip(name)} in vhost {clip(self.vhost)} not empty")
         try:
             self.watch.deleted(await self.vhosts.delete_queue(self.vhost, name))
         except NotFound:

@@ -2,10 +2,11 @@
 in confirm mode or transactional, never both (406, as RabbitMQ answers).
 
 On a transactional channel, publishes and acks/nacks/rejects are held here as they are read,
-not carried out. tx.commit stores the held publishes together (one core send, durable before
-commit-ok under ``sync`` flush; returns of unroutable mandatory ones go out then) and then
-applies the held acks in order; tx.rollback drops both, so the deliveries acked in the
-transaction stay unacked. A transaction holds at most `MAX_HELD_BYTES` of message bodies per
+not carried out; an ack of a delivery tag that is not outstanding (or already acked in the
+transaction) is refused at once (406). tx.commit stores the held publishes together (one core
+send, durable before commit-ok under ``sync`` flush; returns of unroutable mandatory ones go
+out then) and then settles the held tags in order; tx.rollback drops both, so the deliveries
+acked in the transaction stay unacked. A transaction holds at most `MAX_HELD_BYTES` of message bodies per
 connection. Runs on the event loop.
 """
 
@@ -33,6 +34,8 @@ class _Held:
 
     publishes: list[PublishReceived] = field(default_factory=list)
     acks: list[Frame] = field(default_factory=list)
+    """One single-tag ack, nack or reject per delivery settled in the transaction."""
+    tags: set[int] = field(default_factory=set)
     size: int = 0
 
 
@@ -66,9 +69,29 @@ class Transactions:
             held = self._held.get(event.channel)
             if held is None:
                 return False
-            held.acks.append(event.method)
+            self._hold_ack(event.channel, event.method, held)
             return True
         return False
+
+    def _hold_ack(self, channel: int, method: Basic.Ack | Basic.Nack | Basic.Reject,
+                  held: _Held) -> None:
+        """The tags ``method`` settles, each kept as its own ack (nack, reject), as RabbitMQ
+        collects them at once: a later delivery is not covered by an earlier ``multiple``."""
+        tag, multiple = method.delivery_tag, getattr(method, "multiple", False)
+        outstanding = self.messages.unacked_tags(channel)
+        if multiple:
+            tags = sorted(t for t in outstanding if (t <= tag or tag == 0) and t not in held.tags)
+        else:
+            tags = [tag] if tag in outstanding and tag not in held.tags else []
+        if not tags and (tag or not multiple):
+            raise PreconditionFailed(f"unknown delivery tag {tag}")
+        held.tags.update(tags)
+        if isinstance(method, Basic.Ack):
+            held.acks += [Basic.Ack(t) for t in tags]
+        elif isinstance(method, Basic.Nack):
+            held.acks += [Basic.Nack(t, False, method.requeue) for t in tags]
+        else:
+            held.acks += [Basic.Reject(t, method.requeue) for t in tags]
 
     def handles(self, method: Frame) -> bool:
         return isinstance(method, (Tx.Select, Tx.Commit, Tx.Rollback, Confirm.Select))

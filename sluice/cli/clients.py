@@ -58,7 +58,7 @@ def add_client_commands(commands: argparse._SubParsersAction) -> None:
     family = c.section("client", "List, show and disconnect the clients of every protocol "
                                  "(admin only).")
     listing = c.add(family, "list", "List connected clients and kept sessions.", client_list)
-    listing.add_argument("--protocol", help="only this protocol's clients (mqtt, native)")
+    listing.add_argument("--protocol", help="only this protocol's clients (mqtt, amqp, native)")
     listing.add_argument("--for", dest="for_user", metavar="USER", help="only this user's clients")
     listing.add_argument("--connected", action="store_true",
                          help="only connected clients, not sessions kept while away")
@@ -68,5 +68,5 @@ def add_client_commands(commands: argparse._SubParsersAction) -> None:
             ("kick", "Disconnect a client now (its session stays as the protocol keeps it).",
              client_kick)):
         command = c.add(family, name, text, handler)
-        command.add_argument("protocol", metavar="PROTOCOL", help="mqtt or native")
+        command.add_argument("protocol", metavar="PROTOCOL", help="mqtt, amqp or native")
         command.add_argument("client_id", metavar="CLIENT_ID")

@@ -1,6 +1,6 @@
-"""Spark reads what MQTT and AMQP publish to the same subjects: one row per message (stored
-once, whatever queues it was also indexed into), the MQTT topic as ``subject`` and each
-protocol's properties in ``properties``."""
+"""Spark reads what MQTT and AMQP publish to the same subjects, from a running broker and from
+its data directory: one row per message (stored once, whatever queues it was also indexed
+into), the MQTT topic as ``subject`` and each protocol's properties in ``properties``."""
 from __future__ import annotations
 
 import paho.mqtt.client as mqtt
@@ -43,3 +43,11 @@ def test_spark_reads_mqtt_and_amqp_publishes_with_their_properties(spark, sluice
     assert (amqp_row.properties["amqp.content_type"], amqp_row.properties["amqp.routing_key"],
             amqp_row.properties["amqp.delivery_mode"]) == \
         ("text/plain", "devices.a1.telemetry", "2")
+
+    assert server.stop() == 0  # the data directory reads the same
+    local = (spark.read.format("sluice").option("subscribe", "devices")
+             .load(str(tmp_path / "data")).select("subject", "properties", "body").collect())
+    assert sorted((row.subject, bytes(row.body), sorted(row.properties.items()))
+                  for row in local) == \
+        sorted((row.subject, bytes(row.body), sorted(row.properties.items()))
+               for row in collected)

@@ -1,14 +1,16 @@
 """The authorization matrix of AMQP 0-9-1: every operation × {admin, owner, publisher, other
-user, no rights}, with pika against a `sluice serve` process, on virtual host ``m-vhost``.
+user, no rights, anonymous}, with pika against a `sluice serve` process, on virtual host
+``m-vhost``.
 
 The roles' permissions are RabbitMQ's (configure / write / read expressions): the owner has
 ``^m-`` for all three, the publisher ``^m-`` for write only, the other user ``^o-`` for all
 three, and the user with no rights has no permission on the virtual host (530 at
 connection.open). Every role may publish to the topics behind the exchanges, so the cells show
-the virtual host's rules. (AMQP has no anonymous login: PLAIN always names a user.)
+the virtual host's rules. AMQP has no anonymous login: an empty user name and password are
+refused at login (403), even with anonymous access on for the other protocols.
 
-Refused means 403 ACCESS_REFUSED on the channel, or 530 NOT_ALLOWED at connection.open; allowed
-means anything else. The expected cells are written out, not derived from the rules.
+Refused means 403 ACCESS_REFUSED on the channel, 530 NOT_ALLOWED at connection.open, or the
+login refused; allowed means anything else. The expected cells are written out, not derived from the rules.
 """
 from __future__ import annotations
 
@@ -24,7 +26,7 @@ from tests.conftest import Server
 from tests.integration.amqp.conftest import parameters
 from tests.integration.test_admin_api import Http
 
-ROLES = ("admin", "owner", "publisher", "other", "none")
+ROLES = ("admin", "owner", "publisher", "other", "none", "anonymous")
 PASSWORD = "pw"
 VHOST = "m-vhost"
 RIGHTS = {  # role -> (configure, write, read) on m-vhost; "none" has no permission there
@@ -47,18 +49,19 @@ class World:
     counter: Iterator[int]
 
     def connect(self, role: str) -> pika.BlockingConnection:
-        user, password = ("sluice", "sluice") if role == "admin" else (role, PASSWORD)
+        user, password = {"admin": ("sluice", "sluice"), "anonymous": ("", "")}.get(
+            role, (role, PASSWORD))
         return pika.BlockingConnection(parameters(self.server, user, password, VHOST))
 
 
 @pytest.fixture(scope="module")
 def world(tmp_path_factory) -> Iterator[World]:
-    server = Server(tmp_path_factory.mktemp("amqp-matrix") / "data")
+    server = Server(tmp_path_factory.mktemp("amqp-matrix") / "data", "--allow-anonymous")
     try:
         server.wait_ready()
         admin = Http(f"http://{server.admin}" if "://" not in server.admin else server.admin)
         assert admin("POST", "/vhosts", {"name": VHOST})[0] == 201
-        for role in ROLES[1:]:
+        for role in ("owner", "publisher", "other", "none"):
             assert admin("POST", "/users", {"name": role, "password": PASSWORD})[0] == 201
             grant = {"kind": "topic", "pattern": "amqp.*", "actions": ["publish"]}
             assert admin("POST", f"/users/{role}/permissions", grant)[0] == 201
@@ -98,6 +101,9 @@ def on_channel(action: Callable[[pika.adapters.blocking_connection.BlockingChann
                     channel.queue_declare(name)
         try:
             connection = world.connect(role)
+        except pika.exceptions.ProbableAuthenticationError:
+            assert role == "anonymous"
+            return False
         except pika.exceptions.ProbableAccessDeniedError as refused:
             assert "530" in str(refused) or "NOT_ALLOWED" in str(refused), refused
             return False
@@ -208,7 +214,7 @@ def test_a_user_with_few_rights_neither_reads_nor_purges_another_users_queue(wor
         channel.confirm_delivery()
         for n in range(MESSAGES):
             channel.basic_publish("", "o-secret", b"secret %d" % n)
-    for role in ("owner", "publisher", "none"):
+    for role in ("owner", "publisher", "none", "anonymous"):
         for attempt in (get("o-secret"), consume("o-secret"), purge("o-secret")):
             assert attempt(role, world) is False, role
     queue = world.admin("GET", f"/queues/{VHOST}/o-secret")[1]

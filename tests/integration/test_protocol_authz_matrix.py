@@ -1,7 +1,8 @@
 """The authorization matrix of MQTT and the native (RocketMQ 5) protocol: every operation ×
 {admin, owner, publish-only, other user, no rights, anonymous}, over real sockets against one
 broker (anonymous access on: anonymous clients act as the user ``anonymous``, which has no
-rights). The admin API's matrix is ``test_admin_authz_matrix.py``.
+rights). The admin API's matrix is ``test_admin_authz_matrix.py``, AMQP's
+``test_amqp_authz_matrix.py``.
 
 Each cell says whether the role may do the operation. Refused means the protocol's own answer
 (MQTT 5: reason code 0x87; native: FORBIDDEN), never a dropped connection or an internal error;

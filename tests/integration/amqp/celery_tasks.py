@@ -10,7 +10,7 @@ from celery import Celery
 app = Celery("sluice_test", broker=os.environ.get("CELERY_BROKER_URL", "amqp://guest:guest@localhost//"),
              backend="rpc://")
 app.conf.update(broker_connection_retry_on_startup=False, broker_heartbeat=10,
-                task_acks_late=True, worker_prefetch_multiplier=4, task_serializer="json",
+                task_acks_late=True, worker_prefetch_multiplier=1, task_serializer="json",
                 result_serializer="json", accept_content=["json"])
 
 

@@ -109,3 +109,32 @@ def test_channel_errors_close_only_the_channel(amqp_server):
         assert not connection.is_closed
         await connection.close()
     asyncio.run(main())
+
+
+def test_direct_reply_to_round_trip(amqp_server):
+    """RabbitMQ's direct reply-to: the reply reaches the requesting channel's no-ack consumer
+    of amq.rabbitmq.reply-to, and nothing is stored for it."""
+    async def main() -> None:
+        server = await aiormq.connect(url(amqp_server))
+        serving = await server.channel()
+        requests = (await serving.queue_declare("", exclusive=True)).queue
+
+        async def answer(message) -> None:
+            props = message.header.properties
+            await serving.basic_publish(message.body.upper(), routing_key=props.reply_to,
+                                        properties=aiormq.spec.Basic.Properties(
+                                            correlation_id=props.correlation_id))
+        await serving.basic_consume(requests, answer, no_ack=True)
+        client = await aiormq.connect(url(amqp_server))
+        calling = await client.channel()
+        replies: asyncio.Queue = asyncio.Queue()
+        await calling.basic_consume("amq.rabbitmq.reply-to", replies.put, no_ack=True)
+        await calling.basic_publish(b"ping", routing_key=requests, properties=(
+            aiormq.spec.Basic.Properties(reply_to="amq.rabbitmq.reply-to", correlation_id="7")))
+        reply = await asyncio.wait_for(replies.get(), WAIT_S)
+        assert (reply.body, reply.header.properties.correlation_id) == (b"PING", "7")
+        assert reply.delivery.routing_key.startswith("amq.rabbitmq.reply-to.")
+        assert reply.delivery.exchange == "" and not reply.delivery.redelivered
+        await client.close()
+        await server.close()
+    asyncio.run(main())

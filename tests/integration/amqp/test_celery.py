@@ -9,71 +9,19 @@ so tests can run beside a broker already on 5672; the URL is otherwise the one `
 serves."""
 from __future__ import annotations
 
-import os
-import queue
-import signal
-import subprocess
 import sys
-import threading
 from collections.abc import Iterator
-from pathlib import Path
 
 import pika.exceptions
 import pytest
 from celery import group
 
-from tests.conftest import ROOT, clean_env
+from tests.integration.amqp.celery_worker import APP, WAIT_S, Worker
 from tests.integration.amqp.conftest import connect
-
-WAIT_S = 30
-APP = "tests.integration.amqp.celery_tasks"
 
 
 def broker_url(server) -> str:
     return f"amqp://guest:guest@localhost:{server.amqp.rpartition(':')[2]}//"
-
-
-class Worker:
-    """A `celery worker` child process; its log lines are read on a thread."""
-
-    def __init__(self, url: str, log_dir: Path) -> None:
-        env = {**clean_env(), "CELERY_BROKER_URL": url, "C_FORCE_ROOT": "1",
-               "PYTHONPATH": str(ROOT)}
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "celery", "-A", APP, "worker", "--pool", "solo",
-             "--without-gossip", "--without-mingle", "--loglevel", "INFO",
-             "--hostname", "sluice-test@%h"],
-            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        self.lines: queue.Queue[str | None] = queue.Queue()
-        self.output: list[str] = []
-        threading.Thread(target=self._pump, daemon=True).start()
-
-    def _pump(self) -> None:
-        for line in self.process.stdout:
-            self.lines.put(line)
-        self.lines.put(None)
-
-    def wait_for(self, text: str) -> None:
-        """Read the worker's output until a line holds ``text``."""
-        while True:
-            try:
-                line = self.lines.get(timeout=WAIT_S)
-            except queue.Empty:
-                pytest.fail(f"no {text!r} from the worker:\n{''.join(self.output)}")
-            if line is None:
-                pytest.fail(f"the worker exited ({self.process.wait()}):\n{''.join(self.output)}")
-            self.output.append(line)
-            if text in line:
-                return
-
-    def stop(self) -> int:
-        """Warm shutdown (SIGTERM), as a service manager stops it."""
-        self.process.send_signal(signal.SIGTERM)
-        try:
-            return self.process.wait(timeout=WAIT_S)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            return self.process.wait()
 
 
 @pytest.fixture(scope="module")
@@ -85,8 +33,8 @@ def celery_app(amqp_server):
 
 
 @pytest.fixture(scope="module")
-def worker(amqp_server, tmp_path_factory) -> Iterator[Worker]:
-    started = Worker(broker_url(amqp_server), tmp_path_factory.mktemp("celery"))
+def worker(amqp_server) -> Iterator[Worker]:
+    started = Worker(broker_url(amqp_server))
     try:
         started.wait_for("ready.")
         yield started
@@ -111,12 +59,22 @@ def test_a_failure_and_retries_reach_the_caller(celery_app, worker):
     assert flaky.delay(3).get(timeout=WAIT_S) == 2  # two retries, each a new message
 
 
+def test_countdown_tasks_do_not_hold_back_others(celery_app, worker):
+    """The worker holds countdown tasks unacked and raises its prefetch (basic.qos) to go on
+    taking others: an immediate task is done long before the countdowns end."""
+    from tests.integration.amqp.celery_tasks import add
+    later = [add.apply_async((n, 0), countdown=6) for n in range(3)]  # more than prefetch 1
+    assert add.delay(1, 1).get(timeout=3) == 2
+    assert [result.get(timeout=WAIT_S) for result in later] == list(range(3))
+
+
 def test_the_worker_answers_broadcast_control_commands(celery_app, worker):
-    replies = celery_app.control.inspect(timeout=5).ping()
+    replies = celery_app.control.inspect(timeout=WAIT_S, limit=1).ping()
     assert replies and all(reply == {"ok": "pong"} for reply in replies.values())
     [name] = replies
     assert name.startswith("sluice-test@")
-    registered = celery_app.control.inspect(destination=[name], timeout=5).registered()
+    registered = celery_app.control.inspect(destination=[name], timeout=WAIT_S,
+                                            limit=1).registered()
     assert f"{sys.modules['tests.integration.amqp.celery_tasks'].__name__}.add" in registered[name]
 
 

@@ -1,6 +1,6 @@
 """Flow over AMQP against a real `sluice serve`: channel.flow stops and resumes a channel's
-deliveries, and a no_ack consumer that reads slowly is held back by its socket instead of the
-broker buffering the queue for it."""
+deliveries, and a no_ack consumer (or a client sending basic.get) that reads slowly is held
+back by its socket instead of the broker buffering the queue for it."""
 from __future__ import annotations
 
 import socket
@@ -47,10 +47,10 @@ def test_channel_flow_off_holds_deliveries_and_on_resumes_them(amqp_server):
 
 
 class RawConsumer:
-    """A client on a plain socket with a small receive buffer that consumes with no_ack and then
-    reads only when told to."""
+    """A client on a plain socket with a small receive buffer that consumes with no_ack (unless
+    ``consume`` is False) and then reads only when told to."""
 
-    def __init__(self, address: str, queue: str) -> None:
+    def __init__(self, address: str, queue: str, consume: bool = True) -> None:
         host, port = address.rsplit(":", 1)
         self.sock = socket.socket()
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 16 << 10)
@@ -66,9 +66,10 @@ class RawConsumer:
         self.expect(Connection.OpenOk)
         self.sock.sendall(encode_method(1, Channel.Open()))
         self.expect(Channel.OpenOk)
-        self.sock.sendall(encode_method(1, Basic.Consume(queue=queue, consumer_tag="slow",
-                                                         no_ack=True)))
-        self.expect(Basic.ConsumeOk)
+        if consume:
+            self.sock.sendall(encode_method(1, Basic.Consume(queue=queue, consumer_tag="slow",
+                                                             no_ack=True)))
+            self.expect(Basic.ConsumeOk)
 
     def next_frame(self):
         while True:
@@ -116,6 +117,34 @@ def test_a_slow_no_ack_consumer_is_throttled_by_its_socket_and_gets_everything(a
         # unthrottled, the broker would pop every message and buffer 32 MB for this client
         assert left >= count // 2, f"only {left} of {count} messages still wait in the queue"
         assert slow.deliveries(count) == list(range(1, count + 1))
+        assert ready(channel, queue) == 0
+    finally:
+        slow.sock.close()
+        connection.close()
+
+
+def test_a_client_that_asks_but_does_not_read_is_not_read_either(amqp_server):
+    count, size = 2000, 16 << 10
+    connection = connect(amqp_server)
+    channel = connection.channel()
+    channel.confirm_delivery()
+    queue = name("gets")
+    channel.queue_declare(queue)
+    for n in range(count):
+        channel.basic_publish("", queue, b"%06d" % n + b"x" * (size - 6))
+    slow = RawConsumer(amqp_server.amqp, queue, consume=False)
+    try:
+        slow.sock.sendall(encode_method(1, Basic.Get(queue=queue, no_ack=True)) * count)
+        left, previous = ready(channel, queue), None
+        while left != previous:  # the broker answers until the socket and its buffer are full
+            previous = left
+            connection.process_data_events(0.5)
+            left = ready(channel, queue)
+        assert left >= count // 2, f"only {left} of {count} messages still wait in the queue"
+        got = 0
+        while got < count:
+            if isinstance(slow.next_frame(), Basic.GetOk):
+                got += 1
         assert ready(channel, queue) == 0
     finally:
         slow.sock.close()

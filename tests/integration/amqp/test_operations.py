@@ -129,6 +129,8 @@ def test_virtual_hosts_are_separate_namespaces_with_their_own_permissions(amqp_s
     assert f"created virtual host {vhost}" in cli(amqp_server, capsys, "vhost", "add", vhost)
     assert vhost in cli(amqp_server, capsys, "vhost", "list")
     assert admin("POST", "/users", {"name": user, "password": "pw"})[0] == 201
+    grant = {"kind": "topic", "pattern": "amqp.*", "actions": ["publish"]}
+    assert admin("POST", f"/users/{user}/permissions", grant)[0] == 201
     with pytest.raises(errors.ProbableAccessDeniedError):
         connect(amqp_server, user=user, password="pw", vhost=vhost)
     cli(amqp_server, capsys, "vhost", "permit", user, vhost, "--configure", ".*", "--write",
@@ -143,6 +145,13 @@ def test_virtual_hosts_are_separate_namespaces_with_their_own_permissions(amqp_s
     assert [q["name"] for q in admin("GET", f"/queues?vhost={vhost}")[1]] == ["jobs"]
 
     connection = connect(amqp_server, user=user, password="pw", vhost=vhost)
+    channel = connection.channel()
+    channel.confirm_delivery()
+    channel.basic_publish("", "jobs", b"job")
+    delivered = []
+    channel.basic_consume("jobs", lambda *args: delivered.append(args[3]))
+    while not delivered:
+        connection.process_data_events(time_limit=0.2)
     cli(amqp_server, capsys, "vhost", "delete", vhost)
     with pytest.raises(errors.ConnectionClosedByBroker) as closed:
         while True:
@@ -150,3 +159,25 @@ def test_virtual_hosts_are_separate_namespaces_with_their_own_permissions(amqp_s
     assert closed.value.reply_code == 320
     assert vhost not in {v["name"] for v in admin("GET", "/vhosts")[1]}
     assert admin("GET", f"/vhost-permissions?user={user}")[1] == []
+    cli(amqp_server, capsys, "vhost", "add", vhost)  # the same name again starts empty
+    assert admin("GET", f"/queues?vhost={vhost}")[1] == []
+    with connect(amqp_server, vhost=vhost) as connection:
+        with pytest.raises(errors.ChannelClosedByBroker) as missing:
+            connection.channel().queue_declare("jobs", passive=True)
+        assert missing.value.reply_code == 404
+
+
+def test_a_priority_queue_is_listed_and_purged_over_all_its_levels(amqp_server, admin):
+    queue = name("urgent")
+    with connect(amqp_server) as connection:
+        channel = connection.channel()
+        channel.queue_declare(queue, arguments={"x-max-priority": 5})
+        channel.confirm_delivery()
+        for priority in (0, 3, 5, 9):
+            channel.basic_publish("", queue, b"p%d" % priority,
+                                  pika.BasicProperties(priority=priority))
+        row = queue_row(admin, queue)
+        assert (row["messages_ready"], row["published"]) == (4, 4)
+        assert channel.queue_purge(queue).method.message_count == 4
+        assert queue_row(admin, queue)["messages_ready"] == 0
+        channel.queue_delete(queue)

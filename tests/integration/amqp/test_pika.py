@@ -1,5 +1,5 @@
 """pika (BlockingConnection) against a real `sluice serve`: logins, vhosts, topology and its
-refusals as RabbitMQ answers them, exclusive queues, what is not built yet (540), heartbeats,
+refusals as RabbitMQ answers them, exclusive queues, heartbeats,
 the client list and garbage on the AMQP port."""
 from __future__ import annotations
 
@@ -113,14 +113,6 @@ def test_an_exclusive_queue_is_gone_once_its_connection_closes(amqp_server):
     assert closed_channel(lambda: second.channel().queue_declare(queue, passive=True)
                           ).reply_code == 404
     second.close()
-
-
-def test_a_transaction_closes_the_connection_with_540(amqp_server):
-    connection = connect(amqp_server)
-    channel = connection.channel()
-    with pytest.raises(errors.ConnectionClosedByBroker) as closed:
-        channel.tx_select()
-    assert closed.value.reply_code == 540 and "Tx.Select" in closed.value.reply_text
 
 
 def admin_cli(server, *args: str) -> subprocess.CompletedProcess:

@@ -149,9 +149,10 @@ def test_a_requeued_message_past_its_ttl_is_dead_lettered_not_redelivered(channe
     held, _, _ = channel.basic_get(source)
     assert next_message(channel, dead)[2] == b"waiting"  # so "held", older, is past its TTL
     channel.basic_nack(held.delivery_tag, requeue=True)
-    assert channel.basic_get(source) == (None, None, None)
     _, properties, body = next_message(channel, dead)
     assert body == b"held" and properties.headers["x-death"][0]["reason"] == "expired"
+    assert channel.queue_declare(source, passive=True).method.message_count == 0
+    assert channel.basic_get(source) == (None, None, None)
 
 
 def test_an_expired_message_without_a_dead_letter_exchange_is_dropped(channel):
@@ -312,3 +313,42 @@ def test_a_queue_declared_again_after_a_delete_starts_empty(channel):
     channel.basic_publish("", queue, b"new")
     assert channel.basic_get(queue, auto_ack=True)[2] == b"new"
     channel.queue_delete(queue)
+
+
+def test_dead_letters_to_amq_topic_reach_bound_queues_once(channel):
+    bound, source = name("cmds"), name("orders")
+    channel.queue_declare(bound)
+    channel.queue_bind(bound, "amq.topic", "devices.*.cmd")
+    channel.queue_declare(source, arguments={"x-dead-letter-exchange": "amq.topic",
+                                             "x-dead-letter-routing-key": "devices.d1.cmd"})
+    channel.basic_publish("", source, b"reboot")
+    method, _, _ = channel.basic_get(source)
+    channel.basic_reject(method.delivery_tag, requeue=False)
+    method, properties, body = next_message(channel, bound)
+    assert (body, method.exchange, method.routing_key) == (b"reboot", "amq.topic",
+                                                           "devices.d1.cmd")
+    assert channel.basic_get(bound) == (None, None, None), "delivered once"
+
+
+@pytest.mark.parametrize("first, again, error", [
+    ({"x-message-ttl": 1000}, {"x-message-ttl": 2000},
+     "inequivalent arg 'x-message-ttl' for queue '{q}' in vhost '/': received '2000' but "
+     "current is '1000'"),
+    ({}, {"x-max-length": 5},
+     "inequivalent arg 'x-max-length' for queue '{q}' in vhost '/': received the value '5' of "
+     "type 'signedint' but current is none"),
+    ({"x-dead-letter-exchange": "dlx"}, {},
+     "inequivalent arg 'x-dead-letter-exchange' for queue '{q}' in vhost '/': received none "
+     "but current is the value 'dlx' of type 'longstr'"),
+])
+def test_a_redeclaration_with_other_limits_is_inequivalent(amqp_server, first, again, error):
+    connection = connect(amqp_server)
+    channel = connection.channel()
+    queue = name("limits")
+    channel.queue_declare(queue, arguments=first)
+    channel.queue_declare(queue, arguments=first)  # the same: accepted
+    with pytest.raises(errors.ChannelClosedByBroker) as closed:
+        channel.queue_declare(queue, arguments=again)
+    assert closed.value.reply_code == 406
+    assert closed.value.reply_text == "PRECONDITION_FAILED - " + error.replace("{q}", queue)
+    connection.close()

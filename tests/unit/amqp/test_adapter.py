@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import time
 
-from pamqp.commands import Basic, Channel, Connection, Exchange, Queue
+from pamqp.commands import Basic, Channel, Connection, Exchange, Queue, Tx
 
 from protocols.amqp.frames import PROTOCOL_HEADER, encode_content
 from protocols.amqp.options import AmqpOptions
@@ -188,6 +188,19 @@ def test_rights_follow_the_users_expressions_and_change_at_once(tmp_path):
         assert isinstance(await client.call(1, Queue.Bind(queue="app.q", exchange="amq.direct")),
                           Queue.BindOk)
         assert isinstance(await client.call(1, Queue.Purge(queue="app.q")), Queue.PurgeOk)
+    run(tmp_path, scenario)
+
+
+def test_a_publish_in_a_transaction_is_refused_when_read_not_at_commit(tmp_path):
+    async def scenario(frontend, core):
+        await core.vhost_admin.permit(USER, "/", "", "^app\\.", "")
+        client = Client(frontend)
+        await client.open(USER)
+        assert isinstance(await client.call(1, Tx.Select()), Tx.SelectOk)
+        client.send(encode_content(1, Basic.Publish(exchange="amq.direct", routing_key="k"),
+                                   Basic.Properties(), b"x", 4096))
+        close = await client.expect(Channel.Close)
+        assert close.reply_code == 403 and "exchange 'amq.direct'" in close.reply_text
     run(tmp_path, scenario)
 
 

@@ -36,7 +36,7 @@ def test_the_whole_handshake(one_byte: bool) -> None:
     assert all(caps[name] is True for name in (
         "publisher_confirms", "exchange_exchange_bindings", "basic.nack", "consumer_cancel_notify",
         "connection.blocked", "authentication_failure_close", "per_consumer_qos",
-        "direct_reply_to"))
+        "direct_reply_to", "consumer_priorities"))
     assert {"product", "version", "platform"} <= set(start.server_properties)
     assert conn.state is State.LOGIN_REQUESTED
     conn.accept_login()

@@ -205,6 +205,29 @@ async def content_of_get(client: Client, queue: str):
     return await content(client, Basic.GetOk)
 
 
+def test_requeued_messages_come_back_in_queue_order(tmp_path, monkeypatch):
+    """As RabbitMQ requeues a message at its place: rejected c, b, a (a second apart each)
+    come back a, b, c."""
+    clock = iter(range(1_700_000_000_000, 1_800_000_000_000, 1000))
+    monkeypatch.setattr("core.named_queues.now_ms", lambda: next(clock))
+
+    async def scenario(frontend, core):
+        client = Client(frontend)
+        await client.open()
+        await declared(client, "q")
+        await client.call(1, Confirm.Select())
+        for body in (b"a", b"b", b"c"):
+            publish(client, body)
+            await client.expect(Basic.Ack)
+        tags = [(await content_of_get(client, "q"))[0].delivery_tag for _ in range(3)]
+        for tag in reversed(tags):
+            client.send_method(1, Basic.Reject(tag, requeue=True))
+        again = [await content_of_get(client, "q") for _ in range(3)]
+        assert [(body, get.redelivered) for get, _, body in again] == [
+            (b"a", True), (b"b", True), (b"c", True)]
+    run(tmp_path, scenario)
+
+
 def test_closing_a_channel_releases_its_unacked_deliveries(tmp_path):
     async def scenario(frontend, core):
         client = Client(frontend)

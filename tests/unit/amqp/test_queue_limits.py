@@ -11,7 +11,8 @@ from pamqp.commands import Basic, Confirm, Queue
 from core.errors import PreconditionFailed
 from core.model import OutgoingMessage
 from protocols.amqp.dead_letters import is_cycle, record_death
-from protocols.amqp.queue_arguments import DEFAULT_DELIVERY_LIMIT, QueuePolicy, check, policy
+from protocols.amqp.queue_arguments import (DEFAULT_DELIVERY_LIMIT, QueuePolicy, check,
+                                           check_equivalent, policy)
 from protocols.amqp.queue_limits import expires_at, parse_expiration
 from tests.unit.amqp.fake_wire import Client, run
 from tests.unit.amqp.test_messages import publish
@@ -49,6 +50,7 @@ def test_the_policy_of_stored_arguments():
     assert policy({"x-queue-type": "quorum"}).delivery_limit == DEFAULT_DELIVERY_LIMIT
     assert policy({"x-queue-type": "quorum", "x-delivery-limit": -1}).delivery_limit is None
     assert policy({"x-delivery-limit": 3}) is None, "a classic queue has no delivery limit"
+    assert policy({"x-queue-type": "stream", "x-max-length-bytes": 10}) is None
 
 
 def test_a_first_death_writes_x_death_and_moves_expiration_into_it():
@@ -169,3 +171,36 @@ def test_a_quorum_message_past_its_limit_leaves_when_it_is_returned(tmp_path):
         assert core.queues.ready(named) == 0 and core.queues.attempts(named, 0) == 0
         assert isinstance(await client.call(1, Basic.Get(queue="qq")), Basic.GetEmpty)
     run(tmp_path, scenario)
+
+
+def test_ready_bytes_follow_deliveries_without_reading_the_queue(tmp_path):
+    async def scenario(frontend, core):
+        client = Client(frontend)
+        await client.open()
+        await declare(client, "b", **{"x-max-length-bytes": 10,
+                                      "x-overflow": "reject-publish"})
+        await client.call(1, Confirm.Select())
+        assert await confirmed(client, b"12345", "b") is Basic.Ack
+        assert await confirmed(client, b"67890", "b") is Basic.Ack
+        assert await confirmed(client, b"x", "b") is Basic.Nack
+        get = await client.call(1, Basic.Get(queue="b"))
+        await client.next()
+        await client.next()
+        assert await confirmed(client, b"abcde", "b") is Basic.Ack, "the delivery made room"
+        client.send_method(1, Basic.Reject(get.delivery_tag, requeue=True))
+        assert await confirmed(client, b"", "b") is Basic.Nack, "the requeue took it back"
+        assert isinstance(await client.call(1, Queue.Purge(queue="b")), Queue.PurgeOk)
+        assert await confirmed(client, b"0123456789", "b") is Basic.Ack
+    run(tmp_path, scenario)
+
+
+def test_redeclarations_compare_the_limits_as_rabbitmq_words_it():
+    check_equivalent({"x-message-ttl": 5, "x-other": 1}, {"x-message-ttl": 5}, "q", "/")
+    with pytest.raises(PreconditionFailed) as error:
+        check_equivalent({"x-overflow": "drop-head"}, {"x-overflow": "reject-publish"}, "q",
+                         "/")
+    assert str(error.value) == ("inequivalent arg 'x-overflow' for queue 'q' in vhost '/': "
+                                "received 'reject-publish' but current is 'drop-head'")
+    with pytest.raises(PreconditionFailed, match="received the value '5000000000' of type "
+                                                 "'long' but current is none"):
+        check_equivalent({}, {"x-max-length-bytes": 5_000_000_000}, "q", "/")

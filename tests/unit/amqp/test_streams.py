@@ -35,7 +35,7 @@ def test_timestamps_and_intervals_look_up_the_time():
     assert before - 2 * 3_600_000 - 1000 <= asked[-1] <= now_ms() - 2 * 3_600_000
 
 
-@pytest.mark.parametrize("spec", ["soon", "1w", "-1h", 1.5, True, {"a": 1}])
+@pytest.mark.parametrize("spec", ["soon", "1w", "-1h", "0h", 1.5, True, {"a": 1}])
 def test_other_values_are_406(spec):
     with pytest.raises(PreconditionFailed):
         start(spec)

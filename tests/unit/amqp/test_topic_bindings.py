@@ -9,8 +9,10 @@ from pamqp.commands import Basic, Confirm, Queue
 
 from core.clock import now_ms
 from core.errors import AccessDenied
+from core.exchanges import Destination
 from core.interop import MQTT_EXPIRY_AT
 from core.model import SUBJECT_PROPERTY, Action, OutgoingMessage, Permission, ResourceKind
+from core.vhosts import QueueSettings
 from tests.unit.amqp.fake_wire import ADMIN, USER, Client, run
 from tests.unit.amqp.test_messages import declared, publish
 
@@ -102,4 +104,19 @@ def test_an_expired_mqtt_message_is_not_delivered_from_an_amqp_queue(tmp_path):
         await client.next()
         assert (await client.next())[1].value == b"fresh"
         assert isinstance(await client.call(1, Basic.Get(queue="t")), Basic.GetEmpty)
+    run(tmp_path, scenario)
+
+
+def test_a_deleted_virtual_host_reads_no_more_subjects(tmp_path):
+    async def scenario(frontend, core):
+        vhosts = core.vhosts
+        await vhosts.create("plant")
+        await vhosts.declare_queue("plant", QueueSettings("alarms"))
+        await vhosts.bind("plant", "amq.topic", Destination("alarms"), "plant.*.alarm")
+        queue = vhosts.get("plant").named("alarms")
+        await send_subject(core, "plant/1/alarm", b"read")
+        assert core.queues.bounds(queue)[1] == 1
+        await vhosts.delete("plant")
+        await send_subject(core, "plant/2/alarm", b"after delete")
+        assert core.queues.bounds(queue)[1] == 1, "nothing indexed once the vhost is gone"
     run(tmp_path, scenario)

@@ -42,3 +42,21 @@ def test_commit_and_rollback_need_tx_select(tmp_path):
             assert isinstance(close, Channel.Close) and close.reply_code == 406
             assert close.reply_text == "PRECONDITION_FAILED - channel is not transactional"
     run(tmp_path, scenario)
+
+
+def test_an_unknown_delivery_tag_in_a_transaction_is_406_at_once(tmp_path):
+    async def scenario(frontend, core):
+        client = Client(frontend)
+        await client.open()
+        assert isinstance(await client.call(1, Queue.Declare(queue="q")), Queue.DeclareOk)
+        publish(client, b"one")
+        got = await client.call(1, Basic.Get(queue="q"))
+        assert isinstance(got, Basic.GetOk)
+        await client.next()  # header
+        await client.next()  # body
+        assert isinstance(await client.call(1, Tx.Select()), Tx.SelectOk)
+        client.send_method(1, Basic.Ack(got.delivery_tag))
+        close = await client.call(1, Basic.Ack(got.delivery_tag))  # twice in one transaction
+        assert isinstance(close, Channel.Close) and close.reply_code == 406
+        assert close.reply_text == f"PRECONDITION_FAILED - unknown delivery tag {got.delivery_tag}"
+    run(tmp_path, scenario)

@@ -1,4 +1,4 @@
-"""Delivered marks: written per pop, read back after a crash (torn tail ignored, forgotten
+"""Delivered marks: written at each flush, read back after a crash (torn tail ignored, forgotten
 queues dropped, compaction keeps every queue's mark), and a restored mark turning the next
 delivery of what was below it into a redelivery."""
 from __future__ import annotations
@@ -15,6 +15,8 @@ def test_marks_survive_a_reopen_and_a_torn_last_line_is_ignored(tmp_path):
     marks.mark("b", 7)
     marks.mark("gone", 1)
     marks.forget("gone")
+    marks.flush()
+    marks.mark("b", 9)  # taken, never flushed: lost with the process
     # no close: a SIGKILL leaves what was written; a torn line follows
     with open(marks.path, "ab") as file:
         file.write(b"a 99")
@@ -29,6 +31,7 @@ def test_compaction_keeps_one_line_per_queue(tmp_path, monkeypatch):
     for offset in range(1, 100):
         marks.mark("q", offset)
         marks.mark("r", offset * 2)
+        marks.flush()
     marks.close()
     with open(marks.path, "rb") as file:
         assert len(file.read()) < 400

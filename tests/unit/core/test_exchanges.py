@@ -105,9 +105,11 @@ def test_an_unroutable_message_goes_on_through_the_alternate_exchange(graph):
 def test_redeclaring_differently_is_a_precondition_failure(graph):
     graph.declare("logs", "fanout")
     assert graph.declare("logs", "fanout").name == "logs"
-    with pytest.raises(PreconditionFailed, match="other settings"):
+    with pytest.raises(PreconditionFailed, match="^inequivalent arg 'type' for exchange 'logs' "
+                       "in vhost '/': received 'topic' but current is 'fanout'$"):
         graph.declare("logs", "topic")
-    with pytest.raises(PreconditionFailed):
+    with pytest.raises(PreconditionFailed, match="arg 'durable' .* received 'false' but current "
+                       "is 'true'$"):
         graph.declare("logs", "fanout", durable=False)
     with pytest.raises(InvalidArgument, match="unknown exchange type"):
         graph.declare("x", "x-consistent-hash")

@@ -163,3 +163,30 @@ def test_a_dead_lettered_copy_keeps_its_subject_only_as_a_record(tmp_path):
         assert copy.properties["sluice.dlq.origin_subject"] == "devices/d1/cmd"
         assert heard.got == [b"m"]  # the original only, not its dead-letter copy
     run_core(tmp_path, scenario)
+
+
+def test_a_multi_level_wildcard_anywhere_needs_asking_for(tmp_path):
+    async def scenario(core: Core) -> None:
+        broker = core.broker
+        await topic(broker, "plant")
+        with pytest.raises(InvalidArgument, match="last level"):
+            core.queues.bind("plant/#/alarm", "amqp-like")
+        assert core.queues.bind("plant/#/alarm", "amqp-like", multi_anywhere=True)
+        await broker.send(SYSTEM, [subject("plant", b"deep", "plant/3/boiler/alarm"),
+                                   subject("plant", b"shallow", "plant/alarm"),
+                                   subject("plant", b"other", "plant/3/status")])
+        assert [m.body for m in core.queues.read("amqp-like", 0, 10)[0]] == [b"deep", b"shallow"]
+    run_core(tmp_path, scenario)
+
+
+def test_a_queue_both_routed_to_and_named_in_also_into_is_indexed_once(tmp_path):
+    async def scenario(core: Core) -> None:
+        broker = core.broker
+        await topic(broker, "devices")
+        core.queues.bind("devices/+/telemetry", "both")
+        message = OutgoingMessage("devices", b"once", also_into=("both",),
+                                  properties={SUBJECT_PROPERTY: "devices/d1/telemetry"})
+        await broker.send_decided([message])
+        assert [m.body for m in core.queues.read("both", 0, 10)[0]] == [b"once"]
+        assert core.queues.bounds("both") == (0, 1)
+    run_core(tmp_path, scenario, store="file")

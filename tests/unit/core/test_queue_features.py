@@ -21,7 +21,7 @@ def declare(arguments, durable=True, exclusive=False, auto_delete=False):
     ({"x-max-priority": "5"}, "{unacceptable_type,longstr}"),
     ({"x-max-priority": True}, "{unacceptable_type,bool}"),
     ({"x-single-active-consumer": "yes"}, "{unacceptable_type,longstr}"),
-    ({"x-queue-type": "lazy"}, "x-queue-type"),
+    ({"x-queue-type": "lazy"}, "unsupported queue type 'lazy'"),
 ])
 def test_refused_arguments_name_the_reason(arguments, reason):
     with pytest.raises(PreconditionFailed) as refused:

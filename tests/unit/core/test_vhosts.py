@@ -103,8 +103,12 @@ def test_queue_declarations_follow_rabbitmq(metadata):
         await hosts.declare_queue("/", QueueSettings("jobs", arguments={"x-max-length": 10}))
         same = await hosts.declare_queue("/", QueueSettings("jobs", arguments={"x-max-length": 10}))
         assert same.arguments == {"x-max-length": 10}
-        with pytest.raises(PreconditionFailed, match="other settings"):
+        with pytest.raises(PreconditionFailed, match="^inequivalent arg 'x-max-length' for queue "
+                           "'jobs' in vhost '/': received '5' but current is '10'$"):
             await hosts.declare_queue("/", QueueSettings("jobs", arguments={"x-max-length": 5}))
+        with pytest.raises(PreconditionFailed, match="arg 'durable' .* received 'false'"):
+            await hosts.declare_queue("/", QueueSettings("jobs", durable=False,
+                                                         arguments={"x-max-length": 10}))
         with pytest.raises(ResourceLocked):
             await hosts.declare_queue("/", QueueSettings(generated.name, durable=False, owner="c2"))
         with pytest.raises(AccessDenied):
