@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import enum
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from .errors import AccessDenied, InvalidArgument
@@ -81,12 +82,23 @@ class VhostPermissions:
         self._by_key: dict[tuple[str, str], VhostPermission] = {}
         self.version = 0
         """Grows with every change: a decision cached at one version holds until it moves."""
+        self._listeners: list[Callable[[str, str], None]] = []
 
     def load(self, rows: list[tuple[str, str, str, str, str]]) -> None:
         """Restore from ``MetadataRepository.vhost_permissions`` rows."""
         for user, vhost, configure, write, read in rows:
             self._by_key[(user, vhost)] = VhostPermission(user, vhost, configure, write, read)
         self.version += 1
+
+    def add_listener(self, listener: Callable[[str, str], None]) -> None:
+        """Call ``listener(user, vhost)`` on the event loop after that permission changed
+        through ``set`` or ``clear``."""
+        self._listeners.append(listener)
+
+    def _changed(self, user: str, vhost: str) -> None:
+        self.version += 1
+        for listener in self._listeners:
+            listener(user, vhost)
 
     def list(self, vhost: str | None = None, user: str | None = None) -> list[VhostPermission]:
         """The permissions, optionally of one vhost or one user, by user and vhost."""
@@ -102,13 +114,13 @@ class VhostPermissions:
         await self._write("put_vhost_permission", permission.user, permission.vhost,
                           permission.configure, permission.write, permission.read)
         self._by_key[(permission.user, permission.vhost)] = permission
-        self.version += 1
+        self._changed(permission.user, permission.vhost)
 
     async def clear(self, user: str, vhost: str) -> bool:
         """Remove ``user``'s permission on ``vhost``; whether there was one."""
         gone = await self._write("delete_vhost_permissions", user, vhost)
         found = self._by_key.pop((user, vhost), None) is not None
-        self.version += 1
+        self._changed(user, vhost)
         return bool(gone) or found
 
     async def vhost_deleted(self, vhost: str) -> None:

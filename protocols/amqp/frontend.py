@@ -10,6 +10,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Coroutine, Iterator
+from functools import partial
 from typing import Any
 
 from core.clients import ClientView
@@ -18,9 +19,10 @@ from core.model import Principal
 from core.named_queues import NamedQueues
 from core.service import Broker
 from core.untrusted import DenialLog
-from core.vhost_permissions import VhostPermissions
+from core.vhost_permissions import Right, VhostPermissions
 from core.vhosts import QueueSettings, VirtualHosts
 
+from .access import QUEUE
 from .adapter import PROTOCOL, AmqpAdapter, Wire
 from .alarms import Alarms
 from .consumers import Consumers
@@ -38,6 +40,7 @@ SWEEP_S = 1.0
 KICK_TEXT = "closed by an administrator"
 SHUTDOWN_TEXT = "broker forced connection closure with reason 'shutdown'"
 VHOST_DELETED_TEXT = "vhost deleted"
+PERMISSION_REVOKED_TEXT = "the user's permission on the vhost was cleared"
 
 
 class AmqpFrontend:
@@ -52,6 +55,7 @@ class AmqpFrontend:
         self.broker = broker
         self.vhosts = vhosts
         self.permissions = permissions or VhostPermissions(None)
+        self.permissions.add_listener(self._permission_changed)
         self.consumers = Consumers(self._unused)
         self.replies = DirectReplies()
         self._named = queues
@@ -164,6 +168,20 @@ class AmqpFrontend:
 
     def purge(self, queues: tuple[str, ...]) -> int:
         return sum(self.queues.purge(queue) for queue in queues)
+
+    def _permission_changed(self, user: str, vhost: str) -> None:
+        """``user``'s permission on ``vhost`` changed: its connections there lose what it no
+        longer allows, at once (RabbitMQ only checks later operations): without a permission
+        they are closed (320), and consumers of queues it may no longer read are cancelled."""
+        for adapter in list(self._open.values()):
+            principal, topology, messages = adapter.principal, adapter.topology, adapter.messages
+            if (principal is None or topology is None or messages is None
+                    or principal.user != user or topology.vhost != vhost):
+                continue
+            if not self.permissions.may_open(principal, vhost):
+                adapter.kick(ReplyCode.CONNECTION_FORCED, PERMISSION_REVOKED_TEXT)
+            else:
+                messages.cancel_unreadable(partial(topology.access.allows, Right.READ, QUEUE))
 
     # ---------------------------------------------------------------- core.vhost_admin.LiveVhosts
 

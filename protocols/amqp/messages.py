@@ -576,6 +576,14 @@ class Messages:
             self._dispatch(state)
         self.write_out()
 
+    def cancel_unreadable(self, readable: Callable[[str], bool]) -> None:
+        """Cancel (basic.cancel) the consumers of queues ``readable`` no longer allows; their
+        unacked deliveries stay theirs to ack."""
+        for state in self._channels.values():
+            for consumer in [c for c in state.consumers.values() if not readable(c.queue_name)]:
+                self.consumers.remove(consumer)
+                self.cancel_from_server(consumer)
+
     def cancel_from_server(self, consumer: Consumer) -> None:
         """The queue of ``consumer`` is gone: basic.cancel if the client understands it."""
         consumer.active = False

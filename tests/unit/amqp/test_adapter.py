@@ -204,6 +204,24 @@ def test_a_publish_in_a_transaction_is_refused_when_read_not_at_commit(tmp_path)
     run(tmp_path, scenario)
 
 
+def test_a_revoked_read_cancels_consumers_and_a_cleared_permission_closes(tmp_path):
+    async def scenario(frontend, core):
+        await core.vhost_admin.permit(USER, "/", ".*", ".*", ".*")
+        client = Client(frontend)
+        await client.open(USER)
+        assert isinstance(await client.call(1, Queue.Declare(queue="app.q")), Queue.DeclareOk)
+        client.send_method(1, Basic.Consume(queue="app.q", consumer_tag="c1"))
+        await client.expect(Basic.ConsumeOk)
+        await core.vhost_admin.permit(USER, "/", ".*", ".*", "^other")
+        cancel = await client.expect(Basic.Cancel)
+        assert cancel.consumer_tag == "c1"
+        assert frontend.consumer_count(core.vhosts.get("/").named("app.q")) == 0
+        await core.vhost_admin.unpermit(USER, "/")
+        close = await client.expect(Connection.Close)
+        assert close.reply_code == 320
+    run(tmp_path, scenario)
+
+
 def test_a_server_named_queue_is_checked_under_the_name_it_got_and_not_kept(tmp_path):
     async def scenario(frontend, core):
         await core.vhost_admin.permit(USER, "/", "^app\\.", ".*", ".*")
