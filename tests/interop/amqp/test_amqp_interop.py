@@ -20,15 +20,7 @@ from tests.interop.amqp import scenarios as s
 OBSERVED: dict[tuple[str, str], Any] = {}
 """(scenario, broker kind) -> observation, filled by the per-broker tests."""
 
-RABBITMQ_ARGUMENT_TEXT = ("channel", 406, "PRECONDITION_FAILED - inequivalent arg 'x-max-length' for "
-                  "queue '<q>' in vhost '/': received the value '5' of type 'signedint' but "
-                  "current is none")
 KNOWN: dict[tuple[str, str], tuple[Callable[[str], Any], str]] = {
-    ("declare_answers", "redeclare queue other arguments"): (
-        lambda kind: RABBITMQ_ARGUMENT_TEXT if kind == "rabbitmq" else (
-            "channel", 406, "PRECONDITION_FAILED - inequivalent arg 'x-max-length' for queue "
-            "'<q>' in vhost '/': received '5' but current is none"),
-        "core keeps queue arguments as JSON, without the AMQP field type RabbitMQ names"),
     ("unknown_exchange_type", ""): (
         lambda kind: ("connection", 503, "COMMAND_INVALID - unknown exchange type "
                       "'x-no-such-type'") if kind == "rabbitmq" else (
@@ -93,9 +85,9 @@ def test_declare_answers(amqp_broker):
         "declare queue": ("<q>", 0, 0), "redeclare queue same": ("<q>", 0, 0),
         "redeclare queue other durable": inequivalent("durable", "queue", "<q>", "false",
                                                       "true"),
-        "redeclare queue other arguments": known("declare_answers",
-                                                 "redeclare queue other arguments",
-                                                 amqp_broker.kind),
+        "redeclare queue other arguments": closed(
+            406, "inequivalent arg 'x-max-length' for queue '<q>' in vhost '/': received the "
+                 "value '5' of type 'signedint' but current is none"),
         "passive missing queue": no_queue("none"),
         "reserved queue name": closed(403, "queue name 'amq.<q2>' contains reserved prefix "
                                            "'amq.*'"),
