@@ -39,6 +39,7 @@ from .login import Refused, log_in, peer_host
 from .consumers import Consumers
 from .messages import Messages
 from .methods import ids
+from .publish_pipeline import PublishPipeline
 from .options import AmqpOptions
 from .queue_limits import QueueLimits
 from .reason_codes import ReplyCode
@@ -103,6 +104,8 @@ class AmqpAdapter:
         self.conn = ServerConnection(host.options.connection_options(), time.monotonic())
         self.flow = FlowControl(wire, MAX_PENDING_METHODS)
         self.gate = WriteGate()
+        self.publishing = PublishPipeline(MAX_PENDING_METHODS)
+        """Publish batches waiting for durability while the next ones are read and stored."""
         self.loop = asyncio.get_running_loop()
         self.principal: Principal | None = None
         self.topology: Topology | None = None
@@ -321,8 +324,9 @@ class AmqpAdapter:
                             and not self._transactional(work[0].channel):
                         batch.append(work.popleft())
                     assert self.messages is not None
-                    await self.messages.publish(batch)
+                    await self.publishing.submit(self.messages.publish(batch), len(batch))
                 else:
+                    await self.publishing.drain()  # what was published before it is confirmed
                     await self._carry_out(event)
                 self._write(self.conn.data_to_send())
                 self.flow.pending(len(self._work))

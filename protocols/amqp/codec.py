@@ -8,6 +8,7 @@ hands pamqp only whole frames, so "wait for more bytes" (None) is never confused
 
 from __future__ import annotations
 
+import struct
 from typing import Final
 
 from pamqp import commands, frame
@@ -40,15 +41,21 @@ class Decoder:
     def __init__(self, frame_max: int = FRAME_MIN_SIZE) -> None:
         self.frame_max = frame_max
         self._buffer = bytearray()
+        self._start = 0
+        """Where the next frame starts in ``_buffer``: frames returned are cut off at the next
+        ``feed``, once per read rather than once per frame."""
         self._header_read = False
 
     @property
     def buffered(self) -> int:
         """Bytes fed and not yet returned as frames."""
-        return len(self._buffer)
+        return len(self._buffer) - self._start
 
     def feed(self, data: bytes) -> None:
         """Append bytes read from the peer."""
+        if self._start:
+            del self._buffer[:self._start]
+            self._start = 0
         self._buffer += data
 
     def next_frame(self) -> Received | None:
@@ -56,22 +63,24 @@ class Decoder:
         a wrong first 8 bytes, AmqpError (FrameError when framing is lost) for a bad frame."""
         if not self._header_read:
             return self._protocol_header()
-        if len(self._buffer) < HEADER_SIZE:
+        buffer, start = self._buffer, self._start
+        if len(buffer) - start < HEADER_SIZE:
             return None
-        kind, channel, size = frame_header(self._buffer)
+        kind, channel, size = frame_header(buffer, start)
         # RabbitMQ lets a payload reach frame_max itself: clients are often 8 bytes off.
         if size > self.frame_max:
             raise FrameError(f"frame of {size} bytes exceeds frame_max {self.frame_max}")
-        end = size + FRAME_OVERHEAD
-        if len(self._buffer) < end:
+        end = start + size + FRAME_OVERHEAD
+        if len(buffer) < end:
             return None
-        if self._buffer[end - 1] != FRAME_END:
-            raise FrameError(f"invalid frame end octet {self._buffer[end - 1]:#04x}")
+        if buffer[end - 1] != FRAME_END:
+            raise FrameError(f"invalid frame end octet {buffer[end - 1]:#04x}")
         if kind not in FRAME_TYPES:
             raise FrameError(f"unknown frame type {kind}")
-        data = bytes(self._buffer[:end])
-        del self._buffer[:end]
-        return channel, _PARSERS[kind](data, size)
+        self._start = end
+        if kind == BODY:  # the body's bytes, copied once
+            return channel, ContentBody(bytes(buffer[start + HEADER_SIZE:end - 1]))
+        return channel, _PARSERS[kind](bytes(buffer[start:end]), size)
 
     def _protocol_header(self) -> Received | None:
         got = bytes(self._buffer[:len(PROTOCOL_HEADER)])
@@ -90,6 +99,9 @@ def _method(data: bytes, size: int) -> FrameTypes:
     if size < 4:
         raise FrameError(f"method frame of {size} bytes has no method id")
     index = int.from_bytes(data[HEADER_SIZE:HEADER_SIZE + 4], "big")
+    fast = _FAST_METHODS.get(index)
+    if fast is not None and (method := fast(data, HEADER_SIZE + 4, HEADER_SIZE + size)) is not None:
+        return method
     if index not in commands.INDEX_MAPPING:
         raise AmqpError(ReplyCode.NOT_IMPLEMENTED,
                         f"unknown method {index >> 16}.{index & 0xFFFF}", index >> 16,
@@ -102,18 +114,51 @@ def _method(data: bytes, size: int) -> FrameTypes:
                         f" ({exc.__class__.__name__})", index >> 16, index & 0xFFFF) from None
 
 
-def _header(data: bytes, size: int) -> FrameTypes:
+# The methods every message carries, decoded without pamqp's generic field walk. Each returns
+# what pamqp's ``frame.unmarshal`` would (an instance built with defaults, then its fields set,
+# not validated), or None for anything but a well-formed payload of exactly its length, which
+# then goes the generic way and fails there as it always did.
+
+def _publish(data: bytes, start: int, end: int) -> FrameTypes | None:
     try:
-        result = frame.unmarshal(data)[2]
-    except _DECODE_ERRORS as exc:
+        exchange_end = start + 3 + data[start + 2]
+        key_end = exchange_end + 1 + data[exchange_end]
+        if key_end + 1 != end:
+            return None
+        method = _new_publish(_PUBLISH)
+        method.ticket = int.from_bytes(data[start:start + 2], "big")
+        method.exchange = data[start + 3:exchange_end].decode()
+        method.routing_key = data[exchange_end + 1:key_end].decode()
+    except (IndexError, UnicodeDecodeError):
+        return None
+    bits = data[key_end]
+    method.mandatory = bool(bits & 1)
+    method.immediate = bool(bits & 2)
+    return method
+
+
+def _ack(data: bytes, start: int, end: int) -> FrameTypes | None:
+    if start + 9 != end:
+        return None
+    method = _new_ack(_ACK)
+    method.delivery_tag = int.from_bytes(data[start:start + 8], "big", signed=True)
+    method.multiple = bool(data[start + 8] & 1)
+    return method
+
+
+_PUBLISH, _ACK = commands.Basic.Publish, commands.Basic.Ack
+_new_publish = _new_ack = object.__new__
+_FAST_METHODS = {_PUBLISH.index: _publish, _ACK.index: _ack}
+
+
+def _header(data: bytes, size: int) -> FrameTypes:
+    result = ContentHeader()
+    try:  # the frame is whole and checked: pamqp's content-header step alone
+        result.unmarshal(data[HEADER_SIZE:HEADER_SIZE + size])
+    except (*_DECODE_ERRORS, struct.error, ValueError) as exc:
         raise AmqpError(ReplyCode.SYNTAX_ERROR,
                         f"cannot decode content header ({exc.__class__.__name__})") from None
-    assert isinstance(result, ContentHeader)
     return result
-
-
-def _body(data: bytes, size: int) -> FrameTypes:
-    return ContentBody(data[HEADER_SIZE:HEADER_SIZE + size])
 
 
 def _heartbeat(data: bytes, size: int) -> FrameTypes:
@@ -122,4 +167,4 @@ def _heartbeat(data: bytes, size: int) -> FrameTypes:
     return Heartbeat()
 
 
-_PARSERS = {METHOD: _method, HEADER: _header, BODY: _body, HEARTBEAT: _heartbeat}
+_PARSERS = {METHOD: _method, HEADER: _header, HEARTBEAT: _heartbeat}

@@ -38,6 +38,13 @@ FRAME_TYPES: Final = frozenset({METHOD, HEADER, BODY, HEARTBEAT})
 HEARTBEAT_FRAME: Final = Heartbeat.marshal()
 
 _HEAD = struct.Struct(">BHI")
+_CONTENT_HEAD = struct.Struct(">HxxQ")
+"""A content header's class id, weight (0) and body size; its property flags and values follow."""
+_END = bytes((FRAME_END,))
+_DELIVER_ID = struct.pack(">I", commands.Basic.Deliver.index)
+_TAG_BIT = struct.Struct(">qB")
+"""basic.deliver's delivery tag (pamqp's long-long is signed) and its one bit, redelivered."""
+
 _F = TypeVar("_F", bound=type[Frame])
 
 
@@ -56,9 +63,9 @@ Deliver = _any_name(commands.Basic.Deliver)
 Return = _any_name(commands.Basic.Return)
 
 
-def frame_header(data: bytes | bytearray) -> tuple[int, int, int]:
-    """(type, channel, payload size) of the frame starting at ``data[0]`` (7 bytes needed)."""
-    return _HEAD.unpack_from(data)
+def frame_header(data: bytes | bytearray, offset: int = 0) -> tuple[int, int, int]:
+    """(type, channel, payload size) of the frame starting at ``data[offset]`` (7 bytes needed)."""
+    return _HEAD.unpack_from(data, offset)
 
 
 def encode_method(channel: int, method: Frame) -> bytes:
@@ -73,8 +80,30 @@ def encode_content(channel: int, method: Frame, properties: commands.Basic.Prope
     step = frame_max - FRAME_OVERHEAD
     if step <= 0:
         raise ValueError(f"frame_max {frame_max} leaves no room for a body")
-    parts = [frame.marshal(method, channel),
-             frame.marshal(ContentHeader(0, len(body), properties), channel)]
-    parts += [frame.marshal(ContentBody(body[i:i + step]), channel)
-              for i in range(0, len(body), step)]
+    fast = _deliver_payload(method) if isinstance(method, commands.Basic.Deliver) else None
+    properties_payload = properties.marshal()
+    parts = [frame.marshal(method, channel) if fast is None else _framed(METHOD, channel, fast),
+             _HEAD.pack(HEADER, channel, 12 + len(properties_payload)),
+             _CONTENT_HEAD.pack(commands.Basic.frame_id, len(body)), properties_payload, _END]
+    for i in range(0, len(body), step):
+        chunk = body[i:i + step]
+        parts += (_HEAD.pack(BODY, channel, len(chunk)), chunk, _END)
     return b"".join(parts)
+
+
+def _framed(kind: int, channel: int, payload: bytes) -> bytes:
+    return b"".join((_HEAD.pack(kind, channel, len(payload)), payload, _END))
+
+
+def _deliver_payload(method: commands.Basic.Deliver) -> bytes | None:
+    """basic.deliver's method payload, packed directly: the one method every delivery
+    carries. None when a field is not a short string (pamqp then says why)."""
+    strings = (method.consumer_tag, method.exchange, method.routing_key)
+    if not all(type(value) is str for value in strings):
+        return None
+    tag, exchange, key = (value.encode() for value in strings)
+    if max(len(tag), len(exchange), len(key)) > 255:
+        return None
+    return b"".join((_DELIVER_ID, bytes((len(tag),)), tag,
+                     _TAG_BIT.pack(method.delivery_tag, bool(method.redelivered)),
+                     bytes((len(exchange),)), exchange, bytes((len(key),)), key))
