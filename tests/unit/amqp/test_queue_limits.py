@@ -39,6 +39,8 @@ def test_argument_types_and_values_are_checked_as_rabbitmq_checks_them():
     assert refused({"x-overflow": b"drop-tail"}).endswith(": invalid_overflow")
     assert refused({"x-queue-type": "quorum"}, auto_delete=True) == \
         "invalid property 'auto-delete' for queue 'q' in vhost '/'"
+    assert refused({"x-queue-type": "quorum", "x-overflow": "reject-publish-dlx"}) == \
+        "invalid arg 'x-overflow' with value 'reject-publish-dlx' for queue 'q' in vhost '/'"
     check({"x-message-ttl": 0, "x-max-length": 0, "x-overflow": "reject-publish-dlx",
            "x-dead-letter-exchange": "", "x-dead-letter-routing-key": b"k",
            "x-queue-type": "classic", "unknown": object()}, "q", "/",
