@@ -234,4 +234,9 @@ def test_messages_from_other_protocols_meet_drop_head_and_ttl(tmp_path):
         assert sorted(m.body for m in core.queues.peek(host.named("dead"), 5)) == \
             [b"0", b"1", b"2"]
         assert core.queues.ready(host.named("short")) == 0
+        waiting = core.engine.signals._waiters
+        assert host.named("capped") in waiting
+        named = host.named("capped")
+        await client.call(1, Queue.Delete(queue="capped"))
+        assert named not in waiting, "a deleted queue keeps nothing waiting"
     run(tmp_path, scenario)
