@@ -106,6 +106,8 @@ class _Queue:
     unused: asyncio.TimerHandle | None = None
     outbox: list[_Letter] = dataclasses.field(default_factory=list)
     """Dead letters waiting for this turn's publish."""
+    watch: asyncio.Future[None] | None = None
+    """Resolved when the queue grows by any way in (MQTT and native messages too)."""
 
 
 class QueueLimits:
@@ -139,6 +141,7 @@ class QueueLimits:
             found = policy(settings.arguments) or _NO_POLICY
             queue = self._queues[named] = _Queue(vhost, settings.name, named, found)
             self._limited += _rejects_publishes(found)
+            self._watch(queue)
             if loaded:
                 self._arm_sweep(queue, now_ms())
         self.used(named)
@@ -158,11 +161,32 @@ class QueueLimits:
         queue = self._queues.pop(named, None)
         if queue is not None:
             self._limited -= _rejects_publishes(queue.policy)
-            for handle in (queue.sweep, queue.unused):
+            for handle in (queue.sweep, queue.unused, queue.watch):
                 if handle is not None:
                     handle.cancel()
         self._bytes.forget(named)
         self._named.forget(named)
+
+    def _watch(self, queue: _Queue) -> None:
+        """Follow a queue with a drop-head limit or a TTL as it grows, whoever feeds it (a
+        queue bound to ``amq.topic`` gets MQTT and native messages without an AMQP publish)."""
+        the_policy = queue.policy
+        if the_policy.message_ttl is None and not (
+                the_policy.limits_length and the_policy.overflow == "drop-head"):
+            return
+        queue.watch = self._named.watch(queue.named)
+        queue.watch.add_done_callback(lambda _: self._grown(queue))
+
+    def _grown(self, queue: _Queue) -> None:
+        """Messages reached ``queue`` (or came back to it): apply drop-head and make sure a
+        TTL timer runs (the queue's newest message expires last)."""
+        if queue.watch is None or queue.watch.cancelled() or not self._alive(queue):
+            return
+        if queue.policy.limits_length and queue.policy.overflow == "drop-head":
+            self._drop_heads(queue, queue.named)
+        if queue.policy.message_ttl is not None and queue.sweep is None:
+            self._arm_sweep(queue, now_ms() + queue.policy.message_ttl)
+        self._watch(queue)
 
     def _alive(self, queue: _Queue) -> bool:
         """Whether ``queue`` is still declared (its virtual host may have been deleted under
@@ -385,8 +409,6 @@ class QueueLimits:
                 if queue is None:
                     continue
                 touched[named] = queue
-                if queue.policy.max_length_bytes is not None:
-                    self._bytes.stored(named, len(message.body))
                 deadline = expires_at(queue.policy, message.properties, now)
                 if deadline is not None:
                     self._arm_sweep(queue, deadline)

@@ -1,8 +1,10 @@
 """Body bytes of the ready messages of queues with ``x-max-length-bytes``, kept up to date as
-messages are stored, handed out, settled and returned, so a publish never reads its queue.
+messages arrive (whoever sends them), are handed out, settled and returned, so a publish never
+reads its whole queue.
 
 A queue's total is counted once, by reading its ready messages, when first asked (after a
-start, or a purge); deliveries' sizes are remembered until they are settled or come back.
+start, or a purge); from then on each message appended is read once and added, a message
+handed out is subtracted and added back if it returns (sizes are remembered until settled).
 Runs on the event loop; not thread-safe.
 """
 
@@ -21,42 +23,45 @@ class ReadyBytes:
 
     def __init__(self, queues: NamedQueues) -> None:
         self._named = queues
-        self._totals: dict[str, int] = {}
+        self._totals: dict[str, list[int]] = {}
+        """[bytes, end]: the ready bytes counting every message below ``end``."""
         self._out: dict[tuple[str, int], int] = {}
         """Sizes of the messages handed out and not settled, by (named queue, offset)."""
 
     def total(self, named: str) -> int:
-        """Body bytes of the messages ready in ``named``."""
+        """Body bytes of the messages ready in ``named``: counted once, then each message
+        appended since is read once (through the recent cache) and added."""
+        end = self._named.bounds(named)[1]
+        counted = self._totals.get(named)
         if not self._named.ready(named):
-            self._totals[named] = 0
+            self._totals[named] = [0, end]
             return 0
-        total = self._totals.get(named)
-        if total is None:
-            total = self._totals[named] = sum(len(m.body) for m in self._named.peek(named, _ALL))
-        return total
-
-    def stored(self, named: str, size: int) -> None:
-        if named in self._totals:
-            self._totals[named] += size
+        if counted is None:
+            ready = sum(len(m.body) for m in self._named.peek(named, _ALL))
+            counted = self._totals[named] = [ready, end]
+        while counted[1] < end:
+            messages, after = self._named.read(named, counted[1], min(end - counted[1], 256))
+            counted[0] += sum(len(m.body) for m in messages)
+            counted[1] = after if messages else end
+        return max(0, counted[0])
 
     def taken(self, named: str, deliveries: Iterable[Delivery]) -> None:
         """``deliveries`` of ``named`` were popped (or taken to expire)."""
-        total = self._totals.get(named)
+        counted = self._totals.get(named)
         for delivery in deliveries:
             size = len(delivery.body)
             self._out[(named, delivery.queue_offset)] = size
-            if total is not None:
-                total -= size
-        if total is not None:
-            self._totals[named] = max(0, total)
+            if counted is not None:
+                counted[0] -= size
 
     def settled(self, named: str, offset: int) -> None:
         self._out.pop((named, offset), None)
 
     def released(self, named: str, offset: int) -> None:
         size = self._out.pop((named, offset), None)
-        if size is not None and named in self._totals:
-            self._totals[named] += size
+        counted = self._totals.get(named)
+        if size is not None and counted is not None:
+            counted[0] += size
 
     def recount(self, named: str) -> None:
         """Count ``named`` again when next asked (its ready messages went another way)."""

@@ -95,3 +95,37 @@ def test_a_clients_rpc_reply_queue_goes_when_it_disconnects(amqp_server, worker)
         checker.channel().queue_declare(reply_queue, passive=True)
     assert gone.value.reply_code == 404
     checker.close()
+
+
+def test_a_worker_reconnects_when_the_broker_restarts(sluice_server, tmp_path):
+    """The broker stops (SIGTERM: 320 to every connection) and starts again on the same port
+    and data: the worker reconnects by itself, its durable task queue is still there, and a
+    task sent afterwards runs."""
+    from bench.processes import free_ports
+    [port] = free_ports(1)
+    server = sluice_server(tmp_path / "data", "--amqp-port", str(port))
+    server.wait_ready()
+    url = broker_url(server)
+    worker = Worker(url)
+    try:
+        worker.wait_for("ready.")
+        assert run_once(url, (1, 2)) == 3
+        assert server.stop() == 0
+        worker.wait_for("Connection to broker lost")
+        again = sluice_server(tmp_path / "data", "--amqp-port", str(port))
+        again.wait_ready()
+        worker.wait_for(f"Connected to amqp://guest:**@127.0.0.1:{port}//")
+        assert run_once(url, (20, 22)) == 42
+    finally:
+        assert worker.stop() == 0, "".join(worker.output)
+
+
+def run_once(url: str, args: tuple[int, int]) -> int:
+    """Send ``add(*args)`` from a client of its own and wait for the result."""
+    from celery import Celery
+    client = Celery("once", broker=url, backend="rpc://")
+    client.conf.update(task_serializer="json", result_serializer="json", accept_content=["json"])
+    try:
+        return client.send_task(f"{APP}.add", args).get(timeout=WAIT_S)
+    finally:
+        client.close()

@@ -3,6 +3,7 @@ them, the parsed policy, x-death bookkeeping, cycles, expirations; and core's pe
 named queue's head."""
 from __future__ import annotations
 
+import asyncio
 from datetime import UTC, datetime
 
 import pytest
@@ -16,6 +17,7 @@ from protocols.amqp.queue_arguments import (DEFAULT_DELIVERY_LIMIT, QueuePolicy,
 from protocols.amqp.queue_limits import expires_at, parse_expiration
 from tests.unit.amqp.fake_wire import Client, run
 from tests.unit.amqp.test_messages import publish
+from tests.unit.amqp.test_topic_bindings import send_subject
 
 NOW = datetime(2026, 1, 2, 3, 4, 5, 678_000, tzinfo=UTC)
 
@@ -37,6 +39,8 @@ def test_argument_types_and_values_are_checked_as_rabbitmq_checks_them():
     assert refused({"x-overflow": b"drop-tail"}).endswith(": invalid_overflow")
     assert refused({"x-queue-type": "quorum"}, auto_delete=True) == \
         "invalid property 'auto-delete' for queue 'q' in vhost '/'"
+    assert refused({"x-queue-type": "quorum", "x-overflow": "reject-publish-dlx"}) == \
+        "invalid arg 'x-overflow' with value 'reject-publish-dlx' for queue 'q' in vhost '/'"
     check({"x-message-ttl": 0, "x-max-length": 0, "x-overflow": "reject-publish-dlx",
            "x-dead-letter-exchange": "", "x-dead-letter-routing-key": b"k",
            "x-queue-type": "classic", "unknown": object()}, "q", "/",
@@ -204,3 +208,35 @@ def test_redeclarations_compare_the_limits_as_rabbitmq_words_it():
     with pytest.raises(PreconditionFailed, match="received the value '5000000000' of type "
                                                  "'long' but current is none"):
         check_equivalent({}, {"x-max-length-bytes": 5_000_000_000}, "q", "/")
+
+
+def test_messages_from_other_protocols_meet_drop_head_and_ttl(tmp_path):
+    async def scenario(frontend, core):
+        client = Client(frontend)
+        await client.open()
+        await declare(client, "dead")
+        await declare(client, "capped", **{"x-max-length": 1})
+        await declare(client, "short", **{"x-message-ttl": 20, "x-dead-letter-exchange": "",
+                                          "x-dead-letter-routing-key": "dead"})
+        for queue in ("capped", "short"):
+            await client.call(1, Queue.Bind(queue=queue, exchange="amq.topic",
+                                            routing_key="devices.*.telemetry"))
+        host = core.vhosts.get("/")
+        for n in range(3):
+            await send_subject(core, f"devices/d{n}/telemetry", b"%d" % n)
+        await asyncio.sleep(0)  # one turn: the growth callbacks run
+        assert [m.body for m in core.queues.peek(host.named("capped"), 5)] == [b"2"]
+
+        async def three_dead() -> None:
+            while core.queues.ready(host.named("dead")) < 3:
+                await core.queues.signal(host.named("dead"))
+        await asyncio.wait_for(three_dead(), 5)
+        assert sorted(m.body for m in core.queues.peek(host.named("dead"), 5)) == \
+            [b"0", b"1", b"2"]
+        assert core.queues.ready(host.named("short")) == 0
+        waiting = core.engine.signals._waiters
+        assert host.named("capped") in waiting
+        named = host.named("capped")
+        await client.call(1, Queue.Delete(queue="capped"))
+        assert named not in waiting, "a deleted queue keeps nothing waiting"
+    run(tmp_path, scenario)
