@@ -115,6 +115,11 @@ class NamedQueues:
         of it becomes visible again through ``release``)."""
         return self._signals.future(queue)
 
+    def watch(self, queue: str) -> asyncio.Future[None]:
+        """``signal`` for a watcher that may stop watching: cancelling the future drops it at
+        once, so a queue that is gone keeps nothing waiting on it."""
+        return self._signals.future_any((queue,))
+
     def signal_any(self, queues: tuple[str, ...]) -> asyncio.Future[None]:
         """``signal`` for whichever of ``queues`` (the levels of a priority queue) comes first."""
         if len(queues) == 1:

@@ -138,8 +138,8 @@ def check(arguments: Mapping[str, Any] | None, queue: str, vhost: str, *, durabl
             if flag:
                 raise PreconditionFailed(f"invalid property '{name}' for {where}")
         if _as_text(arguments.get("x-overflow")) == "reject-publish-dlx":
-            raise PreconditionFailed(f"invalid arg 'x-overflow' for {where}: "
-                                     "reject-publish-dlx is not supported by quorum queues")
+            raise PreconditionFailed(f"invalid arg 'x-overflow' with value "
+                                     f"'reject-publish-dlx' for {where}")
 
 
 def _as_text(value: Any) -> str | None:

@@ -174,7 +174,7 @@ class QueueLimits:
         if the_policy.message_ttl is None and not (
                 the_policy.limits_length and the_policy.overflow == "drop-head"):
             return
-        queue.watch = self._named.signal(queue.named)
+        queue.watch = self._named.watch(queue.named)
         queue.watch.add_done_callback(lambda _: self._grown(queue))
 
     def _grown(self, queue: _Queue) -> None:

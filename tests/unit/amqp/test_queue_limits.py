@@ -39,6 +39,8 @@ def test_argument_types_and_values_are_checked_as_rabbitmq_checks_them():
     assert refused({"x-overflow": b"drop-tail"}).endswith(": invalid_overflow")
     assert refused({"x-queue-type": "quorum"}, auto_delete=True) == \
         "invalid property 'auto-delete' for queue 'q' in vhost '/'"
+    assert refused({"x-queue-type": "quorum", "x-overflow": "reject-publish-dlx"}) == \
+        "invalid arg 'x-overflow' with value 'reject-publish-dlx' for queue 'q' in vhost '/'"
     check({"x-message-ttl": 0, "x-max-length": 0, "x-overflow": "reject-publish-dlx",
            "x-dead-letter-exchange": "", "x-dead-letter-routing-key": b"k",
            "x-queue-type": "classic", "unknown": object()}, "q", "/",
@@ -232,4 +234,9 @@ def test_messages_from_other_protocols_meet_drop_head_and_ttl(tmp_path):
         assert sorted(m.body for m in core.queues.peek(host.named("dead"), 5)) == \
             [b"0", b"1", b"2"]
         assert core.queues.ready(host.named("short")) == 0
+        waiting = core.engine.signals._waiters
+        assert host.named("capped") in waiting
+        named = host.named("capped")
+        await client.call(1, Queue.Delete(queue="capped"))
+        assert named not in waiting, "a deleted queue keeps nothing waiting"
     run(tmp_path, scenario)
