@@ -418,6 +418,18 @@ def auto_delete_and_exclusive(broker: Any) -> dict[str, Any]:
     channel.basic_cancel(second)
     seen["after the last cancel"] = attempt(connection, lambda ch: ch.queue_declare(
         n("auto"), passive=True).method.consumer_count)
+    consuming = connection.channel()
+    consuming.queue_declare(n("doomed"))
+    cancelled: list[str] = []
+    consuming.add_on_cancel_callback(lambda frame: cancelled.append(frame.method.consumer_tag))
+    consuming.basic_consume(n("doomed"), lambda *args: None, consumer_tag="watcher")
+    deleter = connect(broker)
+    deleter.channel().queue_delete(n("doomed"))
+    deleter.close()
+    deadline = time.monotonic() + WAIT_S
+    while not cancelled and time.monotonic() < deadline:
+        connection.process_data_events(time_limit=0.05)
+    seen["basic.cancel when the queue is deleted"] = cancelled
     owner = connect(broker)
     owner.channel().queue_declare(n("exclusive"), exclusive=True)
     seen["exclusive while open"] = attempt(owner, lambda ch: ch.queue_declare(

@@ -199,6 +199,7 @@ def test_auto_delete_and_exclusive(amqp_broker):
     assert observe(s.auto_delete_and_exclusive, amqp_broker) == {
         "auto-delete before any consumer": 0, "consumers": 2, "after one cancel": 1,
         "after the last cancel": no_queue("auto"),
+        "basic.cancel when the queue is deleted": ["watcher"],
         "exclusive while open": "<exclusive>", "exclusive after close": no_queue("exclusive"),
     }
 
