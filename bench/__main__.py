@@ -99,8 +99,8 @@ SECTIONS: dict[str, Section] = {"store": _store_section, "native": _native_secti
                                 "analytics": _analytics_section, "latency": _latency_section,
                                 "hardening": _hardening_section}
 DEFAULT_SECTIONS = ("store", "native", "mqtt", "amqp", "analytics", "latency", "hardening")
-"""Run when no section is named (``make bench``); the mqtt section takes about 3 minutes on a
-2-core machine."""
+"""Run when no section is named (``make bench``); the mqtt and amqp sections take about 3 minutes
+each on a 2-core machine."""
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
