@@ -749,7 +749,49 @@ async def _aio_pika_patterns(broker: Any) -> dict[str, Any]:
     return n.rel(seen)
 
 
+def prefetch_scopes(broker: Any) -> dict[str, Any]:
+    """aiormq: basic.qos global=true shares one window among a channel's consumers; a
+    basic.qos global=false sent while a consumer runs (what kombu does for Celery)."""
+    return asyncio.run(_prefetch_scopes(broker))
+
+
+async def _prefetch_scopes(broker: Any) -> dict[str, Any]:
+    n = Names()
+    seen: dict[str, Any] = {}
+    connection = await aiormq.connect(broker.url)
+    channel = await connection.channel()
+    for label in ("q1", "q2", "q3"):
+        await channel.queue_declare(n(label))
+        for i in range(5):
+            await channel.basic_publish(f"{label}-{i}".encode(), routing_key=n(label))
+    shared = await connection.channel()
+    await shared.basic_qos(prefetch_count=3, global_=True)
+    got: asyncio.Queue = asyncio.Queue()
+    for label in ("q1", "q2"):
+        await shared.basic_consume(n(label), got.put)
+    for _ in range(3):
+        await asyncio.wait_for(got.get(), WAIT_S)
+    ready = [(await channel.queue_declare(n(label), passive=True)).message_count
+             for label in ("q1", "q2")]
+    seen["global window of 3 over two queues: ready left"] = sum(ready)
+    single = await connection.channel()
+    await single.basic_qos(prefetch_count=1)
+    later: asyncio.Queue = asyncio.Queue()
+    await single.basic_consume(n("q3"), later.put)
+    await asyncio.wait_for(later.get(), WAIT_S)
+    await single.basic_qos(prefetch_count=3)
+    seen["qos raised while consuming: ready left"] = (
+        await channel.queue_declare(n("q3"), passive=True)).message_count
+    await shared.close()
+    await single.close()
+    for label in ("q1", "q2", "q3"):
+        await channel.queue_delete(n(label))
+    await connection.close()
+    return n.rel(seen)
+
+
 SCENARIOS = [declare_answers, unknown_exchange_type, properties_round_trip, confirms_and_returns,
              requeue_on_close_and_recover, routing, refusals, auto_delete_and_exclusive,
              consume_with_prefetch, kombu_simple_queue, request_reply, handshake,
-             transactions_and_purge, direct_reply_to, celery, aio_pika_patterns]
+             transactions_and_purge, direct_reply_to, celery, aio_pika_patterns,
+             prefetch_scopes]

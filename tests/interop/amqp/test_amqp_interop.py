@@ -28,6 +28,10 @@ KNOWN: dict[tuple[str, str], tuple[Callable[[str], Any], str]] = {
             "Sluice has direct, fanout, topic and headers"),
         "RabbitMQ before 3.13 (Debian ships 3.10) closes the connection with 503; 3.13 and 4 "
         "close the channel with 406, as Sluice does"),
+    ("prefetch_scopes", "qos raised while consuming: ready left"): (
+        lambda kind: 4 if kind == "rabbitmq" else 2,
+        "RabbitMQ applies basic.qos global=false to later consumers only; Sluice to the "
+        "running ones too, as kombu (Celery) expects of a server that is not RabbitMQ 3.x"),
 }
 """(scenario, observation key or "" for the whole) -> (expected by broker kind, reason)."""
 
@@ -277,6 +281,15 @@ def test_aio_pika_patterns(amqp_broker):
     assert observe(s.aio_pika_patterns, amqp_broker) == {
         "rpc": 42, "unserved call": ("MessageProcessError", "Message has been returned"),
         "jobs": [0, 1, 2],
+    }
+
+
+def test_prefetch_scopes(amqp_broker):
+    """global=true: one window of 3 over the channel's two consumers (7 of 10 left ready)."""
+    key = "qos raised while consuming: ready left"
+    assert observe(s.prefetch_scopes, amqp_broker) == {
+        "global window of 3 over two queues: ready left": 7,
+        key: known("prefetch_scopes", key, amqp_broker.kind),
     }
 
 
