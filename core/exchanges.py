@@ -242,7 +242,10 @@ class ExchangeGraph:
 
     def unbind(self, source: str, destination: Destination, routing_key: str,
                arguments: Mapping[str, Any] | None = None) -> bool:
-        """Remove a binding; False if there was none such (RabbitMQ answers unbind-ok anyway)."""
+        """Remove a binding; False if there was none such, its exchange included (RabbitMQ
+        answers unbind-ok anyway)."""
+        if source != DEFAULT_EXCHANGE and source not in self._exchanges:
+            return False
         exchange = self._bindable(source)
         removed = exchange.remove(Binding(source, destination, routing_key,
                                           frozen_arguments(dict(arguments or {}))))

@@ -200,11 +200,21 @@ class NamedQueues:
         return out[:limit]
 
     def take(self, queue: str, offset: int, invisible_ms: int) -> None:
-        """Hide the message at ``offset``, the oldest one never popped (``peek``), as a pop
-        would without handing it out; ``settle`` or ``release`` it afterwards."""
+        """Hide the message at ``offset`` (the oldest one never popped, see ``peek``, or one
+        ``returned``) as a pop would without handing it out; ``settle`` or ``release`` it
+        afterwards."""
         cursor = self._cursors.open((queue, queue, 0), self.bounds(queue)[0])
         if offset >= cursor.next:
             cursor.deliver(offset, now_ms(), invisible_ms)
+        elif offset in cursor.inflight:
+            cursor.extend(offset, now_ms(), invisible_ms)
+
+    def returned(self, queue: str, offset: int) -> bool:
+        """Whether the message at ``offset`` was popped and released, and waits to be popped
+        again."""
+        cursor = self._cursors.get((queue, queue, 0))
+        flight = None if cursor is None else cursor.inflight.get(offset)
+        return flight is not None and flight.deadline_ms <= now_ms()
 
     def ready(self, queue: str) -> int:
         """About how many messages of ``queue`` wait to be popped: stored, neither settled nor

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import heapq
 import logging
 import re
 from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence
@@ -108,6 +109,8 @@ class _Queue:
     """Dead letters waiting for this turn's publish."""
     watch: asyncio.Future[None] | None = None
     """Resolved when the queue grows by any way in (MQTT and native messages too)."""
+    returned: list[tuple[int, str, int]] = dataclasses.field(default_factory=list)
+    """Heap of (expires at, named queue, offset) of requeued messages, for the TTL timer."""
 
 
 class QueueLimits:
@@ -309,20 +312,23 @@ class QueueLimits:
         limit = queue.policy.delivery_limit
         if limit is not None and self._named.attempts(named, offset) > limit:
             self._leave(queue, named, offset, DELIVERY_LIMIT)
-        elif queue.policy.message_ttl is not None and self._expired(queue, named, offset):
-            self._leave(queue, named, offset, EXPIRED)
-        else:
+        elif queue.policy.message_ttl is None:
             self._release(queue, named, offset)
+        else:  # a requeue in a queue with a TTL costs a read (from the recent cache)
+            message = self._message(named, offset)
+            deadline = None if message is None else \
+                expires_at(queue.policy, message.properties, message.store_ts)
+            if deadline is not None and deadline <= now_ms():
+                self._leave(queue, named, offset, EXPIRED)
+                return
+            self._release(queue, named, offset)
+            if deadline is not None:
+                heapq.heappush(queue.returned, (deadline, named, offset))
+                self._arm_sweep(queue, deadline)
 
-    def _expired(self, queue: _Queue, named: str, offset: int) -> bool:
-        """Whether the popped message at ``offset`` is past its TTL (read from the recent
-        cache: a requeue in a queue with a TTL costs a read)."""
+    def _message(self, named: str, offset: int) -> Delivery | None:
         messages, _ = self._named.read(named, offset, 1)
-        if not messages or messages[0].queue_offset != offset:
-            return False
-        message = messages[0]
-        deadline = expires_at(queue.policy, message.properties, message.store_ts)
-        return deadline is not None and deadline <= now_ms()
+        return messages[0] if messages and messages[0].queue_offset == offset else None
 
     def ready(self, named: str) -> int:
         return self._named.ready(named)
@@ -353,11 +359,11 @@ class QueueLimits:
         if queue is None or queue.policy.dead_letter_exchange is None:
             self._settle(queue, named, offset)
             return
-        messages, _ = self._named.read(named, offset, 1)
-        if not messages or messages[0].queue_offset != offset:
+        message = self._message(named, offset)
+        if message is None:
             self._settle(queue, named, offset)
             return
-        self._dead_letter(queue, named, [(messages[0], reason)])
+        self._dead_letter(queue, named, [(message, reason)])
 
     # ---------------------------------------------------------------- publish
 
@@ -465,6 +471,22 @@ class QueueLimits:
             self._arm_sweep(queue, now)  # more may be due
         if expired:
             self._dead_letter(queue, queue.named, expired)
+        self._sweep_returned(queue, now)
+
+    def _sweep_returned(self, queue: _Queue, now: int) -> None:
+        """Expire requeued messages whose TTL ran out while they waited (one popped again
+        meanwhile is left to its consumer)."""
+        heap = queue.returned
+        while heap and heap[0][0] <= now:
+            _, named, offset = heapq.heappop(heap)
+            message = self._message(named, offset) if self._named.returned(named, offset) \
+                else None
+            if message is not None:
+                self._named.take(named, offset, MAX_INVISIBLE_MS)
+                self._taken(queue, named, [message])
+                self._dead_letter(queue, named, [(message, EXPIRED)])
+        if heap:
+            self._arm_sweep(queue, heap[0][0])
 
     # ---------------------------------------------------------------- dead letters
 

@@ -352,3 +352,20 @@ def test_a_redeclaration_with_other_limits_is_inequivalent(amqp_server, first, a
     assert closed.value.reply_code == 406
     assert closed.value.reply_text == "PRECONDITION_FAILED - " + error.replace("{q}", queue)
     connection.close()
+
+
+def test_a_message_returned_by_a_closed_channel_still_expires_without_consumers(amqp_server,
+                                                                                channel):
+    dlx, dead = dead_letter_queue(channel)
+    source = name("orphan")
+    channel.queue_declare(source, arguments={"x-message-ttl": 1500,
+                                             "x-dead-letter-exchange": dlx})
+    channel.basic_publish("", source, b"held then dropped")
+    consumer = connect(amqp_server)
+    method, _, _ = consumer.channel().basic_get(source)
+    assert method is not None
+    consumer.close()  # the unacked message goes back to the queue, its TTL still running
+    _, properties, body = next_message(channel, dead)
+    assert body == b"held then dropped"
+    assert properties.headers["x-death"][0]["reason"] == "expired"
+    assert channel.queue_declare(source, passive=True).method.message_count == 0

@@ -20,7 +20,10 @@ from collections.abc import Callable
 from decimal import Decimal
 from typing import Any
 
+import aio_pika
+import aio_pika.exceptions
 import aiormq
+from aio_pika.patterns import RPC, Master
 import amqp.exceptions
 import pika
 import pika.exceptions as pika_errors
@@ -156,6 +159,14 @@ def declare_answers(broker: Any) -> dict[str, Any]:
         n("q"), n("nowhere"), "k"))
     seen["bind missing queue"] = attempt(connection, lambda ch: ch.queue_bind(
         n("none"), n("direct"), "k"))
+    seen["unbind never bound"] = attempt(connection, lambda ch: ch.queue_unbind(
+        n("q"), n("fanout"), "never") and None)
+    seen["unbind from missing exchange"] = attempt(connection, lambda ch: ch.queue_unbind(
+        n("q"), n("nowhere"), "k") and None)
+    seen["unbind missing queue"] = attempt(connection, lambda ch: ch.queue_unbind(
+        n("none"), n("direct"), "k") and None)
+    seen["exchange unbind missing"] = attempt(connection, lambda ch: ch.exchange_unbind(
+        n("none"), n("direct"), "k") and None)
     seen["delete queue if empty"] = attempt(connection, lambda ch: ch.queue_delete(
         n("q"), if_empty=True))
     seen["delete exchange if unused"] = attempt(connection, lambda ch: ch.exchange_delete(
@@ -407,6 +418,18 @@ def auto_delete_and_exclusive(broker: Any) -> dict[str, Any]:
     channel.basic_cancel(second)
     seen["after the last cancel"] = attempt(connection, lambda ch: ch.queue_declare(
         n("auto"), passive=True).method.consumer_count)
+    consuming = connection.channel()
+    consuming.queue_declare(n("doomed"))
+    cancelled: list[str] = []
+    consuming.add_on_cancel_callback(lambda frame: cancelled.append(frame.method.consumer_tag))
+    consuming.basic_consume(n("doomed"), lambda *args: None, consumer_tag="watcher")
+    deleter = connect(broker)
+    deleter.channel().queue_delete(n("doomed"))
+    deleter.close()
+    deadline = time.monotonic() + WAIT_S
+    while not cancelled and time.monotonic() < deadline:
+        connection.process_data_events(time_limit=0.05)
+    seen["basic.cancel when the queue is deleted"] = cancelled
     owner = connect(broker)
     owner.channel().queue_declare(n("exclusive"), exclusive=True)
     seen["exclusive while open"] = attempt(owner, lambda ch: ch.queue_declare(
@@ -686,7 +709,47 @@ def celery(broker: Any) -> dict[str, Any]:
     return seen
 
 
+def aio_pika_patterns(broker: Any) -> dict[str, Any]:
+    """aio-pika's RPC and Master/Worker patterns: an exclusive reply queue, mandatory calls
+    returned when nobody serves them, auto-delete job queues."""
+    return asyncio.run(_aio_pika_patterns(broker))
+
+
+async def _aio_pika_patterns(broker: Any) -> dict[str, Any]:
+    n = Names()
+    seen: dict[str, Any] = {}
+    connection = await aio_pika.connect(broker.url)
+    rpc = await RPC.create(await connection.channel())
+
+    async def multiply(*, x: int, y: int) -> int:
+        return x * y
+    await rpc.register(n("multiply"), multiply, auto_delete=True)
+    seen["rpc"] = await asyncio.wait_for(rpc.call(n("multiply"), kwargs={"x": 6, "y": 7}),
+                                         WAIT_S)
+    try:
+        await asyncio.wait_for(rpc.call(n("nobody"), kwargs={}), WAIT_S)
+        seen["unserved call"] = "answered"
+    except aio_pika.exceptions.MessageProcessError as error:
+        seen["unserved call"] = (type(error).__name__, error.args[0])
+    done: list[int] = []
+    all_done = asyncio.Event()
+
+    async def work(*, job: int) -> None:
+        done.append(job)
+        if len(done) == 3:
+            all_done.set()
+    master = Master(await connection.channel())
+    await master.create_worker(n("jobs"), work, auto_delete=True)
+    for job in range(3):
+        await master.create_task(n("jobs"), kwargs={"job": job})
+    await asyncio.wait_for(all_done.wait(), WAIT_S)
+    seen["jobs"] = done
+    await rpc.close()
+    await connection.close()
+    return n.rel(seen)
+
+
 SCENARIOS = [declare_answers, unknown_exchange_type, properties_round_trip, confirms_and_returns,
              requeue_on_close_and_recover, routing, refusals, auto_delete_and_exclusive,
              consume_with_prefetch, kombu_simple_queue, request_reply, handshake,
-             transactions_and_purge, direct_reply_to, celery]
+             transactions_and_purge, direct_reply_to, celery, aio_pika_patterns]

@@ -95,6 +95,8 @@ def test_declare_answers(amqp_broker):
         "bind and count": (3, 0),
         "bind to missing exchange": no_exchange("nowhere"),
         "bind missing queue": no_queue("none"),
+        "unbind never bound": "ok", "unbind from missing exchange": "ok",
+        "unbind missing queue": "ok", "exchange unbind missing": "ok",
         "delete queue if empty": closed(406, "queue '<q>' in vhost '/' not empty"),
         "delete exchange if unused": closed(406, "exchange '<direct>' in vhost '/' in use"),
         "delete queue": 3, "delete missing queue": 0, "delete missing exchange": "ok",
@@ -197,6 +199,7 @@ def test_auto_delete_and_exclusive(amqp_broker):
     assert observe(s.auto_delete_and_exclusive, amqp_broker) == {
         "auto-delete before any consumer": 0, "consumers": 2, "after one cancel": 1,
         "after the last cancel": no_queue("auto"),
+        "basic.cancel when the queue is deleted": ["watcher"],
         "exclusive while open": "<exclusive>", "exclusive after close": no_queue("exclusive"),
     }
 
@@ -265,6 +268,15 @@ def test_direct_reply_to(amqp_broker):
         "without a reply consumer": closed(406, "fast reply consumer does not exist"),
         "reply consumer with acks": closed(406, "reply consumer cannot acknowledge"),
         "reply to a gone client": (None, None),
+    }
+
+
+def test_aio_pika_patterns(amqp_broker):
+    """aio-pika's RPC (closing it unbinds from the auto-deleted rpc.dlx: unbind-ok) and
+    Master/Worker patterns."""
+    assert observe(s.aio_pika_patterns, amqp_broker) == {
+        "rpc": 42, "unserved call": ("MessageProcessError", "Message has been returned"),
+        "jobs": [0, 1, 2],
     }
 
 

@@ -164,3 +164,4 @@ def test_binding_needs_existing_ends_and_unbinding_keeps_other_arguments(graph):
     assert graph.unbind("amq.headers", q("q1"), "", {"a": 1})
     assert graph.route("amq.headers", "", {"b": 2}) == {"q1"}
     assert not graph.unbind("amq.headers", q("q1"), "", {"a": 1})
+    assert not graph.unbind("no-such-exchange", q("q1"), "")  # unbind-ok, as in RabbitMQ
