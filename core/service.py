@@ -46,6 +46,8 @@ class Broker:
         self._receiver = Receiver(engine)
         self.users = users
         self._rights_listeners: list[Callable[[str, bool], None]] = []
+        self._last_creation: asyncio.Future[None] | None = None
+        """Resolved once the latest send that had to wait for topic creation has appended."""
 
     @property
     def config(self) -> CoreConfig:
@@ -239,10 +241,28 @@ class Broker:
 
     async def _store(self, messages: Sequence[OutgoingMessage], create_topics: bool) -> list[SendResult]:
         topics = self._topics
-        if create_topics:
-            for topic in {m.topic for m in messages if m.topic not in topics}:
-                await topics.auto_create(topic)
+        if create_topics and (self._last_creation is not None
+                              or any(m.topic not in topics for m in messages)):
+            await self._create_in_order(messages)
         return await self._engine.producer.send(topics.get, messages)
+
+    async def _create_in_order(self, messages: Sequence[OutgoingMessage]) -> None:
+        """Create the missing topics of ``messages`` after every earlier send that waited for
+        one has appended, so sends are appended in the order they were made: one that finds
+        its topics exists does not overtake one still creating (a connection overlapping its
+        publishes with their fsyncs relies on this). The caller appends right after, in the same
+        event-loop step."""
+        previous = self._last_creation
+        mine = self._last_creation = asyncio.get_running_loop().create_future()
+        try:
+            if previous is not None:
+                await asyncio.shield(previous)
+            for topic in {m.topic for m in messages if m.topic not in self._topics}:
+                await self._topics.auto_create(topic)
+        finally:
+            mine.set_result(None)
+            if self._last_creation is mine:
+                self._last_creation = None
 
     def topic_of_subject(self, subject: str) -> str:
         """The topic that stores messages sent with ``subject`` (``core.topic_map``)."""

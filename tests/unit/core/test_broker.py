@@ -339,3 +339,21 @@ def test_not_found_errors_name_the_resource_in_one_sentence(tmp_path):
         assert set(errors[5:]) == {"consumer group 'ghost' does not exist; create it (`sluice "
                                    "group create ghost`) or let a consumer's heartbeat create it"}
     run(tmp_path, scenario, config=CoreConfig(auto_create_topics=False, auto_create_groups=False))
+
+
+def test_sends_are_appended_in_the_order_made_while_a_topic_is_being_created(tmp_path):
+    """A send that finds its topic exists does not overtake an earlier one still creating its
+    topic: an AMQP connection overlapping its publishes with their fsyncs relies on this, as
+    both can land in one queue."""
+    async def scenario(core: Core) -> None:
+        broker = core.broker
+        await topic(broker, "existing", queues=1)
+        first = asyncio.create_task(broker.send_decided(
+            [OutgoingMessage("created-now", b"m1", also_into=("%SYS%q",))]))
+        await asyncio.sleep(0)  # the first send is waiting for its topic's metadata write
+        second = asyncio.create_task(broker.send_decided(
+            [OutgoingMessage("existing", b"m2", also_into=("%SYS%q",))]))
+        await asyncio.gather(first, second)
+        messages, _ = core.queues.read("%SYS%q", 0, 10)
+        assert [m.body for m in messages] == [b"m1", b"m2"]
+    run_core(tmp_path, scenario)
