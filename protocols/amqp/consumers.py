@@ -30,7 +30,7 @@ def consumer_priority(arguments: Mapping[str, Any] | None) -> int:
 
 
 class Member(Protocol):
-    """What the registry needs of a consumer (``messages.Consumer``)."""
+    """What the registry needs of a consumer (``consumer.Consumer``)."""
 
     queue: str
     queue_name: str
