@@ -5,13 +5,10 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
-
 from pamqp.base import Frame
 from pamqp.commands import Basic
 
-if TYPE_CHECKING:
-    from .consumer import Consumer
+from .consumer import Consumer
 
 
 @dataclass(eq=False)

@@ -7,36 +7,62 @@ never a task per message. Its connection (``messages.Messages``) sends the deliv
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING
+from collections.abc import Sized
+from typing import Protocol
 
 from pamqp.commands import Basic
 
+from core.model import Delivery
 from core.queue_features import features, levels
 from core.service import MAX_INVISIBLE_MS
 from core.vhosts import QueueSettings
 
-from .channel_state import ChannelState
-from .consumers import consumer_priority
-
-if TYPE_CHECKING:
-    from .messages import Messages
+from .connection import ServerConnection
+from .consumers import Consumers, consumer_priority
+from .flow_control import WriteGate
+from .queue_limits import QueueLimits
 
 MAX_POP = 256
 """Most messages one consumer takes from its queue per dispatch."""
 
 
+class Window(Protocol):
+    """The channel's limits a consumer obeys (``channel_state.ChannelState``)."""
+
+    prefetch: int
+    global_prefetch: int
+    unacked: Sized
+    flowing: bool
+
+
+class Owner(Protocol):
+    """The connection a consumer delivers through (``messages.Messages``)."""
+
+    conn: ServerConnection
+    gate: WriteGate
+    queues: QueueLimits
+    consumers: Consumers
+
+    def deliver(self, consumer: Consumer, delivery: Delivery) -> None: ...
+
+    def write_out(self) -> None: ...
+
+    def cancel_from_server(self, consumer: Consumer) -> None: ...
+
+
 class Consumer:
     """One basic.consume: pops as many messages as its prefetch window has room for."""
 
-    def __init__(self, owner: Messages, channel: int, state: ChannelState, tag: str,
-                 queue: QueueSettings, m: Basic.Consume) -> None:
+    def __init__(self, owner: Owner, channel: int, state: Window, tag: str, vhost: str,
+                 queue: QueueSettings, named: str, m: Basic.Consume) -> None:
         self.owner = owner
         self.channel = channel
         self.state = state
         self.tag = tag
-        self.vhost = owner.topology.vhost
+        self.vhost = vhost
         self.queue_name = queue.name
-        self.queue = owner.vhosts.get(self.vhost).named(queue.name)
+        self.queue = named
+        """The core named queue of the AMQP queue (its level 0, in a priority queue)."""
         kind = features(queue.arguments)
         self.levels = levels(self.queue, kind.max_priority)
         self.single_active = kind.single_active

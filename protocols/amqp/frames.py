@@ -20,8 +20,6 @@ from typing import Final, TypeVar
 
 from pamqp import commands, frame
 from pamqp.base import Frame
-from pamqp.body import ContentBody
-from pamqp.header import ContentHeader
 from pamqp.heartbeat import Heartbeat
 
 PROTOCOL_HEADER: Final = b"AMQP\x00\x00\x09\x01"

@@ -201,14 +201,15 @@ class Messages:
     def _consume(self, channel: int, m: Basic.Consume) -> Frame | None:
         if m.queue == direct_reply.PSEUDO_QUEUE:
             return self._consume_replies(channel, m)
-        queue, _ = self._queue(channel, m.queue)
+        queue, named = self._queue(channel, m.queue)
         state = self._channels.of(channel)
         tag = m.consumer_tag or f"amq.ctag-{uuid.uuid4().hex}"
         if tag in state.consumers or tag == state.reply_tag:  # a connection error in RabbitMQ
             self.conn.close_connection(ReplyCode.NOT_ALLOWED, "NOT_ALLOWED - attempt to reuse "
                                        f"consumer tag {clip(tag)}", *ids(m))
             return None
-        consumer = Consumer(self, channel, state, tag, queue, m)
+        consumer = Consumer(self, channel, state, tag, self.topology.vhost, queue, named,
+                            m)
         if features(queue.arguments).stream:
             check_consumer(queue.name, self.topology.vhost, m.no_ack, consumer.prefetch)
             consumer.stream_offset = start_offset(
