@@ -6,13 +6,15 @@ Runs on the event loop.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from typing import Any
 
 from pamqp.base import Frame
 from pamqp.commands import Basic
 
 from core.errors import AccessDenied, NotSupported, PreconditionFailed, SluiceError
 from core.model import Action, OutgoingMessage, Principal
+from core.queue_features import field_type
 from core.service import Broker
 from core.untrusted import clip
 from core.vhost_permissions import Right
@@ -30,6 +32,24 @@ from .reason_codes import ReplyCode
 from .topology import Topology
 
 Fail = Callable[[int, Frame, Exception], None]
+CC, BCC = "CC", "BCC"
+"""Sender-selected distribution: headers naming more routing keys for the same publish."""
+
+
+def routing_keys(routing_key: str, headers: Mapping[str, Any] | None) -> list[str]:
+    """The keys a publish is routed with: its own, then the strings in its ``CC`` and ``BCC``
+    headers (other items are skipped); PreconditionFailed (406) if either is not an array,
+    in RabbitMQ's words."""
+    keys = [routing_key]
+    for name in (CC, BCC):
+        extra = headers.get(name) if headers else None
+        if extra is None:
+            continue
+        if not isinstance(extra, list):
+            raise PreconditionFailed(f"invalid message: {{unacceptable_type_in_header,"
+                                     f"\"{name}\",{field_type(extra)}}}")
+        keys += [key for key in extra if isinstance(key, str) and key not in keys]
+    return keys
 
 
 class Publisher:
@@ -128,8 +148,12 @@ class Publisher:
         m, properties = event.method, event.properties
         self._check(event)
         vhost = self.topology.vhost
-        queues = tuple(self.vhosts.route(vhost, m.exchange, m.routing_key, properties.headers,
-                                          properties.priority))
+        queues: dict[str, None] = {}  # in order, once each
+        for key in routing_keys(m.routing_key, properties.headers):
+            queues.update(dict.fromkeys(self.vhosts.route(
+                vhost, m.exchange, key, properties.headers, properties.priority)))
+        if properties.headers and BCC in properties.headers:  # never shown to consumers
+            properties.headers = {k: v for k, v in properties.headers.items() if k != BCC}
         subject = subject_of_key(m.routing_key) if m.exchange == TOPIC_EXCHANGE \
             and m.routing_key else None
         if not queues and subject is None:  # amq.topic's topic has readers of its own
@@ -145,7 +169,7 @@ class Publisher:
                                f"refused for user {clip(self.principal.user)} (publishing to "
                                f"{clip(subject or topic)})")
         return to_outgoing(topic, subject, m.exchange, m.routing_key, properties, event.body,
-                           queues)
+                           tuple(queues))
 
     def _unroutable(self, event: PublishReceived, state: ChannelState, tag: int) -> None:
         m = event.method

@@ -57,6 +57,26 @@ def test_an_unroutable_mandatory_publish_is_returned(amqp_server):
     connection.close()
 
 
+def test_cc_and_bcc_headers_route_one_publish_with_more_keys_and_bcc_is_hidden(amqp_server):
+    connection = connect(amqp_server)
+    channel = connection.channel()
+    channel.confirm_delivery()
+    queues = {key: name(f"sender-selected-{key}") for key in ("to", "cc", "bcc", "other")}
+    for key, queue in queues.items():
+        channel.queue_declare(queue, exclusive=True)
+        channel.queue_bind(queue, "amq.direct", f"{queue}-key")
+    keys = {key: f"{queue}-key" for key, queue in queues.items()}
+    channel.basic_publish("amq.direct", keys["to"], b"memo", pika.BasicProperties(
+        headers={"CC": [keys["cc"], keys["to"]], "BCC": [keys["bcc"]], "n": 1}))
+    for key in ("to", "cc", "bcc"):
+        method, properties, body = channel.basic_get(queues[key], auto_ack=True)
+        assert body == b"memo" and method.routing_key == keys["to"], key
+        assert properties.headers == {"CC": [keys["cc"], keys["to"]], "n": 1}, key
+        assert channel.basic_get(queues[key]) == (None, None, None), key  # reached once
+    assert channel.basic_get(queues["other"]) == (None, None, None)
+    connection.close()
+
+
 def test_a_spoofed_user_id_is_refused_with_406(amqp_server):
     connection = connect(amqp_server)
     channel = connection.channel()

@@ -790,8 +790,43 @@ async def _prefetch_scopes(broker: Any) -> dict[str, Any]:
     return n.rel(seen)
 
 
+def sender_selected(broker: Any) -> dict[str, Any]:
+    """A publish with ``CC`` and ``BCC`` headers: which queues get it, with which routing key
+    and headers (a key listed twice routes once; ``BCC`` never reaches a consumer)."""
+    n = Names()
+    connection = connect(broker)
+    channel = connection.channel()
+    channel.exchange_declare(n("direct"), "direct")
+    for label in ("to", "cc", "bcc", "other"):
+        channel.queue_declare(n(label))
+        channel.queue_bind(n(label), n("direct"), label)
+    channel.confirm_delivery()
+    channel.basic_publish(n("direct"), "to", b"memo", pika.BasicProperties(
+        headers={"CC": ["cc", "to"], "BCC": ["bcc"], "x": 1}))
+    channel.basic_publish(n("direct"), "to", b"odd items", pika.BasicProperties(
+        headers={"CC": [1, "cc"]}))
+
+    def cc_not_an_array(confirming: Any) -> None:
+        confirming.confirm_delivery()
+        confirming.basic_publish(n("direct"), "to", b"not a list",
+                                 pika.BasicProperties(headers={"CC": "cc"}))
+    seen: dict[str, Any] = {"CC not an array": attempt(connection, cc_not_an_array)}
+    for label in ("to", "cc", "bcc", "other"):
+        got = []
+        while True:
+            method, properties, body = channel.basic_get(n(label), auto_ack=True)
+            if method is None:
+                break
+            got.append((body.decode(), method.routing_key, properties.headers))
+        seen[label] = got
+        channel.queue_delete(n(label))
+    channel.exchange_delete(n("direct"))
+    connection.close()
+    return n.rel(seen)
+
+
 SCENARIOS = [declare_answers, unknown_exchange_type, properties_round_trip, confirms_and_returns,
              requeue_on_close_and_recover, routing, refusals, auto_delete_and_exclusive,
              consume_with_prefetch, kombu_simple_queue, request_reply, handshake,
              transactions_and_purge, direct_reply_to, celery, aio_pika_patterns,
-             prefetch_scopes]
+             prefetch_scopes, sender_selected]

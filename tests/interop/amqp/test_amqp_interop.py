@@ -309,6 +309,18 @@ def test_celery(amqp_broker):
     }
 
 
+def test_sender_selected(amqp_broker):
+    """CC and BCC headers route one publish with more keys (each queue once, items that are
+    not strings skipped); BCC is removed before delivery; a CC that is not an array is 406."""
+    memo = ("memo", "to", {"CC": ["cc", "to"], "x": 1})
+    odd = ("odd items", "to", {"CC": [1, "cc"]})
+    assert observe(s.sender_selected, amqp_broker) == {
+        "CC not an array": closed(406, 'invalid message: {unacceptable_type_in_header,"CC",'
+                                       'longstr}'),
+        "to": [memo, odd], "cc": [memo, odd], "bcc": [memo], "other": [],
+    }
+
+
 def without_known(scenario: str, observed: Any) -> Any:
     """``observed`` with the keys ``KNOWN`` lists for ``scenario`` left out."""
     if (scenario, "") in KNOWN:
