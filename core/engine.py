@@ -21,6 +21,7 @@ from .delivery import RecentMessages, TopicSignals
 from .durable import DurableWaiters
 from .fanout import Fanout
 from .groups import Groups
+from .memory_alarm import MemoryAlarm, watermark_bytes
 from .metadata import MetadataRepository
 from .model import Delivery
 from .produce import Producer
@@ -48,6 +49,7 @@ class Engine:
         self._durable_sends = flush == "sync"
         self.cursors = CursorBook(data_dir)
         self.recent = RecentMessages(config.recent_cache_bytes)
+        self.memory = MemoryAlarm(watermark_bytes(config.memory_high_watermark))
         self.signals = TopicSignals()
         self.fanout = Fanout(subject_syntax)
         self.subject_topics = subject_topics
@@ -86,6 +88,7 @@ class Engine:
             lambda: (metadata.list_topics(), metadata.list_groups(), metadata.list_subscriptions()))
         self.topics.load(topics)
         self.groups.load(groups, subscriptions)
+        self.memory.start()
         self._tasks = [asyncio.create_task(self.groups.expire_members()),
                        asyncio.create_task(self._commit_offsets()),
                        asyncio.create_task(self._retain())]
@@ -98,6 +101,7 @@ class Engine:
     async def close(self) -> None:
         """Stop timers, wake every long poll with an empty answer, persist offsets."""
         self.begin_shutdown()
+        self.memory.stop()
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)

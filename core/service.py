@@ -24,6 +24,7 @@ from .consume import pull_queue, to_delivery
 from .engine import Engine
 from .errors import AccessDenied, InvalidArgument, MessageNotFound, Unavailable
 from .filters import parse_filter
+from .memory_alarm import MemoryAlarm
 from .model import (SUBJECT_PROPERTY, Action, Delivery, GroupConfig, GroupStats, OutgoingMessage,
                     Principal, PullResult, QueueLag, QueueStats, ResourceKind, SendResult,
                     Subscription, TopicConfig, TopicStats)
@@ -66,6 +67,16 @@ class Broker:
         waiters = self._engine.waiters
         waiters.health_watchers.append(watcher)
         return waiters.store_failure
+
+    def watch_memory(self, watcher: Callable[[bool], None]) -> bool:
+        """Call ``watcher(on)`` whenever the memory alarm goes on or off (``core.memory_alarm``);
+        returns whether it is on now. Runs on the event loop, and so do the calls."""
+        return self._engine.memory.watch(watcher)
+
+    @property
+    def memory_alarm(self) -> MemoryAlarm:
+        """The memory alarm: whether it is on, the last resident size and the watermark."""
+        return self._engine.memory
 
     # --- authentication and authorization ---
 

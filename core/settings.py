@@ -21,3 +21,6 @@ class CoreConfig:
     recent_cache_bytes: int = 64 << 20
     retention_check_interval_ms: int = 60_000
     """How often the store's retention runs and topics' own retention limits are applied."""
+    memory_high_watermark: float = 0.4
+    """The memory alarm goes on (publishers are blocked) while the broker's resident memory is
+    above this fraction of the machine's memory, as RabbitMQ's ``vm_memory_high_watermark``."""

@@ -145,18 +145,28 @@ def query_int(request: web.Request, name: str, default: int) -> int:
 # --- service ---
 
 async def health(request: web.Request, principal: Principal) -> web.Response:
-    """Store and metadata status; 503 when either fails, and 503 ``degraded`` (with what is
-    wrong and what to do) while the store cannot write."""
+    """Store, metadata and memory status; 503 when the store or metadata fails, and 503
+    ``degraded`` (with what is wrong) while the store cannot write or the memory alarm is on
+    (publishers are blocked then)."""
     d = deps(request)
     metadata = await _check_metadata(d)
+    memory = _check_memory(d.broker)
     degraded = getattr(d.store, "degraded", None)
-    if degraded:
-        return web.json_response({"status": "degraded", "store": degraded, "metadata": metadata},
-                                 status=503)
+    if degraded or memory.get("alarm"):
+        return web.json_response({"status": "degraded", "store": degraded or _check_store(d.store),
+                                  "metadata": metadata, "memory": memory}, status=503)
     checks = {"store": _check_store(d.store), "metadata": metadata}
     ok = all(c["status"] == "ok" for c in checks.values())
-    return web.json_response({"status": "ok" if ok else "failing", **checks},
+    return web.json_response({"status": "ok" if ok else "failing", **checks, "memory": memory},
                              status=200 if ok else 503)
+
+
+def _check_memory(broker: Any) -> dict[str, Any]:
+    alarm = getattr(broker, "memory_alarm", None)
+    if alarm is None:
+        return {"status": "unknown"}
+    return {"status": "alarm" if alarm.on else "ok", "alarm": alarm.on,
+            "resident_bytes": alarm.resident, "high_watermark_bytes": alarm.limit}
 
 
 def _check_store(store: Any) -> dict[str, Any]:

@@ -68,6 +68,7 @@ class BrokerCollector(Collector):
     def collect(self) -> Iterator[Metric]:
         broker, store = self.deps.broker, self.deps.store
         yield from self._store(store)
+        yield from self._memory(broker)
         yield from self._topics(broker)
         yield from self._groups(broker)
         yield from self._counters(broker)
@@ -86,6 +87,19 @@ class BrokerCollector(Collector):
         yield CounterMetricFamily("sluice_store_written_bytes",
                                   "Bytes appended to the commit log since it was created",
                                   value=visible)
+
+    def _memory(self, broker: Any) -> Iterator[Metric]:
+        alarm = getattr(broker, "memory_alarm", None)
+        if alarm is None:
+            return
+        yield GaugeMetricFamily("sluice_memory_alarm", "1 while the memory alarm is on "
+                                "(publishers are blocked), else 0", value=int(alarm.on))
+        yield GaugeMetricFamily("sluice_memory_resident_bytes",
+                                "The broker's resident memory at the last check",
+                                value=alarm.resident)
+        yield GaugeMetricFamily("sluice_memory_high_watermark_bytes",
+                                "Resident memory above which the memory alarm goes on",
+                                value=alarm.limit)
 
     def _topics(self, broker: Any) -> Iterator[Metric]:
         stored = CounterMetricFamily("sluice_topic_stored_messages",

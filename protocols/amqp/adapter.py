@@ -417,6 +417,8 @@ class AmqpAdapter:
                 if isinstance(unread, MethodReceived) and not self._transactional(unread.channel):
                     self.messages.settle_read(unread.channel, unread.method)
             self.messages.closed()
+        if self.transactions is not None:
+            self.transactions.closed()
         if self.topology is not None and self.topology.exclusive:
             self.host.spawn(self.topology.delete_exclusive())
         self.host.closed(self)

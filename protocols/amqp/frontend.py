@@ -73,13 +73,14 @@ class AmqpFrontend:
 
     async def start(self) -> None:
         """Bind the subject filters of the queues bound to ``amq.topic`` (before anything can
-        publish), take up the queues' limits, watch the store for the disk alarm and start
-        the timer that checks every connection."""
+        publish), take up the queues' limits, watch the store and memory for the resource
+        alarms and start the timer that checks every connection."""
         self.vhosts.mirror_topic_bindings(SubjectBindings(self._named))
         for vhost in self.vhosts.names():
             for settings in list(self.vhosts.get(vhost).queues.values()):
                 self.queues.register(vhost, settings, loaded=True)
         self.alarms.store_health(self.broker.watch_store(self.alarms.store_health))
+        self.alarms.memory(self.broker.watch_memory(self.alarms.memory))
         self._sweep = asyncio.get_running_loop().create_task(self._sweeping())
 
     async def stop(self) -> None:

@@ -127,6 +127,13 @@ class Transactions:
                 return  # the publishes failed and closed the channel: its deliveries go back
             await self.messages.answer(channel, ack)
 
+    def closed(self) -> None:
+        """The connection is gone: every open transaction is rolled back, its bodies freed at
+        once rather than whenever the garbage collector gets to the closed connection."""
+        self._held.clear()
+        self._confirming.clear()
+        self._bytes = 0
+
     def channel_closed(self, channel: int) -> None:
         """A closed channel's transaction is rolled back; a reopened one starts plain."""
         held = self._held.pop(channel, None)

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from core.errors import InvalidArgument
+from core.memory_alarm import watermark_bytes
 from core.settings import CoreConfig
 from core.topic_map import SubjectTopics, parse_rules
 from store.api import StoreConfig
@@ -348,6 +349,10 @@ def _validate(config: Config) -> None:
             raise ConfigError(f"{dotted} = {value} must be greater than 0")
     if not config.data_dir:
         raise ConfigError("data_dir is empty; name the directory that holds the store")
+    try:
+        watermark_bytes(config.core.memory_high_watermark)
+    except ValueError as error:
+        raise ConfigError(str(error)) from None
 
 
 def describe_sources() -> list[tuple[str, str, str]]:
