@@ -82,3 +82,19 @@ def test_publishers_stay_blocked_until_both_alarms_clear():
     assert alarms.reason == LOW_ON_MEMORY and connection.seen == [LOW_ON_MEMORY]
     alarms.memory(False)
     assert alarms.reason is None and connection.seen == [LOW_ON_MEMORY, None]
+
+
+def test_freed_memory_the_allocator_keeps_is_given_back_before_deciding():
+    reading, releases = Reading(), []
+
+    def release() -> None:  # as malloc_trim: what was freed leaves the resident set
+        releases.append(reading.value)
+        reading.value -= 30 * MIB
+
+    alarm = MemoryAlarm(100 * MIB, reading, release)
+    reading.value = 90 * MIB
+    alarm.check()
+    assert releases == [] and alarm.on is False  # no heap walk while memory is low
+    reading.value = 120 * MIB
+    alarm.check()
+    assert releases == [120 * MIB] and alarm.on is False and alarm.resident == 90 * MIB
