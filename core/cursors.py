@@ -129,6 +129,22 @@ class Cursor:
                 due.append(offset)
         return due
 
+    def visible(self, now_ms: int) -> int:
+        """How many in-flight messages are visible again at ``now_ms`` (their deadline passed,
+        or they were released): a walk of the due part of the deadline heap only."""
+        heap, count = self.expiries, 0
+        stack = [0] if heap else []
+        while stack:
+            index = stack.pop()
+            deadline, offset, version = heap[index]
+            if deadline > now_ms:
+                continue  # and so are all below it
+            flight = self.inflight.get(offset)
+            if flight is not None and flight.version == version:
+                count += 1
+            stack += [child for child in (2 * index + 1, 2 * index + 2) if child < len(heap)]
+        return count
+
     def next_deadline(self) -> int | None:
         """The earliest live invisible deadline, if any."""
         heap = self.expiries

@@ -218,13 +218,14 @@ class NamedQueues:
 
     def ready(self, queue: str) -> int:
         """About how many messages of ``queue`` wait to be popped: stored, neither settled nor
-        popped and unsettled (cheap: from the consumption state, nothing is read)."""
+        popped and invisible (released ones count; cheap: from the consumption state, nothing
+        is read)."""
         earliest, end = self._engine.reader.range(queue, 0)
         cursor = self._cursors.get((queue, queue, 0))
         if cursor is None:
             return end - earliest
-        return max(0, end - max(cursor.committed, earliest) - len(cursor.acked)
-                   - len(cursor.inflight))
+        invisible = len(cursor.inflight) - cursor.visible(now_ms())
+        return max(0, end - max(cursor.committed, earliest) - len(cursor.acked) - invisible)
 
     def next_redelivery_ms(self, queue: str) -> int | None:
         """When the earliest popped, unsettled message of ``queue`` becomes visible again."""

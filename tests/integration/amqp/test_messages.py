@@ -158,3 +158,36 @@ def test_amq_topic_reaches_mqtt_subscribers_and_native_consumers(amqp_server):
                     if bodies:
                         return bodies
     assert b"21.5" in asyncio.run(read_natively())
+
+
+def test_requeued_messages_count_as_ready_again(amqp_server):
+    """message_count (queue.declare-ok, basic.get-ok) counts what a nack with requeue or a
+    closed channel or connection put back, not only what was never delivered."""
+    connection = connect(amqp_server)
+    channel = connection.channel()
+    queue = name("recount")
+    channel.queue_declare(queue)
+    for n in range(5):
+        channel.basic_publish("", queue, f"m{n}".encode())
+
+    def ready() -> int:
+        return channel.queue_declare(queue, passive=True).method.message_count
+
+    assert ready() == 5
+    method, _, _ = channel.basic_get(queue)
+    assert method.message_count == 4 and ready() == 4
+    channel.basic_nack(method.delivery_tag, requeue=True)
+    assert ready() == 5
+    consumer = connection.channel()
+    consumer.basic_qos(prefetch_count=2)
+    got = []
+    consumer.basic_consume(queue, lambda ch, m, p, b: got.append(m.delivery_tag))
+    while len(got) < 2:
+        connection.process_data_events(time_limit=WAIT_S)
+    assert ready() == 3
+    consumer.close()  # its two unacked deliveries go back
+    assert ready() == 5
+    connection.close()
+    connection = connect(amqp_server)
+    assert connection.channel().queue_declare(queue, passive=True).method.message_count == 5
+    connection.close()
