@@ -54,12 +54,47 @@ class Server:
             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=clean_env())
         self.lines: queue.Queue[str | None] = queue.Queue()
         self.output: list[str] = []
+        self._log: list[str] = []
+        self._log_ended = False
+        self._log_grew = threading.Condition()
         threading.Thread(target=self._pump, daemon=True).start()
+        threading.Thread(target=self._pump_log, daemon=True).start()
 
     def _pump(self) -> None:
         for line in self.process.stdout:
             self.lines.put(line)
         self.lines.put(None)
+
+    def _pump_log(self) -> None:
+        """Read stderr as it is written: a broker logging more than a pipe holds must never
+        block on a test that reads its log only at the end."""
+        for line in self.process.stderr:
+            with self._log_grew:
+                self._log.append(line)
+                self._log_grew.notify_all()
+        with self._log_grew:
+            self._log_ended = True
+            self._log_grew.notify_all()
+
+    def log(self) -> str:
+        """What the broker wrote to stderr so far: all of it once the process has ended."""
+        with self._log_grew:
+            if self.process.poll() is not None:
+                self._log_grew.wait_for(lambda: self._log_ended, timeout=10)
+            return "".join(self._log)
+
+    def follow_log(self) -> Iterator[str]:
+        """The broker's stderr lines from the first, each as soon as it is written, until the
+        process ends."""
+        seen = 0
+        while True:
+            with self._log_grew:
+                self._log_grew.wait_for(lambda: seen < len(self._log) or self._log_ended)
+                lines = self._log[seen:]
+                if not lines:
+                    return
+                seen = len(self._log)
+            yield from lines
 
     def wait_ready(self, timeout: float = 60) -> None:
         """Read stdout until the ready line; fail with stderr if the process ends first."""
@@ -67,7 +102,7 @@ class Server:
             line = self.lines.get(timeout=timeout)
             if line is None:
                 raise AssertionError(f"sluice serve exited early: {self.process.wait()}\n"
-                                     f"{''.join(self.output)}{self.process.stderr.read()}")
+                                     f"{''.join(self.output)}{self.log()}")
             self.output.append(line)
             if line.startswith(READY_LINE):
                 break
@@ -105,7 +140,7 @@ class Server:
                 self.process.wait(timeout=20)
             except subprocess.TimeoutExpired:
                 self.kill()
-        return self.process.stderr.read()[-12000:]
+        return self.log()[-12000:]
 
 
 def clean_env() -> dict[str, str]:

@@ -276,7 +276,7 @@ class BrokerLog(threading.Thread):
         self.tail: list[str] = []
 
     def run(self) -> None:
-        for line in self.server.process.stderr:
+        for line in self.server.follow_log():
             self.lines += 1
             self.tail = [*self.tail[-200:], line]
             if (" ERROR " in line or " CRITICAL " in line or line.startswith("Traceback")) \

@@ -224,14 +224,14 @@ def test_logs_can_be_json_lines_at_a_chosen_level(sluice_server, tmp_path):
     server = sluice_server(tmp_path / "data", "--log-format", "json")
     server.wait_ready()
     assert server.stop() == 0
-    lines = [json.loads(line) for line in server.process.stderr.read().splitlines()]
+    lines = [json.loads(line) for line in server.log().splitlines()]
     assert any(entry["message"].startswith("stopping") for entry in lines)
     assert all({"ts", "level", "logger", "message"} <= set(entry) for entry in lines)
 
     quiet = sluice_server(tmp_path / "data", "--log-level", "warning")
     quiet.wait_ready()
     assert quiet.stop() == 0
-    assert "stopping" not in quiet.process.stderr.read()
+    assert "stopping" not in quiet.log()
 
 
 def test_an_interrupted_send_says_how_many_it_sent(server):

@@ -70,7 +70,7 @@ def test_malformed_frames_close_only_their_connection_with_one_log_line(sluice_s
         assert channel.basic_get("healthy", auto_ack=True)[2] == case.encode()
     healthy.close()
     assert server.stop() == 0
-    log = server.process.stderr.read()
+    log = server.log()
     assert "Traceback" not in log and " ERROR " not in log, log[-3000:]
     for case, (peer, name) in peers.items():
         lines = [line for line in log.splitlines() if peer in line and f"closed: {name}" in line]

@@ -110,7 +110,7 @@ def test_expected_conditions_log_one_line_and_no_traceback(sluice_server, tmp_pa
     publisher.stop()
     subscriber.stop()
     assert server.stop() == 0
-    log = server.process.stderr.read()
+    log = server.log()
 
     assert "Traceback" not in log, log[-6000:]
     assert " ERROR " not in log, log[-6000:]

@@ -48,7 +48,7 @@ class StderrReader:
         self._thread.start()
 
     def _pump(self, server: Server) -> None:
-        for line in server.process.stderr:
+        for line in server.follow_log():
             with self._lock:
                 self.lines.append(line)
 
