@@ -39,7 +39,10 @@ def _malloc_trim() -> Callable[[], None]:
     except (OSError, AttributeError):
         return lambda: None
     trim.argtypes = [ctypes.c_size_t]
-    return lambda: None if trim(0) is None else None
+
+    def release() -> None:
+        trim(0)
+    return release
 
 
 release_free_memory = _malloc_trim()
@@ -114,6 +117,8 @@ class MemoryAlarm:
     def _tick(self) -> None:
         try:
             self.check()
-        except (OSError, ValueError):  # no /proc here: the alarm stays as it was
-            log.exception("reading resident memory failed")
+        except (OSError, ValueError, IndexError) as error:  # no /proc here
+            log.warning("the memory alarm is off: resident memory cannot be read (%s)", error)
+            self._timer = None
+            return
         self._timer = asyncio.get_running_loop().call_later(CHECK_INTERVAL_S, self._tick)

@@ -2,6 +2,8 @@
 setting, and the AMQP alarms that combine it with the disk alarm."""
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 from core.memory_alarm import CLEAR_RATIO, MemoryAlarm, resident_bytes, watermark_bytes
@@ -98,3 +100,32 @@ def test_freed_memory_the_allocator_keeps_is_given_back_before_deciding():
     reading.value = 120 * MIB
     alarm.check()
     assert releases == [120 * MIB] and alarm.on is False and alarm.resident == 90 * MIB
+
+
+
+
+def test_checks_once_a_second_on_the_loop_and_stops_where_memory_cannot_be_read(caplog):
+    readings: list[float] = []
+
+    async def main() -> MemoryAlarm:
+        loop = asyncio.get_running_loop()
+        failed = asyncio.Event()
+
+        def read() -> int:
+            readings.append(loop.time())
+            if len(readings) < 4:  # 100, then 150 (above the mark) read again after release
+                return 100 if len(readings) == 1 else 150
+            failed.set()
+            raise OSError("no /proc")
+
+        alarm = MemoryAlarm(120, read, lambda: None)
+        alarm.start()
+        assert readings and not alarm.on
+        await asyncio.wait_for(failed.wait(), 10)
+        return alarm
+
+    alarm = asyncio.run(main())
+    assert alarm.on and alarm.resident == 150
+    assert [round(b - a, 1) for a, b in zip(readings, readings[1:])] == [1.0, 0.0, 1.0]
+    assert "cannot be read" in caplog.text
+    assert alarm._timer is None  # no further checks, no log line every second
