@@ -158,16 +158,14 @@ class Publisher:
             and m.routing_key else None
         if not queues and subject is None:  # amq.topic's topic has readers of its own
             return None
-        if subject is not None:
-            topic = self.broker.topic_of_subject(subject)
-            allowed = self.broker.subject_allowed(self.principal, Action.PUBLISH, subject)
-        else:
+        if subject is None:  # the exchange's own topic: the vhost's write permission decided
             topic = exchange_topic(vhost, m.exchange)
-            allowed = self.broker.allowed(self.principal, Action.PUBLISH, topic)
-        if not allowed:
-            raise AccessDenied(f"access to exchange {clip(m.exchange)} in vhost {clip(vhost)} "
-                               f"refused for user {clip(self.principal.user)} (publishing to "
-                               f"{clip(subject or topic)})")
+        else:  # the subject space MQTT and native clients share: its publish right decides too
+            topic = self.broker.topic_of_subject(subject)
+            if not self.broker.subject_allowed(self.principal, Action.PUBLISH, subject):
+                raise AccessDenied(f"access to exchange {clip(m.exchange)} in vhost "
+                                   f"{clip(vhost)} refused for user {clip(self.principal.user)} "
+                                   f"(publishing to {clip(subject)})")
         return to_outgoing(topic, subject, m.exchange, m.routing_key, properties, event.body,
                            tuple(queues))
 

@@ -129,8 +129,6 @@ def test_virtual_hosts_are_separate_namespaces_with_their_own_permissions(amqp_s
     assert f"created virtual host {vhost}" in cli(amqp_server, capsys, "vhost", "add", vhost)
     assert vhost in cli(amqp_server, capsys, "vhost", "list")
     assert admin("POST", "/users", {"name": user, "password": "pw"})[0] == 201
-    grant = {"kind": "topic", "pattern": "amqp.*", "actions": ["publish"]}
-    assert admin("POST", f"/users/{user}/permissions", grant)[0] == 201
     with pytest.raises(errors.ProbableAccessDeniedError):
         connect(amqp_server, user=user, password="pw", vhost=vhost)
     cli(amqp_server, capsys, "vhost", "permit", user, vhost, "--configure", ".*", "--write",
@@ -147,7 +145,12 @@ def test_virtual_hosts_are_separate_namespaces_with_their_own_permissions(amqp_s
     connection = connect(amqp_server, user=user, password="pw", vhost=vhost)
     channel = connection.channel()
     channel.confirm_delivery()
-    channel.basic_publish("", "jobs", b"job")
+    channel.basic_publish("", "jobs", b"job")  # the vhost's write permission is enough
+    shared = connection.channel()
+    shared.confirm_delivery()
+    with pytest.raises(errors.ChannelClosedByBroker) as refused:  # MQTT's subjects are not
+        shared.basic_publish("amq.topic", "devices.d1.telemetry", b"reading")
+    assert refused.value.reply_code == 403 and "devices/d1/telemetry" in refused.value.reply_text
     delivered = []
     channel.basic_consume("jobs", lambda *args: delivered.append(args[3]))
     while not delivered:

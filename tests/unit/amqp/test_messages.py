@@ -161,17 +161,26 @@ def test_user_id_must_be_the_logged_in_user(tmp_path):
     run(tmp_path, scenario)
 
 
-def test_a_publish_needs_the_publish_right_on_its_topic(tmp_path):
+def test_the_vhost_write_permission_decides_an_exchange_publish_and_subjects_need_theirs(
+        tmp_path):
+    """As in RabbitMQ, write on the exchange lets a user publish to it (its messages are
+    stored in the exchange's own topic, no topic grant needed); amq.topic's keys are subjects
+    MQTT and native clients share, so publishing there also needs the subject's publish right."""
     async def scenario(frontend, core):
         admin = Client(frontend)
         await admin.open()
         await declared(admin, "q")
-        await core.vhost_admin.permit(USER, "/", ".*", ".*", ".*")
+        await core.vhost_admin.permit(USER, "/", "", "^(amq\\.default|amq\\.topic)$", "")
         client = Client(frontend)
         await client.open(USER)
+        await client.call(1, Confirm.Select())
         publish(client, b"x")
+        await client.expect(Basic.Ack)
+        publish(client, b"reading", exchange="amq.topic", key="devices.d1.telemetry")
         close = await client.expect(Channel.Close)
-        assert close.reply_code == 403 and "amqp.amq%2Edefault" in close.reply_text
+        assert close.reply_code == 403 and "devices/d1/telemetry" in close.reply_text
+        get, _, body = await content_of_get(admin, "q")
+        assert body == b"x"
     run(tmp_path, scenario)
 
 
