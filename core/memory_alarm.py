@@ -4,9 +4,9 @@ alarm goes on, and it goes off once memory is back below ``CLEAR_RATIO`` of the 
 does not flap around it). Memory freed by the broker but kept by the C allocator (glibc keeps
 freed heap pages mapped) would hold the alarm on for ever, so whenever a reading is above the
 clear mark the allocator is first asked to give free pages back (``malloc_trim``) and memory is
-read again; that costs a heap walk at most once a second, only under pressure. Adapters watch it and stop reading publishers meanwhile; consumers
-go on, since they are what frees memory. No thread and no per-message work. Runs on the event
-loop.
+read again; that costs a heap walk at most once a second, only under pressure. Adapters watch
+it and stop reading publishers meanwhile; consumers go on, since they are what frees memory.
+No thread and no per-message work. Runs on the event loop.
 """
 
 from __future__ import annotations
@@ -55,7 +55,8 @@ def total_memory_bytes() -> int:
 
 
 def watermark_bytes(fraction: float) -> int:
-    """The high watermark for ``fraction`` of the machine's memory (``core.memory_high_watermark``)."""
+    """The high watermark for ``fraction`` of the machine's memory
+    (``core.memory_high_watermark``)."""
     if not 0 < fraction <= 1:
         raise ValueError(f"core.memory_high_watermark = {fraction} must be a fraction of the "
                          "machine's memory above 0 and at most 1 (RabbitMQ's default is 0.4)")
