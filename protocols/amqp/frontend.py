@@ -234,8 +234,9 @@ class AmqpFrontend:
         """Every open connection (AMQP keeps nothing of a client once it is gone)."""
         for adapter in list(self._open.values()):
             user = adapter.principal.user if adapter.principal is not None else ""
+            consumed = adapter.messages.consumed() if adapter.messages is not None else ()
             yield ClientView(PROTOCOL, adapter.id, user, adapter.peer, True,
-                             adapter.connected_at_ms, details=adapter.details())
+                             adapter.connected_at_ms, consumed, adapter.details())
 
     def kick(self, client_id: str) -> bool:
         """Close ``client_id``'s connection with 320 CONNECTION_FORCED."""

@@ -274,6 +274,11 @@ class Messages:
         for consumer in state.consumers.values():
             consumer.wake()
 
+    def consumed(self) -> tuple[str, ...]:
+        """The queues this connection's consumers read, each once, sorted."""
+        return tuple(sorted({consumer.queue_name for state in self._channels.values()
+                             for consumer in state.consumers.values()}))
+
     def channel_details(self, channel: int) -> dict[str, Any]:
         """What `sluice channel list` shows of ``channel``: consumers, unacked deliveries,
         prefetch limits, confirm mode and unconfirmed publishes."""

@@ -123,12 +123,16 @@ def admin_cli(server, *args: str) -> subprocess.CompletedProcess:
 
 def test_heartbeats_are_negotiated_and_the_connection_is_listed(amqp_server):
     connection = connect(amqp_server, heartbeat=7, client_properties={"connection_name": "lister"})
+    channel = connection.channel()
+    queue = channel.queue_declare("", exclusive=True).method.queue
+    channel.basic_consume(queue, lambda *delivery: None)
     listed = admin_cli(amqp_server, "client", "list", "--protocol", "amqp", "--json")
     assert listed.returncode == 0, listed.stderr
     [view] = [c for c in json.loads(listed.stdout)
               if c["details"].get("connection_name") == "'lister'"]
     assert view["user"] == "guest" and view["address"].startswith("127.0.0.1:")
     assert view["details"]["heartbeat_s"] == 7 and view["details"]["vhost"] == "/"
+    assert view["subscriptions"] == [queue]  # the queues its consumers read
     kicked = admin_cli(amqp_server, "client", "kick", "amqp", view["client_id"])
     assert kicked.returncode == 0, kicked.stderr
     with pytest.raises(errors.ConnectionClosedByBroker) as closed:
