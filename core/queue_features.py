@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from datetime import datetime
+from decimal import Decimal
 from typing import Any
 
 from .errors import PreconditionFailed
@@ -58,7 +60,7 @@ def check(queue: str, vhost: str, arguments: Mapping[str, Any], *, durable: bool
         raise invalid("x-single-active-consumer", f"{{unacceptable_type,{field_type(single)}}}")
     kind = arguments.get("x-queue-type")
     if kind is not None and not isinstance(kind, str):
-        raise invalid("x-queue-type", f"{{unacceptable_type,{fieldfield_type(kind)}}}")
+        raise invalid("x-queue-type", f"{{unacceptable_type,{field_type(kind)}}}")
     if kind is not None and kind not in QUEUE_TYPES:
         raise invalid("x-queue-type", f"unsupported queue type {clip(kind)}")
     if kind == STREAM:
@@ -72,16 +74,18 @@ def check(queue: str, vhost: str, arguments: Mapping[str, Any], *, durable: bool
 
 
 def field_type(value: Any) -> str:
-    """AMQP's name for the field type of ``value`` (in RabbitMQ's refusals)."""
+    """AMQP's name for the field type of a decoded ``value``, as RabbitMQ names it in its
+    refusals."""
     if isinstance(value, bool):
         return "bool"
     if isinstance(value, int):
         return "long"
-    if isinstance(value, str):
-        return "longstr"
-    if isinstance(value, float):
-        return "double"
-    return "table" if isinstance(value, Mapping) else "array"
+    for kind, name in ((str, "longstr"), (bytes, "longstr"), (bytearray, "longstr"),
+                       (float, "double"), (Decimal, "decimal"), (datetime, "timestamp"),
+                       (Mapping, "table"), (list, "array"), (tuple, "array")):
+        if isinstance(value, kind):
+            return name
+    return "void"
 
 
 def level_queue(queue: str, level: int) -> str:

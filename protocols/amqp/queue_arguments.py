@@ -11,11 +11,10 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from datetime import datetime
-from decimal import Decimal
 from typing import Any, Final
 
 from core.errors import PreconditionFailed
+from core.queue_features import field_type
 from core.untrusted import clip
 
 MAX_EXPIRY_MS: Final = 4_294_967_295
@@ -44,25 +43,9 @@ class QueuePolicy:
         return self.max_length is not None or self.max_length_bytes is not None
 
 
-def _type_name(value: Any) -> str:
-    """The AMQP field type RabbitMQ names in its errors for a decoded value."""
-    if isinstance(value, bool):
-        return "bool"
-    if isinstance(value, int):
-        return "long"
-    if isinstance(value, str):
-        return "longstr"
-    for kind, name in ((bytes, "longstr"), (bytearray, "longstr"), (float, "double"),
-                       (Decimal, "decimal"), (datetime, "timestamp"), (Mapping, "table"),
-                       (list, "array"), (tuple, "array")):
-        if isinstance(value, kind):
-            return name
-    return "void"
-
-
 def _integer(value: Any) -> str | None:
     return None if isinstance(value, int) and not isinstance(value, bool) \
-        else f"{{unacceptable_type,{_type_name(value)}}}"
+        else f"{{unacceptable_type,{field_type(value)}}}"
 
 
 def _non_negative(value: Any, _: Mapping[str, Any]) -> str | None:
@@ -85,7 +68,7 @@ def _expires(value: Any, _: Mapping[str, Any]) -> str | None:
 
 def _text(value: Any) -> str | None:
     return None if isinstance(value, (str, bytes, bytearray)) \
-        else f"{{unacceptable_type,{_type_name(value)}}}"
+        else f"{{unacceptable_type,{field_type(value)}}}"
 
 
 def _dlx(value: Any, _: Mapping[str, Any]) -> str | None:
@@ -208,7 +191,7 @@ def _value(value: Any, typed: bool) -> str:
         return "none"
     if not typed:
         return f"'{value}'"
-    kind = _type_name(value)
+    kind = field_type(value)
     if kind == "long" and -(1 << 31) <= value < 1 << 31:
         kind = "signedint"
     return f"the value '{value}' of type '{kind}'"

@@ -22,6 +22,8 @@ def declare(arguments, durable=True, exclusive=False, auto_delete=False):
     ({"x-max-priority": True}, "{unacceptable_type,bool}"),
     ({"x-single-active-consumer": "yes"}, "{unacceptable_type,longstr}"),
     ({"x-queue-type": "lazy"}, "unsupported queue type 'lazy'"),
+    ({"x-queue-type": 1}, "{unacceptable_type,long}"),
+    ({"x-single-active-consumer": b"yes"}, "{unacceptable_type,longstr}"),
 ])
 def test_refused_arguments_name_the_reason(arguments, reason):
     with pytest.raises(PreconditionFailed) as refused:
