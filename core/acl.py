@@ -29,7 +29,7 @@ is literal once filled in. A placeholder is compared as a whole level: a client 
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from .errors import InvalidArgument
