@@ -7,6 +7,13 @@ import asyncio
 from protocols.amqp.publish_pipeline import PublishPipeline
 
 
+async def turns(count: int = 10) -> None:
+    """Let the loop run ``count`` iterations: every ready callback and task step runs (nothing
+    here waits on I/O or time)."""
+    for _ in range(count):
+        await asyncio.sleep(0)
+
+
 async def stored(done: asyncio.Event, log: list[str], name: str) -> None:
     log.append(f"{name} appended")
     await done.wait()
@@ -26,7 +33,7 @@ async def _overlap() -> None:
     assert log == ["a appended", "b appended"]
     drained = asyncio.ensure_future(pipeline.drain())
     first.set()
-    await asyncio.sleep(0.01)
+    await turns()
     assert not drained.done()
     second.set()
     await asyncio.wait_for(drained, 1)
@@ -42,7 +49,7 @@ async def _limit() -> None:
     first, second = asyncio.Event(), asyncio.Event()
     await pipeline.submit(stored(first, log, "a"), 10)
     submitting = asyncio.ensure_future(pipeline.submit(stored(second, log, "b"), 10))
-    await asyncio.sleep(0.01)
+    await turns()
     assert not submitting.done()
     first.set()
     await asyncio.wait_for(submitting, 1)

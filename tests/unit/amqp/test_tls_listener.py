@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
-import time
 
 from core.untrusted import DenialLog
 from protocols.amqp.tls import TlsListener
@@ -31,9 +30,8 @@ def test_handshakes_beyond_the_bound_are_closed_at_once_and_silent_ones_time_out
                 await asyncio.sleep(0.01)  # polling the listener's own state; no event for it
             extra_reader, extra_writer = await asyncio.open_connection("127.0.0.1",
                                                                        listener.port)
-            began = time.monotonic()
             assert await asyncio.wait_for(extra_reader.read(), 5) == b""
-            assert time.monotonic() - began < 0.9, "the extra one waited for the timeout"
+            assert len(listener._handshakes) == 2, "closed before the silent ones timed out"
             for reader, _ in silent:  # the handshake timeout closes them
                 assert await asyncio.wait_for(reader.read(), 5) == b""
             for _, writer in [*silent, (extra_reader, extra_writer)]:
