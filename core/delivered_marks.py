@@ -18,9 +18,12 @@ file is replaced by one line per queue. Runs on the event loop; not thread-safe.
 
 from __future__ import annotations
 
+import logging
 import os
 
 from store import replace_file
+
+log = logging.getLogger(__name__)
 
 FILE_NAME = "delivered.log"
 COMPACT_BYTES = 1 << 20
@@ -60,6 +63,8 @@ class DeliveredMarks:
         """Marks taken since the last ``flush``."""
         self._fd = -1
         self._size = 0
+        self.failing = False
+        """Whether the last write failed (logged once per failing spell)."""
 
     def restored(self, queue: str) -> int | None:
         """The mark ``queue`` had before this start, once (None afterwards or if it had none)."""
@@ -103,14 +108,30 @@ class DeliveredMarks:
             self._fd = -1
 
     def _append(self, lines: str) -> None:
-        if self._fd < 0:
-            self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-            self._size = os.fstat(self._fd).st_size
-        data = lines.encode()
-        os.write(self._fd, data)
-        self._size += len(data)
-        if self._size > COMPACT_BYTES:
-            self._compact()
+        """Append ``lines``; a write that fails (a full disk, an I/O error) is logged once
+        and dropped: deliveries go on, only their redelivered flag after a crash is at stake."""
+        try:
+            if self._fd < 0:
+                self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+                self._size = os.fstat(self._fd).st_size
+            data = memoryview(lines.encode())
+            while data:
+                written = os.write(self._fd, data)
+                data = data[written:]
+                self._size += written
+            if self._size > COMPACT_BYTES:
+                self._compact()
+        except OSError as error:
+            self._close_file()
+            if not self.failing:
+                log.warning("delivered marks not written to %s (%s): after a crash, messages "
+                            "delivered meanwhile may come back with redelivered=false; writing "
+                            "resumes once the disk takes it", self.path, error)
+            self.failing = True
+            return
+        if self.failing:
+            log.info("delivered marks are written to %s again", self.path)
+        self.failing = False
 
     def _compact(self) -> None:
         """Replace the file by one line per queue (rare: blocks the loop for one small fsync)."""

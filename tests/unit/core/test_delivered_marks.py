@@ -43,3 +43,24 @@ def test_a_restored_mark_makes_the_next_delivery_a_redelivery():
     cursor.delivered_below(14)
     attempts = [cursor.deliver(offset, 0, 1000).attempt for offset in (10, 11, 13, 14)]
     assert attempts == [2, 2, 2, 1]
+
+
+def test_a_full_disk_drops_marks_with_one_warning_and_writing_resumes_after(tmp_path, caplog):
+    """Writing to /dev/full fails with ENOSPC, as a full disk does: flushes go on without
+    raising (deliveries must not stop), one warning says what is at stake, and marks are
+    written again once the file takes them."""
+    marks = DeliveredMarks(str(tmp_path))  # (reading /dev/full would never end: link it after)
+    path = tmp_path / delivered_marks.FILE_NAME
+    path.symlink_to("/dev/full")
+    caplog.set_level("INFO", logger=delivered_marks.__name__)
+    for offset in (1, 2, 3):
+        marks.mark("q", offset)
+        marks.flush()
+    assert marks.failing
+    assert [r.levelname for r in caplog.records] == ["WARNING"]
+    assert "redelivered=false" in caplog.records[0].getMessage()
+    path.unlink()  # space again
+    marks.mark("q", 4)
+    marks.flush()
+    assert not marks.failing and "written" in caplog.records[-1].getMessage()
+    assert read_marks(marks.path) == {"q": 4}
