@@ -38,7 +38,7 @@ from . import rabbitmq
 from .amqp_load import PubSpec, SubSpec, run_load
 from .native_workloads import percentiles
 from .processes import LOOPBACK, ServerUnavailable, group_cpu_seconds, tail
-from .report import Target, _render_targets, _table
+from .report import Target, _render_targets, _table, microseconds_text as _us
 from .sluice_server import serve_process
 
 Log = Callable[[str], None]
@@ -273,10 +273,6 @@ def _render_rows(rows: list[Row]) -> str:
 
 def _ms(seconds: float | None) -> str:
     return "-" if seconds is None else f"{seconds * 1e3:,.2f} ms"
-
-
-def _us(microseconds: float | None) -> str:
-    return "?" if microseconds is None else f"{microseconds:,.1f} us"
 
 
 def _latency_text(row: Row) -> str:

@@ -41,7 +41,7 @@ from .mqtt_discard import flood_filter
 from .mqtt_load import LoadRun, PubSpec, SubSpec, run_load
 from .native_workloads import percentiles
 from .processes import ServerUnavailable, free_ports, group_cpu_seconds, stop_process_group, tail, wait_for_port
-from .report import Target, _render_targets, _table
+from .report import Target, _render_targets, _table, microseconds_text as _us
 
 Log = Callable[[str], None]
 
@@ -267,10 +267,6 @@ def _render_rows(rows: list[Row]) -> str:
 
 def _ms(seconds: float | None) -> str:
     return "-" if seconds is None else f"{seconds * 1e3:,.3f} ms"
-
-
-def _us(microseconds: float | None) -> str:
-    return "?" if microseconds is None else f"{microseconds:,.1f} us"
 
 
 def _latency_text(row: Row) -> str:

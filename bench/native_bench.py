@@ -34,7 +34,7 @@ from types import ModuleType
 from . import rabbitmq
 from .native_workloads import Child, Job, Run, run_pair
 from .processes import ServerUnavailable, tail
-from .report import Target, _render_targets, _table
+from .report import Target, _render_targets, _table, microseconds_text as _us
 from .sluice_server import sluice_server
 
 Log = Callable[[str], None]
@@ -163,10 +163,6 @@ def _render_rows(rows: list[Row]) -> str:
 
 def _ms(seconds: float) -> str:
     return f"{seconds * 1e3:,.2f} ms"
-
-
-def _us(microseconds: float | None) -> str:
-    return "?" if microseconds is None else f"{microseconds:,.1f} us"
 
 
 def _latency_text(row: Row) -> str:

@@ -92,6 +92,11 @@ class Report:
         return "\n".join(parts)
 
 
+def microseconds_text(microseconds: float | None) -> str:
+    """A per-message CPU figure for a table ("?" when it was not measured)."""
+    return "?" if microseconds is None else f"{microseconds:,.1f} us"
+
+
 def _table(header: list[str], lines: list[list[str]], right: Callable[[int], bool]) -> str:
     """Align columns; column ``i`` is right-aligned when ``right(i)``."""
     widths = [max(len(line[i]) for line in [header, *lines]) for i in range(len(header))]
