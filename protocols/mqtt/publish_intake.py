@@ -166,19 +166,22 @@ class PublishIntake:
         messages = [message for _, message in batch]
         exactly_once = [event.packet_id for event, _ in batch if event.qos == 2] \
             if session is not None and session.persistent else []
-        stored: asyncio.Future | None = None
+        stored = False
         try:
-            # The messages and, right behind them, the QoS 2 ids awaiting PUBREL go into the
-            # same append: the log is durable as a prefix, so a saved id implies its message
-            # is stored, and a restart in between cannot store a resent message twice.
-            stored = asyncio.ensure_future(services.broker.send_decided(messages))
-            saved = None
             if exactly_once:
+                # The messages and, right behind them, the QoS 2 ids awaiting PUBREL go into
+                # the same append: the log is durable as a prefix, so a saved id implies its
+                # message is stored, and a restart in between cannot store a resent message
+                # twice.
+                storing = asyncio.ensure_future(services.broker.send_decided(messages))
                 session.qos2.awaiting_release.update(exactly_once)
                 saved = asyncio.ensure_future(services.save_qos2(session))
-            await stored
-            if saved is not None:
+                await storing
+                stored = True
                 await saved
+            else:
+                await services.broker.send_decided(messages)
+                stored = True
         except SluiceError as error:
             log.info("client %s: %d messages not stored: %s", clip(self._client_id), len(batch),
                      error)
@@ -193,10 +196,10 @@ class PublishIntake:
             return
         finally:
             self._settle_retained(batch, stored)
-        conn, write = self._conn, self._write
-        for event, _ in batch:
-            if event.qos:
-                write(conn.ack_publish(event.packet_id))
+        ack = self._conn.ack_publish
+        acks = [ack(event.packet_id) for event, _ in batch if event.qos]
+        if acks:
+            self._write(b"".join(acks))
 
     def release_requested(self, packet_id: int) -> None:
         """A PUBREL: PUBCOMP once every earlier message is stored and the session's QoS 2
@@ -212,14 +215,12 @@ class PublishIntake:
         await self._services.save_qos2(session)
         self._write(self._conn.complete(packet_id))  # nothing once the connection closed
 
-    def _settle_retained(self, batch: _Batch, stored: asyncio.Future | None) -> None:
+    def _settle_retained(self, batch: _Batch, stored: bool) -> None:
         """Retained messages of ``batch`` become retained if stored; else their room is freed."""
-        ok = stored is not None and stored.done() and not stored.cancelled() \
-            and stored.exception() is None
         retained_messages = self._services.retained
         for event, message in batch:
             if message.also_into:
-                if ok:
+                if stored:
                     retained_messages.update(event.topic, message.body, message.properties)
                 else:
                     retained_messages.cancel(event.topic)
