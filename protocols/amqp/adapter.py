@@ -245,6 +245,9 @@ class AmqpAdapter:
         while (event := conn.next_event()) is not None:
             kind = type(event)
             if kind in (MethodReceived, PublishReceived, ChannelClosed, FlowChanged):
+                if kind is MethodReceived and not self._working and not self._work \
+                        and self._acked_now(event):
+                    continue
                 self._work.append(event)
                 if kind is PublishReceived:
                     self.publisher = True
@@ -321,7 +324,7 @@ class AmqpAdapter:
         try:
             while work and not self._done:
                 event = work.popleft()
-                if self._held(event):
+                if self._acked_now(event) or self._held(event):
                     pass
                 elif isinstance(event, PublishReceived):
                     batch = [event]
@@ -338,6 +341,23 @@ class AmqpAdapter:
         finally:
             self._working = False
         self._drain()  # a close decided above, or bytes read meanwhile
+
+    def _acked_now(self, event: Event) -> bool:
+        """Carry out a basic.ack at once, without a coroutine, when nothing read before it
+        waits (the method every consumed message brings back); whether it was one."""
+        if type(event) is not MethodReceived or type(event.method) is not Basic.Ack \
+                or self.messages is None or not self.publishing.idle():
+            return False
+        if self._held(event):  # a transaction's, for its commit
+            return True
+        if not self.conn.can_send(event.channel):  # read before its channel closed
+            self.messages.settle_read(event.channel, event.method)
+            return True
+        try:
+            self.messages.ack(event.channel, event.method)
+        except Exception as error:  # noqa: BLE001 - answered on the wire, as _carry_out does
+            self._fail(event.channel, event.method, error)
+        return True
 
     def _transactional(self, channel: int) -> bool:
         return self.transactions is not None and self.transactions.transactional(channel)

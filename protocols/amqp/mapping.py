@@ -70,6 +70,7 @@ def _escape(name: str) -> str:
     return "".join(c if c in _SAFE else "".join(f"%{b:02X}" for b in c.encode()) for c in name)
 
 
+@functools.lru_cache(maxsize=1024)  # pure, and asked for by every publish
 def exchange_topic(vhost: str, exchange: str) -> str:
     """The native topic storing what is published to ``exchange`` of ``vhost``."""
     name = _escape(exchange or DEFAULT_EXCHANGE_NAME)

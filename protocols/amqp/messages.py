@@ -151,8 +151,12 @@ class Messages:
             to_properties(props, delivery.born_ts), delivery.body)
         return None
 
-    def _ack(self, channel: int, m: Basic.Ack) -> Frame | None:
+    def ack(self, channel: int, m: Basic.Ack) -> None:
+        """basic.ack (never answered); PreconditionFailed for an unknown tag."""
         self._settle(channel, m.delivery_tag, m.multiple, False, False)
+
+    def _ack(self, channel: int, m: Basic.Ack) -> Frame | None:
+        self.ack(channel, m)
         return None
 
     def _nack(self, channel: int, m: Basic.Nack) -> Frame | None:
