@@ -50,7 +50,7 @@ def test_decode_rejects_a_record_altered_anywhere():
 
 
 _names = st.sampled_from(["subject", "mqtt.qos", "mqtt.client", "amqp.headers", "é"])
-_values = st.one_of(st.text(max_size=40), st.text(min_size=1100, max_size=1200))
+_values = st.one_of(st.text(max_size=40), st.sampled_from(["x" * 1100, "é" * 600]))  # lengths past the table
 
 
 @settings(deadline=None)
