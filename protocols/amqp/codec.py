@@ -102,6 +102,8 @@ class Decoder:
         if found is None:
             return None
         header_end = found[1]
+        if header_end - method_end < FRAME_OVERHEAD + 14:  # class, weight, size, flags
+            return None
         class_id, body_size = content_header(buffer, method_end + HEADER_SIZE)
         found = _frame_at(buffer, header_end, BODY, frame_max, channel)
         if found is None or class_id != commands.Basic.frame_id or not body_size \

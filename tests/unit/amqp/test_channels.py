@@ -136,6 +136,10 @@ def test_a_whole_message_above_max_message_size_in_one_body_frame_is_406_too() -
     (method(17, Channel.Open()), ReplyCode.CHANNEL_ERROR),  # above channel_max (16)
     (method(5, Queue.Declare(queue="q")), ReplyCode.CHANNEL_ERROR),  # never opened
     (publish(5, b"x"), ReplyCode.CHANNEL_ERROR),  # a whole publish on a channel never opened
+    (method(1, Basic.Publish()) + b"\x02\x00\x01\x00\x00\x00\x05\x00\x3c\x00\x00\x00\xce",
+     ReplyCode.SYNTAX_ERROR),  # a content header too short to decode, nothing after it
+    (method(1, Basic.Publish()) + b"\x02\x00\x01\x00\x00\x00\x05\x00\x3c\x00\x00\x00\xce"
+     + publish(1, b"x"), ReplyCode.SYNTAX_ERROR),  # the same, a whole publish after it
     (method(1, Basic.Deliver("c", 1, False, "x", "k")), ReplyCode.COMMAND_INVALID),
     (method(1, Channel.CloseOk()), ReplyCode.COMMAND_INVALID),  # no close of ours pending
     (method(1, Basic.Publish()) + method(1, Queue.Declare(queue="q")),
