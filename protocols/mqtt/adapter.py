@@ -170,14 +170,15 @@ class MqttAdapter:
         return self.flow.congested(len(self._out))
 
     def publish(self, topic: str, payload: bytes, qos: int, retain: bool, properties: Properties,
-                packet_id: int | None = None, dup: bool = False) -> int | None:
+                packet_id: int | None = None, dup: bool = False,
+                encoded: dict | None = None) -> int | None:
         if self.closed:
             return None
         if self.conn.version != MQTT_5:
             properties = NO_PROPERTIES  # what only MQTT 5 can say is left out, not the message
         try:
             packet_id, data = self.conn.publish(topic, payload, qos, retain, properties,
-                                                packet_id=packet_id, dup=dup)
+                                                packet_id=packet_id, dup=dup, encoded=encoded)
         except ValueError as too_big:  # larger than the client's Maximum Packet Size
             log.info("client %s: message on %s not sent: %s", clip(self.client_id), clip(topic),
                      too_big)

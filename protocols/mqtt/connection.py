@@ -488,10 +488,14 @@ class ServerConnection:
 
     def publish(self, topic: str, payload: bytes, qos: int = 0, retain: bool = False,
                 properties: Properties = NO_PROPERTIES, *, packet_id: int | None = None,
-                dup: bool = False) -> tuple[int | None, bytes]:
+                dup: bool = False, encoded: dict[tuple[int, bool, bool, int | None],
+                                                 tuple[bytes, bytes]] | None = None,
+                ) -> tuple[int | None, bytes]:
         """A PUBLISH to the client: (packet id or None for QoS 0, bytes to write). QoS 1/2
         stay in flight until PUBACK/PUBCOMP; raises FlowControlFull when the window is full.
-        ``packet_id`` picks the id (it must not be in flight); ``dup`` marks a redelivery."""
+        ``packet_id`` picks the id (it must not be in flight); ``dup`` marks a redelivery.
+        ``encoded``, given by every connection sending the same message, keeps its encoding
+        around the packet id (by QoS, flags and version), so a fan-out encodes it once."""
         self._transition(Action.SEND)
         if qos:
             if not self.send_quota:
@@ -503,7 +507,17 @@ class ServerConnection:
         else:
             packet_id = None
         if properties is NO_PROPERTIES and not self._client_topic_alias_maximum:
-            data = _publish_bytes(topic, payload, qos, retain, dup, packet_id, self.version)
+            if encoded is None:
+                head, tail = _publish_parts(topic, payload, qos, retain, dup, self.version)
+            else:
+                key = (qos, retain, dup, self.version)
+                parts = encoded.get(key)
+                if parts is None:
+                    parts = encoded[key] = _publish_parts(topic, payload, qos, retain, dup,
+                                                          self.version)
+                head, tail = parts
+            data = head + tail if packet_id is None else \
+                b"".join((head, packet_id.to_bytes(2, "big"), tail))
             if len(data) > self._client_max_packet_size:
                 raise ValueError(f"{len(data)}-byte PUBLISH exceeds the client's maximum packet size")
             if packet_id is not None:
@@ -566,16 +580,16 @@ class ServerConnection:
         return out
 
 
-def _publish_bytes(topic: str, payload: bytes, qos: int, retain: bool, dup: bool,
-                   packet_id: int | None, version: int | None) -> bytes:
-    """A PUBLISH without properties or alias, encoded directly (the delivery hot path)."""
+def _publish_parts(topic: str, payload: bytes, qos: int, retain: bool, dup: bool,
+                   version: int | None) -> tuple[bytes, bytes]:
+    """A PUBLISH without properties or alias, encoded directly (the delivery hot path): the
+    bytes before its packet id and those after (the packet id is there when QoS > 0)."""
     name = topic.encode()
-    pid = packet_id.to_bytes(2, "big") if packet_id is not None else b""
     props = b"\x00" if version == MQTT_5 else b""
-    size = 2 + len(name) + len(pid) + len(props) + len(payload)
+    size = 2 + len(name) + (2 if qos else 0) + len(props) + len(payload)
     first = 0x30 | qos << 1 | retain | dup << 3
     header = bytes((first, size)) if size < 128 else bytes((first,)) + varint(size)
-    return b"".join((header, len(name).to_bytes(2, "big"), name, pid, props, payload))
+    return b"".join((header, len(name).to_bytes(2, "big"), name)), props + payload
 
 
 def _failed_connack(exc: MqttError, version: int | None) -> bytes:

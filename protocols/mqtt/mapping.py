@@ -88,11 +88,14 @@ class Inbound:
     publisher: str
     expiry_at_ms: int | None
     properties: Properties
+    encoded: dict[tuple[int, bool, bool, int | None], tuple[bytes, bytes]] | None = None
+    """The PUBLISH encodings connections made of this delivery, shared by the sessions it
+    reaches (`ServerConnection.publish`); None: not shared (a retained message)."""
 
     def with_payload(self, payload: bytes) -> Inbound:
         """The same message view for another message with the same stored properties."""
         return Inbound(self.topic, payload, self.qos, self.retain, self.publisher,
-                       self.expiry_at_ms, self.properties)
+                       self.expiry_at_ms, self.properties, {})
 
     def expired(self, now_ms: int) -> bool:
         return self.expiry_at_ms is not None and now_ms >= self.expiry_at_ms

@@ -510,6 +510,7 @@ class SessionRegistry:
             inbound = last[2].with_payload(delivery.body)  # a publisher's next message, same topic
         else:
             inbound = from_stored(topic_name, delivery.body, properties, delivery.born_ts)
+            inbound.encoded = {}
             if born_independent(properties):
                 self._last_view = (properties, topic_name, inbound)
         self._last_delivery, self._last_inbound = delivery, inbound

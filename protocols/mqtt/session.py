@@ -63,10 +63,12 @@ class Link(Protocol):
     def congested(self) -> bool: ...
 
     def publish(self, topic: str, payload: bytes, qos: int, retain: bool, properties: Properties,
-                packet_id: int | None = None, dup: bool = False) -> int | None:
+                packet_id: int | None = None, dup: bool = False,
+                encoded: dict | None = None) -> int | None:
         """Send a PUBLISH; its packet id, or None if this client cannot take the message (it
         exceeds the client's Maximum Packet Size): the session then counts it as delivered,
-        as MQTT 5 says to discard it."""
+        as MQTT 5 says to discard it. ``encoded``: the message's encodings, shared with the
+        other connections sending it."""
 
     def release(self, packet_id: int) -> None: ...
 
@@ -136,6 +138,8 @@ class Session:
         """With a single non-shared subscription: its compiled filter and how it matches. Such
         a session (a consumer of ``devices/+/telemetry``) checks each topic directly rather
         than through ``_matches``, which a fleet's many topics would only churn."""
+        self._last_match: tuple[str, int, Match | None] = ("", -1, None)
+        """The last topic `_match` answered with ``_only``, the rights generation, the answer."""
         # persistent delivery
         self._next = 0
         self._skip: set[int] = set()
@@ -196,6 +200,7 @@ class Session:
 
     def _subscriptions_changed(self) -> None:
         self._matches.clear()
+        self._last_match = ("", -1, None)
         direct = [options for options in self.subscriptions.values() if options.share is None]
         self._only = None
         if len(direct) == 1:
@@ -208,10 +213,15 @@ class Session:
         """How a message on ``topic`` reaches this session, None if it does not: no filter
         matches, or the session's user may not receive it (checked per topic, with the rights
         as they are now). Cached per topic until subscriptions or rights change."""
+        generation = self.broker.rights_generation
         only = self._only
         if only is not None:  # the filter check costs less than caching its answer per topic
-            return only[1] if only[0](topic) and self._may_receive(topic) else None
-        generation = self.broker.rights_generation
+            last = self._last_match
+            if last[0] == topic and last[1] == generation:  # a run of messages on one topic
+                return last[2]
+            found = only[1] if only[0](topic) and self._may_receive(topic) else None
+            self._last_match = (topic, generation, found)
+            return found
         if generation != self._matches_generation:
             self._matches.clear()
             self._matches_generation = generation
@@ -247,6 +257,7 @@ class Session:
         self.link = link
         self.principal = principal
         self._matches.clear()
+        self._last_match = ("", -1, None)
         if self.persistent:
             committed, acked = self.queues.position(self.queue)
             self._next = committed
@@ -278,10 +289,14 @@ class Session:
         properties = inbound.properties if inbound.expiry_at_ms is None and not ids \
             else inbound.properties_at(now_ms(), ids)
         return self.link.publish(inbound.topic, inbound.payload, qos, retain, properties,
-                                 packet_id, dup)
+                                 packet_id, dup, inbound.encoded)
 
     def _allocate_direct(self) -> int | None:
         low = PID_SPAN + 1 if self.persistent else 1
+        following = self._next_direct % MAX_ID + 1
+        if following >= low and following not in self._direct:  # the usual case: the next id
+            self._next_direct = following
+            return following
         for _ in range(MAX_ID - low + 1):
             self._next_direct = max(low, self._next_direct % MAX_ID + 1)
             if self._next_direct not in self._direct:

@@ -357,6 +357,24 @@ def test_qos0_outbound_has_no_packet_id() -> None:
     assert conn.publish("t", b"m") == (None, encode(Publish("t", b"m"), V3))
 
 
+def test_one_message_shared_by_connections_is_right_for_each() -> None:
+    """A fan-out shares the message's encodings: each client still gets its own packet id,
+    QoS, retain flag and version's layout."""
+    shared: dict = {}
+    payload = b"x" * 200  # a two-byte remaining length
+    first, second, old = connected(V5), connected(V5), connected(V3)
+    second.publish("t", b"", 1)  # so the ids differ
+    sent = [(conn, version, conn.publish("dev/1", payload, qos, retain, encoded=shared))
+            for conn, version, qos, retain in ((first, V5, 1, False), (second, V5, 1, False),
+                                               (old, V3, 1, False), (first, V5, 0, True))]
+    for conn, version, (pid, data) in sent:
+        [packet] = decode(version, data)
+        qos = 0 if pid is None else 1
+        assert packet == Publish("dev/1", payload, qos, qos == 0, packet_id=pid)
+    assert sent[0][2][0] != sent[1][2][0]
+    assert len(shared) == 3  # QoS 1 in MQTT 5, in 3.1.1, and QoS 0 retained
+
+
 def test_packet_ids_skip_in_flight_and_wrap() -> None:
     conn = connected(V3)
     first = [conn.publish("t", b"", 1)[0] for _ in range(3)]
