@@ -496,7 +496,8 @@ class ServerConnection:
         ``packet_id`` picks the id (it must not be in flight); ``dup`` marks a redelivery.
         ``encoded``, given by every connection sending the same message, keeps its encoding
         around the packet id (by QoS, flags and version), so a fan-out encodes it once."""
-        self._transition(Action.SEND)
+        if self.state is not State.CONNECTED:  # the table's (CONNECTED, SEND) -> CONNECTED
+            self._transition(Action.SEND)
         if qos:
             if not self.send_quota:
                 raise FlowControlFull(f"{len(self._inflight)} messages in flight")
