@@ -7,10 +7,12 @@ messages in flight that its slowest subscriber has not yet received, and a QoS 1
 at most ``window`` unacknowledged publishes. Every message carries its publisher's index, its
 sequence number and its send time (the payload header in ``mqtt_wire``). After each batch of
 reads, a subscriber process writes, for each publisher, the sequence number reached on all of its
-connections (the lowest) as 8 bytes to a pipe to that publisher. A publisher selects on those
-pipes and its socket, and sends as many messages as its window allows in one write. Nothing
-sleeps or polls: every process blocks in ``select`` (a paced publisher with a timeout until its
-next message is due).
+connections (the lowest) as 8 bytes to a pipe to that publisher, once that has moved by a
+quarter of the window since the last report (every move once the measured window is over), the
+way credit-based flow control returns credit in batches. A publisher selects on those pipes and
+its socket, and sends as many messages as its window allows in one write. Nothing sleeps or
+polls: every process blocks in ``select`` (with a timeout only until a point of the schedule:
+a paced publisher's next message, the end of the measured window).
 
 A run has a fixed length (``Schedule``): ``warmup`` seconds left out of the statistics, then
 ``measured`` seconds. Throughput is the messages the subscribers received inside the measured
@@ -55,7 +57,7 @@ RECV_SIZE = 1 << 18
 FEEDBACK_READ = 8 * 512
 """Bytes a publisher reads from a feedback pipe at once: a multiple of the 8-byte reports, which
 pipes write atomically, so a read holds whole reports."""
-NEVER = 1 << 62
+UNBOUNDED = 1 << 62
 
 
 @dataclass(frozen=True)
@@ -66,8 +68,6 @@ class PubSpec:
     client_id: str
     topics: tuple[str, ...]
     qos: int
-    messages: int = 0
-    """Stop after this many; 0 publishes until the end of the run."""
     size: int = 100
     window: int = 64
     """Messages in flight at most: not yet received by the slowest subscriber, and at QoS 1 not
@@ -88,11 +88,10 @@ class SubSpec:
 
 @dataclass(frozen=True)
 class Schedule:
-    """A run's length: ``warmup`` seconds, then ``measured`` ones (None: until every publisher has
-    sent its ``messages``, the window ending at the last message received)."""
+    """A run's length: ``warmup`` seconds, then ``measured`` ones."""
 
     warmup: float = 2.0
-    measured: float | None = 6.0
+    measured: float = 6.0
 
 
 @dataclass(frozen=True)
@@ -108,9 +107,6 @@ class Received:
     received: int
     """Deliveries to all of the process's connections, the whole run."""
     in_window: int
-    first_ns: int
-    last_ns: int
-    """Receive times of the first and last deliveries in the measured window."""
     connections: int
     latencies_ns: list[int] = field(default_factory=list)
     cpu: float = 0.0
@@ -152,6 +148,7 @@ def run_load(port: int, publishers: list[PubSpec], subscribers: list[SubSpec], t
     ``probe`` (e.g. a broker's CPU seconds) is read as the measured window opens and closes.
     Publishers without subscribers are bounded by nothing but their PUBACKs."""
     results = _SPAWN.Queue()
+    credit = max(1, min((spec.window for spec in publishers), default=1) // 4)
     pipes = [[_SPAWN.Pipe(duplex=False) for _ in publishers] for _ in subscribers]
     """``pipes[s][p]``: (reader, writer) from subscriber process ``s`` to publisher ``p``."""
     controls: list[Any] = []
@@ -179,7 +176,7 @@ def run_load(port: int, publishers: list[PubSpec], subscribers: list[SubSpec], t
         deadline = time.monotonic() + START_TIMEOUT
         for index, spec in enumerate(subscribers):
             start(_subscribe, f"mqtt-subscriber-{index}", port, spec, max(1, len(publishers)),
-                  [writer for _, writer in pipes[index]], schedule)
+                  [writer for _, writer in pipes[index]], credit, schedule)
         for _ in subscribers:
             collect(str, deadline)
         for index, spec in enumerate(publishers):
@@ -200,14 +197,14 @@ def run_load(port: int, publishers: list[PubSpec], subscribers: list[SubSpec], t
             _sleep_until(window_start)
             before = probe()
             _sleep_until(window_end)
-            after = probe() if window_end < NEVER else None
+            after = probe()
             probed = None if before is None or after is None else after - before
-        deadline = time.monotonic() + schedule.warmup + (schedule.measured or 0) + DRAIN + timeout
+        deadline = time.monotonic() + schedule.warmup + schedule.measured + DRAIN + timeout
         published = [collect(Published, deadline) for _ in publishers]
         if not publishers:
             _sleep_until(window_end)
         for control in controls[:len(subscribers)]:
-            os.write(control.fileno(), NEVER.to_bytes(8, "little"))
+            os.write(control.fileno(), b"stop....")
         while len(received) < len(subscribers):
             received.append(collect(Received, deadline))
         for child in children:
@@ -225,11 +222,6 @@ def run_load(port: int, publishers: list[PubSpec], subscribers: list[SubSpec], t
 
 def _sum_up(schedule: Schedule, published: list[Published], received: list[Received],
             probed: float | None) -> LoadRun:
-    got = [r for r in received if r.in_window]
-    if schedule.measured is not None:
-        seconds = schedule.measured
-    else:
-        seconds = (max(r.last_ns for r in got) - min(r.first_ns for r in got)) / 1e9 if got else 0.0
     sent = sum(p.sent for p in published)
     return LoadRun(
         published=sent,
@@ -237,7 +229,7 @@ def _sum_up(schedule: Schedule, published: list[Published], received: list[Recei
         expected=sent * sum(r.connections for r in received),
         window_published=sum(p.in_window for p in published),
         window_received=sum(r.in_window for r in received),
-        seconds=seconds,
+        seconds=schedule.measured,
         latencies_ns=[value for r in received for value in r.latencies_ns],
         client_cpu=sum(p.cpu for p in published) + sum(r.cpu for r in received),
         probed=probed)
@@ -246,13 +238,12 @@ def _sum_up(schedule: Schedule, published: list[Published], received: list[Recei
 def _window(schedule: Schedule, started_ns: int) -> tuple[int, int]:
     """The measured window's start and end, in ``time.monotonic_ns()`` time."""
     start = started_ns + int(schedule.warmup * 1e9)
-    return start, (NEVER if schedule.measured is None else start + int(schedule.measured * 1e9))
+    return start, start + int(schedule.measured * 1e9)
 
 
 def _sleep_until(when_ns: int) -> None:
     """Wait for a point of the run's schedule (the parent only: it has nothing else to do)."""
-    if when_ns < NEVER:
-        time.sleep(max(0.0, (when_ns - time.monotonic_ns()) / 1e9))
+    time.sleep(max(0.0, (when_ns - time.monotonic_ns()) / 1e9))
 
 
 # -- children ---------------------------------------------------------------------------------
@@ -322,34 +313,32 @@ class _Publisher:
             for selector in (self.feedback_only, self.with_acks):
                 selector.register(reader.fileno(), selectors.EVENT_READ, position)
         self.reached = [0] * len(feedback)
-        self.slowest = 0 if feedback else NEVER
+        self.slowest = 0 if feedback else UNBOUNDED
         """Messages the slowest subscriber process has received (by sequence number)."""
         self.sent = self.acked = 0
         self.pending = b""
 
     def run(self, started_ns: int, schedule: Schedule) -> Published:
-        """Publish until the run's end (or ``spec.messages``), then wait for the last deliveries."""
+        """Publish until the end of the measured window, then wait for the last deliveries."""
         window_start, window_end = _window(schedule, started_ns)
-        limit = self.spec.messages or NEVER
         interval = int(1e9 / self.spec.rate) if self.spec.rate else 0
         at_window_start = None
         while True:
             now = time.monotonic_ns()
             if at_window_start is None and now >= window_start:
                 at_window_start = self.sent
-            if now >= window_end or self.sent >= limit:
+            if now >= window_end:
                 break
             due = started_ns + self.sent * interval
             if now < due:
                 self._wait((due - now) / 1e9, acks=False)
                 continue
-            room = min(self._room(), limit - self.sent, 1 if interval else BATCH)
+            room = min(self._room(), 1 if interval else BATCH)
             if room > 0:
                 self.sock.sendall(self.ring.take(self.sent, room, now))
                 self.sent += room
             else:
-                self._wait(None if window_end == NEVER else (window_end - now) / 1e9,
-                           acks=self.spec.qos and self.sent - self.acked >= self.spec.window)
+                self._wait((window_end - now) / 1e9, acks=self.spec.qos and self.sent - self.acked >= self.spec.window)
         at_window_end = self.sent
         self._drain()
         self.sock.sendall(wire.DISCONNECT_PACKET)
@@ -435,17 +424,14 @@ class _Tally:
         self.sample_every = sample_every
         self.next_sample = 0
         """Index, in the next batch of messages, of the next one whose latency is taken."""
-        self.in_window = self.first_ns = self.last_ns = 0
+        self.in_window = 0
         self.latencies: list[int] = []
 
     def count(self, messages: int, now: int) -> bool:
         """Count ``messages`` received at ``now``; whether they are inside the window."""
         if not self.start <= now < self.end:
             return False
-        if not self.in_window:
-            self.first_ns = now
         self.in_window += messages
-        self.last_ns = now
         return True
 
     def sample(self, buffer: bytes, payload_ats: range | list[int], now: int) -> None:
@@ -460,7 +446,7 @@ class _Tally:
 
 
 def _subscribe(results: Any, control: Any, port: int, spec: SubSpec, publishers: int, feedback: list[Any],
-               schedule: Schedule) -> Received:
+               credit: int, schedule: Schedule) -> Received:
     connections = []
     for client_id, topic_filter, qos in spec.connections:
         sock = _connect(port, client_id)
@@ -478,7 +464,10 @@ def _subscribe(results: Any, control: Any, port: int, spec: SubSpec, publishers:
     writers: list[int | None] = [writer.fileno() for writer in feedback]
     reported = [0] * len(writers)
     while True:
-        for key, _ in selector.select():
+        left = tally.end - time.monotonic_ns()
+        if left <= 0:
+            credit = 1  # the publishers are draining: each needs to hear about its last message
+        for key, _ in selector.select(left / 1e9 if left > 0 else None):
             connection = key.data
             if connection is None:  # the parent: every publisher is done
                 return _finish(connections, tally)
@@ -487,16 +476,20 @@ def _subscribe(results: Any, control: Any, port: int, spec: SubSpec, publishers:
                 raise RuntimeError("the server closed a subscriber connection")
             _absorb(connection.pending + data if connection.pending else data, connection, tally,
                     time.monotonic_ns())
-        _report(connections, writers, reported)
+        _report(connections, writers, reported, credit)
 
 
-def _report(connections: list[_Connection], writers: list[int | None], reported: list[int]) -> None:
+def _report(connections: list[_Connection], writers: list[int | None], reported: list[int], credit: int) -> None:
     """Tell each publisher the sequence number all of this process's connections have reached,
-    when it moved. A pipe holds 8,192 reports, and a publisher with ``window`` messages in flight
-    causes at most ``window`` before it reads them, so the write does not block."""
+    when it moved by ``credit`` or more. A pipe holds 8,192 reports, and a publisher with
+    ``window`` messages in flight causes at most ``window`` before it reads them, so the write does
+    not block. A publisher held back by the window has ``window`` > ``credit`` messages
+    unreported, so it always hears of them."""
     for publisher, writer in enumerate(writers):
+        if writer is None:
+            continue
         reached = min(connection.reached[publisher] for connection in connections)
-        if writer is None or reached == reported[publisher]:
+        if reached - reported[publisher] < credit:
             continue
         reported[publisher] = reached
         try:
@@ -513,7 +506,7 @@ def _finish(connections: list[_Connection], tally: _Tally) -> Received:
         except OSError:
             pass
     return Received(sum(sum(connection.received) for connection in connections), tally.in_window,
-                    tally.first_ns, tally.last_ns, len(connections), tally.latencies)
+                    len(connections), tally.latencies)
 
 
 def _absorb(buffer: bytes, connection: _Connection, tally: _Tally, now: int) -> None:
