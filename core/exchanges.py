@@ -37,6 +37,8 @@ TOPIC_SYNTAX = TopicSyntax(".", "*", "#")
 
 DEFAULT_EXCHANGE = ""
 ALTERNATE_EXCHANGE = "alternate-exchange"
+MAX_CACHED_ROUTES = 4096
+"""Routes (exchange, routing key) an ``ExchangeGraph`` remembers; beyond this it starts over."""
 
 
 class ExchangeType(enum.Enum):
@@ -169,6 +171,10 @@ class ExchangeGraph:
         self._exchanges: dict[str, Exchange] = {
             name: Exchange(name, kind) for name, kind in PREDECLARED.items()}
         self._exchanges[DEFAULT_EXCHANGE] = Exchange(DEFAULT_EXCHANGE, ExchangeType.DIRECT)
+        self._routes: dict[tuple[str, str], frozenset[str]] = {}
+        """Where a routing key goes from an exchange, for routes that reach no headers
+        exchange (those depend on each message's headers); forgotten on every change of
+        exchanges or bindings."""
 
     def __contains__(self, name: str) -> bool:
         return name in self._exchanges
@@ -210,6 +216,7 @@ class ExchangeGraph:
             return existing
         if name == DEFAULT_EXCHANGE or name.startswith("amq."):
             raise AccessDenied(f"exchange name {clip(name)} contains reserved prefix 'amq.*'")
+        self._routes.clear()  # it may be an alternate exchange named before it existed
         self._exchanges[name] = wanted
         return wanted
 
@@ -225,6 +232,7 @@ class ExchangeGraph:
         if if_unused and exchange.bindings:
             raise PreconditionFailed(f"exchange {clip(name)} in vhost {clip(self.vhost)} in use")
         del self._exchanges[name]
+        self._routes.clear()
         self._drop_bindings_to(Destination(name, is_exchange=True))
         return True
 
@@ -238,7 +246,10 @@ class ExchangeGraph:
             check_headers_binding(args)
         elif exchange.type is ExchangeType.TOPIC:
             TOPIC_SYNTAX.check_levels(TOPIC_SYNTAX.levels(routing_key), routing_key)
-        return exchange.add(Binding(source, destination, routing_key, frozen_arguments(args)))
+        added = exchange.add(Binding(source, destination, routing_key, frozen_arguments(args)))
+        if added:
+            self._routes.clear()
+        return added
 
     def unbind(self, source: str, destination: Destination, routing_key: str,
                arguments: Mapping[str, Any] | None = None) -> bool:
@@ -249,12 +260,15 @@ class ExchangeGraph:
         exchange = self._bindable(source)
         removed = exchange.remove(Binding(source, destination, routing_key,
                                           frozen_arguments(dict(arguments or {}))))
+        if removed:
+            self._routes.clear()
         if removed and exchange.auto_delete and not exchange.bindings:
             self.delete(source)  # an auto-delete exchange goes with its last binding
         return removed
 
     def queue_deleted(self, queue: str) -> None:
         """Drop every binding to ``queue``; auto-delete exchanges left without bindings go."""
+        self._routes.clear()
         self._drop_bindings_to(Destination(queue))
 
     def bindings(self) -> list[Binding]:
@@ -276,12 +290,26 @@ class ExchangeGraph:
                                "to it")
         if start.name == DEFAULT_EXCHANGE:
             return {routing_key} if self._queue_exists(routing_key) else set()
+        cached = self._routes.get((exchange, routing_key))
+        if cached is not None:
+            return set(cached)
+        queues, by_headers = self._walk(start, routing_key, headers or {})
+        if not by_headers:
+            if len(self._routes) >= MAX_CACHED_ROUTES:
+                self._routes.clear()
+            self._routes[(exchange, routing_key)] = frozenset(queues)
+        return queues
+
+    def _walk(self, start: Exchange, routing_key: str,
+              headers: Mapping[str, Any]) -> tuple[set[str], bool]:
+        """(queues reached from ``start``, whether a headers exchange was on the way)."""
         queues: set[str] = set()
         seen = {start.name}
         pending = [start]
-        headers = headers or {}
+        by_headers = False
         while pending:
             current = pending.pop()
+            by_headers = by_headers or current.type is ExchangeType.HEADERS
             reached = False
             for destination in current.matches(routing_key, headers):
                 if not destination.is_exchange:
@@ -295,7 +323,7 @@ class ExchangeGraph:
             if not reached and alternate and alternate not in seen and alternate in self._exchanges:
                 seen.add(alternate)
                 pending.append(self._exchanges[alternate])
-        return queues
+        return queues, by_headers
 
     def _bindable(self, source: str) -> Exchange:
         if source == DEFAULT_EXCHANGE:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import functools
 import hashlib
 import json
 import os
@@ -91,6 +92,7 @@ def locked_text(queue: str, vhost: str) -> str:
             "exclusive property value does not match that of the original declaration.")
 
 
+@functools.lru_cache(maxsize=4096)  # a pure hash, asked for by every publish it routes
 def named_queue(vhost: str, queue: str, incarnation: str = "") -> str:
     """The core named queue holding the entries of one incarnation of an AMQP queue (the
     empty incarnation: a queue declared before incarnations existed)."""

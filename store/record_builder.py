@@ -4,7 +4,6 @@ Shared by every store implementation, so they number queues and encode records i
 """
 from __future__ import annotations
 
-import struct
 from collections.abc import Callable, Mapping, Sequence
 
 from . import record
@@ -33,9 +32,6 @@ def generated_id_offset(msg_id: str) -> int | None:
     return None
 
 
-_PROPERTY_CACHE_SIZE = 4096
-
-
 class RecordBuilder:
     """Assigns queue offsets and encodes records. Runs under the owning store's append lock."""
 
@@ -43,18 +39,6 @@ class RecordBuilder:
         self.next_queue_offsets = next_queue_offsets
         self.compacted_topics = compacted_topics
         self._topic_bytes: dict[str, bytes] = {}
-        self._layouts: dict[str, struct.Struct] = {}
-        self._properties: dict[tuple, bytes] = {}
-        """Encoded property sections by their items: producers repeat the same few sets."""
-
-    def _encode_properties(self, properties: Mapping[str, str]) -> bytes:
-        key = tuple(properties.items())
-        encoded = self._properties.get(key)
-        if encoded is None:
-            if len(self._properties) >= _PROPERTY_CACHE_SIZE:
-                self._properties.clear()
-            encoded = self._properties[key] = record.encode_properties(properties)
-        return encoded
 
     def _topic(self, topic: str) -> bytes:
         encoded = self._topic_bytes.get(topic)
@@ -62,6 +46,12 @@ class RecordBuilder:
             topic_dir_name(topic)  # validates the name
             encoded = self._topic_bytes[topic] = topic.encode()
         return encoded
+
+    def _targets(self, extra_queues: Sequence[tuple[str, int]]) -> tuple[tuple[record.Target, ...], bytes]:
+        """The fan-out targets of a record with their queue offsets, and its dispatch section."""
+        offsets = self.next_queue_offsets
+        extra = tuple((t, q, offsets.get((t, q), 0)) for t, q in extra_queues if self._topic(t))
+        return extra, record.encode_dispatch(extra)
 
     def build(self, place: Place, topic: str, body: bytes, queue_id: int,
               tag: str, keys: Sequence[str], properties: Mapping[str, str] | None, msg_id: str,
@@ -90,15 +80,11 @@ class RecordBuilder:
         id_bytes = msg_id.encode() if msg_id else b""
         if len(tag_bytes) > 0xFFFF or len(id_bytes) > 0xFFFF:
             raise InvalidRecordError("a tag and a message id have at most 65535 bytes")
-        props_bytes = self._encode_properties(properties) if properties else b""
+        props_bytes = record.encode_properties(properties) if properties else b""
         offsets = self.next_queue_offsets
         home = (topic, queue_id)
         queue_offset = offsets.get(home, 0)
-        extra: tuple[record.Target, ...] = ()
-        dispatch_bytes = b""
-        if extra_queues:
-            extra = tuple((t, q, offsets.get((t, q), 0)) for t, q in extra_queues if self._topic(t))
-            dispatch_bytes = record.encode_dispatch(extra)
+        extra, dispatch_bytes = self._targets(extra_queues) if extra_queues else ((), b"")
         size = (record.HEADER_SIZE + len(topic_bytes) + (len(id_bytes) or _GENERATED_ID_LEN) + len(tag_bytes)
                 + len(keys_bytes) + len(props_bytes) + len(dispatch_bytes) + len(body))
         phys, buf, pos = place(size)
@@ -125,33 +111,40 @@ class RecordBuilder:
         """``build`` each message in order into ``requests`` and ``results``. If one is refused,
         those before it stay built (the lists say which).
 
-        Plain messages (no tag, keys, properties, id or fan-out; a topic seen before) take an
-        inlined path: header, topic and generated id packed by one cached struct. It is the
-        write path's hot loop, hence the locals; ``build`` encodes the same bytes.
+        Messages with no tag, keys or id of their own on a topic seen before (what MQTT and AMQP
+        publish: properties, maybe fan-out) take an inlined path that packs header and sections
+        with one cached struct (``record.layout``). It is the write path's hot loop, hence the
+        locals; ``build`` encodes the same bytes.
         """
-        general, compacted, layouts, topics = self.build, self.compacted_topics, self._layouts, self._topic_bytes
-        offsets, encode, new_tuple = self.next_queue_offsets, record.encode_plain_into, _new_tuple
+        general, compacted, topics = self.build, self.compacted_topics, self._topic_bytes
+        offsets, encode, new_tuple = self.next_queue_offsets, record.encode_laid_out_into, _new_tuple
+        encode_properties, layout = record.encode_properties, record.layout
         add_request, add_result = requests.append, results.append
         for m in messages:
             topic, body, queue_id = m.topic, m.body, m.queue_id
-            layout = layouts.get(topic)
-            if (layout is None or m.tag or m.keys or m.properties or m.msg_id or m.extra_queues
-                    or topic in compacted or type(body) is not bytes or not 0 <= queue_id <= 0xFFFFFFFF
-                    or not 0 <= m.born_ts < 1 << 63):
+            topic_bytes = topics.get(topic)
+            if (topic_bytes is None or m.tag or m.keys or m.msg_id or topic in compacted
+                    or type(body) is not bytes or not 0 <= queue_id <= 0xFFFFFFFF or not 0 <= m.born_ts < 1 << 63):
                 request, result = general(place, topic, body, queue_id, m.tag, m.keys,
                                           m.properties, m.msg_id, m.born_ts, m.extra_queues, now)
-                if layout is None:  # the topic is valid now; its next plain messages go the short way
-                    layouts[topic] = record.plain_header(len(topics[topic]), _GENERATED_ID_LEN)
             else:
+                props = encode_properties(m.properties) if m.properties else b""
+                extra, dispatch = self._targets(m.extra_queues) if m.extra_queues else ((), b"")
+                shape = layout(len(topic_bytes), _GENERATED_ID_LEN, len(props), len(dispatch))
+                size = shape.size + len(body)
                 home = (topic, queue_id)
                 queue_offset = offsets.get(home, 0)
-                size = layout.size + len(body)
                 phys, buf, pos = place(size)
                 msg_id = "%016X" % phys
-                encode(buf, pos, size, layout, phys, queue_id, queue_offset, m.born_ts or now, now,
-                       topics[topic], msg_id.encode(), body)
+                encode(buf, pos, size, shape, phys, queue_id, queue_offset, m.born_ts or now, now,
+                       topic_bytes, msg_id.encode(), props, dispatch, body)
                 offsets[home] = queue_offset + 1
-                request = (phys, size, 0, now, (home + (queue_offset,),), ())
-                result = new_tuple(AppendResult, (topic, queue_id, queue_offset, phys, size, msg_id, now, ()))
+                if extra:
+                    for t, q, offset in extra:
+                        offsets[(t, q)] = offset + 1
+                    request = (phys, size, 0, now, (home + (queue_offset,), *extra), ())
+                else:
+                    request = (phys, size, 0, now, (home + (queue_offset,),), ())
+                result = new_tuple(AppendResult, (topic, queue_id, queue_offset, phys, size, msg_id, now, extra))
             add_request(request)
             add_result(result)

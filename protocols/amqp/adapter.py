@@ -122,7 +122,9 @@ class AmqpAdapter:
         self._working = False
         self._done = False
         self._refusal_logged = False
-        self._out = bytearray()
+        self._out: list[bytes] = []
+        """What goes to the wire at the end of this iteration, joined once there."""
+        self._out_size = 0
         self._flush_scheduled = False
 
     @property
@@ -187,7 +189,7 @@ class AmqpAdapter:
             self.conn.reading_paused(False, time.monotonic())
             self.flow.resume("alarm")
             self.conn.unblock()
-            self._write(self.conn.data_to_send())
+            self._write_all(self.conn.chunks_to_send())
 
     def _block(self) -> None:
         """Stop reading (what was read is still carried out) and tell the client why."""
@@ -195,7 +197,7 @@ class AmqpAdapter:
         self.flow.pause("alarm")
         self.conn.reading_paused(True, time.monotonic())
         self.conn.block(self.host.alarms.reason or "")
-        self._write(self.conn.data_to_send())
+        self._write_all(self.conn.chunks_to_send())
 
     def pause_writing(self) -> None:
         """The wire's write buffer is above its high-water mark: deliveries wait, and so does
@@ -216,11 +218,13 @@ class AmqpAdapter:
         self.gate.wait(lambda: drained.done() or drained.set_result(None))
         await drained
 
-    def _write(self, data: bytes) -> None:
-        if not data or self._done:
+    def _write_all(self, chunks: list[bytes]) -> None:
+        """Queue ``chunks`` for the wire (the connection's frames, not copied here)."""
+        if not chunks or self._done:
             return
-        self._out += data
-        if len(self._out) >= MAX_UNFLUSHED:  # the wire sees it now, and can say it is full
+        self._out += chunks
+        self._out_size += sum(map(len, chunks))
+        if self._out_size >= MAX_UNFLUSHED:  # the wire sees it now, and can say it is full
             self._flush()
         elif not self._flush_scheduled:
             self._flush_scheduled = True
@@ -230,8 +234,9 @@ class AmqpAdapter:
         self._flush_scheduled = False
         if self._out and not self._done:
             self.host.queues.flush_marks()  # before deliveries go out: redelivered after a crash
-            self.wire.write(bytes(self._out))
+            self.wire.write(b"".join(self._out))
         self._out.clear()
+        self._out_size = 0
 
     # ---------------------------------------------------------------- events
 
@@ -240,6 +245,9 @@ class AmqpAdapter:
         while (event := conn.next_event()) is not None:
             kind = type(event)
             if kind in (MethodReceived, PublishReceived, ChannelClosed, FlowChanged):
+                if kind is MethodReceived and not self._working and not self._work \
+                        and self._acked_now(event):
+                    continue
                 self._work.append(event)
                 if kind is PublishReceived:
                     self.publisher = True
@@ -253,7 +261,7 @@ class AmqpAdapter:
             elif kind is ConnectionClosed:
                 self._closed(event)
                 return
-        self._write(conn.data_to_send())
+        self._write_all(conn.chunks_to_send())
         self.flow.pending(len(self._work))
         if self._work and not self._working:
             self._working = True
@@ -307,7 +315,7 @@ class AmqpAdapter:
                       f"{clip(self.conn.client_properties.get('product', ''), 60)}")
 
     def _write_out(self) -> None:
-        self._write(self.conn.data_to_send())
+        self._write_all(self.conn.chunks_to_send())
 
     async def _run(self) -> None:
         """Carry out queued channel events in order; publishes read one after another are
@@ -316,7 +324,7 @@ class AmqpAdapter:
         try:
             while work and not self._done:
                 event = work.popleft()
-                if self._held(event):
+                if self._acked_now(event) or self._held(event):
                     pass
                 elif isinstance(event, PublishReceived):
                     batch = [event]
@@ -328,11 +336,28 @@ class AmqpAdapter:
                 else:
                     await self.publishing.drain()  # what was published before it is confirmed
                     await self._carry_out(event)
-                self._write(self.conn.data_to_send())
+                self._write_all(self.conn.chunks_to_send())
                 self.flow.pending(len(self._work))
         finally:
             self._working = False
         self._drain()  # a close decided above, or bytes read meanwhile
+
+    def _acked_now(self, event: Event) -> bool:
+        """Carry out a basic.ack at once, without a coroutine, when nothing read before it
+        waits (the method every consumed message brings back); whether it was one."""
+        if type(event) is not MethodReceived or type(event.method) is not Basic.Ack \
+                or self.messages is None or not self.publishing.idle():
+            return False
+        if self._held(event):  # a transaction's, for its commit
+            return True
+        if not self.conn.can_send(event.channel):  # read before its channel closed
+            self.messages.settle_read(event.channel, event.method)
+            return True
+        try:
+            self.messages.ack(event.channel, event.method)
+        except Exception as error:  # noqa: BLE001 - answered on the wire, as _carry_out does
+            self._fail(event.channel, event.method, error)
+        return True
 
     def _transactional(self, channel: int) -> bool:
         return self.transactions is not None and self.transactions.transactional(channel)
@@ -401,7 +426,7 @@ class AmqpAdapter:
             self.conn.close_channel(channel, code, text, *ids(method))
 
     def _closed(self, event: ConnectionClosed) -> None:
-        self._write(self.conn.data_to_send())
+        self._write_all(self.conn.chunks_to_send())
         self._flush()
         self._done = True
         read, self._work = self._work, deque()

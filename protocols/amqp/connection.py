@@ -26,7 +26,7 @@ from .codec import Decoder
 from .events import (ChannelClosed, ChannelOpened, ConnectionClosed, Event, FlowChanged,
                      LoginRequested, MethodReceived, PublishReceived, VhostRequested)
 from .frames import (FRAME_MIN_SIZE, HEARTBEAT_FRAME, PROTOCOL_HEADER, encode_content,
-                     encode_method)
+                     encode_delivery, encode_method)
 from .methods import credentials, ids, start
 from .reason_codes import AmqpError, BadProtocolHeader, FrameError, ReplyCode
 from .state_table import (CHANNEL_TRANSITIONS, SENDING_STATES, TRANSITIONS, Action,
@@ -91,7 +91,9 @@ class ServerConnection:
         self._mechanism = ""
         self._decoder = Decoder(FRAME_MIN_SIZE)
         self._events: deque[Event] = deque()
-        self._outgoing = bytearray()
+        self._outgoing: list[bytes] = []
+        """Frames to send, joined once per `data_to_send` (a delivery's body is not copied
+        again per frame)."""
         self._channels: dict[int, ChannelState] = {}
         self._contents: dict[int, _Content] = {}
         self._channel_close: dict[int, tuple[int, str]] = {}
@@ -123,8 +125,11 @@ class ServerConnection:
 
     def data_to_send(self) -> bytes:
         """Bytes to write: answers, the adapter's sends, heartbeats, closes."""
-        out = bytes(self._outgoing)
-        self._outgoing.clear()
+        return b"".join(self.chunks_to_send())
+
+    def chunks_to_send(self) -> list[bytes]:
+        """`data_to_send` in pieces, for an adapter that joins them with more of its own."""
+        out, self._outgoing = self._outgoing, []
         return out
 
     @property
@@ -145,6 +150,8 @@ class ServerConnection:
         # LOGIN_REQUESTED and VHOST_REQUESTED wait for the adapter; the bytes stay buffered.
         while self.state not in (State.LOGIN_REQUESTED, State.VHOST_REQUESTED, State.CLOSED):
             try:
+                if self.state is State.OPEN and self._whole_publish():
+                    continue
                 received = self._decoder.next_frame()
                 if received is None:
                     return
@@ -159,6 +166,21 @@ class ServerConnection:
             except AmqpError as exc:  # a whole frame: the stream stays readable
                 if self.state is not State.CLOSING:  # closing ignores all but close(-ok)
                     self._start_close(exc.code, exc.reply_text, exc.class_id, exc.method_id)
+
+    def _whole_publish(self) -> bool:
+        """Take a publish whose three frames are all buffered in one step, where its channel
+        is open and it is within the size limit: what reading it frame by frame through the
+        channel table would do (most publishes are read so). False: read it that way."""
+        message = self._decoder.next_message()
+        if message is None:
+            return False
+        channel, method, properties, body, end = message
+        if self._channels.get(channel) is not ChannelState.OPEN \
+                or len(body) > self.options.max_message_size:
+            return False
+        self._decoder.skip(end)
+        self._events.append(PublishReceived(channel, method, properties, body))
+        return True
 
     def _handle(self, channel: int, frame: Any) -> None:
         if isinstance(frame, Heartbeat):
@@ -409,6 +431,18 @@ class ServerConnection:
         self._send(encode_content(channel, method, properties, body, self.frame_max))
         return True
 
+    def send_delivery(self, channel: int, consumer_tag: str, delivery_tag: int,
+                      redelivered: bool, exchange: str, routing_key: str, properties: bytes,
+                      body: bytes) -> bool:
+        """basic.deliver as `send_content` sends it, from its fields and the marshalled
+        ``properties`` (the one content method every consumed message carries)."""
+        if not self.can_send(channel):
+            return False
+        self._outgoing += encode_delivery(channel, consumer_tag, delivery_tag, redelivered,
+                                          exchange, routing_key, properties, body, self.frame_max)
+        self._last_sent = self._now
+        return True
+
     def block(self, reason: str) -> bool:
         """connection.blocked (memory or disk pressure), if the client announced it
         understands it; returns whether it was sent."""
@@ -462,7 +496,7 @@ class ServerConnection:
     # ------------------------------------------------------------------------ closing
 
     def _send(self, data: bytes) -> None:
-        self._outgoing += data
+        self._outgoing.append(data)
         self._last_sent = self._now
 
     def _send_close(self, code: int, text: str, class_id: int, method_id: int) -> None:

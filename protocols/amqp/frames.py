@@ -66,6 +66,11 @@ def frame_header(data: bytes | bytearray, offset: int = 0) -> tuple[int, int, in
     return _HEAD.unpack_from(data, offset)
 
 
+def content_header(data: bytes | bytearray, offset: int) -> tuple[int, int]:
+    """(class id, body size) of the content header payload starting at ``data[offset]``."""
+    return _CONTENT_HEAD.unpack_from(data, offset)
+
+
 def encode_method(channel: int, method: Frame) -> bytes:
     """One method frame."""
     return frame.marshal(method, channel)
@@ -75,18 +80,42 @@ def encode_content(channel: int, method: Frame, properties: commands.Basic.Prope
                    body: bytes, frame_max: int) -> bytes:
     """A content-carrying method (basic.deliver, get-ok, return, publish), its header and
     its body cut into frames of at most ``frame_max - 8`` bytes."""
+    fast = _deliver_payload(method) if isinstance(method, commands.Basic.Deliver) else None
+    method_frame = frame.marshal(method, channel) if fast is None else _framed(METHOD, channel, fast)
+    return b"".join(content_frames(channel, method_frame, properties.marshal(), body, frame_max))
+
+
+def encode_delivery(channel: int, consumer_tag: str, delivery_tag: int, redelivered: bool,
+                    exchange: str, routing_key: str, properties: bytes, body: bytes,
+                    frame_max: int) -> list[bytes]:
+    """basic.deliver with its content, as `encode_content` encodes it, from the fields and the
+    marshalled ``properties``; in pieces, so the body is copied only once they are joined."""
+    payload = _deliver_fields(consumer_tag, delivery_tag, redelivered, exchange, routing_key)
+    if payload is None:  # pamqp says why
+        method_frame = frame.marshal(Deliver(consumer_tag, delivery_tag, redelivered, exchange,
+                                             routing_key), channel)
+    else:
+        method_frame = _framed(METHOD, channel, payload)
+    return content_frames(channel, method_frame, properties, body, frame_max)
+
+
+def content_frames(channel: int, method_frame: bytes, properties: bytes, body: bytes,
+                   frame_max: int) -> list[bytes]:
+    """The pieces of a method frame, its content header (marshalled ``properties``) and its
+    body frames of at most ``frame_max - 8`` bytes each."""
     step = frame_max - FRAME_OVERHEAD
     if step <= 0:
         raise ValueError(f"frame_max {frame_max} leaves no room for a body")
-    fast = _deliver_payload(method) if isinstance(method, commands.Basic.Deliver) else None
-    properties_payload = properties.marshal()
-    parts = [frame.marshal(method, channel) if fast is None else _framed(METHOD, channel, fast),
-             _HEAD.pack(HEADER, channel, 12 + len(properties_payload)),
-             _CONTENT_HEAD.pack(commands.Basic.frame_id, len(body)), properties_payload, _END]
+    parts = [method_frame, _HEAD.pack(HEADER, channel, 12 + len(properties)),
+             _CONTENT_HEAD.pack(commands.Basic.frame_id, len(body)), properties, _END]
+    if len(body) <= step:  # the usual case: one body frame, the body itself not sliced
+        if body:
+            parts += (_HEAD.pack(BODY, channel, len(body)), body, _END)
+        return parts
     for i in range(0, len(body), step):
         chunk = body[i:i + step]
         parts += (_HEAD.pack(BODY, channel, len(chunk)), chunk, _END)
-    return b"".join(parts)
+    return parts
 
 
 def _framed(kind: int, channel: int, payload: bytes) -> bytes:
@@ -96,12 +125,18 @@ def _framed(kind: int, channel: int, payload: bytes) -> bytes:
 def _deliver_payload(method: commands.Basic.Deliver) -> bytes | None:
     """basic.deliver's method payload, packed directly: the one method every delivery
     carries. None when a field is not a short string (pamqp then says why)."""
-    strings = (method.consumer_tag, method.exchange, method.routing_key)
+    return _deliver_fields(method.consumer_tag, method.delivery_tag, method.redelivered,
+                           method.exchange, method.routing_key)
+
+
+def _deliver_fields(consumer_tag: str, delivery_tag: int, redelivered: bool, exchange: str,
+                    routing_key: str) -> bytes | None:
+    strings = (consumer_tag, exchange, routing_key)
     if not all(type(value) is str for value in strings):
         return None
-    tag, exchange, key = (value.encode() for value in strings)
-    if max(len(tag), len(exchange), len(key)) > 255:
+    tag, name, key = (value.encode() for value in strings)
+    if max(len(tag), len(name), len(key)) > 255:
         return None
     return b"".join((_DELIVER_ID, bytes((len(tag),)), tag,
-                     _TAG_BIT.pack(method.delivery_tag, bool(method.redelivered)),
-                     bytes((len(exchange),)), exchange, bytes((len(key),)), key))
+                     _TAG_BIT.pack(delivery_tag, bool(redelivered)),
+                     bytes((len(name),)), name, bytes((len(key),)), key))

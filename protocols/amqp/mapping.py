@@ -28,6 +28,7 @@ producer's own properties are headers too.
 from __future__ import annotations
 
 import base64
+import functools
 import hashlib
 import json
 from collections.abc import Callable, Mapping
@@ -69,6 +70,7 @@ def _escape(name: str) -> str:
     return "".join(c if c in _SAFE else "".join(f"%{b:02X}" for b in c.encode()) for c in name)
 
 
+@functools.lru_cache(maxsize=1024)  # pure, and asked for by every publish
 def exchange_topic(vhost: str, exchange: str) -> str:
     """The native topic storing what is published to ``exchange`` of ``vhost``."""
     name = _escape(exchange or DEFAULT_EXCHANGE_NAME)
@@ -197,6 +199,20 @@ def to_properties(stored: Mapping[str, str], born_ms: int = 0) -> Basic.Properti
     if isinstance(headers, dict):
         fields["headers"] = _from_json(headers)
     return Basic.Properties(**fields)
+
+
+def properties_payload(stored: Mapping[str, str], born_ms: int = 0) -> bytes:
+    """``to_properties`` marshalled, as a content header carries them. Those of an AMQP
+    publish depend on the stored properties alone and are cached by value: a run of messages
+    mostly shares them, and building and marshalling them is most of a delivery's cost."""
+    if EXCHANGE_PROPERTY not in stored:
+        return to_properties(stored, born_ms).marshal()
+    return _published_payload(tuple(stored.items()))
+
+
+@functools.lru_cache(maxsize=1024)
+def _published_payload(stored: tuple[tuple[str, str], ...]) -> bytes:
+    return to_properties(dict(stored)).marshal()
 
 
 def _from_other(stored: Mapping[str, str], born_ms: int) -> Basic.Properties:

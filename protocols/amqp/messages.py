@@ -33,7 +33,7 @@ from .consumers import Consumers
 from .direct_reply import DirectReplies, ReplyConsumer
 from .events import PublishReceived
 from .flow_control import WriteGate
-from .mapping import origin, to_properties
+from .mapping import origin, properties_payload, to_properties
 from .methods import ids
 from .publishing import Fail, Publisher
 from .queue_limits import QueueLimits
@@ -151,8 +151,12 @@ class Messages:
             to_properties(props, delivery.born_ts), delivery.body)
         return None
 
-    def _ack(self, channel: int, m: Basic.Ack) -> Frame | None:
+    def ack(self, channel: int, m: Basic.Ack) -> None:
+        """basic.ack (never answered); PreconditionFailed for an unknown tag."""
         self._settle(channel, m.delivery_tag, m.multiple, False, False)
+
+    def _ack(self, channel: int, m: Basic.Ack) -> Frame | None:
+        self.ack(channel, m)
         return None
 
     def _nack(self, channel: int, m: Basic.Nack) -> Frame | None:
@@ -262,13 +266,15 @@ class Messages:
             state.unacked[tag] = Unacked(delivery.topic, delivery.queue_offset, consumer, stream)
             consumer.unacked += 1
         props = delivery.properties
-        properties = to_properties(props, delivery.born_ts)
         if stream:
+            properties = to_properties(props, delivery.born_ts)
             properties.headers = {**(properties.headers or {}),
                                   OFFSET_ARGUMENT: delivery.queue_offset}
-        self.conn.send_content(consumer.channel, frames.Deliver(
-            consumer.tag, tag, delivery.attempt > 1, *origin(delivery.topic, props)),
-            properties, delivery.body)
+            payload = properties.marshal()
+        else:
+            payload = properties_payload(props, delivery.born_ts)
+        self.conn.send_delivery(consumer.channel, consumer.tag, tag, delivery.attempt > 1,
+                                *origin(delivery.topic, props), payload, delivery.body)
 
     def _dispatch(self, state: ChannelState) -> None:
         for consumer in state.consumers.values():

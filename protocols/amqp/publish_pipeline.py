@@ -45,6 +45,10 @@ class PublishPipeline:
         while self._prune():
             await self._wait(self._batches[0][0])
 
+    def idle(self) -> bool:
+        """Whether no batch is in flight (``drain`` would return at once)."""
+        return not self._prune()
+
     @staticmethod
     async def _wait(task: asyncio.Task[None]) -> None:
         try:

@@ -165,3 +165,31 @@ def test_binding_needs_existing_ends_and_unbinding_keeps_other_arguments(graph):
     assert graph.route("amq.headers", "", {"b": 2}) == {"q1"}
     assert not graph.unbind("amq.headers", q("q1"), "", {"a": 1})
     assert not graph.unbind("no-such-exchange", q("q1"), "")  # unbind-ok, as in RabbitMQ
+
+
+def test_a_route_asked_again_follows_every_change_of_bindings_and_exchanges(graph):
+    """Routes are remembered between publishes: each change must show in the next one."""
+    graph.declare("events", "topic", arguments={"alternate-exchange": "spare"})
+    graph.bind("events", q("q1"), "a.*")
+    assert graph.route("events", "a.b") == {"q1"}
+    graph.bind("events", q("q2"), "#")
+    assert graph.route("events", "a.b") == {"q1", "q2"}
+    graph.unbind("events", q("q1"), "a.*")
+    assert graph.route("events", "a.b") == {"q2"}
+    graph.queue_deleted("q2")
+    assert graph.route("events", "a.b") == set()
+    graph.declare("spare", "fanout")  # the alternate, declared after it was named
+    graph.bind("spare", q("q3"), "")
+    assert graph.route("events", "a.b") == {"q3"}
+    graph.delete("spare")
+    assert graph.route("events", "a.b") == set()
+    graph.route("events", "a.b").add("changed")  # a caller's set is its own
+    assert graph.route("events", "a.b") == set()
+
+
+def test_routes_through_a_headers_exchange_follow_each_message_headers(graph):
+    graph.bind("amq.direct", ex("amq.match"), "k")
+    graph.bind("amq.match", q("q1"), "", {"x-match": "all", "kind": "x"})
+    assert graph.route("amq.direct", "k", {"kind": "x"}) == {"q1"}
+    assert graph.route("amq.direct", "k", {"kind": "y"}) == set()
+    assert graph.route("amq.direct", "k", {"kind": "x"}) == {"q1"}

@@ -47,3 +47,30 @@ def test_decode_rejects_a_record_altered_anywhere():
             record.decode(bytes(damaged), 0, 0)
     with pytest.raises(CorruptRecordError, match="claims offset"):
         record.decode(data, 0, 5)
+
+
+_names = st.sampled_from(["subject", "mqtt.qos", "mqtt.client", "amqp.headers", "é"])
+_values = st.one_of(st.text(max_size=40), st.sampled_from(["x" * 1100, "é" * 600]))  # lengths past the table
+
+
+@settings(deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["t", "devices"]), st.dictionaries(_names, _values, max_size=4),
+                          st.lists(st.tuples(st.sampled_from(["q1", "q2"]), st.integers(0, 2)), max_size=3,
+                                   unique=True),
+                          st.binary(max_size=300)),
+                min_size=2, max_size=20))
+def test_records_with_properties_and_fan_out_read_back_as_appended(appends):
+    messages = [Message(topic, body, 0, properties=props or None, extra_queues=tuple(extra))
+                for topic, props, extra, body in appends]
+    data, results = build(messages)  # the first message per topic goes the general way, the rest the short way
+    next_offsets: dict[tuple[str, int], int] = {}
+    for message, result in zip(messages, results):
+        stored = record.decode(data, result.phys_offset, result.phys_offset)
+        assert (stored.topic, stored.body, stored.msg_id) == (message.topic, message.body, result.msg_id)
+        assert stored.properties == (message.properties or {})
+        assert list(stored.properties) == list(message.properties or {})
+        targets = [(message.topic, 0), *message.extra_queues]
+        assert stored.dispatch == result.extra == tuple(
+            (q, i, next_offsets.get((q, i), 0)) for q, i in message.extra_queues)
+        for target in targets:
+            next_offsets[target] = next_offsets.get(target, 0) + 1
