@@ -39,6 +39,7 @@ class RecordBuilder:
         self.next_queue_offsets = next_queue_offsets
         self.compacted_topics = compacted_topics
         self._topic_bytes: dict[str, bytes] = {}
+        self._dispatch_heads: dict[str, bytes] = {}
 
     def _topic(self, topic: str) -> bytes:
         encoded = self._topic_bytes.get(topic)
@@ -49,9 +50,20 @@ class RecordBuilder:
 
     def _targets(self, extra_queues: Sequence[tuple[str, int]]) -> tuple[tuple[record.Target, ...], bytes]:
         """The fan-out targets of a record with their queue offsets, and its dispatch section."""
-        offsets = self.next_queue_offsets
-        extra = tuple((t, q, offsets.get((t, q), 0)) for t, q in extra_queues if self._topic(t))
-        return extra, record.encode_dispatch(extra)
+        offsets, heads, pack = self.next_queue_offsets, self._dispatch_heads, record.pack_target
+        extra: list[record.Target] = []
+        parts: list[bytes] = []
+        for key in extra_queues:
+            topic, queue_id = key
+            offset = offsets.get(key, 0)
+            extra.append((topic, queue_id, offset))
+            parts += (heads.get(topic) or self._dispatch_head(topic), pack(queue_id, offset))
+        return tuple(extra), b"".join(parts)
+
+    def _dispatch_head(self, topic: str) -> bytes:
+        """The dispatch head of a (validated) queue topic, kept like the topic's own bytes."""
+        head = self._dispatch_heads[topic] = record.dispatch_head(self._topic(topic))
+        return head
 
     def build(self, place: Place, topic: str, body: bytes, queue_id: int,
               tag: str, keys: Sequence[str], properties: Mapping[str, str] | None, msg_id: str,
@@ -91,7 +103,7 @@ class RecordBuilder:
         if not msg_id:
             msg_id = f"{phys:016X}"
             id_bytes = msg_id.encode()
-            index_keys = ()
+            index_keys: tuple[bytes, ...] = ()
         else:
             index_keys = (id_key(msg_id),)
         record.encode_into(buf, pos, size, phys, queue_id, queue_offset, born_ts or now, now, topic_bytes,
