@@ -126,29 +126,28 @@ class RecordBuilder:
         Messages with no tag, keys or id of their own on a topic seen before (what MQTT and AMQP
         publish: properties, maybe fan-out) take an inlined path that packs header and sections
         with one cached struct (``record.layout``). It is the write path's hot loop, hence the
-        locals; ``build`` encodes the same bytes.
+        locals and the unpacked messages; ``build`` encodes the same bytes.
         """
         general, compacted, topics = self.build, self.compacted_topics, self._topic_bytes
         offsets, encode, new_tuple = self.next_queue_offsets, record.encode_laid_out_into, _new_tuple
         encode_properties, layout = record.encode_properties, record.layout
         add_request, add_result = requests.append, results.append
-        for m in messages:
-            topic, body, queue_id = m.topic, m.body, m.queue_id
+        for topic, body, queue_id, tag, keys, properties, msg_id, born_ts, extra_queues in messages:
             topic_bytes = topics.get(topic)
-            if (topic_bytes is None or m.tag or m.keys or m.msg_id or topic in compacted
-                    or type(body) is not bytes or not 0 <= queue_id <= 0xFFFFFFFF or not 0 <= m.born_ts < 1 << 63):
-                request, result = general(place, topic, body, queue_id, m.tag, m.keys,
-                                          m.properties, m.msg_id, m.born_ts, m.extra_queues, now)
+            if (topic_bytes is None or tag or keys or msg_id or topic in compacted or type(body) is not bytes
+                    or not 0 <= queue_id <= 0xFFFFFFFF or not 0 <= born_ts < 1 << 63):
+                request, result = general(place, topic, body, queue_id, tag, keys, properties, msg_id, born_ts,
+                                          extra_queues, now)
             else:
-                props = encode_properties(m.properties) if m.properties else b""
-                extra, dispatch = self._targets(m.extra_queues) if m.extra_queues else ((), b"")
+                props = encode_properties(properties) if properties else b""
+                extra, dispatch = self._targets(extra_queues) if extra_queues else ((), b"")
                 shape = layout(len(topic_bytes), _GENERATED_ID_LEN, len(props), len(dispatch))
                 size = shape.size + len(body)
                 home = (topic, queue_id)
                 queue_offset = offsets.get(home, 0)
                 phys, buf, pos = place(size)
                 msg_id = "%016X" % phys
-                encode(buf, pos, size, shape, phys, queue_id, queue_offset, m.born_ts or now, now,
+                encode(buf, pos, size, shape, phys, queue_id, queue_offset, born_ts or now, now,
                        topic_bytes, msg_id.encode(), props, dispatch, body)
                 offsets[home] = queue_offset + 1
                 if extra:
