@@ -11,6 +11,7 @@ Runs on the event loop; not thread-safe.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import os
 import zlib
@@ -44,6 +45,7 @@ class Handle(NamedTuple):
     check: int
 
 
+@functools.lru_cache(maxsize=4096)  # pure, and asked for by every delivery's handle
 def consumer_check(consumer: str, topic: str) -> int:
     """A short checksum tying a handle to one consumer and topic."""
     return zlib.crc32(f"{consumer}\0{topic}".encode()) & 0xFFFF
@@ -205,9 +207,13 @@ def _hold_for_dead_letter(message: Delivery, cursor: Cursor, offset: int, now_ms
 
 def _deliver(message: Delivery, consumer: str, cursor: Cursor, offset: int, attempt: int) -> Delivery:
     flight = cursor.inflight[offset]
-    return dataclasses.replace(
-        message, attempt=attempt, invisible_until_ms=flight.deadline_ms,
-        receipt_handle=make_handle(consumer, message.topic, message.queue_id, offset, flight.version))
+    # built field by field: dataclasses.replace walks the fields on every call, per message
+    return Delivery(
+        message.topic, message.queue_id, message.queue_offset, message.msg_id, message.body,
+        message.tag, message.keys, message.properties, message.born_ts, message.store_ts,
+        attempt=attempt,
+        receipt_handle=make_handle(consumer, message.topic, message.queue_id, offset, flight.version),
+        invisible_until_ms=flight.deadline_ms, home_topic=message.home_topic)
 
 
 def settle(cursor: Cursor, handle: Handle) -> int:

@@ -28,7 +28,7 @@ def topic_of_subject(subject: str) -> str:
     first = subject.split(SEPARATOR, 1)[0]
     if not first:
         return "%00"
-    if all(c in _NAME_CHARS for c in first):
+    if _NAME_CHARS.issuperset(first):  # one C call, not a generator per character
         return first if first.strip(".") else "%2E" * len(first)
     return "".join(c if c in _NAME_CHARS else "".join(f"%{b:02X}" for b in c.encode())
                    for c in first)

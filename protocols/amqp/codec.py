@@ -19,13 +19,16 @@ from pamqp.header import ContentHeader, ProtocolHeader
 from pamqp.heartbeat import Heartbeat
 
 from .frames import (BODY, FRAME_END, FRAME_MIN_SIZE, FRAME_OVERHEAD, FRAME_TYPES, HEADER,
-                     HEADER_SIZE, HEARTBEAT, METHOD, PROTOCOL_HEADER, frame_header)
+                     HEADER_SIZE, HEARTBEAT, METHOD, PROTOCOL_HEADER, content_header,
+                     frame_header)
 from .reason_codes import AmqpError, BadProtocolHeader, FrameError, ReplyCode
 
-__all__ = ["Decoder", "Received"]
+__all__ = ["Decoder", "Message", "Received"]
 
 Received = tuple[int, FrameTypes]
 """(channel, frame): a pamqp method, ContentHeader, ContentBody, Heartbeat or ProtocolHeader."""
+Message = tuple[int, commands.Basic.Publish, commands.Basic.Properties, bytes, int]
+"""(channel, publish, properties, body, where its last frame ends): a whole publish."""
 
 ACCEPTED_HEADERS: Final = frozenset({PROTOCOL_HEADER, b"AMQP\x01\x01\x00\x09"})
 """0-9-1, and 0-9's header, which RabbitMQ also serves as 0-9-1."""
@@ -81,6 +84,41 @@ class Decoder:
         if kind == BODY:  # the body's bytes, copied once
             return channel, ContentBody(bytes(buffer[start + HEADER_SIZE:end - 1]))
         return channel, _PARSERS[kind](bytes(buffer[start:end]), size)
+
+    def next_message(self) -> Message | None:
+        """Peek at a whole publish as most clients send it: basic.publish, its content header
+        and one body frame, all buffered, on one channel, well-formed and within frame_max,
+        decoded in one go. Nothing is consumed (``skip`` does, once the connection's state
+        allows it). None for anything else, which ``next_frame`` then reads frame by frame
+        (and refuses as it always did)."""
+        if not self._header_read:
+            return None
+        buffer, start, frame_max = self._buffer, self._start, self.frame_max
+        found = _frame_at(buffer, start, METHOD, frame_max)
+        if found is None or buffer[start + HEADER_SIZE:start + HEADER_SIZE + 4] != _PUBLISH_ID:
+            return None
+        channel, method_end = found
+        found = _frame_at(buffer, method_end, HEADER, frame_max, channel)
+        if found is None:
+            return None
+        header_end = found[1]
+        if header_end - method_end < FRAME_OVERHEAD + 14:  # class, weight, size, flags
+            return None
+        class_id, body_size = content_header(buffer, method_end + HEADER_SIZE)
+        found = _frame_at(buffer, header_end, BODY, frame_max, channel)
+        if found is None or class_id != commands.Basic.frame_id or not body_size \
+                or found[1] - header_end - FRAME_OVERHEAD != body_size:
+            return None
+        method = _publish(buffer, start + HEADER_SIZE + 4, method_end - 1)
+        properties = _properties(buffer, method_end + HEADER_SIZE + 12, header_end - 1)
+        if method is None or properties is None:
+            return None
+        end = found[1]
+        return channel, method, properties, bytes(buffer[header_end + HEADER_SIZE:end - 1]), end
+
+    def skip(self, end: int) -> None:
+        """Consume what ``next_message`` peeked at, up to ``end``."""
+        self._start = end
 
     def _protocol_header(self) -> Received | None:
         got = bytes(self._buffer[:len(PROTOCOL_HEADER)])
@@ -147,8 +185,59 @@ def _ack(data: bytes, start: int, end: int) -> FrameTypes | None:
 
 
 _PUBLISH, _ACK = commands.Basic.Publish, commands.Basic.Ack
-_new_publish = _new_ack = object.__new__
+_new_publish = _new_ack = _new_properties = object.__new__
 _FAST_METHODS = {_PUBLISH.index: _publish, _ACK.index: _ack}
+_PUBLISH_ID = _PUBLISH.index.to_bytes(4, "big")
+
+
+def _frame_at(buffer: bytearray, start: int, kind: int, frame_max: int,
+              channel: int | None = None) -> tuple[int, int] | None:
+    """(channel, end) of the whole frame of ``kind`` (on ``channel``, if given) at ``start``;
+    None if it is not all buffered or is anything else."""
+    if len(buffer) - start < HEADER_SIZE:
+        return None
+    found, on, size = frame_header(buffer, start)
+    end = start + size + FRAME_OVERHEAD
+    if found != kind or size > frame_max or len(buffer) < end or buffer[end - 1] != FRAME_END \
+            or (channel is not None and on != channel):
+        return None
+    return on, end
+
+
+_PROPERTIES = commands.Basic.Properties
+_SHORTSTR, _OCTET = "shortstr", "octet"
+_FIELDS = tuple((name, _PROPERTIES.flags[name], getattr(_PROPERTIES, "_" + name))
+                for name in _PROPERTIES.__slots__)
+_OTHER_FLAGS = 1 | sum(bit for _, bit, kind in _FIELDS if kind not in (_SHORTSTR, _OCTET))
+"""Flags this decoder leaves to pamqp: headers (a table), timestamp and the continuation bit."""
+
+
+def _properties(data: bytearray, start: int, end: int) -> commands.Basic.Properties | None:
+    """A content header's properties (flags at ``start``) as pamqp decodes them, for the
+    short-string and octet fields; None for anything else, or unless the fields fill exactly
+    ``data[start:end]``."""
+    if end - start < 2:
+        return None
+    flags = (data[start] << 8) | data[start + 1]
+    if flags & _OTHER_FLAGS:
+        return None
+    properties = _new_properties(_PROPERTIES)
+    at = start + 2
+    try:
+        for name, bit, kind in _FIELDS:
+            if not flags & bit:
+                value: str | int | None = "" if name == "cluster_id" else None
+            elif kind == _OCTET:
+                value = data[at]
+                at += 1
+            else:
+                length = data[at]
+                value = data[at + 1:at + 1 + length].decode()
+                at += 1 + length
+            setattr(properties, name, value)
+    except (IndexError, UnicodeDecodeError):
+        return None
+    return properties if at == end else None
 
 
 def _header(data: bytes, size: int) -> FrameTypes:

@@ -66,6 +66,11 @@ def frame_header(data: bytes | bytearray, offset: int = 0) -> tuple[int, int, in
     return _HEAD.unpack_from(data, offset)
 
 
+def content_header(data: bytes | bytearray, offset: int) -> tuple[int, int]:
+    """(class id, body size) of the content header payload starting at ``data[offset]``."""
+    return _CONTENT_HEAD.unpack_from(data, offset)
+
+
 def encode_method(channel: int, method: Frame) -> bytes:
     """One method frame."""
     return frame.marshal(method, channel)

@@ -41,6 +41,10 @@ _FIXED_FLAGS = {PacketType.PUBREL: 0b0010, PacketType.SUBSCRIBE: 0b0010,
 """Fixed-header flags of every packet but PUBLISH; absent means 0 (spec 2.1.3)."""
 _PACKET_TYPES: Final = tuple(PacketType(v) if v else None for v in range(16))
 """PacketType by its value (0 is reserved), without the enum's slower constructor."""
+_SHORT_PUBLISH_FIRST: Final = frozenset(0x30 | flags for flags in range(16)
+                                       if flags & 0b0110 != 0b0110
+                                       and not (flags & 0b1000 and not flags & 0b0110))
+"""First bytes of a PUBLISH whose flags are valid (QoS 0-2, DUP only above QoS 0)."""
 _SHORT_ACKS: dict[PacketType, type[PubAck | PubRec | PubComp]] = {
     PacketType.PUBACK: PubAck, PacketType.PUBREC: PubRec, PacketType.PUBCOMP: PubComp}
 """Acknowledgements decoded without a `Reader` when they hold only a packet id."""
@@ -403,6 +407,22 @@ class Decoder:
             raise
 
     def _next_packet(self) -> Packet | None:
+        buf = self._buffer
+        if len(buf) > 2 and buf[0] in _SHORT_PUBLISH_FIRST and buf[1] < 0x80 and self.version:
+            # A valid PUBLISH under 128 bytes (most telemetry): its first byte and one-byte
+            # length need none of the checks below.
+            end = 2 + buf[1]
+            if end > self.max_packet_size or len(buf) < end:
+                return self._next_packet_checked()
+            return self._publish(buf[0] & 0x0F, 2, end)
+        if len(buf) > 3 and buf[0] == 0x40 and buf[1] == 2 and self.version:  # a bare PUBACK
+            packet_id = buf[2] << 8 | buf[3]
+            if packet_id:
+                del buf[:4]
+                return PubAck(packet_id)
+        return self._next_packet_checked()
+
+    def _next_packet_checked(self) -> Packet | None:
         if not self._buffer:
             return None
         ptype, flags = self._check_first_byte(self._buffer[0])

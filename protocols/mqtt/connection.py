@@ -189,7 +189,10 @@ class ServerConnection:
                 if packet is None:
                     return
                 self._last_packet_at = self._now
-                self._handle(packet)
+                if packet.__class__ is Publish and self.state is State.CONNECTED:
+                    self._on_publish(packet)  # the table's (CONNECTED, PUBLISH) -> CONNECTED
+                else:
+                    self._handle(packet)
             except MqttError as exc:
                 self._protocol_error(exc)
 

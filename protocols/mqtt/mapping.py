@@ -89,6 +89,11 @@ class Inbound:
     expiry_at_ms: int | None
     properties: Properties
 
+    def with_payload(self, payload: bytes) -> Inbound:
+        """The same message view for another message with the same stored properties."""
+        return Inbound(self.topic, payload, self.qos, self.retain, self.publisher,
+                       self.expiry_at_ms, self.properties)
+
     def expired(self, now_ms: int) -> bool:
         return self.expiry_at_ms is not None and now_ms >= self.expiry_at_ms
 
@@ -137,6 +142,12 @@ def from_stored(topic_name: str, body: bytes, properties: Mapping[str, str],
             user_properties=users + tuple(invalid))
     return Inbound(topic, body, NATIVE_QOS if qos is None else qos, bool(retain),
                    publisher if isinstance(publisher, str) else "", expiry, mqtt_props)
+
+
+def born_independent(properties: Mapping[str, str]) -> bool:
+    """Whether ``from_stored`` answers the same for these properties whatever ``born_ms`` is
+    (anything but an AMQP publish), so its answer may be reused for another message."""
+    return QOS_PROPERTY in properties or interop.AMQP_EXCHANGE not in properties
 
 
 def _from_amqp(topic: str, body: bytes, common: interop.Common,

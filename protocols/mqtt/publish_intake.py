@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import replace
 from typing import Any, Protocol
 
@@ -29,6 +29,7 @@ from .errors import reason_for
 from .events import MessagePublished
 from .flow_control import FlowControl
 from .mapping import RETAIN_PROPERTY, now_ms, to_outgoing
+from .properties import NO_PROPERTIES
 from .reason_codes import ReasonCode
 from .retained import RetainedMessages, as_retained
 from .session import Session
@@ -36,6 +37,8 @@ from .session import Session
 log = logging.getLogger(__name__)
 
 _Batch = list[tuple[MessagePublished, OutgoingMessage]]
+_TOPIC_CACHE_SIZE = 256
+"""Topics of one connection whose core topic and stored properties are kept (per QoS)."""
 
 
 class IntakeServices(Protocol):
@@ -77,6 +80,12 @@ class PublishIntake:
         self._client_id = ""
         self._session: Session | None = None
         self._batch: _Batch = []
+        self._now = 0
+        """The time the current batch was read (ms since the epoch): its messages' born time."""
+        self._plain: tuple[dict[str, tuple[str, Mapping[str, str]]], ...] = ({}, {}, {})
+        """Per QoS, MQTT topic -> (core topic, stored properties) of a PUBLISH with no MQTT 5
+        properties and no retain flag. The properties are shared by those messages and never
+        changed, so each is not built again."""
         self.last_store: asyncio.Future | None = None
         """The newest chunk's store, done once it and every earlier one finished."""
 
@@ -93,9 +102,14 @@ class PublishIntake:
                                     clip(client_id), clip(event.topic))
             self._answer(event, ReasonCode.NotAuthorized)
             return
+        if not self._batch:
+            self._now = now_ms()
+        if event.properties is NO_PROPERTIES and not event.retain:
+            self._batch.append((event, self._plain_message(event)))
+            return
         message = to_outgoing(services.broker.topic_of_subject(event.topic), event.topic,
                               event.payload, event.qos, event.retain, client_id,
-                              event.properties, now_ms())
+                              event.properties, self._now)
         if event.properties.payload_format_indicator == 1:
             try:
                 event.payload.decode()
@@ -112,6 +126,19 @@ class PublishIntake:
                 message = replace(message, properties={
                     k: v for k, v in message.properties.items() if k != RETAIN_PROPERTY})
         self._batch.append((event, message))
+
+    def _plain_message(self, event: MessagePublished) -> OutgoingMessage:
+        """The core message of a PUBLISH with neither properties nor retain flag."""
+        known = self._plain[event.qos]
+        mapped = known.get(event.topic)
+        if mapped is None:
+            template = to_outgoing(self._services.broker.topic_of_subject(event.topic),
+                                   event.topic, b"", event.qos, False, self._client_id,
+                                   NO_PROPERTIES, 0)
+            if len(known) >= _TOPIC_CACHE_SIZE:
+                known.clear()
+            mapped = known[event.topic] = (template.topic, template.properties)
+        return OutgoingMessage(mapped[0], event.payload, properties=mapped[1], born_ts=self._now)
 
     def flush(self) -> None:
         """Store what was batched since the last flush, behind the previous chunk."""
@@ -139,19 +166,22 @@ class PublishIntake:
         messages = [message for _, message in batch]
         exactly_once = [event.packet_id for event, _ in batch if event.qos == 2] \
             if session is not None and session.persistent else []
-        stored: asyncio.Future | None = None
+        stored = False
         try:
-            # The messages and, right behind them, the QoS 2 ids awaiting PUBREL go into the
-            # same append: the log is durable as a prefix, so a saved id implies its message
-            # is stored, and a restart in between cannot store a resent message twice.
-            stored = asyncio.ensure_future(services.broker.send_decided(messages))
-            saved = None
             if exactly_once:
+                # The messages and, right behind them, the QoS 2 ids awaiting PUBREL go into
+                # the same append: the log is durable as a prefix, so a saved id implies its
+                # message is stored, and a restart in between cannot store a resent message
+                # twice.
+                storing = asyncio.ensure_future(services.broker.send_decided(messages))
                 session.qos2.awaiting_release.update(exactly_once)
                 saved = asyncio.ensure_future(services.save_qos2(session))
-            await stored
-            if saved is not None:
+                await storing
+                stored = True
                 await saved
+            else:
+                await services.broker.send_decided(messages)
+                stored = True
         except SluiceError as error:
             log.info("client %s: %d messages not stored: %s", clip(self._client_id), len(batch),
                      error)
@@ -166,10 +196,10 @@ class PublishIntake:
             return
         finally:
             self._settle_retained(batch, stored)
-        conn, write = self._conn, self._write
-        for event, _ in batch:
-            if event.qos:
-                write(conn.ack_publish(event.packet_id))
+        ack = self._conn.ack_publish
+        acks = [ack(event.packet_id) for event, _ in batch if event.qos]
+        if acks:
+            self._write(b"".join(acks))
 
     def release_requested(self, packet_id: int) -> None:
         """A PUBREL: PUBCOMP once every earlier message is stored and the session's QoS 2
@@ -185,14 +215,12 @@ class PublishIntake:
         await self._services.save_qos2(session)
         self._write(self._conn.complete(packet_id))  # nothing once the connection closed
 
-    def _settle_retained(self, batch: _Batch, stored: asyncio.Future | None) -> None:
+    def _settle_retained(self, batch: _Batch, stored: bool) -> None:
         """Retained messages of ``batch`` become retained if stored; else their room is freed."""
-        ok = stored is not None and stored.done() and not stored.cancelled() \
-            and stored.exception() is None
         retained_messages = self._services.retained
         for event, message in batch:
             if message.also_into:
-                if ok:
+                if stored:
                     retained_messages.update(event.topic, message.body, message.properties)
                 else:
                     retained_messages.cancel(event.topic)

@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Coroutine
+from collections.abc import Coroutine, Mapping
 from dataclasses import replace
 from typing import Any, Protocol
 
@@ -36,7 +36,7 @@ from .connection import Inflight
 from .events import ConnectRequested, SubscribeRequested
 from .limits import Limits, connection_limit
 from .login import Login, Logins, Refused
-from .mapping import Inbound, from_stored, now_ms
+from .mapping import Inbound, born_independent, from_stored, now_ms
 from .options import MqttOptions
 from .packets import Publish, Will
 from .reason_codes import PacketType, ReasonCode
@@ -114,6 +114,10 @@ class SessionRegistry:
         self._sweeper: asyncio.Task | None = None
         self._last_delivery: Delivery | None = None
         self._last_inbound: Inbound | None = None
+        self._last_view: tuple[Mapping[str, str], str, Inbound] | None = None
+        """The last stored properties parsed (kept, so ``is`` cannot match a reused id), the
+        topic they were stored in, and their view: an MQTT connection's messages to one topic
+        share their stored properties (``PublishIntake``), so a run of them is parsed once."""
 
     # ---------------------------------------------------------------- lifecycle
 
@@ -500,8 +504,14 @@ class SessionRegistry:
         if delivery is self._last_delivery:
             assert self._last_inbound is not None
             return self._last_inbound
-        inbound = from_stored(delivery.home_topic or delivery.topic, delivery.body,
-                              delivery.properties, delivery.born_ts)
+        topic_name, properties = delivery.home_topic or delivery.topic, delivery.properties
+        last = self._last_view
+        if last is not None and last[0] is properties and last[1] == topic_name:
+            inbound = last[2].with_payload(delivery.body)  # a publisher's next message, same topic
+        else:
+            inbound = from_stored(topic_name, delivery.body, properties, delivery.born_ts)
+            if born_independent(properties):
+                self._last_view = (properties, topic_name, inbound)
         self._last_delivery, self._last_inbound = delivery, inbound
         return inbound
 

@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import deque
+from collections.abc import Callable
 from typing import TYPE_CHECKING, NamedTuple, Protocol
 
 from core.bounded_cache import BoundedCache
@@ -34,7 +35,7 @@ from core.service import Broker
 from .mapping import Inbound, now_ms
 from .properties import Properties
 from .session_store import Qos2State, SubscriptionOptions
-from .topics import matches, session_queue
+from .topics import filter_matcher, matches, session_queue
 
 if TYPE_CHECKING:
     from .shared import SharedGroup
@@ -131,6 +132,10 @@ class Session:
         self._matches: BoundedCache[Match | bool] = BoundedCache(MATCH_CACHE_BYTES, MAX_CACHED_TOPIC)
         """MQTT topic -> how it reaches this session (False: it does not)."""
         self._matches_generation = -1
+        self._only: tuple[Callable[[str], object], Match] | None = None
+        """With a single non-shared subscription: its compiled filter and how it matches. Such
+        a session (a consumer of ``devices/+/telemetry``) checks each topic directly rather
+        than through ``_matches``, which a fleet's many topics would only churn."""
         # persistent delivery
         self._next = 0
         self._skip: set[int] = set()
@@ -163,7 +168,7 @@ class Session:
         return True
 
     def _bind(self, options: SubscriptionOptions) -> None:
-        self._matches.clear()
+        self._subscriptions_changed()
         if options.share is not None:
             self.host.shared_group(options.share, options.topic_filter).add_member(self, options)
         elif self.persistent:
@@ -172,7 +177,7 @@ class Session:
             self.queues.add_listener(options.topic_filter, self)
 
     def _unbind(self, options: SubscriptionOptions) -> None:
-        self._matches.clear()
+        self._subscriptions_changed()
         if options.share is not None:
             self.host.leave_shared_group(options.share, options.topic_filter, self)
         elif self.persistent:
@@ -185,13 +190,27 @@ class Session:
         for options in list(self.subscriptions.values()):
             self._unbind(options)
         self.subscriptions.clear()
+        self._subscriptions_changed()
         if self.persistent:
             self.queues.forget(self.queue)
+
+    def _subscriptions_changed(self) -> None:
+        self._matches.clear()
+        direct = [options for options in self.subscriptions.values() if options.share is None]
+        self._only = None
+        if len(direct) == 1:
+            options = direct[0]
+            ids = (options.identifier,) if options.identifier is not None else ()
+            self._only = (filter_matcher(options.topic_filter),
+                          Match(options.qos, options.retain_as_published, options.no_local, ids))
 
     def _match(self, topic: str) -> Match | None:
         """How a message on ``topic`` reaches this session, None if it does not: no filter
         matches, or the session's user may not receive it (checked per topic, with the rights
         as they are now). Cached per topic until subscriptions or rights change."""
+        only = self._only
+        if only is not None:  # the filter check costs less than caching its answer per topic
+            return only[1] if only[0](topic) and self._may_receive(topic) else None
         generation = self.broker.rights_generation
         if generation != self._matches_generation:
             self._matches.clear()

@@ -7,6 +7,8 @@ MQTT's syntax is and what is MQTT's own (``$share/<name>/<filter>``, the queues 
 from __future__ import annotations
 
 import hashlib
+import re
+from collections.abc import Callable
 
 from core.errors import InvalidArgument
 from core.routing import TopicSyntax
@@ -44,6 +46,23 @@ def check_filter(topic_filter: str) -> None:
 def matches(topic_filter: str, topic: str) -> bool:
     """Whether ``topic`` matches ``topic_filter`` (wildcards never match a leading ``$``)."""
     return SYNTAX.matches(topic_filter, topic)
+
+
+def filter_matcher(topic_filter: str) -> Callable[[str], object]:
+    """A test of whether a topic matches the well-formed ``topic_filter`` (truthy when it
+    does), as `matches` decides; compiled once, so a session can check every message it gets
+    against its filter without splitting either into levels."""
+    if "+" not in topic_filter and "#" not in topic_filter:
+        return topic_filter.__eq__
+    levels = topic_filter.split("/")
+    multi = levels[-1] == "#"
+    body = "/".join("[^/]*" if level == "+" else re.escape(level)
+                    for level in (levels[:-1] if multi else levels))
+    if multi:
+        body = body + "(?:/.*)?" if len(levels) > 1 else ".*"  # ``a/#`` matches ``a`` too
+    if levels[0] in ("+", "#"):  # a leading wildcard never matches a ``$`` topic
+        body = r"(?!\$)" + body
+    return re.compile(body, re.DOTALL).fullmatch
 
 
 def _digest(text: str) -> str:

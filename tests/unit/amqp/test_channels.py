@@ -79,6 +79,21 @@ def test_content_is_assembled_across_body_frames(one_byte: bool) -> None:
     assert conn.channel_state(1) is ChannelState.OPEN
 
 
+@pytest.mark.parametrize("one_byte", [False, True])
+def test_a_run_of_small_publishes_reads_as_one_publish_after_another(one_byte: bool) -> None:
+    """Most publishes arrive whole (publish, header, one body frame) and are read in one step;
+    the events are those of reading them frame by frame."""
+    conn = opened(channels=(1, 2))
+    props = Basic.Properties(delivery_mode=2, message_id="m1", priority=3)
+    data = b"".join(publish(channel, bytes([n]) * 1000, properties=props, routing_key=f"k{n}")
+                    for n, channel in enumerate((1, 2, 1)))
+    evs = feed(conn, data, one_byte=one_byte)
+    assert [(e.channel, e.method.routing_key, e.body, e.properties) for e in evs] == [
+        (1, "k0", b"\0" * 1000, props), (2, "k1", b"\1" * 1000, props),
+        (1, "k2", b"\2" * 1000, props)]
+    assert conn.channel_state(1) is conn.channel_state(2) is ChannelState.OPEN
+
+
 def test_an_empty_body_completes_with_the_header() -> None:
     conn = opened()
     [ev] = feed(conn, publish(1, b""))
@@ -110,10 +125,21 @@ def test_a_message_above_max_message_size_is_406_on_the_channel() -> None:
     assert conn.state is State.OPEN and conn.channel_state(1) is ChannelState.CLOSING
 
 
+def test_a_whole_message_above_max_message_size_in_one_body_frame_is_406_too() -> None:
+    conn = opened(Options(frame_max=4096, channel_max=16, heartbeat=0, max_message_size=100))
+    assert feed(conn, publish(1, b"x" * 101)) == []
+    assert close_of(conn.data_to_send()) == (1, ReplyCode.PRECONDITION_FAILED)
+
+
 @pytest.mark.parametrize(("frames", "code"), [
     (method(1, Channel.Open()), ReplyCode.CHANNEL_ERROR),  # re-opening an open channel
     (method(17, Channel.Open()), ReplyCode.CHANNEL_ERROR),  # above channel_max (16)
     (method(5, Queue.Declare(queue="q")), ReplyCode.CHANNEL_ERROR),  # never opened
+    (publish(5, b"x"), ReplyCode.CHANNEL_ERROR),  # a whole publish on a channel never opened
+    (method(1, Basic.Publish()) + b"\x02\x00\x01\x00\x00\x00\x05\x00\x3c\x00\x00\x00\xce",
+     ReplyCode.SYNTAX_ERROR),  # a content header too short to decode, nothing after it
+    (method(1, Basic.Publish()) + b"\x02\x00\x01\x00\x00\x00\x05\x00\x3c\x00\x00\x00\xce"
+     + publish(1, b"x"), ReplyCode.SYNTAX_ERROR),  # the same, a whole publish after it
     (method(1, Basic.Deliver("c", 1, False, "x", "k")), ReplyCode.COMMAND_INVALID),
     (method(1, Channel.CloseOk()), ReplyCode.COMMAND_INVALID),  # no close of ours pending
     (method(1, Basic.Publish()) + method(1, Queue.Declare(queue="q")),

@@ -83,3 +83,45 @@ def test_a_delivery_encodes_as_pamqp_encodes_it(tag, delivery_tag, redelivered, 
 def test_a_consumer_tag_longer_than_a_short_string_is_refused_as_pamqp_refuses_it():
     with pytest.raises(TypeError, match="255 bytes"):
         encode_content(1, Deliver("t" * 256, 1, False, "", "key"), Basic.Properties(), b"", 4096)
+
+
+short_text = st.text(max_size=20)
+properties_fields = st.fixed_dictionaries({}, optional={
+    "content_type": short_text, "content_encoding": short_text,
+    "headers": st.dictionaries(st.text(max_size=5), st.integers(0, 9), max_size=2),
+    "delivery_mode": st.sampled_from([1, 2]), "priority": st.integers(0, 9),
+    "correlation_id": short_text, "reply_to": short_text, "expiration": st.from_regex(r"[0-9]{1,6}", fullmatch=True),
+    "message_id": short_text, "message_type": short_text, "user_id": short_text,
+    "app_id": short_text})
+
+
+@given(st.integers(1, 3), exchange_name, short, properties_fields, st.binary(min_size=1, max_size=5000),
+       st.sampled_from([4096, 131072]))
+def test_a_publish_read_in_one_step_is_what_its_frames_read_one_by_one_give(
+        channel, exchange, key, fields_, body, frame_max):
+    data = encode_content(channel, Basic.Publish(0, exchange, key), Basic.Properties(**fields_),
+                          body, frame_max)
+    decoder = Decoder(frame_max)
+    decoder.feed(PROTOCOL_HEADER + data)
+    decoder.next_frame()  # the protocol header
+    message = decoder.next_message()
+    method, header, *bodies = decoded(data)
+    if message is None:  # a table (headers) or more than one body frame: frame by frame
+        assert "headers" in fields_ or len(bodies) > 1
+        return
+    assert len(bodies) == 1
+    on, publish, properties, payload, end = message
+    assert (on, fields(publish), properties, payload, end) == (
+        channel, fields(method), header.properties, bodies[0].value, len(data))
+    assert all(getattr(properties, name) == getattr(header.properties, name)
+               for name in Basic.Properties.__slots__)
+
+
+@pytest.mark.parametrize("cut", range(1, 40))
+def test_a_publish_cut_anywhere_is_not_read_in_one_step(cut):
+    data = encode_content(1, Basic.Publish(0, "ex", "key"), Basic.Properties(delivery_mode=2),
+                          b"body", 4096)
+    decoder = Decoder(4096)
+    decoder.feed(PROTOCOL_HEADER + data[:-cut] if cut < len(data) else PROTOCOL_HEADER)
+    decoder.next_frame()
+    assert decoder.next_message() is None
