@@ -1,8 +1,15 @@
 """The write path: validate messages, choose queues, append, and publish what became deliverable.
 
-Consumers only ever see messages that can no longer vanish: under the ``sync`` flush policy a
-message becomes deliverable once durable, under ``async`` once written to the log. Until then
-it is neither served to consumers nor counted in the queue's deliverable range.
+Queue consumers only ever see messages that can no longer vanish: under the ``sync`` flush
+policy a message becomes deliverable once durable, under ``async`` once written to the log.
+Until then it is neither served to consumers nor counted in the queue's deliverable range.
+
+Live listeners (connected non-persistent MQTT sessions, admin tails) keep nothing and promise
+nothing across a crash, so they get a message right after its append, in the loop iteration
+that put it in the log's write buffer, while its producer still waits for the fsync. The
+exception is a message published for exactly-once delivery (MQTT QoS 2): a subscriber may
+not see it twice, which a resend after a crash would cause, so it reaches live listeners once
+deliverable, and the messages appended after it wait behind it to keep their order.
 
 Runs on the event loop; not thread-safe.
 """
@@ -10,6 +17,7 @@ Runs on the event loop; not thread-safe.
 from __future__ import annotations
 
 import itertools
+import logging
 import time
 import zlib
 from collections import Counter
@@ -21,14 +29,19 @@ from .delivery import RecentMessages, TopicSignals
 from .durable import BatchingAppender, DurableWaiters
 from .errors import InvalidArgument, MessageTooLarge, NotSupported
 from .fanout import Fanout, Listener
+from .interop import MQTT_QOS
 from .model import (MESSAGE_GROUP_PROPERTY, SUBJECT_PROPERTY, Delivery, MessageType,
                     OutgoingMessage, SendResult, TopicConfig)
 from .topic_map import SubjectTopics
+
+log = logging.getLogger(__name__)
 
 MAX_PROPERTY_BYTES = 16 << 10
 MAX_KEY_BYTES = 16 << 10
 """UTF-8 bytes of a message's keys together (business keys, compacted state keys such as an
 MQTT session's client id); the store's limit is 64 KB."""
+EXACTLY_ONCE = "2"
+"""The stored ``mqtt.qos`` of a message published for exactly-once delivery."""
 
 
 class Producer:
@@ -43,6 +56,8 @@ class Producer:
         self._subject_topics = subject_topics
         self._live: dict[int, tuple[Listener, ...]] = {}
         """id(prepared message) -> the listeners its subject reached, until it is appended."""
+        self._held_back = 0
+        """Batches whose live deliveries wait until deliverable (see `_appended`)."""
         self._waiters = waiters
         self._recent = recent
         self._signals = signals
@@ -124,10 +139,12 @@ class Producer:
         return next(counter) % topic.queue_count
 
     def _appended(self, messages: list[Message], results: list[AppendResult]) -> None:
-        """On the loop, right after an append: cache the messages, publish once deliverable."""
+        """On the loop, right after an append: cache the messages, hand them to live listeners
+        (see the module docstring), publish them to queues once deliverable."""
         deliverable = self._deliverable
         touched: dict[tuple[str, int], int] = {}
-        live: list[tuple[tuple[Listener, ...], Delivery]] = []
+        live_now: list[tuple[tuple[Listener, ...], Delivery]] = []
+        held: list[tuple[tuple[Listener, ...], Delivery]] = []
         recent = self._recent
         counts: Counter[str] = Counter()
         sizes: Counter[str] = Counter()
@@ -150,17 +167,26 @@ class Producer:
                                     message.tag, delivery.keys, properties, message.born_ts,
                                     result.store_ts, home_topic=result.topic))
             if self._live and (listeners := self._live.pop(id(message), None)):
-                live.append((listeners, delivery))
+                if held or self._held_back or properties.get(MQTT_QOS) == EXACTLY_ONCE:
+                    held.append((listeners, delivery))
+                else:
+                    live_now.append((listeners, delivery))
             counts[result.topic] += 1
             sizes[result.topic] += len(message.body)
         for topic, count in counts.items():
             self.counters["messages_in", topic] += count
             self.counters["bytes_in", topic] += sizes[topic]
+        if live_now:
+            _deliver(live_now)
+        if held:
+            self._held_back += 1
         publish = self._waiters.call_when_durable if self._durable else self._waiters.call_when_visible
-        publish(results[-1].end_offset, lambda: self._publish(touched, live))
+        publish(results[-1].end_offset, lambda: self._publish(touched, held))
 
     def _publish(self, touched: dict[tuple[str, int], int],
-                 live: list[tuple[tuple[Listener, ...], Delivery]]) -> None:
+                 held: list[tuple[tuple[Listener, ...], Delivery]]) -> None:
+        """Once deliverable: extend the queues' deliverable ranges, wake their consumers, and
+        hand live listeners what was held back."""
         topics = set()
         for key, end in touched.items():
             if end > self._deliverable[key]:
@@ -168,6 +194,16 @@ class Producer:
             topics.add(key[0])
         for topic in topics:
             self._signals.notify(topic)
-        for listeners, delivery in live:
-            for listener in listeners:
+        if held:
+            self._held_back -= 1
+            _deliver(held)
+
+
+def _deliver(live: list[tuple[tuple[Listener, ...], Delivery]]) -> None:
+    """Hand each delivery to its listeners; one failing listener never stops the others."""
+    for listeners, delivery in live:
+        for listener in listeners:
+            try:
                 listener.deliver(delivery)
+            except Exception:  # noqa: BLE001 - a listener's bug must not fail the producers
+                log.exception("live listener %r failed; the other listeners go on", listener)
