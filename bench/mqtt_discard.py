@@ -5,10 +5,10 @@ installed) and does the least a server must: CONNECT gets CONNACK, SUBSCRIBE get
 what was asked, PINGREQ gets PINGRESP, a QoS 1 PUBLISH gets its PUBACK (one write per read), and
 payloads are thrown away. Publishers driven against it show how fast the generator can publish.
 
-For the subscriber side, a SUBSCRIBE to ``$flood/<count>/<qos>/<size>`` makes it write ``count``
-pre-encoded PUBLISH packets of that QoS and payload size to the connection as fast as the socket
-takes them (PUBACKs coming back are read and dropped), which shows how fast the generator's
-subscribers can read.
+For the subscriber side, a SUBSCRIBE to ``$flood/<qos>/<size>`` makes it write pre-encoded
+PUBLISH packets of that QoS and payload size (publisher 0's ``mqtt_wire.Ring``, never stamped) to
+the connection as fast as the socket takes them until the client disconnects (PUBACKs coming
+back are read and dropped), which shows how fast the generator's subscribers can read.
 """
 from __future__ import annotations
 
@@ -18,23 +18,19 @@ import sys
 from . import mqtt_wire as wire
 
 FLOOD_PREFIX = "$flood/"
-FLOOD_BATCH = 256
 
 
-def flood_filter(count: int, qos: int, size: int) -> str:
-    return f"{FLOOD_PREFIX}{count}/{qos}/{size}"
+def flood_filter(qos: int, size: int) -> str:
+    return f"{FLOOD_PREFIX}{qos}/{size}"
 
 
-async def _flood(writer: asyncio.StreamWriter, count: int, qos: int, size: int) -> None:
-    payload = bytes(i % 251 for i in range(size))
-    packets = [wire.publish("flood", payload, qos, (i % 65535) + 1) for i in range(FLOOD_BATCH)]
-    batch = b"".join(packets)
-    sent = 0
-    while sent < count:
-        n = min(FLOOD_BATCH, count - sent)
-        writer.write(batch if n == FLOOD_BATCH else b"".join(packets[:n]))
+async def _flood(writer: asyncio.StreamWriter, qos: int, size: int) -> None:
+    """Write a ring of PUBLISH packets over and over until the connection goes (the task is
+    cancelled)."""
+    packets = bytes(wire.Ring(0, ("flood",), qos, size, slots=256).packets)
+    while True:
+        writer.write(packets)
         await writer.drain()
-        sent += n
 
 
 async def _serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -74,10 +70,10 @@ async def _serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> 
                     replies.append(wire.suback(int.from_bytes(body[:2], "big"), [qos for _, qos in filters]))
                     for topic_filter, _ in filters:
                         if topic_filter.startswith(FLOOD_PREFIX):
-                            count, qos, payload_size = (int(part) for part in topic_filter[len(FLOOD_PREFIX):].split("/"))
+                            qos, payload_size = (int(part) for part in topic_filter[len(FLOOD_PREFIX):].split("/"))
                             writer.write(b"".join(replies))
                             replies.clear()
-                            floods.append(asyncio.create_task(_flood(writer, count, qos, payload_size)))
+                            floods.append(asyncio.create_task(_flood(writer, qos, payload_size)))
                 elif kind == wire.PINGREQ:
                     replies.append(wire.PINGRESP_PACKET)
                 elif kind == wire.DISCONNECT:

@@ -2,31 +2,42 @@
 its own spawned process, the same code for every broker (and for the discard server that
 measures the generator's own ceiling).
 
-Publishers write pre-encoded PUBLISH packets in batches with ``sendall`` on a blocking socket:
-QoS 0 ones as fast as the socket takes them, QoS 1 ones keeping ``window`` publishes
-unacknowledged (each PUBACK read lets one more go, all sent in one write per read), and paced ones
-(``rate``) stamp ``time.monotonic_ns()`` into the first 8 payload bytes just before the write.
-A subscriber process holds one or more connections (``selectors``), walks each read with an
-inlined packet scanner that only looks at PUBLISH headers, and answers QoS 1 deliveries with one
-write of PUBACKs per read. ``time.monotonic()`` is one system-wide clock on Linux, so send and
-receive times compare across the processes.
+Flow control is what a user's own clients would do: each publisher keeps at most ``window``
+messages in flight that its slowest subscriber has not yet received, and a QoS 1 publisher also
+at most ``window`` unacknowledged publishes. Every message carries its publisher's index, its
+sequence number and its send time (the payload header in ``mqtt_wire``). After each batch of
+reads, a subscriber process writes, for each publisher, the sequence number reached on all of its
+connections (the lowest) as 8 bytes to a pipe to that publisher, once that has moved by a
+quarter of the window since the last report (every move once the measured window is over), the
+way credit-based flow control returns credit in batches. A publisher selects on those pipes and
+its socket, and sends as many messages as its window allows in one write. Nothing sleeps or
+polls: every process blocks in ``select`` (with a timeout only until a point of the schedule:
+a paced publisher's next message, the end of the measured window).
 
-A run: subscribers connect and subscribe (SUBACK) first, publishers connect (CONNACK), then all
-publishers start together. Throughput is what the subscribers received, from the first message
-received to the last; a subscriber stops when it has all it expects, or once every publisher is
-done and nothing has arrived for ``grace`` seconds (QoS 0 messages a broker dropped; they are
-reported as lost).
+A run has a fixed length (``Schedule``): ``warmup`` seconds left out of the statistics, then
+``measured`` seconds. Throughput is the messages the subscribers received inside the measured
+window divided by its length; one-way latencies (receive time minus the send time in the
+payload, every ``sample_every``-th message) come from that window only. Then the publishers
+stop, wait until their last message has arrived (at most ``DRAIN`` seconds), and every message
+a subscriber connection never got is counted as lost. ``time.monotonic_ns()`` is one system-wide
+clock on Linux, so send and receive times compare across processes.
+
+Per-message work stays in C where it can, so that the generator is not what a run measures: a
+publisher copies a slice of its pre-encoded ``mqtt_wire.Ring`` and stamps it column by column;
+a subscriber checks whether a read holds whole PUBLISH packets that all share one header shape
+(the usual case) and then takes publisher indices, packet ids and send times out as strided
+slices. Anything else goes through a packet-by-packet scan.
 """
 from __future__ import annotations
 
 import multiprocessing
+import os
 import queue
 import selectors
 import socket
-import struct
-import threading
 import time
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -37,50 +48,66 @@ READY = "ready"
 _SPAWN = multiprocessing.get_context("spawn")
 START_TIMEOUT = 60.0
 """Time for a load process to start, connect and subscribe."""
+DRAIN = 2.0
+"""Seconds a publisher waits, after the run, for its last messages to arrive (QoS 0 ones a broker
+dropped never do)."""
 BATCH = 256
-"""QoS 0 publishes per write."""
+"""Messages per write at most, when no window bounds them (publishers without subscribers)."""
 RECV_SIZE = 1 << 18
+FEEDBACK_READ = 8 * 512
+"""Bytes a publisher reads from a feedback pipe at once: a multiple of the 8-byte reports, which
+pipes write atomically, so a read holds whole reports."""
+UNBOUNDED = 1 << 62
 
 
 @dataclass(frozen=True)
 class PubSpec:
-    """One publisher process: one connection publishing ``messages`` to ``topics`` round-robin."""
+    """One publisher process: one connection publishing to ``topics`` round-robin (all of the same
+    encoded length)."""
 
     client_id: str
     topics: tuple[str, ...]
     qos: int
-    messages: int
-    size: int
+    size: int = 100
     window: int = 64
-    """QoS 1: publishes unacknowledged at most."""
+    """Messages in flight at most: not yet received by the slowest subscriber, and at QoS 1 not
+    yet acknowledged."""
     rate: float = 0.0
-    """Messages per second, each stamped with its send time; 0 sends as fast as possible."""
+    """Messages per second; 0 sends as fast as the window allows."""
 
 
 @dataclass(frozen=True)
 class SubSpec:
-    """One subscriber process holding a connection per (client id, topic filter, QoS)."""
+    """One subscriber process holding a connection per (client id, topic filter, QoS). Every
+    connection is expected to receive every publisher's messages."""
 
     connections: tuple[tuple[str, str, int], ...]
-    expected: int
-    """Messages the connections together should receive."""
-    timestamps: bool = False
-    """Read the send time from each payload and report one-way latencies."""
+    sample_every: int = 8
+    """Take the latency of every this-many-th message received (0: none)."""
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """A run's length: ``warmup`` seconds, then ``measured`` ones."""
+
+    warmup: float = 2.0
+    measured: float = 6.0
 
 
 @dataclass(frozen=True)
 class Published:
-    started: float
-    finished: float
-    messages: int
+    sent: int
+    in_window: int
+    """Messages written during the measured window."""
     cpu: float = 0.0
 
 
 @dataclass(frozen=True)
 class Received:
-    first: float
-    last: float
-    messages: int
+    received: int
+    """Deliveries to all of the process's connections, the whole run."""
+    in_window: int
+    connections: int
     latencies_ns: list[int] = field(default_factory=list)
     cpu: float = 0.0
 
@@ -90,21 +117,25 @@ class LoadRun:
     """One run's figures, publisher and subscriber sides."""
 
     published: int
-    publish_seconds: float
     received: int
     expected: int
-    receive_seconds: float
-    """From the first message any subscriber received to the last."""
+    """Deliveries the run should have made: every message to every subscriber connection."""
+    window_published: int
+    window_received: int
+    seconds: float
+    """The measured window's length."""
     latencies_ns: list[int]
     client_cpu: float
-
-    @property
-    def publish_msg_per_s(self) -> float:
-        return self.published / self.publish_seconds if self.publish_seconds > 0 else 0.0
+    probed: float | None = None
+    """How much the run's probe moved over the measured window."""
 
     @property
     def msg_per_s(self) -> float:
-        return self.received / self.receive_seconds if self.receive_seconds > 0 else 0.0
+        return self.window_received / self.seconds if self.seconds > 0 else 0.0
+
+    @property
+    def publish_msg_per_s(self) -> float:
+        return self.window_published / self.seconds if self.seconds > 0 else 0.0
 
     @property
     def lost(self) -> int:
@@ -112,48 +143,70 @@ class LoadRun:
 
 
 def run_load(port: int, publishers: list[PubSpec], subscribers: list[SubSpec], timeout: float,
-             grace: float = 2.0) -> LoadRun:
-    """Run ``subscribers`` then ``publishers`` against the MQTT server on loopback ``port``."""
+             schedule: Schedule = Schedule(), probe: Callable[[], float | None] | None = None) -> LoadRun:
+    """Run ``subscribers`` then ``publishers`` against the MQTT server on loopback ``port``;
+    ``probe`` (e.g. a broker's CPU seconds) is read as the measured window opens and closes.
+    Publishers without subscribers are bounded by nothing but their PUBACKs."""
     results = _SPAWN.Queue()
-    go, publishers_done = _SPAWN.Event(), _SPAWN.Event()
+    credit = max(1, min((spec.window for spec in publishers), default=1) // 4)
+    pipes = [[_SPAWN.Pipe(duplex=False) for _ in publishers] for _ in subscribers]
+    """``pipes[s][p]``: (reader, writer) from subscriber process ``s`` to publisher ``p``."""
+    controls: list[Any] = []
     children: list[multiprocessing.process.BaseProcess] = []
+    received: list[Received] = []
+
+    def start(work: Any, name: str, *args: Any) -> None:
+        control, controls_end = _SPAWN.Pipe(duplex=False)
+        child = _SPAWN.Process(target=_child, args=(work, results, control, *args), name=name)
+        child.start()
+        control.close()
+        controls.append(controls_end)
+        children.append(child)
+
+    def collect(kind: Any, deadline: float) -> Any:
+        """The next report of ``kind``; subscribers' reports arriving first are kept."""
+        while True:
+            report = _expect(results, (kind, Received), deadline, children)
+            if isinstance(report, Received) and kind is not Received:
+                received.append(report)
+                continue
+            return report
+
     try:
-        for index, spec in enumerate(subscribers):
-            child = _SPAWN.Process(target=_child, args=(_subscribe, port, spec, results, publishers_done, grace),
-                                   name=f"mqtt-subscriber-{index}")
-            child.start()
-            children.append(child)
-        published: list[Published] = []
-        received: list[Received] = []
-
-        def collect(kind: Any, deadline: float) -> Any:
-            """The next report of ``kind``; reports of a subscriber already done (one flooded by the
-            discard server finishes without publishers) are kept on the way."""
-            while True:
-                report = _expect(results, (kind, Received), deadline, children)
-                if isinstance(report, Received):
-                    received.append(report)
-                if kind == Received or not isinstance(report, Received):
-                    return report
-
         deadline = time.monotonic() + START_TIMEOUT
+        for index, spec in enumerate(subscribers):
+            start(_subscribe, f"mqtt-subscriber-{index}", port, spec, max(1, len(publishers)),
+                  [writer for _, writer in pipes[index]], credit, schedule)
         for _ in subscribers:
             collect(str, deadline)
         for index, spec in enumerate(publishers):
-            child = _SPAWN.Process(target=_child, args=(_publish, port, spec, results, go, 0.0),
-                                   name=f"mqtt-publisher-{index}")
-            child.start()
-            children.append(child)
+            start(_publish, f"mqtt-publisher-{index}", port, spec, index,
+                  [to_publishers[index][0] for to_publishers in pipes], schedule)
         for _ in publishers:
             collect(str, deadline)
-        go.set()
-        deadline = time.monotonic() + timeout
-        for _ in publishers:
-            published.append(collect(Published, deadline))
-        publishers_done.set()
-        deadline = max(deadline, time.monotonic() + grace + 10)
+        for to_publishers in pipes:  # the children hold their own ends now; a dead one shows as EOF
+            for reader, writer in to_publishers:
+                reader.close()
+                writer.close()
+        started_ns = time.monotonic_ns()
+        for control in controls:
+            os.write(control.fileno(), started_ns.to_bytes(8, "little"))
+        window_start, window_end = _window(schedule, started_ns)
+        probed = None
+        if probe is not None:
+            _sleep_until(window_start)
+            before = probe()
+            _sleep_until(window_end)
+            after = probe()
+            probed = None if before is None or after is None else after - before
+        deadline = time.monotonic() + schedule.warmup + schedule.measured + DRAIN + timeout
+        published = [collect(Published, deadline) for _ in publishers]
+        if not publishers:
+            _sleep_until(window_end)
+        for control in controls[:len(subscribers)]:
+            os.write(control.fileno(), b"stop....")
         while len(received) < len(subscribers):
-            collect(Received, deadline)
+            received.append(collect(Received, deadline))
         for child in children:
             child.join(START_TIMEOUT)
     finally:
@@ -161,31 +214,58 @@ def run_load(port: int, publishers: list[PubSpec], subscribers: list[SubSpec], t
             if child.is_alive():
                 child.terminate()
                 child.join()
+        for control in controls:
+            control.close()
         results.close()
-    got = [r for r in received if r.messages]
-    latencies = [value for r in received for value in r.latencies_ns]
+    return _sum_up(schedule, published, received, probed)
+
+
+def _sum_up(schedule: Schedule, published: list[Published], received: list[Received],
+            probed: float | None) -> LoadRun:
+    sent = sum(p.sent for p in published)
     return LoadRun(
-        published=sum(p.messages for p in published),
-        publish_seconds=(max(p.finished for p in published) - min(p.started for p in published)) if published else 0.0,
-        received=sum(r.messages for r in received),
-        expected=sum(s.expected for s in subscribers),
-        receive_seconds=(max(r.last for r in got) - min(r.first for r in got)) if got else 0.0,
-        latencies_ns=latencies,
-        client_cpu=sum(p.cpu for p in published) + sum(r.cpu for r in received))
+        published=sent,
+        received=sum(r.received for r in received),
+        expected=sent * sum(r.connections for r in received),
+        window_published=sum(p.in_window for p in published),
+        window_received=sum(r.in_window for r in received),
+        seconds=schedule.measured,
+        latencies_ns=[value for r in received for value in r.latencies_ns],
+        client_cpu=sum(p.cpu for p in published) + sum(r.cpu for r in received),
+        probed=probed)
+
+
+def _window(schedule: Schedule, started_ns: int) -> tuple[int, int]:
+    """The measured window's start and end, in ``time.monotonic_ns()`` time."""
+    start = started_ns + int(schedule.warmup * 1e9)
+    return start, start + int(schedule.measured * 1e9)
+
+
+def _sleep_until(when_ns: int) -> None:
+    """Wait for a point of the run's schedule (the parent only: it has nothing else to do)."""
+    time.sleep(max(0.0, (when_ns - time.monotonic_ns()) / 1e9))
 
 
 # -- children ---------------------------------------------------------------------------------
 
-def _child(work: Any, port: int, spec: Any, results: Any, event: Any, grace: float) -> None:
+def _child(work: Any, results: Any, control: Any, *args: Any) -> None:
     """Entry point of a spawned load process: run ``work``, put its report (with the CPU time the
     process used) on ``results``; a failure goes there as its traceback."""
     try:
         started = time.process_time()
-        report = work(port, spec, results, event, grace)
+        report = work(results, control, *args)
         results.put(replace(report, cpu=time.process_time() - started))
     except BaseException:
         results.put(("error", work.__name__, traceback.format_exc()))
         raise SystemExit(1) from None
+
+
+def _read_start(control: Any) -> int:
+    """Block until the parent writes the run's start time."""
+    data = os.read(control.fileno(), 8)
+    if len(data) != 8:
+        raise RuntimeError("the benchmark process went away before the run started")
+    return int.from_bytes(data, "little")
 
 
 def _connect(port: int, client_id: str) -> socket.socket:
@@ -208,132 +288,165 @@ def _read_exactly(sock: socket.socket, count: int) -> bytes:
     return data
 
 
-def _publish(port: int, spec: PubSpec, results: Any, go: Any, _grace: float) -> Published:
+def _publish(results: Any, control: Any, port: int, spec: PubSpec, index: int, feedback: list[Any],
+             schedule: Schedule) -> Published:
     sock = _connect(port, spec.client_id)
     sock.settimeout(None)
+    ring = wire.Ring(index, spec.topics, spec.qos, spec.size)
     results.put(READY)
-    if not go.wait(START_TIMEOUT * 2):
-        raise RuntimeError("never told to start")
-    if spec.rate:
-        return _publish_paced(sock, spec)
-    if spec.qos == 0:
-        return _publish_qos0(sock, spec)
-    return _publish_qos1(sock, spec)
+    return _Publisher(sock, ring, spec, feedback).run(_read_start(control), schedule)
 
 
-def _payload(size: int) -> bytes:
-    return bytes(i % 251 for i in range(size))
+class _Publisher:
+    """One publishing connection and what bounds it: the subscribers' feedback and its PUBACKs.
 
+    PUBACKs usually arrive before the feedback (a broker acknowledges before it delivers), so the
+    publisher reads them only when they are what holds it back, or without waiting when the
+    window needs them: waking for each one would double the generator's cost per message."""
 
-def _publish_qos0(sock: socket.socket, spec: PubSpec) -> Published:
-    payload = _payload(spec.size)
-    packets = [wire.publish_head(topic, 0, spec.size) + payload for topic in spec.topics]
-    count = len(packets)
-    ring = [packets[i % count] for i in range(count + BATCH)]
-    same = b"".join(ring[:BATCH]) if count == 1 else None
-    sent, start = 0, 0
-    started = time.monotonic()
-    while sent < spec.messages:
-        n = min(BATCH, spec.messages - sent)
-        if same is not None and n == BATCH:
-            sock.sendall(same)
-        else:
-            sock.sendall(b"".join(ring[start:start + n]))
-            start = (start + n) % count
-        sent += n
-    finished = time.monotonic()
-    sock.sendall(wire.DISCONNECT_PACKET)
-    sock.close()
-    return Published(started, finished, sent)
+    def __init__(self, sock: socket.socket, ring: wire.Ring, spec: PubSpec, feedback: list[Any]) -> None:
+        self.sock, self.ring, self.spec = sock, ring, spec
+        self.feedback_only = selectors.DefaultSelector()
+        self.with_acks = selectors.DefaultSelector()
+        self.with_acks.register(sock, selectors.EVENT_READ, -1)
+        for position, reader in enumerate(feedback):
+            for selector in (self.feedback_only, self.with_acks):
+                selector.register(reader.fileno(), selectors.EVENT_READ, position)
+        self.reached = [0] * len(feedback)
+        self.slowest = 0 if feedback else UNBOUNDED
+        """Messages the slowest subscriber process has received (by sequence number)."""
+        self.sent = self.acked = 0
+        self.pending = b""
 
+    def run(self, started_ns: int, schedule: Schedule) -> Published:
+        """Publish until the end of the measured window, then wait for the last deliveries."""
+        window_start, window_end = _window(schedule, started_ns)
+        interval = int(1e9 / self.spec.rate) if self.spec.rate else 0
+        at_window_start = None
+        while True:
+            now = time.monotonic_ns()
+            if at_window_start is None and now >= window_start:
+                at_window_start = self.sent
+            if now >= window_end:
+                break
+            due = started_ns + self.sent * interval
+            if now < due:
+                self._wait((due - now) / 1e9, acks=False)
+                continue
+            room = min(self._room(), 1 if interval else BATCH)
+            if room > 0:
+                self.sock.sendall(self.ring.take(self.sent, room, now))
+                self.sent += room
+            else:
+                self._wait((window_end - now) / 1e9, acks=self.spec.qos and self.sent - self.acked >= self.spec.window)
+        at_window_end = self.sent
+        self._drain()
+        self.sock.sendall(wire.DISCONNECT_PACKET)
+        self.sock.close()
+        return Published(self.sent, at_window_end - (at_window_start or 0))
 
-def _publish_qos1(sock: socket.socket, spec: PubSpec) -> Published:
-    """Keep ``window`` publishes unacknowledged; each read of PUBACKs releases as many more."""
-    payload = _payload(spec.size)
-    heads = [wire.publish_head(topic, 1, spec.size) for topic in spec.topics]
-    ids, topic_count = wire.PACKET_IDS, len(heads)
-    state = {"id": 0, "topic": 0}
+    def _room(self) -> int:
+        """Messages the window lets go now."""
+        room = self.spec.window - (self.sent - self.slowest)
+        if self.spec.qos and room > 0:
+            if self.spec.window - (self.sent - self.acked) < room:
+                self._read_acks(wait=False)
+            room = min(room, self.spec.window - (self.sent - self.acked))
+        return room
 
-    def packets(n: int) -> bytes:
-        parts, packet_id, topic = [], state["id"], state["topic"]
-        for _ in range(n):
-            packet_id = packet_id % 65535 + 1
-            parts += (heads[topic], ids[packet_id], payload)
-            topic = topic + 1 if topic + 1 < topic_count else 0
-        state["id"], state["topic"] = packet_id, topic
-        return b"".join(parts)
+    def _drain(self) -> None:
+        """Wait, at most ``DRAIN`` seconds, until every subscriber has the last message and every
+        QoS 1 publish is acknowledged."""
+        deadline = time.monotonic() + DRAIN
+        while self.slowest < self.sent or (self.spec.qos and self.acked < self.sent):
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return
+            self._wait(left, acks=bool(self.spec.qos))
 
-    started = time.monotonic()
-    sent = min(spec.window, spec.messages)
-    sock.sendall(packets(sent))
-    acked, pending = 0, b""
-    while acked < spec.messages:
-        data = sock.recv(RECV_SIZE)
+    def _wait(self, timeout: float | None, acks: bool) -> None:
+        """Block until feedback (or, with ``acks``, PUBACKs) arrive or ``timeout``; take them in."""
+        for key, _ in (self.with_acks if acks else self.feedback_only).select(timeout):
+            if key.data < 0:
+                self._read_acks(wait=True)
+            else:
+                self._read_feedback(key.data, key.fd)
+
+    def _read_feedback(self, position: int, fd: int) -> None:
+        data = os.read(fd, FEEDBACK_READ)
         if not data:
-            raise RuntimeError(f"{spec.client_id}: the server closed the connection after {acked} PUBACKs")
-        pending += data
+            raise RuntimeError(f"{self.spec.client_id}: a subscriber process ended during the run")
+        self.reached[position] = int.from_bytes(data[-8:], "little")
+        self.slowest = min(self.reached)
+
+    def _read_acks(self, wait: bool) -> None:
+        try:
+            data = self.sock.recv(RECV_SIZE, 0 if wait else socket.MSG_DONTWAIT)
+        except BlockingIOError:
+            return
+        if not data:
+            raise RuntimeError(f"{self.spec.client_id}: the server closed the connection after "
+                               f"{self.acked} PUBACKs")
+        pending = self.pending + data if self.pending else data
         n = len(pending) // 4
         if pending[0:4 * n:4] != b"\x40" * n:
-            raise RuntimeError(f"{spec.client_id}: expected only PUBACKs, got {pending[:16].hex()}")
-        pending = pending[4 * n:]
-        acked += n
-        more = min(n, spec.messages - sent)
-        if more:
-            sock.sendall(packets(more))
-            sent += more
-    finished = time.monotonic()
-    sock.sendall(wire.DISCONNECT_PACKET)
-    sock.close()
-    return Published(started, finished, acked)
-
-
-def _publish_paced(sock: socket.socket, spec: PubSpec) -> Published:
-    """``spec.rate`` messages a second, each stamped with ``time.monotonic_ns()`` as it is written;
-    a thread drains the PUBACKs of QoS 1 publishes."""
-    heads = [wire.publish_head(topic, spec.qos, spec.size) for topic in spec.topics]
-    padding = _payload(max(0, spec.size - 8))
-    acks = {"count": 0}
-    if spec.qos:
-        def drain() -> None:
-            pending = 0
-            while True:
-                data = sock.recv(RECV_SIZE)
-                if not data:
-                    return
-                pending += len(data)
-                acks["count"] = pending // 4
-        reader = threading.Thread(target=drain, daemon=True)
-        reader.start()
-    interval = 1.0 / spec.rate
-    started = time.monotonic()
-    for index in range(spec.messages):
-        due = started + index * interval
-        delay = due - time.monotonic()
-        if delay > 0:
-            time.sleep(delay)
-        packet_id = wire.PACKET_IDS[index % 65535 + 1] if spec.qos else b""
-        sock.sendall(heads[index % len(heads)] + packet_id + struct.pack(">Q", time.monotonic_ns()) + padding)
-    finished = time.monotonic()
-    if spec.qos:
-        deadline = time.monotonic() + 10
-        while acks["count"] < spec.messages and time.monotonic() < deadline:
-            time.sleep(0.01)
-    sock.sendall(wire.DISCONNECT_PACKET)
-    sock.shutdown(socket.SHUT_WR)
-    return Published(started, finished, spec.messages)
+            raise RuntimeError(f"{self.spec.client_id}: expected only PUBACKs, got {pending[:16].hex()}")
+        self.pending = pending[4 * n:]
+        self.acked += n
 
 
 class _Connection:
-    """One subscriber connection's unparsed bytes."""
+    """One subscriber connection: its unparsed bytes, and per publisher the messages it got and
+    the sequence number it has reached."""
 
-    __slots__ = ("sock", "pending")
+    __slots__ = ("sock", "pending", "received", "reached")
 
-    def __init__(self, sock: socket.socket) -> None:
+    def __init__(self, sock: socket.socket, publishers: int) -> None:
         self.sock = sock
         self.pending = b""
+        self.received = [0] * publishers
+        self.reached = [0] * publishers
+
+    def saw(self, publisher: int, count: int, buffer: bytes, payload_at: int) -> None:
+        """``count`` messages of ``publisher`` arrived, the last of them at ``payload_at``."""
+        self.received[publisher] += count
+        seq = (buffer[payload_at + wire.SLOT_AT] << 8 | buffer[payload_at + wire.SLOT_AT + 1]) + \
+            int.from_bytes(buffer[payload_at + wire.BASE_AT:payload_at + wire.SENT_AT], "big")
+        if seq >= self.reached[publisher]:
+            self.reached[publisher] = seq + 1
 
 
-def _subscribe(port: int, spec: SubSpec, results: Any, publishers_done: Any, grace: float) -> Received:
+class _Tally:
+    """A subscriber process's figures for the measured window."""
+
+    def __init__(self, window: tuple[int, int], sample_every: int) -> None:
+        self.start, self.end = window
+        self.sample_every = sample_every
+        self.next_sample = 0
+        """Index, in the next batch of messages, of the next one whose latency is taken."""
+        self.in_window = 0
+        self.latencies: list[int] = []
+
+    def count(self, messages: int, now: int) -> bool:
+        """Count ``messages`` received at ``now``; whether they are inside the window."""
+        if not self.start <= now < self.end:
+            return False
+        self.in_window += messages
+        return True
+
+    def sample(self, buffer: bytes, payload_ats: range | list[int], now: int) -> None:
+        """Take the latencies of every ``sample_every``-th of the messages at ``payload_ats``."""
+        every = self.sample_every
+        if not every:
+            return
+        for payload_at in payload_ats[self.next_sample::every]:
+            at = payload_at + wire.SENT_AT
+            self.latencies.append(now - int.from_bytes(buffer[at:at + 8], "big"))
+        self.next_sample = (self.next_sample - len(payload_ats)) % every
+
+
+def _subscribe(results: Any, control: Any, port: int, spec: SubSpec, publishers: int, feedback: list[Any],
+               credit: int, schedule: Schedule) -> Received:
     connections = []
     for client_id, topic_filter, qos in spec.connections:
         sock = _connect(port, client_id)
@@ -341,55 +454,129 @@ def _subscribe(port: int, spec: SubSpec, results: Any, publishers_done: Any, gra
         reply = _read_exactly(sock, 5)
         if reply[0] != 0x90 or reply[4] > 2:
             raise RuntimeError(f"{client_id}: SUBACK {reply.hex()} refuses {topic_filter!r}")
-        connections.append(_Connection(sock))
+        connections.append(_Connection(sock, publishers))
     selector = selectors.DefaultSelector()
     for connection in connections:
         selector.register(connection.sock, selectors.EVENT_READ, connection)
+    selector.register(control.fileno(), selectors.EVENT_READ, None)
     results.put(READY)
-
-    received, first, last = 0, 0.0, 0.0
-    latencies: list[int] = []
-    stamps = spec.timestamps
-    idle_since = time.monotonic()
-    while received < spec.expected:
-        events = selector.select(0.1)
-        if not events:
-            now = time.monotonic()
-            if publishers_done.is_set() and now - max(idle_since, last) >= grace:
-                break
-            continue
-        for key, _ in events:
+    tally = _Tally(_window(schedule, _read_start(control)), spec.sample_every)
+    writers: list[int | None] = [writer.fileno() for writer in feedback]
+    reported = [0] * len(writers)
+    while True:
+        left = tally.end - time.monotonic_ns()
+        if left <= 0:
+            credit = 1  # the publishers are draining: each needs to hear about its last message
+        for key, _ in selector.select(left / 1e9 if left > 0 else None):
             connection = key.data
+            if connection is None:  # the parent: every publisher is done
+                return _finish(connections, tally)
             data = connection.sock.recv(RECV_SIZE)
-            now_ns = time.monotonic_ns()
-            now = now_ns / 1e9
             if not data:
                 raise RuntimeError("the server closed a subscriber connection")
-            if not received:
-                first = now
-            buffer = connection.pending + data if connection.pending else data
-            count, acks, stamp_list, used = _scan(buffer, stamps)
-            connection.pending = buffer[used:]
-            if count:
-                received += count
-                last = now
-                if stamp_list:
-                    latencies += [now_ns - stamp for stamp in stamp_list]
-            if acks:
-                connection.sock.sendall(acks)
+            _absorb(connection.pending + data if connection.pending else data, connection, tally,
+                    time.monotonic_ns())
+        _report(connections, writers, reported, credit)
+
+
+def _report(connections: list[_Connection], writers: list[int | None], reported: list[int], credit: int) -> None:
+    """Tell each publisher the sequence number all of this process's connections have reached,
+    when it moved by ``credit`` or more. A pipe holds 8,192 reports, and a publisher with
+    ``window`` messages in flight causes at most ``window`` before it reads them, so the write does
+    not block. A publisher held back by the window has ``window`` > ``credit`` messages
+    unreported, so it always hears of them."""
+    for publisher, writer in enumerate(writers):
+        if writer is None:
+            continue
+        reached = min(connection.reached[publisher] for connection in connections)
+        if reached - reported[publisher] < credit:
+            continue
+        reported[publisher] = reached
+        try:
+            os.write(writer, reached.to_bytes(8, "little"))
+        except BrokenPipeError:  # that publisher is done
+            writers[publisher] = None
+
+
+def _finish(connections: list[_Connection], tally: _Tally) -> Received:
     for connection in connections:
         try:
             connection.sock.sendall(wire.DISCONNECT_PACKET)
             connection.sock.close()
         except OSError:
             pass
-    return Received(first, last, received, latencies)
+    return Received(sum(sum(connection.received) for connection in connections), tally.in_window,
+                    len(connections), tally.latencies)
 
 
-def _scan(buffer: bytes, stamps: bool) -> tuple[int, bytes, list[int], int]:
-    """Walk the whole packets in ``buffer``: how many PUBLISH, the PUBACKs their QoS 1 ones call
-    for, their send stamps (when ``stamps``), and the bytes used."""
-    pos, size, count, acks, stamp_list = 0, len(buffer), 0, [], []
+def _absorb(buffer: bytes, connection: _Connection, tally: _Tally, now: int) -> None:
+    """Take in the whole packets at the start of ``buffer``, received at ``now``: count them,
+    answer QoS 1 ones with PUBACKs (one write), keep the rest for the next read."""
+    shape = _uniform(buffer)
+    if shape is None:
+        payload_ats, acks, used = _scan(buffer)
+        last: dict[int, int] = {}
+        counts = [0] * len(connection.received)
+        for payload_at in payload_ats:
+            publisher = buffer[payload_at]
+            counts[publisher] += 1
+            last[publisher] = payload_at
+        for publisher, payload_at in last.items():
+            connection.saw(publisher, counts[publisher], buffer, payload_at)
+    else:
+        size, count, topic_end = shape
+        used = size * count
+        payload_at = topic_end + (2 if buffer[0] & 0x06 else 0)
+        payload_ats = range(payload_at, used, size)
+        publishers = buffer[payload_at:used:size]
+        for publisher in range(len(connection.received)):
+            seen = publishers.count(publisher)
+            if seen:
+                connection.saw(publisher, seen, buffer, publishers.rindex(publisher) * size + payload_at)
+        acks = b""
+        if buffer[0] & 0x06:
+            ack_array = bytearray(b"\x40\x02\x00\x00" * count)
+            ack_array[2::4] = buffer[topic_end:used:size]
+            ack_array[3::4] = buffer[topic_end + 1:used:size]
+            acks = bytes(ack_array)
+    connection.pending = buffer[used:]
+    if acks:
+        connection.sock.sendall(acks)
+    if payload_ats and tally.count(len(payload_ats), now):
+        tally.sample(buffer, payload_ats, now)
+
+
+def _uniform(buffer: bytes) -> tuple[int, int, int] | None:
+    """(packet size, packets, end of the topic name) when ``buffer`` starts with whole PUBLISH
+    packets whose fixed headers and topic lengths are all alike, hence one size each and back to
+    back; None otherwise."""
+    if len(buffer) < 2 or buffer[0] >> 4 != wire.PUBLISH:
+        return None
+    length, shift, header = 0, 0, 1
+    while True:
+        if header >= len(buffer):
+            return None
+        byte = buffer[header]
+        header += 1
+        length |= (byte & 0x7F) << shift
+        shift += 7
+        if byte < 0x80:
+            break
+    size = header + length
+    count = len(buffer) // size
+    if not count or header + 2 > size:
+        return None
+    used = size * count
+    for at in range(header + 2):
+        if buffer[at:used:size] != buffer[at:at + 1] * count:
+            return None
+    return size, count, header + 2 + (buffer[header] << 8 | buffer[header + 1])
+
+
+def _scan(buffer: bytes) -> tuple[list[int], bytes, int]:
+    """Walk the whole packets in ``buffer``: where each PUBLISH's payload starts, the PUBACKs the
+    QoS 1 ones call for, and the bytes used."""
+    pos, size, payload_ats, acks = 0, len(buffer), [], []
     while pos + 2 <= size:
         first_byte = buffer[pos]
         length = buffer[pos + 1]
@@ -399,7 +586,7 @@ def _scan(buffer: bytes, stamps: bool) -> tuple[int, bytes, list[int], int]:
             shift = 7
             while True:
                 if header >= size:
-                    return count, b"".join(acks), stamp_list, pos
+                    return payload_ats, b"".join(acks), pos
                 byte = buffer[header]
                 header += 1
                 length += (byte & 0x7F) << shift
@@ -409,17 +596,14 @@ def _scan(buffer: bytes, stamps: bool) -> tuple[int, bytes, list[int], int]:
         end = header + length
         if end > size:
             break
-        if first_byte >> 4 == 3:
-            count += 1
-            if first_byte & 0x06 or stamps:
-                body = header + 2 + (buffer[header] << 8 | buffer[header + 1])
-                if first_byte & 0x06:
-                    acks.append(b"\x40\x02" + buffer[body:body + 2])
-                    body += 2
-                if stamps:
-                    stamp_list.append(int.from_bytes(buffer[body:body + 8], "big"))
+        if first_byte >> 4 == wire.PUBLISH:
+            body = header + 2 + (buffer[header] << 8 | buffer[header + 1])
+            if first_byte & 0x06:
+                acks.append(b"\x40\x02" + buffer[body:body + 2])
+                body += 2
+            payload_ats.append(body)
         pos = end
-    return count, b"".join(acks), stamp_list, pos
+    return payload_ats, b"".join(acks), pos
 
 
 # -- the parent's side ------------------------------------------------------------------------

@@ -4,6 +4,20 @@ Standard library only, since it is imported by every spawned load process. Encod
 packets as bytes, so the load path can pre-encode them once and only join and write them;
 ``split_packets`` walks a receive buffer and yields whole packets, and the load generator's
 subscriber has its own inlined copy of that loop for speed.
+
+The load generator's messages start their payload with a fixed header, so a subscriber can tell
+whose message it got, which one, and when it was sent::
+
+    offset  size  field
+    0       1     publisher: the publisher's index in the run
+    1       2     slot: the packet's position in the publisher's ring of pre-encoded packets
+    3       4     base: the sequence number of the ring's slot 0 on this lap
+    7       8     sent: time.monotonic_ns() just before the write that carried the message
+    15      ...   filler up to the payload size
+
+All big-endian. A message's sequence number (from 0, per publisher) is ``base + slot``. Base and
+send time are the same for every message of one write, so ``Ring.take`` writes them into a
+copy of a ring slice as byte columns (one strided slice assignment per byte, not per message).
 """
 from __future__ import annotations
 
@@ -69,6 +83,50 @@ def publish_head(topic: str, qos: int, payload_size: int) -> bytes:
 
 def publish(topic: str, payload: bytes, qos: int = 0, packet_id: int = 0) -> bytes:
     return publish_head(topic, qos, len(payload)) + (PACKET_IDS[packet_id] if qos else b"") + payload
+
+
+PUBLISHER_AT, SLOT_AT, BASE_AT, SENT_AT, HEADER_SIZE = 0, 1, 3, 7, 15
+"""Offsets of the load generator's payload header fields (see the module docstring), its size."""
+MAX_RING = 65535
+"""A ring's slot ``i`` is also its QoS 1 packet id ``i + 1``, so a ring has at most 65,535 slots."""
+
+
+class Ring:
+    """A publisher's pre-encoded PUBLISH packets, ``topics`` round-robin, all one size, which
+    ``take`` copies out for given sequence numbers with their base and send time filled in."""
+
+    def __init__(self, publisher: int, topics: tuple[str, ...], qos: int, payload_size: int,
+                 slots: int = 1024) -> None:
+        if payload_size < HEADER_SIZE:
+            raise ValueError(f"payloads need at least {HEADER_SIZE} bytes for the header")
+        heads = [publish_head(topic, qos, payload_size) for topic in topics]
+        if len({len(head) for head in heads}) != 1:
+            raise ValueError("a ring's topics must all encode to the same length")
+        self.slots = min(MAX_RING, len(topics) * -(-slots // len(topics)))
+        filler = bytes(i % 251 for i in range(payload_size - HEADER_SIZE))
+        packets = [heads[slot % len(heads)] + (PACKET_IDS[slot + 1] if qos else b"")
+                   + struct.pack(">BHIQ", publisher, slot, 0, 0) + filler for slot in range(self.slots)]
+        self.packet_size = len(packets[0])
+        self.payload_at = self.packet_size - payload_size
+        self.packets = bytearray(b"".join(packets))
+
+    def take(self, seq: int, count: int, sent_ns: int) -> bytes | bytearray:
+        """The packets of sequence numbers ``seq`` .. ``seq + count - 1``, stamped ``sent_ns``."""
+        chunks = []
+        while count:
+            slot = seq % self.slots
+            n = min(count, self.slots - slot)
+            chunk = self.packets[slot * self.packet_size:(slot + n) * self.packet_size]
+            fields = (seq - slot).to_bytes(4, "big") + sent_ns.to_bytes(8, "big")
+            if n < len(fields):  # fewer messages than field bytes: one slice per message is less work
+                for at in range(self.payload_at + BASE_AT, len(chunk), self.packet_size):
+                    chunk[at:at + len(fields)] = fields
+            else:
+                for k, byte in enumerate(fields, self.payload_at + BASE_AT):
+                    chunk[k::self.packet_size] = bytes((byte,)) * n
+            chunks.append(chunk)
+            seq, count = seq + n, count - n
+        return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
 
 def puback(packet_id: int) -> bytes:

@@ -1,11 +1,13 @@
-"""A throwaway RabbitMQ node for the native benchmark: Debian's ``rabbitmq-server`` on loopback.
+"""A throwaway RabbitMQ node for the benchmarks: Debian's ``rabbitmq-server`` on loopback.
 
 The node gets its own directory (Mnesia, logs, Erlang cookie, config), its own node name
-``bench-<pid>@localhost`` (the interop tests use another prefix), and free loopback ports for
-AMQP, Erlang distribution and a private epmd, so it neither touches nor clashes with a system
-RabbitMQ. No plugin is enabled (no management UI). ``throwaway_node`` starts it, waits until the
-AMQP port accepts a connection, and on exit stops the node, ends the epmd it started and deletes
-the directory.
+``<prefix>-<pid>@localhost`` (the interop tests and each benchmark use their own prefix), and free
+loopback ports for AMQP, Erlang distribution and a private epmd, so it neither touches nor
+clashes with a system RabbitMQ. Only the plugins the caller names are enabled, through the
+node's own enabled-plugins file (none by default: no management UI), and the caller's
+``rabbitmq.conf`` lines are added to the node's own file. ``throwaway_node`` starts it, waits
+until the AMQP port and any ``listeners`` ports accept a connection, and on exit stops the node,
+ends the epmd it started and deletes the directory.
 """
 from __future__ import annotations
 
@@ -73,9 +75,12 @@ def find_server() -> Path | None:
 
 
 @contextmanager
-def throwaway_node(parent: Path, log: Log, timeout: float = START_TIMEOUT,
-                   prefix: str = "bench") -> Iterator[RabbitNode]:
-    """Start a private RabbitMQ node ``<prefix>-<pid>@localhost`` under ``parent``; stop it and
+def throwaway_node(parent: Path, log: Log, timeout: float = START_TIMEOUT, prefix: str = "bench",
+                   plugins: tuple[str, ...] = (), config: tuple[str, ...] = (),
+                   listeners: tuple[int, ...] = ()) -> Iterator[RabbitNode]:
+    """Start a private RabbitMQ node ``<prefix>-<pid>@localhost`` under ``parent`` with
+    ``plugins`` enabled and ``config`` lines in its rabbitmq.conf; return once its AMQP port and
+    the ``listeners`` ports (the plugins' own, as configured) accept connections. Stop it and
     delete its files on exit."""
     script = find_server()
     if script is None:
@@ -86,7 +91,7 @@ def throwaway_node(parent: Path, log: Log, timeout: float = START_TIMEOUT,
         cleanup.callback(shutil.rmtree, directory, True)
         amqp_port, dist_port, epmd_port = free_ports(3)
         node_name = f"{prefix}-{os.getpid()}@localhost"
-        env = _node_environment(directory, node_name, amqp_port, dist_port, epmd_port)
+        env = _node_environment(directory, node_name, amqp_port, dist_port, epmd_port, plugins, config)
         output = open(directory / "server-output.log", "wb")
         cleanup.callback(output.close)
         started = time.monotonic()
@@ -95,7 +100,8 @@ def throwaway_node(parent: Path, log: Log, timeout: float = START_TIMEOUT,
         cleanup.callback(_end_epmd, epmd_port, env)
         cleanup.callback(stop_process_group, process, STOP_TIMEOUT)
         try:
-            wait_for_port(amqp_port, started + timeout, process, "rabbitmq-server")
+            for port in (amqp_port, *listeners):
+                wait_for_port(port, started + timeout, process, "rabbitmq-server")
         except ServerUnavailable as error:
             raise ServerUnavailable(f"RabbitMQ node did not start: {error}\n{_tail(directory)}") from None
         node = RabbitNode(amqp_port, node_name, _version(script), directory, process.pid, env)
@@ -104,13 +110,13 @@ def throwaway_node(parent: Path, log: Log, timeout: float = START_TIMEOUT,
         yield node
 
 
-def _node_environment(directory: Path, node_name: str, amqp_port: int, dist_port: int,
-                      epmd_port: int) -> dict[str, str]:
+def _node_environment(directory: Path, node_name: str, amqp_port: int, dist_port: int, epmd_port: int,
+                      plugins: tuple[str, ...], config: tuple[str, ...]) -> dict[str, str]:
     """Environment for a node whose every file and port is its own."""
-    (directory / "enabled_plugins").write_text("[].\n")
+    (directory / "enabled_plugins").write_text(f"[{','.join(plugins)}].\n")
     (directory / "rabbitmq-env.conf").write_text("# empty: this node ignores /etc/rabbitmq\n")
-    (directory / "rabbitmq.conf").write_text(
-        "# throwaway benchmark node; listeners come from RABBITMQ_NODE_IP_ADDRESS/PORT\n")
+    (directory / "rabbitmq.conf").write_text("\n".join([
+        "# throwaway benchmark node; the AMQP listener comes from RABBITMQ_NODE_IP_ADDRESS/PORT", *config, ""]))
     env = {key: value for key, value in os.environ.items()
            if not key.startswith(("RABBITMQ_", "ERL_"))}
     env.update({

@@ -35,20 +35,30 @@ def test_native_bench_smoke_run_compares_or_says_why_not(tmp_path):
 
 
 def test_mqtt_bench_smoke_run_measures_the_generator_and_says_what_it_skipped(tmp_path):
-    """The mqtt section runs in its smoke mode with or without mosquitto installed: the
-    generator's ceiling and Sluice are always measured, and compared when Mosquitto runs."""
+    """The mqtt section runs in its smoke mode with or without mosquitto and rabbitmq-server
+    installed: the generator's ceiling and Sluice are always measured, with latency and losses in
+    every scenario, and compared (with issue 15's targets) when the other brokers run."""
     done = subprocess.run([sys.executable, "-m", "bench", "mqtt", "--quick", "--data-dir", str(tmp_path)],
-                          cwd=ROOT, capture_output=True, text=True, timeout=60)
+                          cwd=ROOT, capture_output=True, text=True, timeout=240)
     assert done.returncode == 0, done.stderr
     out = done.stdout
     assert "generator ceiling (discard server)" in out, out
-    for scenario in ("QoS 0 fan-in 4 pub -> 1 sub", "QoS 1 fan-in 4 pub (window 64) -> 1 sub",
-                     "QoS 1 1,000 device topics -> devices/+/telemetry", "QoS 0 fan-out 1 pub -> 50 subs"):
-        assert scenario in out, scenario
-    assert "Mosquitto  latency QoS 0 at 1,000 msg/s" in out or "Mosquitto skipped:" in out, out
-    assert "Sluice     latency QoS 0" in out, out
-    if "Mosquitto  latency QoS 0" in out:
-        assert "Sluice/Mosquitto" in out, out
+    scenarios = ("QoS 0 fan-in 4 pub -> 1 sub", "QoS 1 fan-in 4 pub (window 64) -> 1 sub",
+                 "QoS 1 1,000 device topics -> devices/+/telemetry",
+                 "QoS 1 10,000 device topics -> devices/+/telemetry", "QoS 0 fan-out 1 pub -> 50 subs",
+                 "latency QoS 0 at 1,000 msg/s", "latency QoS 1 at 1,000 msg/s")
+    figures = r" +1 +[\d,]+ +[\d,]+\.\.[\d,]+ +[\d,]+ +[\d.]+ ms +[\d.]+ ms"  # runs, msg/s, range, lost, p50, p99
+    for scenario in scenarios:
+        assert re.search(rf"^Sluice +{re.escape(scenario)}{figures}", out, re.MULTILINE), scenario
+    for broker in ("Mosquitto", "RabbitMQ"):
+        measured = re.search(rf"^{broker} +latency QoS 1 at 1,000 msg/s", out, re.MULTILINE)
+        assert measured or f"{broker} skipped:" in out, out
+    if "Mosquitto skipped:" not in out:
+        assert "Sluice/Mosquitto QoS 1 1,000 device topics" in out, out
+    if "RabbitMQ skipped:" not in out:
+        assert re.search(r"Sluice latency QoS 0 at 1,000 msg/s, p99 .*\(RabbitMQ\) +(PASS|MISS)", out), out
+    assert re.search(r"Sluice QoS 1 10,000 device topics .* / 1,000 topics .* (PASS|MISS)", out), out
+    assert not re.search(r"^note: Sluice .* lost [\d,]+ QoS 1 messages", out, re.MULTILINE), out
     assert "failed in round" not in out, out
     assert list(tmp_path.iterdir()) == [], "benchmark files are removed afterwards"
 
