@@ -109,16 +109,15 @@ def _name_piece(name: str) -> bytes:
     return piece
 
 
-def encode_dispatch(targets: Sequence[Target]) -> bytes:
-    """Encode the dispatch section (extra queues of a fanned-out record)."""
-    out = bytearray()
-    for topic, queue_id, queue_offset in targets:
-        raw = topic.encode()
-        _check_u16(len(raw), "dispatch topic")
-        out += _U16.pack(len(raw))
-        out += raw
-        out += _TARGET.pack(queue_id, queue_offset)
-    return bytes(out)
+def dispatch_head(topic: bytes) -> bytes:
+    """``u16 len, UTF-8 topic``: the start of a dispatch entry, the same for every record fanned
+    out to the topic's queues (cached by the builder); ``pack_target`` packs the rest."""
+    _check_u16(len(topic), "dispatch topic")
+    return _U16.pack(len(topic)) + topic
+
+
+pack_target = _TARGET.pack
+"""``u32 queue_id, u64 queue_offset``: the end of a dispatch entry."""
 
 
 def _check_u16(length: int, what: str) -> None:

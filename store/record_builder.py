@@ -39,6 +39,7 @@ class RecordBuilder:
         self.next_queue_offsets = next_queue_offsets
         self.compacted_topics = compacted_topics
         self._topic_bytes: dict[str, bytes] = {}
+        self._dispatch_heads: dict[str, bytes] = {}
 
     def _topic(self, topic: str) -> bytes:
         encoded = self._topic_bytes.get(topic)
@@ -49,9 +50,20 @@ class RecordBuilder:
 
     def _targets(self, extra_queues: Sequence[tuple[str, int]]) -> tuple[tuple[record.Target, ...], bytes]:
         """The fan-out targets of a record with their queue offsets, and its dispatch section."""
-        offsets = self.next_queue_offsets
-        extra = tuple((t, q, offsets.get((t, q), 0)) for t, q in extra_queues if self._topic(t))
-        return extra, record.encode_dispatch(extra)
+        offsets, heads, pack = self.next_queue_offsets, self._dispatch_heads, record.pack_target
+        extra: list[record.Target] = []
+        parts: list[bytes] = []
+        for key in extra_queues:
+            topic, queue_id = key
+            offset = offsets.get(key, 0)
+            extra.append((topic, queue_id, offset))
+            parts += (heads.get(topic) or self._dispatch_head(topic), pack(queue_id, offset))
+        return tuple(extra), b"".join(parts)
+
+    def _dispatch_head(self, topic: str) -> bytes:
+        """The dispatch head of a (validated) queue topic, kept like the topic's own bytes."""
+        head = self._dispatch_heads[topic] = record.dispatch_head(self._topic(topic))
+        return head
 
     def build(self, place: Place, topic: str, body: bytes, queue_id: int,
               tag: str, keys: Sequence[str], properties: Mapping[str, str] | None, msg_id: str,
@@ -91,7 +103,7 @@ class RecordBuilder:
         if not msg_id:
             msg_id = f"{phys:016X}"
             id_bytes = msg_id.encode()
-            index_keys = ()
+            index_keys: tuple[bytes, ...] = ()
         else:
             index_keys = (id_key(msg_id),)
         record.encode_into(buf, pos, size, phys, queue_id, queue_offset, born_ts or now, now, topic_bytes,
@@ -114,29 +126,28 @@ class RecordBuilder:
         Messages with no tag, keys or id of their own on a topic seen before (what MQTT and AMQP
         publish: properties, maybe fan-out) take an inlined path that packs header and sections
         with one cached struct (``record.layout``). It is the write path's hot loop, hence the
-        locals; ``build`` encodes the same bytes.
+        locals and the unpacked messages; ``build`` encodes the same bytes.
         """
         general, compacted, topics = self.build, self.compacted_topics, self._topic_bytes
         offsets, encode, new_tuple = self.next_queue_offsets, record.encode_laid_out_into, _new_tuple
         encode_properties, layout = record.encode_properties, record.layout
         add_request, add_result = requests.append, results.append
-        for m in messages:
-            topic, body, queue_id = m.topic, m.body, m.queue_id
+        for topic, body, queue_id, tag, keys, properties, msg_id, born_ts, extra_queues in messages:
             topic_bytes = topics.get(topic)
-            if (topic_bytes is None or m.tag or m.keys or m.msg_id or topic in compacted
-                    or type(body) is not bytes or not 0 <= queue_id <= 0xFFFFFFFF or not 0 <= m.born_ts < 1 << 63):
-                request, result = general(place, topic, body, queue_id, m.tag, m.keys,
-                                          m.properties, m.msg_id, m.born_ts, m.extra_queues, now)
+            if (topic_bytes is None or tag or keys or msg_id or topic in compacted or type(body) is not bytes
+                    or not 0 <= queue_id <= 0xFFFFFFFF or not 0 <= born_ts < 1 << 63):
+                request, result = general(place, topic, body, queue_id, tag, keys, properties, msg_id, born_ts,
+                                          extra_queues, now)
             else:
-                props = encode_properties(m.properties) if m.properties else b""
-                extra, dispatch = self._targets(m.extra_queues) if m.extra_queues else ((), b"")
+                props = encode_properties(properties) if properties else b""
+                extra, dispatch = self._targets(extra_queues) if extra_queues else ((), b"")
                 shape = layout(len(topic_bytes), _GENERATED_ID_LEN, len(props), len(dispatch))
                 size = shape.size + len(body)
                 home = (topic, queue_id)
                 queue_offset = offsets.get(home, 0)
                 phys, buf, pos = place(size)
                 msg_id = "%016X" % phys
-                encode(buf, pos, size, shape, phys, queue_id, queue_offset, m.born_ts or now, now,
+                encode(buf, pos, size, shape, phys, queue_id, queue_offset, born_ts or now, now,
                        topic_bytes, msg_id.encode(), props, dispatch, body)
                 offsets[home] = queue_offset + 1
                 if extra:
