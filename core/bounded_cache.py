@@ -57,3 +57,45 @@ class BoundedCache(Generic[V]):
         """Forget everything (what the values were computed from changed)."""
         self._entries.clear()
         self.size = 0
+
+
+K = TypeVar("K")
+
+
+class IdentityCache(Generic[K, V]):
+    """Object -> value for objects compared by identity (``is``), holding at most about
+    ``budget_bytes``; oldest entries go first.
+
+    Each entry keeps its object alive, so a reused ``id`` never matches another object. For
+    values derived from an object shared by many messages (a connection's stored properties
+    for one topic), where hashing or comparing the object itself would cost what the cache
+    saves.
+    """
+
+    def __init__(self, budget_bytes: int) -> None:
+        self.budget = budget_bytes
+        self.size = 0
+        self._entries: dict[int, tuple[K, V, int]] = {}
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def get(self, obj: K) -> V | None:
+        """The value cached for this very object, or None."""
+        entry = self._entries.get(id(obj))
+        return entry[1] if entry is not None and entry[0] is obj else None
+
+    def put(self, obj: K, value: V, value_bytes: int) -> None:
+        """Cache ``value`` for ``obj``; ``value_bytes`` is about what the entry holds."""
+        cost = value_bytes + ENTRY_OVERHEAD
+        if cost > self.budget:
+            return
+        entries = self._entries
+        old = entries.pop(id(obj), None)
+        if old is not None:
+            self.size -= old[2]
+        entries[id(obj)] = (obj, value, cost)
+        self.size += cost
+        while self.size > self.budget:
+            oldest = next(iter(entries))
+            self.size -= entries.pop(oldest)[2]

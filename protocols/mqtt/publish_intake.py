@@ -1,11 +1,13 @@
 """PUBLISHes from one client into the store: checked as read, stored in order, then acked.
 
 Each PUBLISH is authorised and mapped as it is read (`add`); those read in one chunk are
-stored with one core send (`flush`), behind the previous chunk's. Their PUBACK/PUBREC go out
-once stored (durable under ``sync`` flush). The QoS 2 ids of a persistent session that await
-PUBREL are saved in the same append, and retained messages become retained once stored. One
-task per chunk, none per message; a PUBREL is completed once the chunks before it are stored
-and the session's QoS 2 state is saved.
+stored with one core send (`flush`). A chunk does not wait for the previous one to be durable:
+core appends sends in the order they are made and makes them durable in that order, so chunks
+land in the log in the order read, their fsyncs overlap, and their PUBACK/PUBREC go out in
+order once stored (durable under ``sync`` flush). The QoS 2 ids of a persistent session that
+await PUBREL are saved in the same append, and retained messages become retained once stored.
+One task per chunk, none per message; a PUBREL is completed once every chunk read before it is
+stored and the session's QoS 2 state is saved.
 
 Runs on the event loop; not thread-safe.
 """
@@ -18,6 +20,7 @@ from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import replace
 from typing import Any, Protocol
 
+from core.bounded_cache import BoundedCache
 from core.errors import SluiceError
 from core.model import Action, OutgoingMessage, Principal
 from core.service import Broker
@@ -37,8 +40,8 @@ from .session import Session
 log = logging.getLogger(__name__)
 
 _Batch = list[tuple[MessagePublished, OutgoingMessage]]
-_TOPIC_CACHE_SIZE = 256
-"""Topics of one connection whose core topic and stored properties are kept (per QoS)."""
+_TEMPLATE_OVERHEAD = 400
+"""Bytes one template costs beyond its key: the tuple, the properties dict and its strings."""
 
 
 class IntakeServices(Protocol):
@@ -52,6 +55,11 @@ class IntakeServices(Protocol):
 
     @property
     def retained(self) -> RetainedMessages: ...
+
+    @property
+    def plain_templates(self) -> BoundedCache[tuple[str, Mapping[str, str]]]:
+        """(QoS, client id, MQTT topic) -> (core topic, stored properties) of PUBLISHes with no
+        MQTT 5 properties and no retain flag, shared by every connection of the front end."""
 
     def may_retain(self, client_id: str, topic: str, payload: bytes) -> bool:
         """Whether a retained PUBLISH fits the retained limits (room is then reserved)."""
@@ -82,16 +90,15 @@ class PublishIntake:
         self._batch: _Batch = []
         self._now = 0
         """The time the current batch was read (ms since the epoch): its messages' born time."""
-        self._plain: tuple[dict[str, tuple[str, Mapping[str, str]]], ...] = ({}, {}, {})
-        """Per QoS, MQTT topic -> (core topic, stored properties) of a PUBLISH with no MQTT 5
-        properties and no retain flag. The properties are shared by those messages and never
-        changed, so each is not built again."""
-        self.last_store: asyncio.Future | None = None
-        """The newest chunk's store, done once it and every earlier one finished."""
+        self._key_prefix = ("0\0", "1\0", "2\0")
+        """Per QoS, the start of this client's keys in ``plain_templates``."""
+        self._storing: set[asyncio.Task] = set()
+        """Chunks being stored."""
 
     def start(self, principal: Principal, client_id: str, session: Session) -> None:
         """The connection was accepted for ``principal`` as ``client_id``."""
         self._principal, self._client_id, self._session = principal, client_id, session
+        self._key_prefix = tuple(f"{qos}{client_id}\0" for qos in range(3))
 
     def add(self, event: MessagePublished) -> None:
         """A PUBLISH read from the client: answered now if refused, else batched."""
@@ -128,16 +135,18 @@ class PublishIntake:
         self._batch.append((event, message))
 
     def _plain_message(self, event: MessagePublished) -> OutgoingMessage:
-        """The core message of a PUBLISH with neither properties nor retain flag."""
-        known = self._plain[event.qos]
-        mapped = known.get(event.topic)
+        """The core message of a PUBLISH with neither properties nor retain flag. Its stored
+        properties are shared with the client's earlier messages to the topic and never
+        changed (``plain_templates``)."""
+        templates = self._services.plain_templates
+        key = self._key_prefix[event.qos] + event.topic
+        mapped = templates.get(key)
         if mapped is None:
             template = to_outgoing(self._services.broker.topic_of_subject(event.topic),
                                    event.topic, b"", event.qos, False, self._client_id,
                                    NO_PROPERTIES, 0)
-            if len(known) >= _TOPIC_CACHE_SIZE:
-                known.clear()
-            mapped = known[event.topic] = (template.topic, template.properties)
+            mapped = (template.topic, template.properties)
+            templates.put(key, mapped, len(key) + len(template.topic) + _TEMPLATE_OVERHEAD)
         return OutgoingMessage(mapped[0], event.payload, properties=mapped[1], born_ts=self._now)
 
     def flush(self) -> None:
@@ -145,13 +154,14 @@ class PublishIntake:
         if not self._batch:
             return
         batch, self._batch = self._batch, []
-        previous = self.last_store
-        self.last_store = asyncio.get_running_loop().create_task(self._store(batch, previous))
+        task = asyncio.get_running_loop().create_task(self._store(batch))
+        self._storing.add(task)
+        task.add_done_callback(self._storing.discard)
         self._flow.storing(len(batch))
 
-    async def _store(self, batch: _Batch, previous: asyncio.Future | None) -> None:
+    async def _store(self, batch: _Batch) -> None:
         try:
-            await self._store_batch(batch, previous)
+            await self._store_batch(batch)
         except Exception:  # unexpected: the client resends what was not acknowledged
             log.exception("client %s: storing %d messages failed; closing the connection",
                           self._client_id, len(batch))
@@ -159,10 +169,8 @@ class PublishIntake:
         finally:
             self._flow.stored(len(batch))
 
-    async def _store_batch(self, batch: _Batch, previous: asyncio.Future | None) -> None:
+    async def _store_batch(self, batch: _Batch) -> None:
         services, session = self._services, self._session
-        if previous is not None and not previous.done():
-            await asyncio.wait([previous])  # for order only: how it ended is its own business
         messages = [message for _, message in batch]
         exactly_once = [event.packet_id for event, _ in batch if event.qos == 2] \
             if session is not None and session.persistent else []
@@ -210,8 +218,8 @@ class PublishIntake:
         self._services.spawn(self._complete_after_saving(session, packet_id))
 
     async def _complete_after_saving(self, session: Session, packet_id: int) -> None:
-        if self.last_store is not None and not self.last_store.done():
-            await asyncio.wait([self.last_store])
+        if self._storing:  # the chunks read before the PUBREL, flushed by now
+            await asyncio.wait(tuple(self._storing))
         await self._services.save_qos2(session)
         self._write(self._conn.complete(packet_id))  # nothing once the connection closed
 

@@ -25,6 +25,7 @@ from typing import Any, Protocol
 
 from core import errors
 from core.acl import EVERYONE
+from core.bounded_cache import BoundedCache, IdentityCache
 from core.errors import AccessDenied, InvalidArgument, SluiceError
 from core.model import Delivery, Principal
 from core.named_queues import NamedQueues
@@ -48,6 +49,21 @@ from .topics import InvalidFilter, check_filter, split_shared
 from .wills import Wills
 
 log = logging.getLogger(__name__)
+
+PLAIN_TEMPLATE_BYTES = 16 << 20
+"""What `plain_templates` may hold: the core topic and stored properties of about 40,000
+(client, topic) pairs, so a fleet publishing to one topic per device keeps one properties
+object per device topic, which `inbound` then recognises by identity."""
+PLAIN_TEMPLATE_MAX_KEY = 2048
+"""A client id and topic longer than this together are mapped afresh for every PUBLISH, so a
+peer's long names never crowd out the fleet's."""
+VIEW_CACHE_BYTES = 16 << 20
+"""What `inbound`'s views of stored properties may hold (each view keeps its properties,
+which `plain_templates` usually keeps too)."""
+VIEW_CACHE_MAX_TOPIC = 1024
+"""Views of topics longer than this are not kept."""
+_VIEW_OVERHEAD = 600
+"""Bytes a view costs beyond its topic: the Inbound, its properties dict and their strings."""
 
 KEEPALIVE_SWEEP_S = 1.0
 
@@ -112,12 +128,15 @@ class SessionRegistry:
         self._expiry_timers: dict[str, asyncio.TimerHandle] = {}
         self._tasks: set[asyncio.Task] = set()
         self._sweeper: asyncio.Task | None = None
+        self.plain_templates: BoundedCache[tuple[str, Mapping[str, str]]] = BoundedCache(
+            PLAIN_TEMPLATE_BYTES, PLAIN_TEMPLATE_MAX_KEY)
         self._last_delivery: Delivery | None = None
         self._last_inbound: Inbound | None = None
-        self._last_view: tuple[Mapping[str, str], str, Inbound] | None = None
-        """The last stored properties parsed (kept, so ``is`` cannot match a reused id), the
-        topic they were stored in, and their view: an MQTT connection's messages to one topic
-        share their stored properties (``PublishIntake``), so a run of them is parsed once."""
+        self.views: IdentityCache[Mapping[str, str], tuple[str, Inbound]] = IdentityCache(
+            VIEW_CACHE_BYTES)
+        """Stored properties -> the topic they were stored in and their view: an MQTT client's
+        messages to one topic share their stored properties (`plain_templates`), so each set
+        is parsed once."""
 
     # ---------------------------------------------------------------- lifecycle
 
@@ -505,14 +524,15 @@ class SessionRegistry:
             assert self._last_inbound is not None
             return self._last_inbound
         topic_name, properties = delivery.home_topic or delivery.topic, delivery.properties
-        last = self._last_view
-        if last is not None and last[0] is properties and last[1] == topic_name:
-            inbound = last[2].with_payload(delivery.body)  # a publisher's next message, same topic
+        known = self.views.get(properties)
+        if known is not None and known[0] == topic_name:
+            inbound = known[1].with_payload(delivery.body)  # a publisher's next message, same topic
         else:
             inbound = from_stored(topic_name, delivery.body, properties, delivery.born_ts)
             inbound.encoded = {}
-            if born_independent(properties):
-                self._last_view = (properties, topic_name, inbound)
+            if born_independent(properties) and len(inbound.topic) <= VIEW_CACHE_MAX_TOPIC:
+                self.views.put(properties, (topic_name, inbound),
+                                2 * len(inbound.topic) + len(topic_name) + _VIEW_OVERHEAD)
         self._last_delivery, self._last_inbound = delivery, inbound
         return inbound
 

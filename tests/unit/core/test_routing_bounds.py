@@ -14,7 +14,7 @@ import tracemalloc
 import pytest
 
 from core.assembly import Core
-from core.bounded_cache import BoundedCache
+from core.bounded_cache import BoundedCache, IdentityCache
 from core.errors import InvalidArgument
 from core.fanout import ROUTE_CACHE_BYTES, Fanout
 from core.model import SUBJECT_PROPERTY, SYSTEM, GroupConfig, OutgoingMessage, TopicConfig
@@ -99,6 +99,21 @@ def test_bounded_cache_evicts_oldest_and_skips_long_keys():
     assert cache.size <= 1_000 and cache.get("key-99") == 99 and cache.get("key-0") is None
     cache.clear()
     assert cache.size == 0 and cache.get("key-99") is None
+
+
+def test_identity_cache_answers_only_for_the_same_object_and_stays_in_its_budget():
+    cache: IdentityCache[dict, int] = IdentityCache(budget_bytes=2_000)
+    first = {"subject": "devices/1/telemetry"}
+    cache.put(first, 1, 100)
+    assert cache.get(first) == 1
+    assert cache.get(dict(first)) is None, "an equal object is not the same one"
+    kept = [{"subject": f"devices/{i}/telemetry"} for i in range(100)]
+    for i, properties in enumerate(kept):
+        cache.put(properties, i, 100)
+    assert cache.size <= 2_000 and cache.get(kept[-1]) == 99
+    assert cache.get(first) is None and cache.get(kept[0]) is None, "the oldest went first"
+    cache.put(first, 1, 10_000)
+    assert cache.get(first) is None, "an entry larger than the budget is not kept"
 
 
 @pytest.mark.parametrize("name", [".", "..", "...", "." * 127])

@@ -131,3 +131,20 @@ def test_a_qos2_message_and_what_follows_it_reach_live_subscribers_once_durable(
         pub.send(PubRel(1))
         assert (await pub.expect(PubComp)).packet_id == 1
     run_on_disk(tmp_path, held_sync, scenario)
+
+
+def test_a_publishers_next_messages_do_not_wait_for_the_fsync_of_its_earlier_ones(tmp_path, held_sync):
+    async def scenario(frontend):
+        sub = await subscribed(frontend, "sub", ("t", 1))
+        pub = Client(frontend)
+        await pub.connect("pub")
+        held_sync.hold()
+        pub.send(Publish("t", b"first", 1, packet_id=1))
+        assert (await sub.expect(Publish)).payload == b"first"
+        await fsync_held(held_sync)
+        pub.send(Publish("t", b"second", 1, packet_id=2))  # read while the first one's fsync waits
+        assert (await sub.expect(Publish)).payload == b"second"
+        assert await pub.settled() == [], "both PUBACKs wait for the fsync"
+        held_sync.release()
+        assert [(await pub.expect(PubAck)).packet_id for _ in range(2)] == [1, 2]
+    run_on_disk(tmp_path, held_sync, scenario)

@@ -4,11 +4,15 @@ from __future__ import annotations
 import tracemalloc
 
 from core.assembly import Core
+from protocols.mqtt import registry as registry_module
 from protocols.mqtt.options import MqttOptions
+from protocols.mqtt.packets import Publish
 from protocols.mqtt.registry import SessionRegistry
 from protocols.mqtt.session import Session
 from protocols.mqtt.session_store import SessionStore, SubscriptionOptions
 from tests.unit.core.test_broker import run_core
+from tests.unit.mqtt.fake_wire import Client, run
+from tests.unit.mqtt.test_adapter import subscribed
 
 
 def test_shared_groups_left_empty_are_forgotten(tmp_path):
@@ -30,3 +34,25 @@ def test_shared_groups_left_empty_are_forgotten(tmp_path):
             tracemalloc.stop()
         assert held < 512 << 10, f"{held} bytes left behind"
     run_core(tmp_path, scenario)
+
+
+def test_what_publishes_to_ever_new_topics_leave_in_the_mapping_caches_stays_in_budget(tmp_path, monkeypatch):
+    """A client publishing to thousands of long, distinct topics: every message is delivered,
+    while the (client, topic) templates and the subscribers' views of them hold no more than
+    their budgets, the oldest going first."""
+    monkeypatch.setattr(registry_module, "PLAIN_TEMPLATE_BYTES", 256 << 10)
+    monkeypatch.setattr(registry_module, "VIEW_CACHE_BYTES", 256 << 10)
+
+    async def scenario(frontend, broker):
+        sub = await subscribed(frontend, "sub", ("devices/#", 0))
+        pub = Client(frontend)
+        await pub.connect("pub")
+        topics = [f"devices/{i:04d}/" + "x" * 900 for i in range(1_000)]
+        for start in range(0, len(topics), 100):
+            pub.send(*(Publish(topic, b"reading") for topic in topics[start:start + 100]))
+        assert [(await sub.expect(Publish)).topic for _ in topics] == topics
+        registry = frontend.registry
+        assert 0 < registry.plain_templates.size <= 256 << 10
+        assert 0 < registry.views.size <= 256 << 10
+        assert len(registry.plain_templates) < len(topics) // 2
+    run(tmp_path, scenario)
