@@ -7,6 +7,8 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import InitVar, dataclass, field
 
+from store import SharedProperties as SharedProperties  # for adapters: shared, never-changed properties
+
 from .errors import InvalidArgument
 from .untrusted import clip
 

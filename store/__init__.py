@@ -6,7 +6,8 @@ part, for code running with no broker, is ``StoreReader`` (``reader.py``) with t
 reads (``record_columns.py``, which needs numpy). The rest of Sluice imports nothing else of the
 store (tests/unit/test_dependency_direction.py).
 """
-from .api import AppendResult, Message, RecoveryReport, RetentionReport, Store, StoreConfig
+from .api import (AppendResult, Message, RecoveryReport, RetentionReport, SharedProperties, Store,
+                  StoreConfig)
 from .durable_files import replace_file
 from .errors import (CorruptRecordError, InvalidRecordError, OffsetOutOfRangeError, RecordTooLargeError,
                      StoreClosedError, StoreDegradedError, StoreError, StoreLockedError)
@@ -17,7 +18,7 @@ from .record import StoredMessage
 
 __all__ = [
     "AppendResult", "CorruptRecordError", "FileStore", "InvalidRecordError", "MemoryStore", "Message",
-    "OffsetOutOfRangeError", "RecordTooLargeError", "RecoveryReport", "RetentionReport", "Store",
+    "OffsetOutOfRangeError", "RecordTooLargeError", "RecoveryReport", "RetentionReport", "SharedProperties", "Store",
     "StoreClosedError", "StoreConfig", "StoreDegradedError", "StoreError", "StoreLockedError", "StoreReader",
     "StoredMessage", "replace_file",
 ]

@@ -39,6 +39,14 @@ class StoreConfig:
     256 MiB by default, from the start)."""
 
 
+class SharedProperties(dict[str, str]):
+    """Properties a producer hands over for many messages (an MQTT client's plain publishes to
+    one topic), never changed once made: the store encodes them once and keeps the encoding
+    by the mapping's identity. Otherwise a plain ``dict``."""
+
+    __slots__ = ()
+
+
 class Message(NamedTuple):
     """What a producer appends. ``extra_queues`` fans the record out without copying it."""
 
@@ -48,6 +56,8 @@ class Message(NamedTuple):
     tag: str = ""
     keys: Sequence[str] = ()
     properties: Mapping[str, str] | None = None
+    """Never changed once appended. A `SharedProperties` handed over for many messages is
+    encoded once."""
     msg_id: str = ""
     born_ts: int = 0
     extra_queues: Sequence[tuple[str, int]] = ()

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 
 from . import record
-from .api import AppendResult, Message
+from .api import AppendResult, Message, SharedProperties
 from .consume_queue import topic_dir_name
 from .dispatcher import DispatchRequest, business_key, id_key
 from .errors import InvalidRecordError
@@ -19,6 +19,11 @@ _new_tuple = tuple.__new__  # AppendResult without NamedTuple's keyword handling
 
 _GENERATED_ID_LEN = 16
 _HEX = frozenset("0123456789ABCDEF")
+PROPERTY_SECTIONS_BYTES = 8 << 20
+"""What the encoded properties sections kept by identity may hold (counting the mappings they
+keep alive): those of tens of thousands of (client, topic) pairs."""
+_SECTION_OVERHEAD = 250
+"""Bytes a kept section costs beyond twice its length (its mapping holds the same strings)."""
 
 
 def generated_id_offset(msg_id: str) -> int | None:
@@ -32,6 +37,41 @@ def generated_id_offset(msg_id: str) -> int | None:
     return None
 
 
+class PropertySections:
+    """Properties sections of `SharedProperties` encoded once per mapping, however many
+    messages share it (an MQTT client's plain publishes to one topic all carry one), kept by
+    the mapping's identity within a byte budget, oldest first out. Each entry keeps its
+    mapping alive, so a reused ``id`` never matches another mapping. Other mappings are
+    encoded every time."""
+
+    def __init__(self, budget_bytes: int = PROPERTY_SECTIONS_BYTES) -> None:
+        self.budget = budget_bytes
+        self.size = 0
+        self._entries: dict[int, tuple[Mapping[str, str], bytes, int]] = {}
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def encode(self, properties: Mapping[str, str]) -> bytes:
+        """The properties section of ``properties``."""
+        if type(properties) is not SharedProperties:
+            return record.encode_properties(properties)
+        entries = self._entries
+        entry = entries.get(id(properties))
+        if entry is not None and entry[0] is properties:
+            return entry[1]
+        section = record.encode_properties(properties)
+        cost = 2 * len(section) + _SECTION_OVERHEAD
+        if cost <= self.budget:
+            if entry is not None:
+                self.size -= entry[2]
+            entries[id(properties)] = (properties, section, cost)
+            self.size += cost
+            while self.size > self.budget:
+                self.size -= entries.pop(next(iter(entries)))[2]
+        return section
+
+
 class RecordBuilder:
     """Assigns queue offsets and encodes records. Runs under the owning store's append lock."""
 
@@ -40,6 +80,7 @@ class RecordBuilder:
         self.compacted_topics = compacted_topics
         self._topic_bytes: dict[str, bytes] = {}
         self._dispatch_heads: dict[str, bytes] = {}
+        self.property_sections = PropertySections()
 
     def _topic(self, topic: str) -> bytes:
         encoded = self._topic_bytes.get(topic)
@@ -92,7 +133,7 @@ class RecordBuilder:
         id_bytes = msg_id.encode() if msg_id else b""
         if len(tag_bytes) > 0xFFFF or len(id_bytes) > 0xFFFF:
             raise InvalidRecordError("a tag and a message id have at most 65535 bytes")
-        props_bytes = record.encode_properties(properties) if properties else b""
+        props_bytes = self.property_sections.encode(properties) if properties else b""
         offsets = self.next_queue_offsets
         home = (topic, queue_id)
         queue_offset = offsets.get(home, 0)
@@ -130,7 +171,7 @@ class RecordBuilder:
         """
         general, compacted, topics = self.build, self.compacted_topics, self._topic_bytes
         offsets, encode, new_tuple = self.next_queue_offsets, record.encode_laid_out_into, _new_tuple
-        encode_properties, layout = record.encode_properties, record.layout
+        encode_properties, layout = self.property_sections.encode, record.layout
         add_request, add_result = requests.append, results.append
         for topic, body, queue_id, tag, keys, properties, msg_id, born_ts, extra_queues in messages:
             topic_bytes = topics.get(topic)

@@ -22,7 +22,7 @@ from typing import Any, Protocol
 
 from core.bounded_cache import BoundedCache
 from core.errors import SluiceError
-from core.model import Action, OutgoingMessage, Principal
+from core.model import Action, OutgoingMessage, Principal, SharedProperties
 from core.service import Broker
 from core.untrusted import DenialLog, clip
 
@@ -145,7 +145,7 @@ class PublishIntake:
             template = to_outgoing(self._services.broker.topic_of_subject(event.topic),
                                    event.topic, b"", event.qos, False, self._client_id,
                                    NO_PROPERTIES, 0)
-            mapped = (template.topic, template.properties)
+            mapped = (template.topic, SharedProperties(template.properties))
             templates.put(key, mapped, len(key) + len(template.topic) + _TEMPLATE_OVERHEAD)
         return OutgoingMessage(mapped[0], event.payload, properties=mapped[1], born_ts=self._now)
 

@@ -6,8 +6,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from store import record
-from store.api import Message
-from store.record_builder import RecordBuilder
+from store.api import Message, SharedProperties
+from store.record_builder import PropertySections, RecordBuilder
 from store.errors import CorruptRecordError
 
 
@@ -74,3 +74,28 @@ def test_records_with_properties_and_fan_out_read_back_as_appended(appends):
             (q, i, next_offsets.get((q, i), 0)) for q, i in message.extra_queues)
         for target in targets:
             next_offsets[target] = next_offsets.get(target, 0) + 1
+
+
+def test_a_properties_mapping_shared_by_many_messages_reads_back_with_each():
+    shared = SharedProperties({"subject": "devices/7/telemetry", "mqtt.qos": "1"})
+    messages = [Message("devices", f"reading {i}".encode(), 0, properties=shared) for i in range(5)]
+    messages.append(Message("devices", b"other", 0, properties={"subject": "devices/8/telemetry"}))
+    data, results = build(messages)
+    for message, result in zip(messages, results):
+        stored = record.decode(data, result.phys_offset, result.phys_offset)
+        assert (stored.body, stored.properties) == (message.body, message.properties)
+
+
+def test_property_sections_are_encoded_once_per_mapping_within_their_budget():
+    sections = PropertySections(budget_bytes=5_000)
+    shared = SharedProperties({"subject": "devices/7/telemetry"})
+    assert sections.encode(shared) is sections.encode(shared) == record.encode_properties(shared)
+    assert sections.encode(SharedProperties(shared)) is not sections.encode(shared), \
+        "kept by identity, not equality"
+    plain = {"subject": "devices/7/telemetry"}
+    assert sections.encode(plain) == sections.encode(shared) and len(sections) == 2, "plain dicts are not kept"
+    for i in range(200):
+        sections.encode(SharedProperties({"subject": f"devices/{i}/telemetry"}))
+    assert sections.size <= 5_000 and 0 < len(sections) < 200
+    huge = SharedProperties({"subject": "x" * 10_000})
+    assert sections.encode(huge) == record.encode_properties(huge) and sections.size <= 5_000
