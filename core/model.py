@@ -34,6 +34,9 @@ class ConsumeMode(enum.Enum):
 class Action(enum.Enum):
     """What a permission allows."""
 
+    __hash__ = object.__hash__  # members are singletons; Enum's own hash runs Python code, and
+    # every authorization decision is looked up by a key holding its action
+
     PUBLISH = "publish"
     SUBSCRIBE = "subscribe"
     ADMIN = "admin"
@@ -41,6 +44,8 @@ class Action(enum.Enum):
 
 class ResourceKind(enum.Enum):
     """What a permission pattern names."""
+
+    __hash__ = object.__hash__
 
     TOPIC = "topic"
     GROUP = "group"

@@ -40,6 +40,9 @@ from .session import Session
 log = logging.getLogger(__name__)
 
 _Batch = list[tuple[MessagePublished, OutgoingMessage]]
+_Template = tuple[str, SharedProperties, int, bool]
+"""A client's plain PUBLISHes to one topic: (core topic, stored properties, the rights
+generation it was decided in, whether the client may publish there)."""
 _TEMPLATE_OVERHEAD = 400
 """Bytes one template costs beyond its key: the tuple, the properties dict and its strings."""
 
@@ -57,9 +60,9 @@ class IntakeServices(Protocol):
     def retained(self) -> RetainedMessages: ...
 
     @property
-    def plain_templates(self) -> BoundedCache[tuple[str, Mapping[str, str]]]:
-        """(QoS, client id, MQTT topic) -> (core topic, stored properties) of PUBLISHes with no
-        MQTT 5 properties and no retain flag, shared by every connection of the front end."""
+    def plain_templates(self) -> BoundedCache[_Template]:
+        """(QoS, user, client id, MQTT topic) -> template of PUBLISHes with no MQTT 5
+        properties and no retain flag, shared by every connection of the front end."""
 
     def may_retain(self, client_id: str, topic: str, payload: bytes) -> bool:
         """Whether a retained PUBLISH fits the retained limits (room is then reserved)."""
@@ -90,30 +93,29 @@ class PublishIntake:
         self._batch: _Batch = []
         self._now = 0
         """The time the current batch was read (ms since the epoch): its messages' born time."""
-        self._key_prefix = ("0\0", "1\0", "2\0")
-        """Per QoS, the start of this client's keys in ``plain_templates``."""
+        self._key_prefix = ("0\0\0", "1\0\0", "2\0\0")
+        """Per QoS, the start of this client's keys in ``plain_templates`` (its user and
+        client id)."""
         self._storing: set[asyncio.Task] = set()
         """Chunks being stored."""
 
     def start(self, principal: Principal, client_id: str, session: Session) -> None:
         """The connection was accepted for ``principal`` as ``client_id``."""
         self._principal, self._client_id, self._session = principal, client_id, session
-        self._key_prefix = tuple(f"{qos}{client_id}\0" for qos in range(3))
+        self._key_prefix = tuple(f"{qos}{principal.user}\0{client_id}\0" for qos in range(3))
 
     def add(self, event: MessagePublished) -> None:
         """A PUBLISH read from the client: answered now if refused, else batched."""
         services, client_id = self._services, self._client_id
         assert self._principal is not None
+        if event.properties is NO_PROPERTIES and not event.retain:
+            self._add_plain(event)
+            return
         if not services.broker.subject_allowed(self._principal, Action.PUBLISH, event.topic):
-            services.denials.denied(client_id, "publish", "client %s may not publish to %s",
-                                    clip(client_id), clip(event.topic))
-            self._answer(event, ReasonCode.NotAuthorized)
+            self._deny(event)
             return
         if not self._batch:
             self._now = now_ms()
-        if event.properties is NO_PROPERTIES and not event.retain:
-            self._batch.append((event, self._plain_message(event)))
-            return
         message = to_outgoing(services.broker.topic_of_subject(event.topic), event.topic,
                               event.payload, event.qos, event.retain, client_id,
                               event.properties, self._now)
@@ -134,20 +136,41 @@ class PublishIntake:
                     k: v for k, v in message.properties.items() if k != RETAIN_PROPERTY})
         self._batch.append((event, message))
 
-    def _plain_message(self, event: MessagePublished) -> OutgoingMessage:
-        """The core message of a PUBLISH with neither properties nor retain flag. Its stored
-        properties are shared with the client's earlier messages to the topic and never
-        changed (``plain_templates``)."""
-        templates = self._services.plain_templates
+    def _add_plain(self, event: MessagePublished) -> None:
+        """A PUBLISH with neither properties nor retain flag: its core topic, stored
+        properties and publish decision come from the client's template for the topic
+        (``plain_templates``), made by its first message and again once rights change; the
+        properties are shared by its messages and never changed."""
+        services = self._services
         key = self._key_prefix[event.qos] + event.topic
-        mapped = templates.get(key)
-        if mapped is None:
-            template = to_outgoing(self._services.broker.topic_of_subject(event.topic),
-                                   event.topic, b"", event.qos, False, self._client_id,
-                                   NO_PROPERTIES, 0)
-            mapped = (template.topic, SharedProperties(template.properties))
-            templates.put(key, mapped, len(key) + len(template.topic) + _TEMPLATE_OVERHEAD)
-        return OutgoingMessage(mapped[0], event.payload, properties=mapped[1], born_ts=self._now)
+        template = services.plain_templates.get(key)
+        if template is None or template[2] != services.broker.rights_generation:
+            template = self._plain_template(event, key)
+        if not template[3]:
+            self._deny(event)
+            return
+        if not self._batch:
+            self._now = now_ms()
+        self._batch.append((event, OutgoingMessage(template[0], event.payload,
+                                                   properties=template[1], born_ts=self._now)))
+
+    def _plain_template(self, event: MessagePublished, key: str) -> _Template:
+        broker = self._services.broker
+        assert self._principal is not None
+        generation = broker.rights_generation  # read first: a change meanwhile redoes it
+        allowed = broker.subject_allowed(self._principal, Action.PUBLISH, event.topic)
+        message = to_outgoing(broker.topic_of_subject(event.topic), event.topic, b"", event.qos,
+                              False, self._client_id, NO_PROPERTIES, 0)
+        template = (message.topic, SharedProperties(message.properties), generation, allowed)
+        self._services.plain_templates.put(key, template,
+                                           len(key) + len(message.topic) + _TEMPLATE_OVERHEAD)
+        return template
+
+    def _deny(self, event: MessagePublished) -> None:
+        client_id = self._client_id
+        self._services.denials.denied(client_id, "publish", "client %s may not publish to %s",
+                                      clip(client_id), clip(event.topic))
+        self._answer(event, ReasonCode.NotAuthorized)
 
     def flush(self) -> None:
         """Store what was batched since the last flush, behind the previous chunk."""

@@ -51,9 +51,9 @@ from .wills import Wills
 log = logging.getLogger(__name__)
 
 PLAIN_TEMPLATE_BYTES = 16 << 20
-"""What `plain_templates` may hold: the core topic and stored properties of about 40,000
-(client, topic) pairs, so a fleet publishing to one topic per device keeps one properties
-object per device topic, which `inbound` then recognises by identity."""
+"""What `plain_templates` may hold: the core topic, stored properties and publish decision of
+about 40,000 (client, topic) pairs, so a fleet publishing to one topic per device keeps one
+properties object per device topic, which `inbound` then recognises by identity."""
 PLAIN_TEMPLATE_MAX_KEY = 2048
 """A client id and topic longer than this together are mapped afresh for every PUBLISH, so a
 peer's long names never crowd out the fleet's."""
@@ -128,7 +128,7 @@ class SessionRegistry:
         self._expiry_timers: dict[str, asyncio.TimerHandle] = {}
         self._tasks: set[asyncio.Task] = set()
         self._sweeper: asyncio.Task | None = None
-        self.plain_templates: BoundedCache[tuple[str, Mapping[str, str]]] = BoundedCache(
+        self.plain_templates: BoundedCache[tuple[str, Mapping[str, str], int, bool]] = BoundedCache(
             PLAIN_TEMPLATE_BYTES, PLAIN_TEMPLATE_MAX_KEY)
         self._last_delivery: Delivery | None = None
         self._last_inbound: Inbound | None = None

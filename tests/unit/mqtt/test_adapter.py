@@ -13,6 +13,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from core.model import Action, Permission, ResourceKind
 from protocols.mqtt import adapter as adapter_module
 from protocols.mqtt import registry as registry_module
 from protocols.mqtt.flow_control import FlowControl
@@ -239,6 +240,23 @@ def test_a_session_is_not_resumed_by_another_user(tmp_path):
                                       password=b"pw", properties=v5_expiry(300))
         assert connack.reason_code == ReasonCode.NotAuthorized
         await thief.closed()
+    run(tmp_path, scenario)
+
+
+def test_a_revoked_right_refuses_the_next_publish_to_a_topic_already_published_to(tmp_path):
+    async def scenario(frontend, broker):
+        broker.users.create_user("grace", "pw")
+        broker.users.grant(Permission("grace", ResourceKind.TOPIC, "t", frozenset({Action.PUBLISH})))
+        sub = await subscribed(frontend, "sub", ("t", 1))
+        pub = Client(frontend)
+        assert (await pub.connect("pub", username="grace", password=b"pw")).reason_code == 0
+        pub.send(Publish("t", b"allowed", 1, packet_id=1))
+        assert (await pub.expect(PubAck)).reason_code == ReasonCode.Success
+        assert (await sub.expect(Publish)).payload == b"allowed"
+        assert broker.users.revoke("grace", ResourceKind.TOPIC, "t")
+        pub.send(Publish("t", b"no longer", 1, packet_id=2))
+        assert (await pub.expect(PubAck)).reason_code == ReasonCode.NotAuthorized
+        assert await sub.settled() == []
     run(tmp_path, scenario)
 
 
