@@ -12,10 +12,15 @@ from collections.abc import Iterable
 from .model import Delivery
 
 QueueKey = tuple[str, int]
+ENTRY_OVERHEAD = 300
+"""Bytes a cached message costs beyond its body (the Delivery, the body's header, its slots in
+the queue's and the eviction order's deques): counted in the budget, so small messages cannot
+fill it with hundreds of thousands of objects that every full garbage collection must scan."""
 
 
 class RecentMessages:
-    """The newest messages of every queue, as built at append time, within a byte budget.
+    """The newest messages of every queue, as built at append time, within a byte budget
+    (bodies plus `ENTRY_OVERHEAD` each).
 
     A consumer that keeps up reads from here and never touches the store.
     """
@@ -35,15 +40,15 @@ class RecentMessages:
         if cached is None:
             cached = self._queues[key] = deque()
         elif cached and cached[-1].queue_offset + 1 != delivery.queue_offset:
-            self.size -= sum(len(d.body) for d in cached)
+            self.size -= sum(len(d.body) for d in cached) + ENTRY_OVERHEAD * len(cached)
             cached.clear()
         cached.append(delivery)
         self._order.append(key)
-        self.size += len(delivery.body)
+        self.size += len(delivery.body) + ENTRY_OVERHEAD
         while self.size > self.budget and self._order:
             oldest = self._queues[self._order.popleft()]
             if oldest:
-                self.size -= len(oldest.popleft().body)
+                self.size -= len(oldest.popleft().body) + ENTRY_OVERHEAD
 
     def get(self, topic: str, queue_id: int, offset: int, limit: int) -> list[Delivery]:
         """Up to ``limit`` cached messages from ``offset`` on; empty if ``offset`` is not cached."""
@@ -58,7 +63,8 @@ class RecentMessages:
     def forget_topic(self, topic: str) -> None:
         """Drop a deleted topic's messages."""
         for key in [key for key in self._queues if key[0] == topic]:
-            self.size -= sum(len(d.body) for d in self._queues.pop(key))
+            cached = self._queues.pop(key)
+            self.size -= sum(len(d.body) for d in cached) + ENTRY_OVERHEAD * len(cached)
         self._order = deque(key for key in self._order if key[0] != topic)
 
 

@@ -18,7 +18,10 @@ class CoreConfig:
     offset_commit_interval_ms: int = 1_000
     default_invisible_ms: int = 30_000
     max_long_poll_ms: int = 30_000
-    recent_cache_bytes: int = 64 << 20
+    recent_cache_bytes: int = 16 << 20
+    """Newest messages kept in memory for consumers that keep up (`delivery.RecentMessages`):
+    bodies plus 300 bytes each, about 40,000 messages of 100 bytes. Every one is an object the
+    garbage collector scans, so a larger cache lengthens its pauses."""
     retention_check_interval_ms: int = 60_000
     """How often the store's retention runs and topics' own retention limits are applied."""
     memory_high_watermark: float = 0.4

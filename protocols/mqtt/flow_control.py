@@ -13,8 +13,10 @@ from __future__ import annotations
 
 from .wire import Wire
 
-MAX_UNSTORED = 8192
-"""Messages of one connection read but not yet stored before reading from it pauses."""
+MAX_UNSTORED = 1024
+"""Messages of one connection read but not yet stored (durable, under ``sync`` flush) before
+reading from it pauses: what keeps a QoS 0 publisher, which waits for no PUBACK, from running
+ahead of the disk. As many as the Receive Maximum a QoS 1/2 publisher is given by default."""
 
 
 class FlowControl:
