@@ -21,17 +21,18 @@ import logging
 import time
 import zlib
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from store.api import AppendResult, Message, Store
 
+from .bounded_cache import IdentityCache
 from .delivery import RecentMessages, TopicSignals
 from .durable import BatchingAppender, DurableWaiters
 from .errors import InvalidArgument, MessageTooLarge, NotSupported
 from .fanout import Fanout, Listener
 from .interop import MQTT_QOS
 from .model import (MESSAGE_GROUP_PROPERTY, SUBJECT_PROPERTY, Delivery, MessageType,
-                    OutgoingMessage, SendResult, TopicConfig)
+                    OutgoingMessage, SendResult, SharedProperties, TopicConfig)
 from .topic_map import SubjectTopics
 
 log = logging.getLogger(__name__)
@@ -40,6 +41,9 @@ MAX_PROPERTY_BYTES = 16 << 10
 MAX_KEY_BYTES = 16 << 10
 """UTF-8 bytes of a message's keys together (business keys, compacted state keys such as an
 MQTT session's client id); the store's limit is 64 KB."""
+SHARED_CHECKED_BYTES = 4 << 20
+"""What the checks of `SharedProperties` kept by `Producer` may hold."""
+_CHECKED_OVERHEAD = 200
 EXACTLY_ONCE = "2"
 """The stored ``mqtt.qos`` of a message published for exactly-once delivery."""
 
@@ -66,6 +70,10 @@ class Producer:
         self._appender = BatchingAppender(store, waiters, durable=durable, on_batch=self._appended)
         self._deliverable: dict[tuple[str, int], int] = {}
         self._round_robin: dict[str, itertools.count] = {}
+        self._shared_checked: IdentityCache[SharedProperties, tuple[TopicConfig, int]] = \
+            IdentityCache(SHARED_CHECKED_BYTES)
+        """SharedProperties -> (the topic configuration they were checked against, their
+        queue): checked and placed once, not per message."""
         self.counters: Counter[tuple[str, str]] = Counter()
         """(metric, topic) -> count: ``messages_in`` and ``bytes_in``."""
 
@@ -97,30 +105,55 @@ class Producer:
         if topic.message_type is MessageType.TRANSACTION:
             raise NotSupported(f"topic {topic.name!r} is transactional; transactions are not "
                                "supported in this version")
-        properties = message.properties  # stored as given: senders hand over a fresh mapping
-        if sum(map(len, properties)) + sum(map(len, properties.values())) > MAX_PROPERTY_BYTES:
-            raise InvalidArgument(f"message properties exceed {MAX_PROPERTY_BYTES} bytes; keep "
-                                  "large data in the body")
         if message.keys and sum(len(key.encode()) for key in message.keys) > MAX_KEY_BYTES:
             raise InvalidArgument(f"message keys exceed {MAX_KEY_BYTES} bytes (UTF-8); use "
                                   "shorter keys (a client id or topic used as a key counts)")
-        if message.message_group:
-            properties = {**properties, MESSAGE_GROUP_PROPERTY: message.message_group}
+        properties = message.properties  # stored as given: senders hand over a fresh mapping
+        if type(properties) is SharedProperties and message.queue_id is None \
+                and not message.message_group:
+            checked = self._shared_checked.get(properties)
+            if checked is None or checked[0] is not topic:
+                checked = self._check_shared(topic, properties)
+            queue_id = checked[1]
+        else:
+            if message.message_group:
+                properties = {**properties, MESSAGE_GROUP_PROPERTY: message.message_group}
+            self._check_properties(topic, properties)
+            queue_id = self._queue_for(topic, message)
         subject = properties.get(SUBJECT_PROPERTY)
-        if subject and not self._subject_topics.contains(subject, topic.name):
-            raise InvalidArgument(f"subject {subject[:200]!r} does not belong to topic "
-                                  f"{topic.name!r}; a subject's first level names its topic")
         route = self._fanout.route(subject or topic.name)
         extra = route.queues
         if message.also_into:  # a queue both bound to the subject and named is indexed once
             routed = set(extra)
             extra += tuple((queue, 0) for queue in message.also_into if (queue, 0) not in routed)
-        prepared = Message(topic.name, message.body, self._queue_for(topic, message), message.tag,
+        prepared = Message(topic.name, message.body, queue_id, message.tag,
                            tuple(message.keys), properties or None, message.msg_id,
                            message.born_ts or int(time.time() * 1000), extra)
         if route.listeners:
             self._live[id(prepared)] = route.listeners
         return prepared
+
+    def _check_properties(self, topic: TopicConfig, properties: Mapping[str, str]) -> None:
+        """InvalidArgument for properties too large, or a subject outside ``topic``."""
+        if sum(map(len, properties)) + sum(map(len, properties.values())) > MAX_PROPERTY_BYTES:
+            raise InvalidArgument(f"message properties exceed {MAX_PROPERTY_BYTES} bytes; keep "
+                                  "large data in the body")
+        subject = properties.get(SUBJECT_PROPERTY)
+        if subject and not self._subject_topics.contains(subject, topic.name):
+            raise InvalidArgument(f"subject {subject[:200]!r} does not belong to topic "
+                                  f"{topic.name!r}; a subject's first level names its topic")
+
+    def _check_shared(self, topic: TopicConfig, properties: SharedProperties) -> tuple[TopicConfig, int]:
+        """Check properties shared by many messages once per topic configuration (it names the
+        queue count), and choose their queue: the subject's, as `_queue_for` does."""
+        self._check_properties(topic, properties)
+        subject = properties.get(SUBJECT_PROPERTY)
+        queue_id = zlib.crc32(subject.encode()) % topic.queue_count if subject \
+            else self._queue_for(topic, OutgoingMessage(topic.name, b"", properties=properties))
+        checked = (topic, queue_id)
+        if subject:  # a round-robin choice is not one to keep
+            self._shared_checked.put(properties, checked, 2 * len(subject) + _CHECKED_OVERHEAD)
+        return checked
 
     def _queue_for(self, topic: TopicConfig, message: OutgoingMessage) -> int:
         if message.queue_id is not None:
