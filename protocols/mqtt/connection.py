@@ -120,6 +120,9 @@ class ServerConnection:
         self.keep_alive = 0
         self.adapter_releases = adapter_releases
         self.max_outbound_inflight = max_outbound_inflight
+        self._outbound_window = min(DEFAULT_RECEIVE_MAXIMUM, max_outbound_inflight)
+        """QoS 1/2 PUBLISHes we may have unacknowledged: the lower of the client's Receive
+        Maximum and ``max_outbound_inflight``."""
         self.limits = limits
         self._decoder = Decoder(max_packet_size=min(max_packet_size, limits.max_connect_packet_size),
                                 max_user_properties=limits.max_user_properties)
@@ -129,7 +132,6 @@ class ServerConnection:
         self._now = opened_at
         self._last_packet_at = 0.0
         # What the client told us in CONNECT.
-        self._client_receive_maximum = DEFAULT_RECEIVE_MAXIMUM
         self._client_max_packet_size = MAX_PACKET_SIZE
         # Inbound QoS 1/2: reported to the adapter, not yet acked; and QoS 2 after PUBREC.
         self._unacked: dict[int, int] = {}
@@ -231,7 +233,7 @@ class ServerConnection:
         self.keep_alive = p.keep_alive
         props = p.properties
         if props.receive_maximum is not None:
-            self._client_receive_maximum = props.receive_maximum
+            self._outbound_window = min(props.receive_maximum, self.max_outbound_inflight)
         if props.maximum_packet_size is not None:
             self._client_max_packet_size = props.maximum_packet_size
         self._session_expiry = props.session_expiry_interval or 0
@@ -483,8 +485,8 @@ class ServerConnection:
     @property
     def send_quota(self) -> int:
         """How many more QoS 1/2 messages the client's Receive Maximum allows now."""
-        return max(0, min(self._client_receive_maximum, self.max_outbound_inflight)
-                   - len(self._inflight))
+        quota = self._outbound_window - len(self._inflight)
+        return quota if quota > 0 else 0
 
     def publish(self, topic: str, payload: bytes, qos: int = 0, retain: bool = False,
                 properties: Properties = NO_PROPERTIES, *, packet_id: int | None = None,
