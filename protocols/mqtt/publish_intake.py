@@ -162,8 +162,9 @@ class PublishIntake:
         message = to_outgoing(broker.topic_of_subject(event.topic), event.topic, b"", event.qos,
                               False, self._client_id, NO_PROPERTIES, 0)
         template = (message.topic, SharedProperties(message.properties), generation, allowed)
-        self._services.plain_templates.put(key, template,
-                                           len(key) + len(message.topic) + _TEMPLATE_OVERHEAD)
+        if allowed:  # kept only once authorized, as every cache on the publish path
+            self._services.plain_templates.put(key, template,
+                                               len(key) + len(message.topic) + _TEMPLATE_OVERHEAD)
         return template
 
     def _deny(self, event: MessagePublished) -> None:

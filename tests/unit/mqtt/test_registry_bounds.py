@@ -6,7 +6,8 @@ import tracemalloc
 from core.assembly import Core
 from protocols.mqtt import registry as registry_module
 from protocols.mqtt.options import MqttOptions
-from protocols.mqtt.packets import Publish
+from protocols.mqtt.packets import PubAck, Publish
+from protocols.mqtt.reason_codes import ReasonCode
 from protocols.mqtt.registry import SessionRegistry
 from protocols.mqtt.session import Session
 from protocols.mqtt.session_store import SessionStore, SubscriptionOptions
@@ -55,4 +56,16 @@ def test_what_publishes_to_ever_new_topics_leave_in_the_mapping_caches_stays_in_
         assert 0 < registry.plain_templates.size <= 256 << 10
         assert 0 < registry.views.size <= 256 << 10
         assert len(registry.plain_templates) < len(topics) // 2
+    run(tmp_path, scenario)
+
+
+def test_refused_publishes_leave_nothing_in_the_template_cache(tmp_path):
+    async def scenario(frontend, broker):
+        broker.users.create_user("nobody", "pw")
+        pub = Client(frontend)
+        assert (await pub.connect("pub", username="nobody", password=b"pw")).reason_code == 0
+        pub.send(*(Publish(f"t/{i}", b"x", 1, packet_id=i + 1) for i in range(100)))
+        acks = [await pub.expect(PubAck) for _ in range(100)]
+        assert {ack.reason_code for ack in acks} == {ReasonCode.NotAuthorized}
+        assert len(frontend.registry.plain_templates) == 0
     run(tmp_path, scenario)
