@@ -24,7 +24,7 @@ from store.errors import CorruptRecordError, OffsetOutOfRangeError, StoreError
 from .cursors import Cursor
 from .delivery import RecentMessages
 from .errors import CorruptMessage, InvalidReceiptHandle, OffsetOutOfRange, ReceiptExpired, Unavailable
-from .filters import TagFilter
+from .filters import Filter
 from .model import Delivery
 
 log = logging.getLogger(__name__)
@@ -147,7 +147,7 @@ class Popped(NamedTuple):
 
 
 def pop_queue(reader: Reader, cursor: Cursor, consumer: str, topic: str, queue_id: int,
-              tags: TagFilter, now_ms: int, invisible_ms: int, limit: int, max_attempts: int) -> Popped:
+              selector: Filter, now_ms: int, invisible_ms: int, limit: int, max_attempts: int) -> Popped:
     """Take up to ``limit`` messages from one queue: due redeliveries first, then new ones.
     CorruptMessage if the first new message to take is corrupt."""
     out: list[Delivery] = []
@@ -182,7 +182,7 @@ def pop_queue(reader: Reader, cursor: Cursor, consumer: str, topic: str, queue_i
             cursor.next = offset + 1
             if offset in cursor.acked:
                 continue
-            if not tags.accepts(message.tag):
+            if not selector.matches(message):
                 cursor.ack(offset)
                 continue
             if cursor.attempts.get(offset, 0) >= max_attempts:
@@ -231,7 +231,7 @@ def settle(cursor: Cursor, handle: Handle) -> int:
 
 
 def pull_queue(reader: Reader, topic: str, queue_id: int, offset: int, limit: int,
-               tags: TagFilter) -> tuple[list[Delivery], int, int, int]:
+               selector: Filter) -> tuple[list[Delivery], int, int, int]:
     """Read by offset: (matching messages, next offset, earliest, deliverable end).
     CorruptMessage if the message at ``offset`` is corrupt."""
     earliest, end = reader.range(topic, queue_id)
@@ -251,6 +251,6 @@ def pull_queue(reader: Reader, topic: str, queue_id: int, offset: int, limit: in
             break
         for message in batch:
             offset = message.queue_offset + 1
-            if tags.accepts(message.tag):
+            if selector.matches(message):
                 out.append(message)
     return out, offset, earliest, end

@@ -17,7 +17,7 @@ from .cursors import Cursor
 from .dead_letter import dead_letter
 from .engine import Engine
 from .errors import InvalidReceiptHandle
-from .filters import TagFilter
+from .filters import Filter
 from .model import ConsumeMode, Delivery, GroupConfig, TopicConfig
 
 
@@ -28,7 +28,7 @@ class Receiver:
         self._engine = engine
         self._rotation = itertools.count()
 
-    async def receive(self, group: GroupConfig, topic: TopicConfig, client_id: str, tags: TagFilter,
+    async def receive(self, group: GroupConfig, topic: TopicConfig, client_id: str, selector: Filter,
                       invisible_ms: int, max_messages: int, wait_ms: int, queue_id: int | None,
                       still_allowed: Callable[[], None]) -> list[Delivery]:
         """Pop up to ``max_messages``, waiting up to ``wait_ms`` for some to arrive; after each
@@ -38,7 +38,7 @@ class Receiver:
         deadline = now_ms() + min(max(0, wait_ms), engine.config.max_long_poll_ms)
         while True:
             queues = self._queues(group.name, topic, client_id, queue_id)
-            found = await self._pop(consumer, topic.name, queues, tags, invisible_ms, max_messages,
+            found = await self._pop(consumer, topic.name, queues, selector, invisible_ms, max_messages,
                                     group.retry.max_attempts)
             now = now_ms()
             if found or now >= deadline or engine.closing or topic.name not in engine.topics:
@@ -63,7 +63,7 @@ class Receiver:
         count = topic.queue_count
         return [(start + i) % count for i in range(count)]
 
-    async def _pop(self, consumer: str, topic: str, queues: list[int], tags: TagFilter,
+    async def _pop(self, consumer: str, topic: str, queues: list[int], selector: Filter,
                    invisible_ms: int, limit: int, max_attempts: int) -> list[Delivery]:
         engine = self._engine
         found: list[Delivery] = []
@@ -72,7 +72,7 @@ class Receiver:
             if len(found) >= limit:
                 break
             cursor = engine.cursors.open((consumer, topic, q), self._start_offset(consumer, topic, q))
-            popped = pop_queue(engine.reader, cursor, consumer, topic, q, tags, now, invisible_ms,
+            popped = pop_queue(engine.reader, cursor, consumer, topic, q, selector, now, invisible_ms,
                                limit - len(found), max_attempts)
             found += popped.deliveries
             for message in popped.dead:

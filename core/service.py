@@ -308,7 +308,7 @@ class Broker:
         self._allow(principal, Action.SUBSCRIBE, ResourceKind.TOPIC, topic)
         config = self._topics.get(topic)
         group_config = await self._group(principal, group)
-        tags = parse_filter(expression, expression_type)
+        selector = parse_filter(expression, expression_type)
         if not 1 <= max_messages <= 1024:
             raise InvalidArgument(f"max_messages {max_messages} is out of range: use 1-1024")
         invisible = self.config.default_invisible_ms if invisible_ms is None else invisible_ms
@@ -316,7 +316,7 @@ class Broker:
             raise InvalidArgument(f"invisible duration {invisible} ms is out of range: use "
                                   f"{MIN_INVISIBLE_MS} ms to 12 h")
         return await self._receiver.receive(
-            group_config, config, client_id, tags, invisible, max_messages, wait_ms, queue_id,
+            group_config, config, client_id, selector, invisible, max_messages, wait_ms, queue_id,
             lambda: self._allow(principal, Action.SUBSCRIBE, ResourceKind.TOPIC, topic))
 
     def _allow_settling(self, principal: Principal, group: str, topic: str) -> None:
@@ -352,14 +352,14 @@ class Broker:
         self._allow(principal, Action.SUBSCRIBE, ResourceKind.TOPIC, topic)
         config = self._topics.get(topic)
         _check_queue(config, queue_id)
-        tags = parse_filter(expression, expression_type)
+        selector = parse_filter(expression, expression_type)
         if not 1 <= max_messages <= 10_000:
             raise InvalidArgument(f"max_messages {max_messages} is out of range: use 1-10000")
         engine = self._engine
         deadline = now_ms() + min(max(0, wait_ms), self.config.max_long_poll_ms)
         while True:
             messages, next_offset, earliest, end = pull_queue(engine.reader, topic, queue_id,
-                                                              offset, max_messages, tags)
+                                                              offset, max_messages, selector)
             now = now_ms()
             if messages or now >= deadline or engine.closing:
                 engine.count_out(topic, messages)

@@ -72,7 +72,7 @@ def message_queue(topic: pb.Resource, config: TopicConfig, queue_id: int,
 
 
 def filter_of(expression: pb.FilterExpression) -> tuple[str, str]:
-    """A request's filter as core's (expression, expression type); core refuses SQL92."""
+    """A request's filter as core's (expression, expression type): TAG or SQL92."""
     kind = "SQL92" if expression.type == pb.FilterType.SQL else "TAG"
     return expression.expression.strip() or "*", kind
 

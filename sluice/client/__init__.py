@@ -15,7 +15,7 @@ from .errors import (BadRequestError, ClientClosedError, ClientTimeoutError, For
                      PackedBatchError, PayloadTooLargeError, ServerError, SluiceClientError,
                      TooManyRequestsError, TopicNotFoundError, UnauthorizedError,
                      UnavailableError, UnsupportedError)
-from .model import Message, ReceivedMessage, SendReceipt, TopicQueue
+from .model import Message, ReceivedMessage, SendReceipt, Sql92, TopicQueue
 from .packing import BATCH_PROPERTY, pack_bodies, unpack_bodies
 from .producer import Producer
 from .pull_consumer import PullConsumer
@@ -28,7 +28,7 @@ __all__ = [
     "ForbiddenError", "GroupNotFoundError", "InvalidReceiptHandleError", "Message", "NotFoundError",
     "PackedBatchError", "PayloadTooLargeError", "Producer", "PullConsumer", "PushConsumer",
     "ReceivedMessage", "RetryPolicy", "SendReceipt", "ServerError", "SimpleConsumer",
-    "SluiceClientError", "SyncProducer", "SyncSimpleConsumer", "TooManyRequestsError",
+    "SluiceClientError", "Sql92", "SyncProducer", "SyncSimpleConsumer", "TooManyRequestsError",
     "TopicNotFoundError", "TopicQueue", "UnauthorizedError", "UnavailableError",
     "UnsupportedError", "pack_bodies", "unpack_bodies",
 ]

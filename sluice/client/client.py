@@ -251,7 +251,7 @@ def readable(queues: list[MessageQueue]) -> list[MessageQueue]:
 
 def describe_subscription(client: Client, settings: Settings, subscriptions: Mapping[str, str],
                           long_polling_timeout: float | None = None) -> None:
-    """Fill ``settings.subscription`` with the client's group and tag filters."""
+    """Fill ``settings.subscription`` with the client's group and filters."""
     subscription = settings.subscription
     subscription.group.CopyFrom(client.resource(client.group))
     for topic, expression in subscriptions.items():

@@ -23,7 +23,7 @@ from rocketmq.grpc_protocol.definition_pb2 import Message as ProtoMessage
 
 from .config import ClientConfig
 from .errors import PackedBatchError
-from .model import Message, ReceivedMessage
+from .model import Message, ReceivedMessage, Sql92
 from .packing import BATCH_PROPERTY, unpack_bodies
 
 _EPOCH_2021 = 1_609_459_200
@@ -72,7 +72,10 @@ def duration(seconds: float) -> Duration:
 
 
 def tag_filter(expression: str) -> FilterExpression:
-    """A tag filter: ``"*"`` for every tag, or ``"TagA || TagB"``."""
+    """A tag filter: ``"*"`` for every tag, or ``"TagA || TagB"``; an ``Sql92`` expression
+    becomes an SQL92 filter."""
+    if isinstance(expression, Sql92):
+        return FilterExpression(type=FilterType.SQL, expression=expression)
     return FilterExpression(type=FilterType.TAG, expression=expression or "*")
 
 

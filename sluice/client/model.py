@@ -63,3 +63,12 @@ class TopicQueue(NamedTuple):
 
     topic: str
     queue_id: int
+
+
+class Sql92(str):
+    """A subscription filter in SQL92 over message properties (``TAGS`` is the tag), evaluated
+    by the broker: ``{"orders": Sql92("region = 'eu' AND amount > 100")}``. A plain string in
+    a subscription is a tag filter (``"*"`` or ``"TagA || TagB"``)."""
+
+    __slots__ = ()
+

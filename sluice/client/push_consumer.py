@@ -71,8 +71,9 @@ class RetryPolicy:
 
 
 class PushConsumer(PopConsumer):
-    """Consumes ``subscriptions`` (``{topic: "*" or "TagA || TagB"}``) for ``group`` by calling
-    ``listener(message)`` for each message, at most ``max_concurrency`` at a time.
+    """Consumes ``subscriptions`` (``{topic: filter}``, a filter being ``"*"``,
+    ``"TagA || TagB"`` or ``Sql92("a > 5")``) for ``group`` by calling ``listener(message)``
+    for each message, at most ``max_concurrency`` at a time.
 
     Success (the listener returns) acks the message. An exception makes it invisible for the
     retry policy's backoff, so it is delivered again; once ``delivery_attempt`` reaches the

@@ -14,7 +14,8 @@ from .pop import PopConsumer
 
 
 class SimpleConsumer(PopConsumer):
-    """Pops messages of ``subscriptions`` (``{topic: "*" or "TagA || TagB"}``) for ``group``.
+    """Pops messages of ``subscriptions`` (``{topic: filter}``, a filter being ``"*"``,
+    ``"TagA || TagB"`` or ``Sql92("a > 5")``) for ``group``.
 
     A received message stays invisible to the group for ``invisible_duration`` seconds; ack it
     before then, or it is delivered again. ``receive`` long-polls up to ``await_duration``.

@@ -12,10 +12,10 @@ from typing import Any
 import pytest
 
 from core.model import SYSTEM, ConsumeMode, GroupConfig
-from sluice.client import (ClientConfig, InvalidReceiptHandleError, Message, Producer,
-                                  PullConsumer, PushConsumer, ReceivedMessage, SimpleConsumer,
-                                  SyncProducer, SyncSimpleConsumer, TopicNotFoundError,
-                                  UnauthorizedError)
+from sluice.client import (BadRequestError, ClientConfig, InvalidReceiptHandleError, Message,
+                           Producer, PullConsumer, PushConsumer, ReceivedMessage, SimpleConsumer,
+                           Sql92, SyncProducer, SyncSimpleConsumer, TopicNotFoundError,
+                           UnauthorizedError)
 
 TIMEOUT = 20
 
@@ -126,6 +126,38 @@ def test_tag_filter_selects_messages(native_broker):
             got = [await receive_one(consumer), await receive_one(consumer)]
             assert sorted(m.tag for m in got) == ["a", "b"]
             assert await consumer.receive(16) == []
+    run(test)
+
+
+def test_sql92_filter_selects_messages_by_property_and_tag(native_broker):
+    native_broker.create_topic("payments", queues=2)
+    native_broker.create_group("large-eu")
+    sent = [("eu", "150", "card"), ("us", "500", "card"), ("eu", "20", "card"), ("eu", "900", "wire"),
+            ("eu", "abc", "card")]
+
+    async def test() -> None:
+        selector = Sql92("region = 'eu' AND amount > 100 AND TAGS IN ('card', 'cash')")
+        async with SimpleConsumer(config_for(native_broker), "large-eu", {"payments": selector},
+                                  await_duration=1) as consumer:
+            async with Producer(config_for(native_broker)) as producer:
+                for region, amount, tag in sent:
+                    await producer.send(Message("payments", f"{region}-{amount}".encode(), tag=tag,
+                                                properties={"region": region, "amount": amount}))
+            got = await receive_one(consumer)
+            assert got.body == b"eu-150" and got.properties == {"region": "eu", "amount": "150"}
+            await consumer.ack(got)
+            assert await consumer.receive(16) == []
+    run(test)
+
+
+def test_a_malformed_sql92_filter_is_refused_naming_the_position(native_broker):
+    native_broker.create_topic("payments", queues=1)
+
+    async def test() -> None:
+        async with SimpleConsumer(config_for(native_broker), "g", {"payments": Sql92("amount >")},
+                                  await_duration=1) as consumer:
+            with pytest.raises(BadRequestError, match="position 9"):
+                await consumer.receive(1)
     run(test)
 
 

@@ -190,13 +190,28 @@ def test_tag_filter(native_broker, stub):
 
 @pytest.mark.parametrize(("expression", "filter_type", "code"), [
     ("TagA ||", pb.FilterType.TAG, Code.ILLEGAL_FILTER_EXPRESSION),
-    ("a > 1", pb.FilterType.SQL, Code.UNSUPPORTED),
+    ("a >> 1", pb.FilterType.SQL, Code.ILLEGAL_FILTER_EXPRESSION),
+    ("'unclosed", pb.FilterType.SQL, Code.ILLEGAL_FILTER_EXPRESSION),
 ])
-def test_bad_and_unsupported_filters(native_broker, stub, expression, filter_type, code):
+def test_bad_filters(native_broker, stub, expression, filter_type, code):
     native_broker.create_topic("orders", queues=1)
     answer = receive(stub, "g", "orders", expression=expression, filter_type=filter_type)
     assert [r.status.code for r in answer] == [code]
-    assert answer[0].status.message
+    assert "position" in answer[0].status.message or "TagA || TagB" in answer[0].status.message
+
+
+def test_a_pull_with_an_sql92_filter_returns_only_matching_messages(native_broker, stub):
+    native_broker.create_topic("orders", queues=1)
+    sent = [message("orders", f"m{i}".encode()) for i in range(6)]
+    for i, entry in enumerate(sent):
+        entry.user_properties["n"] = str(i)
+    stub.SendMessage(rpc.SendMessageRequest(messages=sent))
+    answer = stub.PullMessage(rpc.PullMessageRequest(
+        group=res("g"), message_queue=pb.MessageQueue(topic=res("orders"), id=0), offset=0,
+        batch_size=32, filter_expression=pb.FilterExpression(type=pb.FilterType.SQL,
+                                                              expression="n >= 4 OR n = 1")),
+        timeout=TIMEOUT)
+    assert [r.message.body for r in answer if r.HasField("message")] == [b"m1", b"m4", b"m5"]
 
 
 def test_change_invisible_duration_gives_a_new_handle_and_redelivers(native_broker, stub):

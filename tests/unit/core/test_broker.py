@@ -8,7 +8,7 @@ from collections.abc import Awaitable, Callable
 import pytest
 
 from core.errors import (AccessDenied, BadFilter, GroupNotFound, InvalidReceiptHandle,
-                         MessageTooLarge, NotSupported, ReceiptExpired, TopicNotFound)
+                         MessageTooLarge, ReceiptExpired, TopicNotFound)
 from core.metadata import MetadataRepository
 from core.model import (SYSTEM, Action, ConsumeMode, GroupConfig, OutgoingMessage, Permission,
                         ResourceKind, RetryPolicy, TopicConfig)
@@ -143,8 +143,25 @@ def test_tag_filter_delivers_only_matching_tags(tmp_path):
         assert {d.tag for d in got} == {"A", "C"} and len(got) == 6
         with pytest.raises(BadFilter):
             await broker.receive(SYSTEM, "g", "orders", "c1", expression="A ||")
-        with pytest.raises(NotSupported):
-            await broker.receive(SYSTEM, "g", "orders", "c1", expression="a > 1", expression_type="SQL92")
+        with pytest.raises(BadFilter, match="position 5"):
+            await broker.receive(SYSTEM, "g", "orders", "c1", expression="a > ", expression_type="SQL92")
+    run(tmp_path, scenario)
+
+
+def test_sql92_filter_settles_rejected_messages_for_the_group_only(tmp_path):
+    async def scenario(broker: Broker) -> None:
+        await topic(broker, queues=1)
+        await broker.send(SYSTEM, [OutgoingMessage("orders", b"m%d" % n, tag="T", properties={"n": str(n)})
+                                   for n in range(6)])
+        got = await broker.receive(SYSTEM, "g", "orders", "c1", expression="n >= 4 AND TAGS = 'T'",
+                                   expression_type="SQL92", max_messages=100)
+        assert [d.body for d in got] == [b"m4", b"m5"]
+        for delivery in got:
+            await broker.ack(SYSTEM, "g", "orders", delivery.receipt_handle)
+        assert await broker.receive(SYSTEM, "g", "orders", "c1", expression="n >= 0",
+                                    expression_type="SQL92") == []
+        everything = await broker.receive(SYSTEM, "other", "orders", "c1", max_messages=100)
+        assert len(everything) == 6
     run(tmp_path, scenario)
 
 
