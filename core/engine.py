@@ -1,6 +1,6 @@
 """What core's faces share: one store with its writer and reader, the topic and group
-registries, cursors, fan-out, and the timers that save offsets, expire members and apply
-retention.
+registries, cursors, fan-out, the delay timer, and the timers that save offsets, expire
+members and apply retention.
 
 ``core.assembly.Core`` builds one and hands it to the faces (``Broker``, ``NamedQueues``,
 ``StateStore``); adapters never see it. Runs on the event loop; not thread-safe.
@@ -27,6 +27,7 @@ from .model import Delivery
 from .produce import Producer
 from .routing import TopicSyntax
 from .settings import CoreConfig
+from .timer import DelayTimer
 from .topic_map import SubjectTopics
 from .topics import Topics
 
@@ -48,6 +49,7 @@ class Engine:
         self.config = config
         self._durable_sends = flush == "sync"
         self.cursors = CursorBook(data_dir)
+        self._data_dir = data_dir
         self.recent = RecentMessages(config.recent_cache_bytes)
         self.memory = MemoryAlarm(watermark_bytes(config.memory_high_watermark))
         self.signals = TopicSignals()
@@ -63,6 +65,7 @@ class Engine:
         self.producer: Producer
         self.waiters: DurableWaiters
         self.reader: Reader
+        self.timer: DelayTimer
         self._retention_floors: dict[tuple[str, int], int] = {}
         """(topic, queue) -> first offset within the topic's own retention limit."""
         self._tasks: list[asyncio.Task] = []
@@ -83,12 +86,15 @@ class Engine:
         self.counters = self.producer.counters
         self.reader = Reader(store, self.recent, self.producer.deliverable_end,
                              self._retention_floors)
+        self.timer = DelayTimer(self.producer, self.reader, self.topics.get, self._data_dir,
+                                self.config.max_delay_ms)
         metadata = self.metadata
         topics, groups, subscriptions = await asyncio.to_thread(
             lambda: (metadata.list_topics(), metadata.list_groups(), metadata.list_subscriptions()))
         self.topics.load(topics)
         self.groups.load(groups, subscriptions)
         self.memory.start()
+        self.timer.start(await asyncio.to_thread(store.queues))
         self._tasks = [asyncio.create_task(self.groups.expire_members()),
                        asyncio.create_task(self._commit_offsets()),
                        asyncio.create_task(self._retain())]
@@ -102,6 +108,7 @@ class Engine:
         """Stop timers, wake every long poll with an empty answer, persist offsets."""
         self.begin_shutdown()
         self.memory.stop()
+        await self.timer.close()
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)

@@ -61,6 +61,11 @@ class MessageNotFound(NotFound):
     """No message has the given id or key."""
 
 
+class NotRecallable(NotFound):
+    """No pending delayed message has the recall handle: it was delivered or recalled
+    already, or the handle names none."""
+
+
 class AlreadyExists(SluiceError):
     """A resource with that name exists already."""
 

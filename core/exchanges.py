@@ -50,6 +50,13 @@ class ExchangeType(enum.Enum):
     HEADERS = "headers"
 
 
+_TYPE_NAMES = frozenset(t.value for t in ExchangeType)
+DELAYED_EXCHANGE = "x-delayed-message"
+"""The exchange type of RabbitMQ's delayed-message plugin; ``x-delayed-type`` names how it routes."""
+DELAYED_TYPE_ARGUMENT = "x-delayed-type"
+DELAY_HEADER = "x-delay"
+"""Milliseconds a message published to a delayed exchange waits before it reaches its queues."""
+
 PREDECLARED: dict[str, ExchangeType] = {
     "amq.direct": ExchangeType.DIRECT, "amq.fanout": ExchangeType.FANOUT,
     "amq.topic": ExchangeType.TOPIC, "amq.headers": ExchangeType.HEADERS,
@@ -85,9 +92,17 @@ class Exchange:
     auto_delete: bool = False
     internal: bool = False
     arguments: dict[str, Any] = field(default_factory=dict)
+    delayed: bool = False
+    """Declared as ``x-delayed-message``: routes as ``type`` (its ``x-delayed-type``), and a
+    publish with an ``x-delay`` header is held by core's timer that many milliseconds."""
     bindings: set[Binding] = field(default_factory=set)
     _by_key: dict[str, set[Destination]] = field(default_factory=dict, repr=False)
     _trie: TopicTrie = field(default_factory=lambda: TopicTrie(TOPIC_SYNTAX), repr=False)
+
+    @property
+    def kind(self) -> str:
+        """The type it was declared with."""
+        return DELAYED_EXCHANGE if self.delayed else self.type.value
 
     @property
     def alternate(self) -> str | None:
@@ -135,7 +150,7 @@ class Exchange:
 
     def described(self) -> dict[str, Any]:
         """`settings` by the names RabbitMQ gives them, arguments by their own names."""
-        return {"type": self.type.value, "durable": self.durable,
+        return {"type": self.kind, "durable": self.durable,
                 "auto_delete": self.auto_delete, "internal": self.internal, **self.arguments}
 
 
@@ -204,12 +219,19 @@ class ExchangeGraph:
             if existing is None:
                 raise NotFound(f"no exchange {clip(name)} in vhost {clip(self.vhost)}")
             return existing
+        delayed = kind == DELAYED_EXCHANGE
+        if delayed:
+            kind = (arguments or {}).get(DELAYED_TYPE_ARGUMENT)
+            if not isinstance(kind, str) or kind not in _TYPE_NAMES:
+                raise PreconditionFailed("Invalid argument, 'x-delayed-type' must be an existing "
+                                         "exchange type (direct, fanout, topic or headers)")
         try:
             exchange_type = ExchangeType(kind)
         except ValueError:
-            raise InvalidArgument(f"unknown exchange type {clip(kind)}; Sluice has direct, "
-                                  "fanout, topic and headers") from None
-        wanted = Exchange(name, exchange_type, durable, auto_delete, internal, dict(arguments or {}))
+            raise InvalidArgument(f"unknown exchange type {clip(str(kind))}; Sluice has direct, "
+                                  "fanout, topic, headers and x-delayed-message") from None
+        wanted = Exchange(name, exchange_type, durable, auto_delete, internal,
+                          dict(arguments or {}), delayed)
         if existing is not None:
             check_equivalent("exchange", name, self.vhost, wanted.described(),
                              existing.described())

@@ -243,13 +243,15 @@ class OutgoingMessage:
 
 @dataclass(frozen=True)
 class SendResult:
-    """Where a sent message was stored."""
+    """Where a sent message was stored. A delayed message is stored in the timer until due:
+    its ``topic`` and ``queue_offset`` are the timer's, and ``recall_handle`` cancels it."""
 
     msg_id: str
     topic: str
     queue_id: int
     queue_offset: int
     store_ts: int
+    recall_handle: str = ""
 
 
 @dataclass(slots=True)

@@ -93,21 +93,34 @@ class Producer:
                     self._live.pop(id(message), None)
         return [SendResult(r.msg_id, r.topic, r.queue_id, r.queue_offset, r.store_ts) for r in results]
 
-    def _prepare(self, topic: TopicConfig, message: OutgoingMessage) -> Message:
+    def check(self, topic: TopicConfig, message: OutgoingMessage) -> None:
+        """Refuse ``message`` for ``topic`` as a send would, without storing it (the timer
+        checks a delayed message when it is sent, not when it falls due)."""
+        self._check_message(topic, message)
+        self._check_properties(topic, message.properties)
+        if message.queue_id is not None:
+            self._queue_for(topic, message)
+
+    async def append_internal(self, messages: list[Message]) -> list[AppendResult]:
+        """Append records of the broker's own (the timer's), reaching no subscriber; return
+        once durable under ``sync`` flush."""
+        return await self._appender.append_many(messages)
+
+    def _check_message(self, topic: TopicConfig, message: OutgoingMessage) -> None:
         size = len(message.body)
         if size > self.max_message_bytes:
             raise MessageTooLarge(
                 f"message body of {size} bytes exceeds the limit of {self.max_message_bytes} bytes; "
                 "split it, or raise core.max_message_bytes in the broker config")
-        if message.delivery_ts and message.delivery_ts > time.time() * 1000:
-            raise NotSupported("delayed delivery is not supported in this version; send without a "
-                               "delivery timestamp")
         if topic.message_type is MessageType.TRANSACTION:
             raise NotSupported(f"topic {topic.name!r} is transactional; transactions are not "
                                "supported in this version")
         if message.keys and sum(len(key.encode()) for key in message.keys) > MAX_KEY_BYTES:
             raise InvalidArgument(f"message keys exceed {MAX_KEY_BYTES} bytes (UTF-8); use "
                                   "shorter keys (a client id or topic used as a key counts)")
+
+    def _prepare(self, topic: TopicConfig, message: OutgoingMessage) -> Message:
+        self._check_message(topic, message)
         properties = message.properties  # stored as given: senders hand over a fresh mapping
         if type(properties) is SharedProperties and message.queue_id is None \
                 and not message.message_group:

@@ -22,7 +22,7 @@ from .auth import Users
 from .clock import now_ms
 from .consume import pull_queue, to_delivery
 from .engine import Engine
-from .errors import AccessDenied, InvalidArgument, MessageNotFound, Unavailable
+from .errors import AccessDenied, InvalidArgument, MessageNotFound, NotRecallable, Unavailable
 from .filters import parse_filter
 from .memory_alarm import MemoryAlarm
 from .model import (SUBJECT_PROPERTY, Action, Delivery, GroupConfig, GroupStats, OutgoingMessage,
@@ -255,7 +255,31 @@ class Broker:
         if create_topics and (self._last_creation is not None
                               or any(m.topic not in topics for m in messages)):
             await self._create_in_order(messages)
-        return await self._engine.producer.send(topics.get, messages)
+        now = now_ms()
+        if not any(m.delivery_ts > now for m in messages):
+            return await self._engine.producer.send(topics.get, messages)
+        return await self._store_delayed(messages, now)
+
+    async def _store_delayed(self, messages: Sequence[OutgoingMessage], now: int) -> list[SendResult]:
+        """A send with delayed messages: those go to the timer, the rest are sent now; the
+        results keep the messages' order."""
+        delayed = [m for m in messages if m.delivery_ts > now]
+        immediate = [m for m in messages if m.delivery_ts <= now]
+        for message in immediate:  # all or none accepted: check before the timer stores any
+            self._engine.producer.check(self._topics.get(message.topic), message)
+        scheduled = iter(await self._engine.timer.schedule(delayed))
+        sent = iter(await self._engine.producer.send(self._topics.get, immediate) if immediate else ())
+        return [next(scheduled) if m.delivery_ts > now else next(sent) for m in messages]
+
+    async def recall(self, principal: Principal, topic: str, handle: str) -> None:
+        """Cancel a delayed message that has not fallen due, by the recall handle its send
+        returned; the sender needs the publish right on its topic. NotRecallable when it was
+        delivered or recalled already."""
+        self._allow(principal, Action.PUBLISH, ResourceKind.TOPIC, topic)
+        held_for, bucket, offset = self._engine.timer.check_recall(handle)
+        if held_for != topic:
+            raise NotRecallable(f"no delayed message of topic {topic!r} has this recall handle")
+        await self._engine.timer.recall(bucket, offset)
 
     async def _create_in_order(self, messages: Sequence[OutgoingMessage]) -> None:
         """Create the missing topics of ``messages`` after every earlier send that waited for

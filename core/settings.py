@@ -22,6 +22,9 @@ class CoreConfig:
     """Newest messages kept in memory for consumers that keep up (`delivery.RecentMessages`):
     bodies plus 300 bytes each, about 40,000 messages of 100 bytes. Every one is an object the
     garbage collector scans, so a larger cache lengthens its pauses."""
+    max_delay_ms: int = 3 * 86_400_000
+    """The furthest in the future a delayed message may be due (RocketMQ's default, 3 days).
+    Keep it below the store's retention age: a pending message lives in the log until due."""
     retention_check_interval_ms: int = 60_000
     """How often the store's retention runs and topics' own retention limits are applied."""
     memory_high_watermark: float = 0.4

@@ -120,7 +120,7 @@ class VhostAdmin:
         return [vhost]
 
     def exchanges(self, vhost: str | None = None) -> list[dict[str, Any]]:
-        return [{"vhost": name, "name": e.name, "type": e.type.value, "durable": e.durable,
+        return [{"vhost": name, "name": e.name, "type": e.kind, "durable": e.durable,
                  "auto_delete": e.auto_delete, "internal": e.internal,
                  "arguments": e.arguments}
                 for name in self._hosts(vhost) for e in self.vhosts.get(name).graph.exchanges()]

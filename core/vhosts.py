@@ -27,7 +27,7 @@ from typing import Any, Protocol
 
 from .equivalence import check_equivalent
 from .errors import AccessDenied, AlreadyExists, InvalidArgument, NotFound, ResourceLocked
-from .exchanges import Binding, Destination, ExchangeGraph, frozen_arguments
+from .exchanges import DELAY_HEADER, Binding, Destination, ExchangeGraph, frozen_arguments
 from .metadata import MetadataRepository
 from .queue_features import check as check_features
 from .queue_features import target
@@ -216,7 +216,7 @@ class VirtualHosts:
         exchange = graph.declare(name, kind, durable=durable, auto_delete=auto_delete,
                                  internal=internal, arguments=arguments, passive=passive)
         if new and durable:
-            spec = {"type": exchange.type.value, "auto_delete": auto_delete,
+            spec = {"type": exchange.kind, "auto_delete": auto_delete,
                     "internal": internal, "arguments": exchange.arguments}
             try:
                 await asyncio.to_thread(self._metadata.put_topology, vhost, "exchange", name,
@@ -309,6 +309,22 @@ class VirtualHosts:
         host.graph.unbind(source, destination, routing_key, args)
         self._unmirror(vhost, host, before)
         await self._forget_bindings(vhost, before - set(host.graph.bindings()))
+
+    def delay_of(self, vhost: str, exchange: str, headers: Mapping[str, Any] | None) -> int:
+        """Milliseconds a publish to ``exchange`` waits: its ``x-delay`` header when the
+        exchange is an ``x-delayed-message`` one and the header a positive integer, else 0."""
+        if not headers or DELAY_HEADER not in headers:
+            return 0
+        host = self.get(vhost)
+        if exchange not in host.graph or not host.graph.get(exchange).delayed:
+            return 0
+        delay = headers[DELAY_HEADER]
+        if isinstance(delay, bool) or not isinstance(delay, (int, float, str)):
+            return 0
+        try:
+            return max(0, int(delay))
+        except ValueError:
+            return 0
 
     def route(self, vhost: str, exchange: str, routing_key: str,
               headers: Mapping[str, Any] | None = None, priority: int | None = None) -> list[str]:

@@ -12,6 +12,7 @@ from typing import Any
 from pamqp.base import Frame
 from pamqp.commands import Basic
 
+from core.clock import now_ms
 from core.errors import AccessDenied, NotSupported, PreconditionFailed, SluiceError
 from core.model import Action, OutgoingMessage, Principal
 from core.queue_features import field_type
@@ -166,8 +167,12 @@ class Publisher:
                 raise AccessDenied(f"access to exchange {clip(m.exchange)} in vhost "
                                    f"{clip(vhost)} refused for user {clip(self.principal.user)} "
                                    f"(publishing to {clip(subject)})")
-        return to_outgoing(topic, subject, m.exchange, m.routing_key, properties, event.body,
-                           tuple(queues))
+        message = to_outgoing(topic, subject, m.exchange, m.routing_key, properties, event.body,
+                              tuple(queues))
+        delay = self.vhosts.delay_of(vhost, m.exchange, properties.headers)
+        if delay:  # an x-delayed-message exchange: core's timer holds it, routed already
+            message.delivery_ts = now_ms() + delay
+        return message
 
     def _unroutable(self, event: PublishReceived, state: ChannelState, tag: int) -> None:
         m = event.method

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Coroutine, Mapping
+from collections.abc import Callable, Coroutine
 from dataclasses import replace
 from typing import Any, Protocol
 
@@ -36,6 +36,7 @@ from .properties import NO_PROPERTIES
 from .reason_codes import ReasonCode
 from .retained import RetainedMessages, as_retained
 from .session import Session
+from .topics import DELAYED_PREFIX, split_delayed
 
 log = logging.getLogger(__name__)
 
@@ -109,15 +110,23 @@ class PublishIntake:
         services, client_id = self._services, self._client_id
         assert self._principal is not None
         if event.properties is NO_PROPERTIES and not event.retain:
-            self._add_plain(event)
-            return
-        if not services.broker.subject_allowed(self._principal, Action.PUBLISH, event.topic):
+            if not event.topic.startswith(DELAYED_PREFIX):
+                self._add_plain(event)
+                return
+        topic, delay_ms = event.topic, 0
+        if topic.startswith(DELAYED_PREFIX):
+            delayed = split_delayed(topic)
+            if delayed is None or delayed[0] * 1000 > services.broker.config.max_delay_ms:
+                self._refuse_delayed(event)
+                return
+            delay_ms, topic = delayed[0] * 1000, delayed[1]
+        if not services.broker.subject_allowed(self._principal, Action.PUBLISH, topic):
             self._deny(event)
             return
         if not self._batch:
             self._now = now_ms()
-        message = to_outgoing(services.broker.topic_of_subject(event.topic), event.topic,
-                              event.payload, event.qos, event.retain, client_id,
+        message = to_outgoing(services.broker.topic_of_subject(topic), topic,
+                              event.payload, event.qos, event.retain and not delay_ms, client_id,
                               event.properties, self._now)
         if event.properties.payload_format_indicator == 1:
             try:
@@ -125,6 +134,10 @@ class PublishIntake:
             except UnicodeDecodeError:
                 self._answer(event, ReasonCode.PayloadFormatInvalid)
                 return
+        if delay_ms:  # held by core's timer; a retain flag is not applied to it
+            message.delivery_ts = self._now + delay_ms
+            self._batch.append((event, message))
+            return
         if event.retain:
             if services.may_retain(client_id, event.topic, event.payload):
                 message = as_retained(message, event.topic)
@@ -166,6 +179,13 @@ class PublishIntake:
             self._services.plain_templates.put(key, template,
                                                len(key) + len(message.topic) + _TEMPLATE_OVERHEAD)
         return template
+
+    def _refuse_delayed(self, event: MessagePublished) -> None:
+        limit = self._services.broker.config.max_delay_ms // 1000
+        self._services.denials.denied(
+            self._client_id, "delayed", "client %s published to %s: use $delayed/<seconds, at "
+            "most %d>/<topic>", clip(self._client_id), clip(event.topic), limit)
+        self._answer(event, ReasonCode.TopicNameInvalid)
 
     def _deny(self, event: MessagePublished) -> None:
         client_id = self._client_id

@@ -18,6 +18,9 @@ SYNTAX = TopicSyntax(separator="/", single="+", multi="#", multi_last=True, doll
 """MQTT's topic syntax, which core's fan-out and access-control rules use for subjects."""
 
 SHARE_PREFIX = "$share/"
+DELAYED_PREFIX = "$delayed/"
+"""``$delayed/<seconds>/<topic>`` publishes to ``<topic>`` that many seconds later (EMQX's form)."""
+MAX_DELAY_DIGITS = 10
 
 
 class InvalidFilter(ValueError):
@@ -33,6 +36,15 @@ def split_shared(topic_filter: str) -> tuple[str | None, str]:
         raise InvalidFilter(f"shared subscription {clip(topic_filter)} must be "
                             "$share/<name>/<filter>")
     return share, rest
+
+
+def split_delayed(topic: str) -> tuple[int, str] | None:
+    """(delay in seconds, topic) of ``$delayed/<seconds>/<topic>``; None when malformed."""
+    seconds, sep, rest = topic[len(DELAYED_PREFIX):].partition("/")
+    if not sep or not rest or not seconds.isascii() or not seconds.isdigit() \
+            or len(seconds) > MAX_DELAY_DIGITS or rest.startswith("$"):
+        return None
+    return int(seconds), rest
 
 
 def check_filter(topic_filter: str) -> None:

@@ -85,8 +85,8 @@ def subscription(group: str, entry: pb.SubscriptionEntry) -> Subscription:
 
 
 def outgoing(message: pb.Message) -> OutgoingMessage:
-    """A core OutgoingMessage from a SendMessage entry; features Sluice lacks are refused
-    (core refuses a delivery time in the future: delayed messages)."""
+    """A core OutgoingMessage from a SendMessage entry (a delivery time in the future makes
+    it a delayed message); features Sluice lacks are refused."""
     props = message.system_properties
     if props.message_type == pb.MessageType.TRANSACTION:
         raise NotSupported("transactional messages are not supported in this version of Sluice; "
@@ -103,9 +103,27 @@ def outgoing(message: pb.Message) -> OutgoingMessage:
         properties=dict(message.user_properties),
         message_group=props.message_group if props.HasField("message_group") else "",
         msg_id=props.message_id,
-        born_ts=props.born_timestamp.ToMilliseconds() if props.HasField("born_timestamp") else 0,
-        delivery_ts=(props.delivery_timestamp.ToMilliseconds()
+        born_ts=_millis(props.born_timestamp, "born_timestamp") if props.HasField("born_timestamp") else 0,
+        delivery_ts=(_millis(props.delivery_timestamp, "delivery_timestamp")
                      if props.HasField("delivery_timestamp") else 0))
+
+
+MAX_TIMESTAMP_SECONDS = 253_402_300_799
+"""The last second of year 9999, the largest valid protobuf Timestamp."""
+
+
+def _millis(timestamp: Timestamp, field: str) -> int:
+    """A Timestamp as milliseconds since the epoch. The official Python client puts the value
+    it is given, documented as milliseconds, in the ``seconds`` field: a seconds value past
+    year 9999 is read as milliseconds, so a timestamp in either unit works."""
+    seconds, nanos = timestamp.seconds, timestamp.nanos
+    if not 0 <= nanos < 1_000_000_000 or seconds < 0:
+        raise InvalidArgument(f"{field} is not a valid timestamp (seconds {seconds}, nanos {nanos})")
+    if seconds > MAX_TIMESTAMP_SECONDS:
+        if seconds > MAX_TIMESTAMP_SECONDS * 1000:
+            raise InvalidArgument(f"{field} {seconds} is beyond year 9999 in seconds and milliseconds")
+        return seconds
+    return seconds * 1000 + nanos // 1_000_000
 
 
 def delivered(delivery: Delivery, topic: pb.Resource, message_type: MessageType,

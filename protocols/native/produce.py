@@ -1,4 +1,4 @@
-"""SendMessage, and the producer RPCs this version refuses (EndTransaction, RecallMessage)."""
+"""SendMessage and RecallMessage, and the producer RPC this version refuses (EndTransaction)."""
 
 from __future__ import annotations
 
@@ -10,15 +10,16 @@ from core.errors import InvalidArgument
 from core.model import OutgoingMessage
 
 from .context import Call, Edge
-from .convert import outgoing
+from .convert import name_of, outgoing
 from .errors import Code, Status, not_implemented, ok, overall, status_of
 
 
 async def send_message(edge: Edge, call: Call, request: rpc.SendMessageRequest) -> rpc.SendMessageResponse:
     """Store every message of the request as one batch; one result entry per message.
 
-    A batch is all or nothing: if any entry is refused before storing (a delayed or
-    transactional message, say), none is stored, and each entry says why. Sluice's SDK names
+    A batch is all or nothing: if any entry is refused before storing (a transactional
+    message, say), none is stored, and each entry says why. A delayed message's entry carries
+    its recall handle. Sluice's SDK names
     the queue for the request's messages without a message group in the ``x-sluice-queue-id``
     header (SendResultEntry has no queue field, so the SDK picks it to report it); RocketMQ's
     own clients leave the choice to the broker.
@@ -55,7 +56,8 @@ async def send_message(edge: Edge, call: Call, request: rpc.SendMessageRequest) 
             entries = [_failed(msg_id, status) for msg_id in ids]
         else:
             entries = [rpc.SendResultEntry(status=ok(), message_id=result.msg_id,
-                                           offset=result.queue_offset) for result in results]
+                                           offset=result.queue_offset,
+                                           recall_handle=result.recall_handle) for result in results]
     return rpc.SendMessageResponse(status=overall(entry.status for entry in entries), entries=entries)
 
 
@@ -83,5 +85,6 @@ async def end_transaction(edge: Edge, call: Call,
 
 async def recall_message(edge: Edge, call: Call,
                          request: rpc.RecallMessageRequest) -> rpc.RecallMessageResponse:
-    """Refused: delayed messages, hence recalling them, are not supported in this version."""
-    return rpc.RecallMessageResponse(status=not_implemented("recalling delayed messages (RecallMessage)"))
+    """Cancel a delayed message that has not fallen due, by the recall handle its send returned."""
+    await edge.broker.recall(call.principal, name_of(request.topic, "topic"), request.recall_handle)
+    return rpc.RecallMessageResponse(status=ok(), message_id=request.recall_handle.split(":", 2)[-1])

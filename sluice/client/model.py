@@ -26,11 +26,13 @@ class Message:
 
 @dataclass(frozen=True)
 class SendReceipt:
-    """Where the broker stored a sent message."""
+    """Where the broker stored a sent message. A delayed message is held by the broker's
+    timer until due: ``recall_handle`` cancels it until then (``Producer.recall``)."""
 
     message_id: str
     queue_id: int
     offset: int
+    recall_handle: str = ""
 
 
 @dataclass(slots=True)

@@ -11,7 +11,7 @@ import zlib
 from collections.abc import Iterable, Mapping, Sequence
 
 from rocketmq.grpc_protocol.definition_pb2 import ClientType, MessageQueue, Publishing, Settings
-from rocketmq.grpc_protocol.service_pb2 import SendMessageRequest
+from rocketmq.grpc_protocol.service_pb2 import RecallMessageRequest, SendMessageRequest
 
 from .client import Client, writable
 from .config import ClientConfig
@@ -95,8 +95,17 @@ class Producer(Client):
         if len(response.entries) != len(messages):
             raise ServerError(f"the broker answered {len(response.entries)} results for "
                               f"{len(messages)} messages")
-        return [SendReceipt(e.message_id, q, e.offset) if e.status.code in OK_CODES
+        return [SendReceipt(e.message_id, q, e.offset, e.recall_handle) if e.status.code in OK_CODES
                 else error_from_status(e.status) for e, q in zip(response.entries, queue_ids)]
+
+    async def recall(self, topic: str, recall_handle: str) -> str:
+        """Cancel a delayed message that has not fallen due, by its receipt's ``recall_handle``;
+        return its message id. NotFoundError once it was delivered or recalled."""
+        self.check_running()
+        response = await self._transport.unary("RecallMessage", RecallMessageRequest(
+            topic=self.resource(topic), recall_handle=recall_handle))
+        raise_for_status(response.status)
+        return response.message_id
 
     async def send_packed(self, topic: str, bodies: Sequence[bytes], tag: str = "",
                           properties: Mapping[str, str] | None = None) -> SendReceipt:

@@ -132,3 +132,35 @@ def test_authorization_is_on_the_native_topic(started):
     message = asyncio.run(pull_until(native_config(server, "carol", "pw"), "carol-readers", "devices",
                                      b"allowed"))
     assert message.properties[SUBJECT_PROPERTY] == "devices/d7/telemetry"
+
+
+def test_a_delayed_mqtt_publish_arrives_when_due_on_its_topic_for_mqtt_and_native_readers(started):
+    """``$delayed/<seconds>/<topic>`` (EMQX's form) publishes to ``<topic>`` that much later,
+    held by the same durable timer native delayed messages use; a malformed delay is refused
+    with Topic Name Invalid and the connection goes on."""
+    server = started()
+    subscriber = PahoClient(server.mqtt, "delay-sub", version=mqtt.MQTTv5)
+    subscriber.subscribe("alerts/#", qos=1)
+    publisher = PahoClient(server.mqtt, "delay-pub", version=mqtt.MQTTv5)
+    published = time.time()
+    publisher.publish("$delayed/2/alerts/door", b"open", qos=1)
+    publisher.publish("alerts/now", b"at once", qos=1)
+    first = subscriber.next_message()
+    assert (first.topic, first.payload) == ("alerts/now", b"at once")
+    later = subscriber.next_message(timeout=TIMEOUT)
+    arrived = time.time()
+    assert (later.topic, later.payload) == ("alerts/door", b"open")
+    assert 2.0 <= arrived - published < 3.5
+
+    acks = queue.Queue()
+    publisher.client.on_publish = lambda client, userdata, mid, reason, properties: acks.put(reason)
+    for topic in ("$delayed/x/alerts/door", "$delayed/5", "$delayed/99999999999/alerts/door"):
+        publisher.client.publish(topic, b"bad", 1)
+        assert acks.get(timeout=TIMEOUT).value == 0x90  # Topic Name Invalid
+    publisher.publish("alerts/after", b"still connected", qos=1)
+    assert subscriber.next_message().payload == b"still connected"
+
+    message = asyncio.run(pull_until(native_config(server), "delay-readers", "alerts", b"open"))
+    assert message.properties[SUBJECT_PROPERTY] == "alerts/door"
+    publisher.stop()
+    subscriber.stop()

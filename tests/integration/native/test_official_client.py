@@ -23,7 +23,7 @@ from rocketmq import (ClientConfiguration, ConsumeResult, Credentials, FilterExp
                       MessageListener, Producer, PushConsumer, SimpleConsumer)
 from rocketmq.grpc_protocol import Code, FilterType
 from rocketmq.v5.exception import (BadRequestException, IllegalArgumentException,
-                                   PayloadTooLargeException)
+                                   NotFoundException, PayloadTooLargeException)
 
 from core.model import MessageType
 
@@ -214,6 +214,29 @@ def test_sql92_filter_with_a_push_consumer(native_broker):
         producer.send(new_message("orders", b"last", properties={"priority": "9"}))
         listener.wait(lambda ds: b"last" in [m.body for m in ds])
         assert sorted(listener.bodies()) == [b"last", b"m5", b"m7", b"m8"]
+
+
+def test_delayed_messages_arrive_when_due_and_a_recalled_one_never(native_broker):
+    native_broker.create_topic("reminders", queues=2, message_type=MessageType.DELAY)
+    with started(Producer(config(native_broker), ("reminders",))) as producer:
+        due = int(time.time() * 1000) + 2000
+        receipts = {}
+        for name in ("keep", "recall"):
+            message = new_message("reminders", name.encode(), properties={"kind": name})
+            message.delivery_timestamp = due
+            receipts[name] = producer.send(message)
+        assert receipts["keep"].recall_handle
+        assert producer.recall_message("reminders", receipts["recall"].recall_handle) \
+            == receipts["recall"].message_id
+        subscription = {"reminders": FilterExpression()}
+        with started(SimpleConsumer(config(native_broker), "g", subscription, await_duration=5)) as consumer:
+            got = receive_until(consumer, 1)
+            arrived = int(time.time() * 1000)
+            assert [(m.body, m.message_id) for m in got] == [(b"keep", receipts["keep"].message_id)]
+            assert due <= arrived < due + 1500
+            assert consumer.receive(32, 30) == []
+        with pytest.raises(NotFoundException):
+            producer.recall_message("reminders", receipts["keep"].recall_handle)
 
 
 def test_push_consumer_retries_a_failure_then_succeeds(native_broker):
