@@ -81,7 +81,9 @@ def recall_handle(bucket: int, offset: int, msg_id: str) -> str:
 def parse_recall_handle(handle: str) -> tuple[int, int, str]:
     """(bucket, offset, message id); InvalidArgument when ``handle`` is not one."""
     parts = handle.split(":", 2)
-    if len(parts) != 3 or not all(p.isdigit() for p in parts[:2]) or not parts[2] or len(handle) > 256:
+    if len(parts) != 3 or not all(p.isascii() and p.isdigit() for p in parts[:2]) \
+            or not parts[2] or len(handle) > 256 \
+            or recall_handle(int(parts[0]), int(parts[1]), parts[2]) != handle:
         raise InvalidArgument("malformed recall handle: use the recall handle the send returned")
     return int(parts[0]), int(parts[1]), parts[2]
 

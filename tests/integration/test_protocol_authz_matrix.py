@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import socket
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
@@ -21,8 +22,9 @@ from rocketmq.grpc_protocol.definition_pb2 import (Code, FilterExpression, Messa
                                                    Resource)
 from rocketmq.grpc_protocol.service_pb2 import (AckMessageEntry, AckMessageRequest,
                                                 PullMessageRequest, QueryAssignmentRequest,
-                                                QueryRouteRequest, ReceiveMessageRequest,
-                                                SendMessageRequest, UpdateOffsetRequest)
+                                                QueryRouteRequest, RecallMessageRequest,
+                                                ReceiveMessageRequest, SendMessageRequest,
+                                                UpdateOffsetRequest)
 
 from core.model import Action
 from sluice.server.app import start
@@ -66,6 +68,8 @@ class Broker:
         self.running = self.call(start(replace(config, store=replace(config.store,
                                                                      segment_size=1 << 20))))
         self.mqtt = self.running.mqtt_listeners.ports["tcp"]
+        self.recall_handles: dict[str, str] = {}
+        """topic -> the recall handle of a delayed message the admin sent to it"""
 
     def call(self, coroutine):
         return asyncio.run_coroutine_threadsafe(coroutine, self.loop).result(30)
@@ -78,7 +82,7 @@ class Broker:
 
 @pytest.fixture(scope="module")
 def broker(tmp_path_factory):
-    from core.model import SYSTEM, GroupConfig, Permission, ResourceKind, TopicConfig
+    from core.model import SYSTEM, GroupConfig, OutgoingMessage, Permission, ResourceKind, TopicConfig
     world = Broker(str(tmp_path_factory.mktemp("protocol-matrix") / "data"))
     core = world.running.broker
 
@@ -92,6 +96,11 @@ def broker(tmp_path_factory):
             for kind, pattern, actions in grants:
                 await asyncio.to_thread(core.users.grant, Permission(
                     role, ResourceKind(kind), pattern, frozenset(Action(a) for a in actions)))
+        due = int(time.time() * 1000) + 3_600_000
+        for key in ("m-topic", "o-topic", "o-topic/kept"):  # delayed messages to recall
+            [held] = await core.send(SYSTEM, [OutgoingMessage(key.split("/")[0], b"later",
+                                                              delivery_ts=due)])
+            world.recall_handles[key] = held.recall_handle
     world.call(setup())
     owner_session = mqtt_connect(world, "owner", client_id="owner-session",
                                  properties=Properties(session_expiry_interval=3600))
@@ -204,12 +213,27 @@ def queue(topic: str) -> MessageQueue:
     return MessageQueue(topic=Resource(name=topic), id=0)
 
 
-def send_request(topic: str, **properties: str):
+def send_request(topic: str, delay_ms: int = 0, **properties: str):
     def build() -> SendMessageRequest:
-        message = message_to_proto(Message(topic, b"x", keys=["s/matrix"], properties=properties),
+        due = int(time.time() * 1000) + delay_ms if delay_ms else 0
+        message = message_to_proto(Message(topic, b"x", keys=["s/matrix"], properties=properties,
+                                           delivery_timestamp=due),
                                    "", 0, new_message_id(), 0)
         return SendMessageRequest(messages=[message])
     return build
+
+
+def recall(topic: str, handle_of: str, *, only_success: bool = False):
+    """Recall, naming ``topic``, a delayed message the admin sent (``handle_of``). Once it is
+    recalled, later cells are answered NOT_FOUND: allowed, as the right was not refused;
+    ``only_success`` counts only a recall that succeeded."""
+    def op(role: str, world: Broker) -> bool:
+        request = RecallMessageRequest(topic=Resource(name=topic),
+                                       recall_handle=world.recall_handles[handle_of])
+        code = native_call(world, role, "RecallMessage", request)
+        assert code in (Code.OK, Code.NOT_FOUND, Code.FORBIDDEN), Code.Name(code)
+        return code == Code.OK if only_success else code != Code.FORBIDDEN
+    return op
 
 
 def receive_request() -> ReceiveMessageRequest:
@@ -241,6 +265,10 @@ TABLE = [
               allowed("admin", "owner", "publisher")),
     Operation("MQTT will", will, allowed("admin", "owner", "publisher")),
     Operation("MQTT publish to another user's topic", publish("o-topic/x"), allowed("admin", "other")),
+    Operation("MQTT delayed publish", publish("$delayed/60/m-topic/x"),
+              allowed("admin", "owner", "publisher")),
+    Operation("MQTT delayed publish to another user's topic", publish("$delayed/60/o-topic/x"),
+              allowed("admin", "other")),
     Operation("MQTT subscribe", subscribe("m-topic/#"), allowed("admin", "owner")),
     Operation("MQTT shared subscribe", subscribe("$share/g/m-topic/#"), allowed("admin", "owner")),
     Operation("MQTT subscribe to every topic", subscribe("#"), allowed("admin")),
@@ -253,6 +281,16 @@ TABLE = [
     Operation("native SendMessage with a subject outside its topic",
               native("SendMessage", send_request("m-topic", **{"sluice.subject": "o-topic/x"}),
                      refused=Code.BAD_REQUEST), allowed()),
+    Operation("native delayed SendMessage", native("SendMessage", send_request("m-topic", 60_000)),
+              allowed("admin", "owner", "publisher")),
+    Operation("native delayed SendMessage to another user's topic",
+              native("SendMessage", send_request("o-topic", 60_000)), allowed("admin", "other")),
+    Operation("native RecallMessage", recall("m-topic", "m-topic"),
+              allowed("admin", "owner", "publisher")),
+    Operation("native RecallMessage of another user's message", recall("o-topic", "o-topic"),
+              allowed("admin", "other")),
+    Operation("native RecallMessage naming one's topic for another's message",
+              recall("m-topic", "o-topic/kept", only_success=True), allowed()),
     Operation("native QueryRoute", native("QueryRoute", lambda: QueryRouteRequest(
         topic=Resource(name="m-topic"))), allowed("admin", "owner", "publisher")),
     Operation("native QueryAssignment", native("QueryAssignment", lambda: QueryAssignmentRequest(
