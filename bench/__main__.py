@@ -7,7 +7,9 @@ ceiling), ``amqp`` (Sluice's AMQP 0-9-1 listener beside RabbitMQ: confirms and a
 topic fan-out, latency), ``analytics`` (the Spark source beside ``spark.read.json``), ``latency``
 (MQTT publish to a window aggregate on the dashboard stream, at 1,000 readings/s) and
 ``hardening`` (what hostile input costs: decoding packets with 1, 1,000 and 100,000 user
-properties). With no section named, all of them run.
+properties) and ``features`` (delayed messages: send rate and delivery against due time at
+100,000 pending; SQL92 filter cost at 1, 10 and 100 subscriptions). With no section named,
+all of them run.
 """
 from __future__ import annotations
 
@@ -21,7 +23,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Protocol
 
-from . import amqp_bench, analytics_bench, hardening_bench, latency_bench, mqtt_bench, native_bench, store_bench
+from . import (amqp_bench, analytics_bench, features_bench, hardening_bench, latency_bench, mqtt_bench,
+               native_bench, store_bench)
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -96,11 +99,18 @@ def _hardening_section(options: argparse.Namespace, workdir: Path, log: Callable
     return hardening_bench.run_section(settings, workdir / "hardening", log)
 
 
+def _features_section(options: argparse.Namespace, workdir: Path, log: Callable[[str], None]) -> Rendered:
+    settings = features_bench.Settings.smoke() if options.quick else features_bench.Settings()
+    if options.repeats is not None:
+        settings = features_bench.Settings(**{**settings.__dict__, "rounds": options.repeats})
+    return features_bench.run_section(settings, workdir / "features", log)
+
+
 SECTIONS: dict[str, Section] = {"store": _store_section, "native": _native_section, "mqtt": _mqtt_section,
                                 "amqp": _amqp_section,
                                 "analytics": _analytics_section, "latency": _latency_section,
-                                "hardening": _hardening_section}
-DEFAULT_SECTIONS = ("store", "native", "mqtt", "amqp", "analytics", "latency", "hardening")
+                                "hardening": _hardening_section, "features": _features_section}
+DEFAULT_SECTIONS = ("store", "native", "mqtt", "amqp", "analytics", "latency", "hardening", "features")
 """Run when no section is named (``make bench``); on a 2-core machine the amqp section takes about
 3 minutes and the mqtt one about 8."""
 

@@ -112,3 +112,17 @@ def test_amqp_bench_smoke_run_compares_with_rabbitmq_or_says_why_not(tmp_path):
         assert "Sluice/RabbitMQ" in out and "broker CPU per message" in out, out
     assert "failed in round" not in out, out
     assert list(tmp_path.iterdir()) == [], "benchmark files are removed afterwards"
+
+
+def test_features_bench_smoke_run_measures_delays_and_filters(tmp_path):
+    """The features section runs in its smoke mode: delayed sends beside plain ones, delivery
+    against due time with nothing early or missing, and SQL92 cost per subscription count."""
+    done = subprocess.run([sys.executable, "-m", "bench", "features", "--quick", "--data-dir", str(tmp_path)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stderr
+    out = done.stdout
+    assert re.search(r"delayed sends +[\d,]+ msg/s \([\d.]+x plain\)", out), out
+    assert re.search(r"p50 \d+ ms, p99 \d+ ms, max \d+ ms; early 0, missing 0", out), out
+    for count in (1, 10, 100):
+        assert re.search(rf"SQL92, +{count} subscriptions +[\d.]+ us per message", out), out
+    assert list(tmp_path.iterdir()) == [], "benchmark files are removed afterwards"

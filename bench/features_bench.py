@@ -1,0 +1,192 @@
+"""``python -m bench features``: what RocketMQ 5 message features cost.
+
+- **Delayed messages**: delayed sends per second beside plain durable sends of the same size,
+  alternating, medians of rounds (a delayed send is one durable append to the timer's topic);
+  then ``pending`` messages due over ``spread_s`` seconds are scheduled, and a consumer reads
+  them as they fall due: how late each arrived against the due time stamped in its body
+  (p50, p99, max), and how many came early (must be none) or never.
+- **SQL92 filters**: the broker-side cost of evaluating 1, 10 and 100 subscriptions' SQL92
+  expressions on one message (properties as a native producer sends them), beside a tag
+  filter's, in the broker's own code (`core.filters`), per message and per subscription.
+
+The load generator is this process, separate from the broker (``sluice serve --flush sync``).
+FIFO groups, transactions and lite topics are not measured: they are not built yet.
+"""
+from __future__ import annotations
+
+import asyncio
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from core.filters import parse_filter
+from core.model import Delivery
+
+from .native_workloads import percentiles
+from .processes import ServerUnavailable
+from .sluice_server import SluiceServer, sluice_server
+
+Log = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class Settings:
+    sends: int = 20_000
+    """Messages per send-rate run."""
+    rounds: int = 3
+    window: int = 256
+    """Sends in flight at once."""
+    size: int = 100
+    pending: int = 100_000
+    spread_s: float = 30.0
+    filter_messages: int = 20_000
+    subscription_counts: tuple[int, ...] = (1, 10, 100)
+
+    @classmethod
+    def smoke(cls) -> Settings:
+        return cls(sends=500, rounds=1, pending=2_000, spread_s=3.0, filter_messages=500)
+
+
+@dataclass
+class Report:
+    settings: Settings
+    sections: list[tuple[str, list[str]]] = field(default_factory=list)
+
+    def render(self) -> str:
+        lines = ["features benchmark: RocketMQ 5 message features"]
+        for title, body in self.sections:
+            lines += [f"  {title}", *(f"    {line}" for line in body)]
+        return "\n".join(lines)
+
+
+# ----------------------------------------------------------------------------- delayed
+
+async def _send_all(server: SluiceServer, topic: str, count: int, size: int, window: int,
+                    due: Callable[[int], int]) -> float:
+    """Send ``count`` messages with ``window`` in flight; the body starts with the due time.
+    Returns messages per second."""
+    from sluice.client import ClientConfig, Message, Producer
+
+    config = ClientConfig(server.endpoint, *server.credentials, request_timeout=60)
+    padding = b"x" * max(0, size - 14)
+    async with Producer(config, [topic]) as producer:
+        next_index = 0
+
+        async def sender() -> None:
+            nonlocal next_index
+            while next_index < count:
+                index = next_index
+                next_index += 1
+                when = due(index)
+                await producer.send(Message(topic, b"%013d:" % when + padding, delivery_timestamp=when))
+        started = time.perf_counter()
+        await asyncio.gather(*(sender() for _ in range(window)))
+        return count / (time.perf_counter() - started)
+
+
+async def _receive_lateness(server: SluiceServer, topic: str, count: int, timeout: float) -> tuple[list[int], int]:
+    """Receive ``count`` messages; (arrival minus due time in ms per message, messages missing)."""
+    from sluice.client import ClientConfig, SimpleConsumer
+
+    config = ClientConfig(server.endpoint, *server.credentials, request_timeout=60)
+    lateness: list[int] = []
+    deadline = time.monotonic() + timeout
+    async with SimpleConsumer(config, "bench-delayed", {topic: "*"}, await_duration=1) as consumer:
+        async def reader() -> None:
+            while len(lateness) < count and time.monotonic() < deadline:
+                messages = await consumer.receive(32)
+                now = time.time_ns() // 1_000_000
+                lateness.extend(now - int(m.body[:13]) for m in messages)
+                await asyncio.gather(*(consumer.ack(m) for m in messages))
+        await asyncio.gather(*(reader() for _ in range(4)))
+    return lateness, count - len(lateness)
+
+
+def delayed_messages(settings: Settings, workdir: Path, log: Log) -> tuple[str, list[str]]:
+    title = "delayed messages (SDK, 100-byte bodies, sync flush)"
+    try:
+        with sluice_server(workdir / "delayed", log) as server:
+            return title, asyncio.run(_delayed(server, settings, log))
+    except ServerUnavailable as error:
+        return title, [f"skipped: {error}"]
+
+
+async def _delayed(server: SluiceServer, settings: Settings, log: Log) -> list[str]:
+    for topic in ("plain", "delayed", "due"):
+        server.create_topic(topic, queues=4)
+    far = int(time.time() * 1000) + 3_600_000
+    plain, delayed = [], []
+    for round_ in range(settings.rounds):
+        plain.append(await _send_all(server, "plain", settings.sends, settings.size,
+                                     settings.window, lambda i: 0))
+        delayed.append(await _send_all(server, "delayed", settings.sends, settings.size,
+                                       settings.window, lambda i: far + i))
+        log(f"delayed round {round_ + 1}: plain {plain[-1]:,.0f} msg/s, delayed {delayed[-1]:,.0f} msg/s")
+    lead_s = settings.pending / statistics.median(delayed) * 2 + 3
+    start = int(time.time() * 1000 + lead_s * 1000)
+    spread_ms = int(settings.spread_s * 1000)
+    log(f"scheduling {settings.pending:,} messages due over {settings.spread_s:.0f} s "
+        f"from {lead_s:.0f} s ahead")
+    scheduling = asyncio.create_task(_send_all(
+        server, "due", settings.pending, settings.size, settings.window,
+        lambda i: start + i * spread_ms // settings.pending))
+    lateness, missing = await _receive_lateness(server, "due", settings.pending,
+                                                lead_s + settings.spread_s + 120)
+    scheduled_rate = await scheduling
+    p50, p99 = percentiles(lateness) if lateness else (float("nan"), float("nan"))
+    early = sum(1 for late in lateness if late < 0)
+    return [
+        f"plain durable sends     {statistics.median(plain):>10,.0f} msg/s (median of {settings.rounds})",
+        f"delayed sends           {statistics.median(delayed):>10,.0f} msg/s "
+        f"({statistics.median(delayed) / statistics.median(plain):.2f}x plain)",
+        f"scheduling {settings.pending:,} pending  {scheduled_rate:>10,.0f} msg/s",
+        f"delivery after due time with {settings.pending:,} pending over {settings.spread_s:.0f} s: "
+        f"p50 {p50:.0f} ms, p99 {p99:.0f} ms, max {max(lateness, default=0):.0f} ms; "
+        f"early {early}, missing {missing}",
+    ]
+
+
+# ----------------------------------------------------------------------------- SQL92
+
+def _expression(index: int) -> str:
+    return (f"region = 'eu' AND amount BETWEEN {index} AND {index + 500} "
+            f"AND TAGS IN ('card', 'wire') AND (priority IS NULL OR priority > 2)")
+
+
+def sql92_filters(settings: Settings, workdir: Path, log: Log) -> tuple[str, list[str]]:
+    messages = [Delivery("t", 0, i, "id", b"", "card" if i % 3 else "cash", (),
+                         {"region": "eu" if i % 2 else "us", "amount": str(i % 1000),
+                          "priority": str(i % 5), "customer": f"c{i}", "source": "web"}, 0, 0)
+                for i in range(settings.filter_messages)]
+    lines = []
+    tag = parse_filter("card || wire")
+    started = time.perf_counter()
+    for message in messages:
+        tag.matches(message)
+    tag_us = (time.perf_counter() - started) / len(messages) * 1e6
+    lines.append(f"tag filter, 1 subscription        {tag_us:8.2f} us per message")
+    for count in settings.subscription_counts:
+        filters = [parse_filter(_expression(i), "SQL92") for i in range(count)]
+        started = time.perf_counter()
+        matched = 0
+        for message in messages:
+            for selector in filters:
+                matched += selector.matches(message)
+        per_message = (time.perf_counter() - started) / len(messages) * 1e6
+        lines.append(f"SQL92, {count:>3} subscriptions         {per_message:8.2f} us per message "
+                     f"({per_message / count:.2f} us per subscription; {matched:,} matches)")
+        log(lines[-1])
+    return "SQL92 filter cost in the broker's evaluator (4 comparisons, 5 properties)", lines
+
+
+Measurement = Callable[[Settings, Path, Log], tuple[str, list[str]]]
+MEASUREMENTS: list[Measurement] = [delayed_messages, sql92_filters]
+
+
+def run_section(settings: Settings, workdir: Path, log: Log) -> Report:
+    report = Report(settings)
+    for measure in MEASUREMENTS:
+        report.sections.append(measure(settings, workdir, log))
+    return report
