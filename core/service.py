@@ -25,9 +25,9 @@ from .engine import Engine
 from .errors import AccessDenied, InvalidArgument, MessageNotFound, NotRecallable, Unavailable
 from .filters import parse_filter
 from .memory_alarm import MemoryAlarm
-from .model import (SUBJECT_PROPERTY, Action, Delivery, GroupConfig, GroupStats, OutgoingMessage,
-                    Principal, PullResult, QueueLag, QueueStats, ResourceKind, SendResult,
-                    Subscription, TopicConfig, TopicStats)
+from .model import (INTERNAL_PREFIX, SUBJECT_PROPERTY, Action, Delivery, GroupConfig, GroupStats,
+                    OutgoingMessage, Principal, PullResult, QueueLag, QueueStats, ResourceKind,
+                    SendResult, Subscription, TopicConfig, TopicStats)
 from .receive import Receiver
 from .settings import CoreConfig
 
@@ -150,6 +150,16 @@ class Broker:
     def get_topic(self, name: str) -> TopicConfig:
         """The topic's settings; TopicNotFound if there is none."""
         return self._topics.get(name)
+
+    async def route_topic(self, principal: Principal, name: str) -> TopicConfig:
+        """The settings of a topic a client looks up to use (a route lookup). A topic that does
+        not exist is created with default settings when ``auto_create_topics`` is on and
+        ``principal`` may publish to it, the rule an MQTT publish follows (RocketMQ's
+        ``autoCreateTopicEnable``); TopicNotFound otherwise."""
+        if name in self._topics or name.startswith(INTERNAL_PREFIX) \
+                or not self.allowed(principal, Action.PUBLISH, name):
+            return self._topics.get(name)
+        return await self._topics.auto_create(name)
 
     def list_topics(self) -> list[TopicConfig]:
         """Every topic, by name."""

@@ -23,7 +23,8 @@ from .membership import refresh
 
 async def query_route(edge: Edge, call: Call, request: rpc.QueryRouteRequest) -> rpc.QueryRouteResponse:
     """Every queue of the topic, on this broker, for a caller that may publish or subscribe
-    there (producers and consumers both ask)."""
+    there (producers and consumers both ask). A missing topic the caller may publish to is
+    created when ``auto_create_topics`` is on."""
     topic = name_of(request.topic, "topic")
     allowed = edge.broker.allowed
     if not (allowed(call.principal, Action.PUBLISH, topic)
@@ -31,7 +32,7 @@ async def query_route(edge: Edge, call: Call, request: rpc.QueryRouteRequest) ->
         raise AccessDenied(f"user {call.principal.user!r} may neither publish nor subscribe on "
                            f"topic {topic!r}; ask an administrator to grant one of them on a "
                            "topic pattern matching it")
-    config = edge.broker.get_topic(topic)
+    config = await edge.broker.route_topic(call.principal, topic)
     endpoints = edge.endpoints(request.endpoints)
     queues = [message_queue(request.topic, config, queue_id, endpoints)
               for queue_id in range(config.queue_count)]

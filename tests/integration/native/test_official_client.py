@@ -408,10 +408,20 @@ def test_wrong_credentials_are_refused(native_broker):
             consumer.receive(1, 30)
 
 
-def test_unknown_topic_is_an_error(native_broker):
-    with started(Producer(config(native_broker))) as producer:
+def test_unknown_topic_is_an_error_when_topics_are_not_created_on_first_use(native_broker_factory):
+    nb = native_broker_factory(core={"auto_create_topics": False})
+    with started(Producer(config(nb))) as producer:
         with pytest.raises(Exception, match="route"):
             producer.send(new_message("no-such-topic", b"x"))
+
+
+def test_a_topic_is_created_on_its_first_route_lookup_by_a_user_who_may_publish(native_broker):
+    with started(Producer(config(native_broker))) as producer:
+        receipt = producer.send(new_message("fresh", b"first"))
+    assert native_broker.run(lambda b: b.get_topic("fresh")).queue_count == 4
+    with started(SimpleConsumer(config(native_broker), "g", {"fresh": FilterExpression()},
+                                await_duration=2)) as consumer:
+        assert [m.message_id for m in receive_until(consumer, 1)] == [receipt.message_id]
 
 
 def test_oversized_message_is_refused(native_broker_factory):

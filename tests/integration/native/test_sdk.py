@@ -264,7 +264,9 @@ def test_pull_consumer_starts_at_latest_and_auto_commits_on_close(native_broker)
     run(test)
 
 
-def test_errors_carry_the_brokers_code_and_message(native_broker):
+def test_errors_carry_the_brokers_code_and_message(native_broker_factory):
+    native_broker = native_broker_factory(core={"auto_create_topics": False})
+
     async def test() -> None:
         async with Producer(config_for(native_broker)) as producer:
             with pytest.raises(TopicNotFoundError, match="missing"):

@@ -338,7 +338,6 @@ def test_heartbeat_without_group_succeeds(stub):
 
 @pytest.mark.parametrize(("call", "request_"), [
     ("EndTransaction", rpc.EndTransactionRequest(topic=res("orders"), message_id="m", transaction_id="t")),
-    ("RecallMessage", rpc.RecallMessageRequest(topic=res("orders"), recall_handle="h")),
     ("SyncLiteSubscription", rpc.SyncLiteSubscriptionRequest(topic=res("orders"), group=res("g"))),
 ])
 def test_unimplemented_rpcs_say_so(stub, call, request_):
@@ -347,12 +346,17 @@ def test_unimplemented_rpcs_say_so(stub, call, request_):
     assert "not supported in this version" in answer.status.message
 
 
-def test_delayed_and_transactional_sends_are_refused(native_broker, stub):
+def test_a_delayed_send_answers_a_recall_handle_and_transactional_sends_are_refused(native_broker, stub):
     native_broker.create_topic("orders", queues=1)
     delayed = message("orders", b"later")
     delayed.system_properties.delivery_timestamp.FromMilliseconds(int(time.time() * 1000) + 60_000)
     answer = stub.SendMessage(rpc.SendMessageRequest(messages=[delayed]))
-    assert answer.status.code == Code.UNSUPPORTED and "delay" in answer.status.message
+    assert answer.status.code == Code.OK and answer.entries[0].recall_handle
+    recall = rpc.RecallMessageRequest(topic=res("orders"), recall_handle=answer.entries[0].recall_handle)
+    assert stub.RecallMessage(recall).status.code == Code.OK
+    assert stub.RecallMessage(recall).status.code == Code.NOT_FOUND
+    malformed = rpc.RecallMessageRequest(topic=res("orders"), recall_handle="h")
+    assert stub.RecallMessage(malformed).status.code == Code.BAD_REQUEST
     transactional = message("orders", b"tx", message_type=pb.MessageType.TRANSACTION)
     answer = stub.SendMessage(rpc.SendMessageRequest(messages=[message("orders", b"ok"), transactional]))
     assert answer.status.code == Code.MULTIPLE_RESULTS
@@ -361,7 +365,8 @@ def test_delayed_and_transactional_sends_are_refused(native_broker, stub):
 
 
 def test_errors_carry_their_rocketmq_code(native_broker_factory):
-    nb = native_broker_factory(core={"max_message_bytes": 1024, "auto_create_groups": False})
+    nb = native_broker_factory(core={"max_message_bytes": 1024, "auto_create_groups": False,
+                                     "auto_create_topics": False})
     nb.create_topic("orders", queues=1)
     stub = Stub(nb.endpoint, nb.user, nb.password)
     assert route(stub, "nope").status.code == Code.TOPIC_NOT_FOUND
@@ -402,20 +407,20 @@ def test_anonymous_access_acts_for_the_given_principal(native_broker_factory):
 def test_a_bug_answers_internal_error_and_the_server_carries_on(native_broker, stub):
     native_broker.create_topic("orders", queues=1)
     broker = native_broker.broker
-    original = broker.get_topic
+    original = broker.route_topic
 
-    def broken(name):
+    async def broken(principal, name):
         if name == "boom":
             raise RuntimeError("simulated bug")
-        return original(name)
-    broker.get_topic = broken
+        return await original(principal, name)
+    broker.route_topic = broken
     try:
         answer = route(stub, "boom")
         assert answer.status.code == Code.INTERNAL_ERROR
         assert "simulated bug" not in answer.status.message
         assert route(stub, "orders").status.code == Code.OK
     finally:
-        broker.get_topic = original
+        broker.route_topic = original
 
 
 @pytest.mark.parametrize("garbage", [
