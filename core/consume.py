@@ -147,8 +147,12 @@ class Popped(NamedTuple):
 
 
 def pop_queue(reader: Reader, cursor: Cursor, consumer: str, topic: str, queue_id: int,
-              selector: Filter, now_ms: int, invisible_ms: int, limit: int, max_attempts: int) -> Popped:
+              selector: Filter, now_ms: int, invisible_ms: int, limit: int, max_attempts: int,
+              fifo: bool = False) -> Popped:
     """Take up to ``limit`` messages from one queue: due redeliveries first, then new ones.
+    A ``fifo`` group takes new messages only while none of the queue is in flight, so the
+    messages of a message group (which all go to one queue) are handed out in order, each
+    batch once the previous one is settled, and a retry comes before anything after it.
     CorruptMessage if the first new message to take is corrupt."""
     out: list[Delivery] = []
     dead: list[Delivery] = []
@@ -161,6 +165,8 @@ def pop_queue(reader: Reader, cursor: Cursor, consumer: str, topic: str, queue_i
         else:
             flight = cursor.deliver(offset, now_ms, invisible_ms)
             out.append(_deliver(message, consumer, cursor, offset, flight.attempt))
+    if fifo and cursor.inflight:
+        return Popped(out, dead)
     earliest, end = reader.range(topic, queue_id)
     if cursor.next < earliest:
         cursor.skip_to(earliest)

@@ -115,6 +115,11 @@ class Groups:
         config = self._groups.get(group)
         return config.consume_mode if config else ConsumeMode.CLUSTERING
 
+    def is_fifo(self, group: str) -> bool:
+        """Whether the group consumes in message-group order (``GroupConfig.fifo``)."""
+        config = self._groups.get(group)
+        return config is not None and config.fifo
+
     def consumer(self, group: str, client_id: str) -> str:
         """Cursor owner: the group, or one client of a broadcast group."""
         if self.consume_mode(group) is ConsumeMode.BROADCAST:

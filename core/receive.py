@@ -39,7 +39,7 @@ class Receiver:
         while True:
             queues = self._queues(group.name, topic, client_id, queue_id)
             found = await self._pop(consumer, topic.name, queues, selector, invisible_ms, max_messages,
-                                    group.retry.max_attempts)
+                                    group.retry.max_attempts, group.fifo)
             now = now_ms()
             if found or now >= deadline or engine.closing or topic.name not in engine.topics:
                 engine.count_out(topic.name, found)
@@ -64,7 +64,7 @@ class Receiver:
         return [(start + i) % count for i in range(count)]
 
     async def _pop(self, consumer: str, topic: str, queues: list[int], selector: Filter,
-                   invisible_ms: int, limit: int, max_attempts: int) -> list[Delivery]:
+                   invisible_ms: int, limit: int, max_attempts: int, fifo: bool) -> list[Delivery]:
         engine = self._engine
         found: list[Delivery] = []
         now = now_ms()
@@ -73,7 +73,7 @@ class Receiver:
                 break
             cursor = engine.cursors.open((consumer, topic, q), self._start_offset(consumer, topic, q))
             popped = pop_queue(engine.reader, cursor, consumer, topic, q, selector, now, invisible_ms,
-                               limit - len(found), max_attempts)
+                               limit - len(found), max_attempts, fifo)
             found += popped.deliveries
             for message in popped.dead:
                 await dead_letter(engine, consumer, message)
@@ -110,6 +110,13 @@ class Receiver:
         """Settle a received message; ReceiptExpired if its invisible duration had ended."""
         _, _, cursor, offset = self._in_flight(group, topic, receipt_handle)
         cursor.ack(offset)
+        self._unblocked(group, topic, cursor)
+
+    def _unblocked(self, group: str, topic: str, cursor: Cursor) -> None:
+        """A FIFO group's queue with nothing left in flight may hand out its next messages:
+        wake the group's long polls."""
+        if not cursor.inflight and self._engine.groups.is_fifo(group):
+            self._engine.signals.notify(topic)
 
     def change_invisible(self, group: str, topic: str, receipt_handle: str, invisible_ms: int) -> str:
         """Hide a received message for ``invisible_ms`` from now; return its new receipt handle."""
@@ -126,3 +133,4 @@ class Receiver:
             attempt = cursor.inflight[offset].attempt
             await dead_letter(self._engine, consumer, dataclasses.replace(message, attempt=attempt))
         cursor.ack(offset)
+        self._unblocked(group, topic, cursor)

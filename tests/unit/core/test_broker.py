@@ -374,3 +374,30 @@ def test_sends_are_appended_in_the_order_made_while_a_topic_is_being_created(tmp
         messages, _ = core.queues.read("%SYS%q", 0, 10)
         assert [m.body for m in messages] == [b"m1", b"m2"]
     run_core(tmp_path, scenario)
+
+
+def test_a_fifo_group_gets_a_queues_next_messages_only_once_the_previous_ones_are_settled(tmp_path):
+    async def scenario(broker: Broker) -> None:
+        await topic(broker, queues=2)
+        await broker.create_group(SYSTEM, GroupConfig("ordered", fifo=True))
+        await broker.send(SYSTEM, [OutgoingMessage("orders", b"a%d" % i, message_group="a")
+                                   for i in range(5)])
+        first = await broker.receive(SYSTEM, "ordered", "orders", "c1", max_messages=2)
+        assert [d.body for d in first] == [b"a0", b"a1"]
+        assert await broker.receive(SYSTEM, "ordered", "orders", "c2") == []  # a1 still in flight
+        await broker.ack(SYSTEM, "ordered", "orders", first[0].receipt_handle)
+        assert await broker.receive(SYSTEM, "ordered", "orders", "c2") == []
+        waiting = asyncio.create_task(broker.receive(SYSTEM, "ordered", "orders", "c2",
+                                                     max_messages=2, wait_ms=10_000))
+        await asyncio.sleep(0)  # parked: the queue is blocked
+        await broker.ack(SYSTEM, "ordered", "orders", first[1].receipt_handle)
+        second = await asyncio.wait_for(waiting, 5)  # the ack woke it, long before 10 s
+        assert [d.body for d in second] == [b"a2", b"a3"]
+        retry = await broker.change_invisible(SYSTEM, "ordered", "orders", second[0].receipt_handle, 0)
+        await broker.ack(SYSTEM, "ordered", "orders", second[1].receipt_handle)
+        again = await broker.receive(SYSTEM, "ordered", "orders", "c1", max_messages=8)
+        assert [(d.body, d.attempt) for d in again] == [(b"a2", 2)]  # the retry before a4
+        assert retry != again[0].receipt_handle
+        plain = await broker.receive(SYSTEM, "plain", "orders", "c1", max_messages=8)
+        assert len(plain) == 5  # a group without fifo is not held back
+    run(tmp_path, scenario)
