@@ -5,12 +5,14 @@
   then ``pending`` messages due over ``spread_s`` seconds are scheduled, and a consumer reads
   them as they fall due: how late each arrived against the due time stamped in its body
   (p50, p99, max), and how many came early (must be none) or never.
+- **FIFO groups**: consuming (and acking) messages spread over 1,000 message groups with a
+  FIFO consumer group, beside the same workload without groups and a plain group.
 - **SQL92 filters**: the broker-side cost of evaluating 1, 10 and 100 subscriptions' SQL92
   expressions on one message (properties as a native producer sends them), beside a tag
   filter's, in the broker's own code (`core.filters`), per message and per subscription.
 
 The load generator is this process, separate from the broker (``sluice serve --flush sync``).
-FIFO groups, transactions and lite topics are not measured: they are not built yet.
+Transactions and lite topics are not measured: they are not built yet.
 """
 from __future__ import annotations
 
@@ -42,6 +44,7 @@ class Settings:
     pending: int = 100_000
     spread_s: float = 30.0
     filter_messages: int = 20_000
+    message_groups: int = 1_000
     subscription_counts: tuple[int, ...] = (1, 10, 100)
 
     @classmethod
@@ -148,6 +151,69 @@ async def _delayed(server: SluiceServer, settings: Settings, log: Log) -> list[s
     ]
 
 
+# ----------------------------------------------------------------------------- FIFO
+
+async def _consume_all(server: SluiceServer, topic: str, group: str, count: int) -> float:
+    """Receive and ack ``count`` messages with four receivers; messages per second."""
+    from sluice.client import ClientConfig, SimpleConsumer
+
+    config = ClientConfig(server.endpoint, *server.credentials, request_timeout=60)
+    done = 0
+    all_acked = asyncio.Event()
+    async with SimpleConsumer(config, group, {topic: "*"}, await_duration=1) as consumer:
+        async def reader() -> None:
+            nonlocal done
+            while True:
+                messages = await consumer.receive(32)
+                await asyncio.gather(*(consumer.ack(m) for m in messages))
+                done += len(messages)
+                if done >= count:
+                    all_acked.set()
+        started = time.perf_counter()
+        readers = [asyncio.create_task(reader()) for _ in range(4)]
+        try:
+            await asyncio.wait_for(all_acked.wait(), 300)
+            return count / (time.perf_counter() - started)
+        finally:
+            for task in readers:
+                task.cancel()
+            await asyncio.gather(*readers, return_exceptions=True)
+
+
+async def _fifo(server: SluiceServer, settings: Settings, log: Log) -> list[str]:
+    from sluice.client import ClientConfig, Message, Producer
+
+    config = ClientConfig(server.endpoint, *server.credentials, request_timeout=60)
+    rates: dict[bool, list[float]] = {True: [], False: []}
+    for round_ in range(settings.rounds):
+        for fifo in (False, True):
+            topic = group = f"fifo-{fifo}-{round_}"
+            server.create_topic(topic, queues=8)
+            server.create_group(group, fifo=fifo)
+            async with Producer(config, [topic]) as producer:
+                for start in range(0, settings.sends, settings.window):
+                    await asyncio.gather(*(
+                        producer.send(Message(topic, b"x" * settings.size, message_group=(
+                            f"g{i % settings.message_groups}" if fifo else "")))
+                        for i in range(start, min(start + settings.window, settings.sends))))
+            rates[fifo].append(await _consume_all(server, topic, group, settings.sends))
+            log(f"fifo round {round_ + 1}: {'FIFO' if fifo else 'plain'} {rates[fifo][-1]:,.0f} msg/s")
+    plain, ordered = statistics.median(rates[False]), statistics.median(rates[True])
+    return [
+        f"plain group, no message groups  {plain:>10,.0f} msg/s consumed and acked (median of {settings.rounds})",
+        f"FIFO group, {settings.message_groups:,} message groups {ordered:>10,.0f} msg/s ({ordered / plain:.2f}x plain)",
+    ]
+
+
+def fifo_groups(settings: Settings, workdir: Path, log: Log) -> tuple[str, list[str]]:
+    title = f"FIFO consumption (SDK, 8 queues, 4 receivers of 32, {settings.sends:,} messages)"
+    try:
+        with sluice_server(workdir / "fifo", log) as server:
+            return title, asyncio.run(_fifo(server, settings, log))
+    except ServerUnavailable as error:
+        return title, [f"skipped: {error}"]
+
+
 # ----------------------------------------------------------------------------- SQL92
 
 def _expression(index: int) -> str:
@@ -182,7 +248,7 @@ def sql92_filters(settings: Settings, workdir: Path, log: Log) -> tuple[str, lis
 
 
 Measurement = Callable[[Settings, Path, Log], tuple[str, list[str]]]
-MEASUREMENTS: list[Measurement] = [delayed_messages, sql92_filters]
+MEASUREMENTS: list[Measurement] = [delayed_messages, fifo_groups, sql92_filters]
 
 
 def run_section(settings: Settings, workdir: Path, log: Log) -> Report:

@@ -61,6 +61,10 @@ class SluiceServer:
         """Create topic ``name`` with ``queues`` queues through the admin API."""
         self._admin("POST", "/topics", {"name": name, "queue_count": queues})
 
+    def create_group(self, name: str, fifo: bool = False) -> None:
+        """Create consumer group ``name`` (``fifo``: consumes each message group in order)."""
+        self._admin("POST", "/groups", {"name": name, "fifo": fifo})
+
     def delete_topic(self, name: str) -> None:
         self._admin("DELETE", f"/topics/{name}")
 

@@ -116,13 +116,15 @@ def test_amqp_bench_smoke_run_compares_with_rabbitmq_or_says_why_not(tmp_path):
 
 def test_features_bench_smoke_run_measures_delays_and_filters(tmp_path):
     """The features section runs in its smoke mode: delayed sends beside plain ones, delivery
-    against due time with nothing early or missing, and SQL92 cost per subscription count."""
+    against due time with nothing early or missing, FIFO consumption beside plain, and SQL92
+    cost per subscription count."""
     done = subprocess.run([sys.executable, "-m", "bench", "features", "--quick", "--data-dir", str(tmp_path)],
                           cwd=ROOT, capture_output=True, text=True, timeout=240)
     assert done.returncode == 0, done.stderr
     out = done.stdout
     assert re.search(r"delayed sends +[\d,]+ msg/s \([\d.]+x plain\)", out), out
     assert re.search(r"p50 \d+ ms, p99 \d+ ms, max \d+ ms; early 0, missing 0", out), out
+    assert re.search(r"FIFO group, 1,000 message groups +[\d,]+ msg/s \([\d.]+x plain\)", out), out
     for count in (1, 10, 100):
         assert re.search(rf"SQL92, +{count} subscriptions +[\d.]+ us per message", out), out
     assert list(tmp_path.iterdir()) == [], "benchmark files are removed afterwards"
