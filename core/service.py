@@ -22,7 +22,8 @@ from .auth import Users
 from .clock import now_ms
 from .consume import pull_queue, to_delivery
 from .engine import Engine
-from .errors import AccessDenied, InvalidArgument, MessageNotFound, NotRecallable, Unavailable
+from .errors import (AccessDenied, CorruptMessage, InvalidArgument, MessageNotFound, NotRecallable,
+                     Unavailable)
 from .filters import parse_filter
 from .memory_alarm import MemoryAlarm
 from .model import (INTERNAL_PREFIX, SUBJECT_PROPERTY, Action, Delivery, GroupConfig, GroupStats,
@@ -465,6 +466,40 @@ class Broker:
             raise MessageNotFound(f"no message has id {msg_id!r}; it may have aged out with retention")
         self._allow(principal, Action.SUBSCRIBE, ResourceKind.TOPIC, stored.topic)
         return to_delivery(stored)
+
+    def find_in_time(self, principal: Principal, topic: str, start_ms: int, end_ms: int,
+                     limit: int = 32) -> list[Delivery]:
+        """Messages of ``topic`` stored from ``start_ms`` to ``end_ms`` (inclusive), oldest
+        first, at most ``limit`` (1-1000): each queue is entered at its first message stored at
+        or after ``start_ms`` (the consume queue's time index) and read forward."""
+        self._allow(principal, Action.SUBSCRIBE, ResourceKind.TOPIC, topic)
+        config = self._topics.get(topic)
+        if end_ms < start_ms:
+            raise InvalidArgument(f"the range ends ({end_ms}) before it starts ({start_ms})")
+        if not 1 <= limit <= 1000:
+            raise InvalidArgument(f"limit {limit} is out of range: use 1-1000")
+        reader, store = self._engine.reader, self._engine.store
+        found: list[Delivery] = []
+        for queue_id in range(config.queue_count):
+            earliest, end = reader.range(topic, queue_id)
+            offset = max(earliest, store.offset_for_time(topic, queue_id, start_ms))
+            taken = 0
+            while offset < end and taken < limit:
+                try:
+                    batch = reader.read(topic, queue_id, offset, min(64, end - offset))
+                except CorruptMessage:
+                    offset += 1  # logged by the reader; the rest of the range is still found
+                    continue
+                if not batch:
+                    break
+                in_range = [m for m in batch if m.store_ts <= end_ms]
+                found += in_range
+                taken += len(in_range)
+                if len(in_range) < len(batch):
+                    break
+                offset = batch[-1].queue_offset + 1
+        found.sort(key=lambda m: (m.store_ts, m.queue_id, m.queue_offset))
+        return found[:limit]
 
     def lookup_key(self, principal: Principal, topic: str, key: str, limit: int = 32) -> list[Delivery]:
         """Messages of ``topic`` carrying business key ``key``, newest first."""

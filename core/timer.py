@@ -113,6 +113,9 @@ class DelayTimer:
         self._wake = asyncio.Event()
         self._task: asyncio.Task | None = None
         self._closing = False
+        self._loading: int | None = None
+        """The minute being loaded, and entries sent to it meanwhile (`_add`)."""
+        self._loading_added: list[Key] = []
         self.fired_count = 0
 
     def _load_mark(self) -> Key:
@@ -192,7 +195,10 @@ class DelayTimer:
                 self._pending_set.add(bucket)
                 heapq.heappush(self._pending, bucket)
         elif key[2] >= loaded_end:
-            heapq.heappush(self._heap, key)
+            if bucket == self._loading:  # fired only with the rest of its minute
+                self._loading_added.append(key)
+            else:
+                heapq.heappush(self._heap, key)
         if not self._heap or key <= self._heap[0] or bucket * 1000 - LOAD_AHEAD_MS <= clock.now_ms():
             self._wake.set()
 
@@ -228,16 +234,18 @@ class DelayTimer:
             while self._pending and self._pending[0] * 1000 - LOAD_AHEAD_MS <= now:
                 bucket = heapq.heappop(self._pending)
                 self._pending_set.discard(bucket)
-                await self._load(bucket)
-            if self._heap and self._heap[0][0] <= now:
                 try:
-                    await self._fire(now)
-                except SluiceError as error:
-                    log.warning("delayed messages could not be sent (%s); retrying in 1 s", error)
+                    await self._load(bucket)
+                except Exception:  # noqa: BLE001 - read again in a second; the timer goes on
+                    log.exception("the timer could not read minute %d; retrying in 1 s", bucket)
+                    self._loaded.pop(bucket, None)
+                    self._loading, self._loading_added = None, []
+                    self._pending_set.add(bucket)
+                    heapq.heappush(self._pending, bucket)
                     await asyncio.sleep(1)
-                except Exception:  # noqa: BLE001 - the timer must go on firing
-                    log.exception("the timer failed to send delayed messages; retrying in 1 s")
-                    await asyncio.sleep(1)
+                    break
+            if self._heap and self._heap[0][0] <= now:
+                await self._fire_due(now)
                 continue
             self._forget_past(now)
             wait = 1.0
@@ -251,6 +259,17 @@ class DelayTimer:
             except TimeoutError:
                 pass
 
+    async def _fire_due(self, now: int) -> None:
+        """Fire one batch of what is due; a failure is logged and retried after a second."""
+        try:
+            await self._fire(now)
+        except SluiceError as error:
+            log.warning("delayed messages could not be sent (%s); retrying in 1 s", error)
+            await asyncio.sleep(1)
+        except Exception:  # noqa: BLE001 - the timer must go on firing
+            log.exception("the timer failed to send delayed messages; retrying in 1 s")
+            await asyncio.sleep(1)
+
     def _forget_past(self, now: int) -> None:
         """Drop what the timer keeps of minutes that ended (nothing can be added to them; what
         was due in them has fired)."""
@@ -262,10 +281,12 @@ class DelayTimer:
             self._recalled = {entry for entry in self._recalled if entry[0] not in done}
 
     async def _load(self, bucket: int) -> None:
-        """Read a minute's entries and tombstones into the heap, chunk by chunk."""
+        """Read a minute's entries and tombstones into the heap, chunk by chunk, firing what
+        falls due meanwhile."""
         topic = bucket_topic(bucket)
         start, end = self._reader.range(topic, 0)
         self._loaded[bucket] = end
+        self._loading = bucket
         entries: list[Key] = []
         offset = start
         while offset < end:
@@ -287,7 +308,16 @@ class DelayTimer:
                     if key > self._fired:
                         entries.append(key)
             offset = chunk[-1].queue_offset + 1
-            await asyncio.sleep(0)  # a large minute does not stall the loop
+            # What is due in minutes loaded before fires meanwhile. This minute's entries wait
+            # for the whole minute: fired in order, none may pass one not read yet.
+            now = clock.now_ms()
+            if self._heap and self._heap[0][0] <= now:
+                await self._fire_due(now)
+            else:
+                await asyncio.sleep(0)  # a large minute does not stall the loop
+        self._loading = None
+        entries += self._loading_added
+        self._loading_added = []
         for key in entries:
             heapq.heappush(self._heap, key)
         if entries:

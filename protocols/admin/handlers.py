@@ -227,13 +227,20 @@ async def delete_topic(request: web.Request, principal: Principal) -> None:
     await deps(request).broker.delete_topic(principal, request.match_info["topic"])
 
 
-async def messages_by_key(request: web.Request, principal: Principal) -> list[dict[str, Any]]:
+async def topic_messages(request: web.Request, principal: Principal) -> list[dict[str, Any]]:
+    """Messages of a topic by business key (``?key=``), or stored in a time range
+    (``?from=&to=``, ms since the epoch; ``to`` defaults to now)."""
     key = request.query.get("key")
-    if not key:
-        raise HttpProblem(400, "missing_query", "pass the business key to look up: ?key=KEY")
-    found = deps(request).broker.lookup_key(principal, request.match_info["topic"], key,
-                                           limit=query_int(request, "limit", 32))
-    return [message_json(m) for m in found]
+    topic, limit = request.match_info["topic"], query_int(request, "limit", 32)
+    broker = deps(request).broker
+    if key:
+        return [message_json(m) for m in broker.lookup_key(principal, topic, key, limit=limit)]
+    if "from" in request.query:
+        start = query_int(request, "from", 0)
+        end = query_int(request, "to", int(time.time() * 1000))
+        return [message_json(m) for m in broker.find_in_time(principal, topic, start, end, limit)]
+    raise HttpProblem(400, "missing_query", "pass the business key to look up (?key=KEY) or a "
+                      "time range in ms since the epoch (?from=MS&to=MS)")
 
 
 async def message_by_id(request: web.Request, principal: Principal) -> dict[str, Any]:

@@ -175,14 +175,14 @@ def group_reset(client: AdminClient, args: argparse.Namespace) -> int:
     return 0
 
 
-def parse_time(text: str) -> int:
+def parse_time(text: str, option: str = "--time") -> int:
     """Milliseconds since the epoch, or an ISO 8601 date/time (local time if no zone)."""
     if text.isdigit():
         return int(text)
     try:
         return int(datetime.fromisoformat(text).timestamp() * 1000)
     except ValueError:
-        raise CliError(f"--time {text!r} is neither milliseconds since the epoch nor an ISO date "
+        raise CliError(f"{option} {text!r} is neither milliseconds since the epoch nor an ISO date "
                        "such as 2024-05-01T12:00:00", code=2) from None
 
 
@@ -203,6 +203,22 @@ def message_get(client: AdminClient, args: argparse.Namespace) -> int:
     elif not found:
         print(f"no message on topic {args.topic} has key {args.key!r}")
     for message in [] if args.json else found:
+        print(render_message(message))
+    return 0
+
+
+def message_find(client: AdminClient, args: argparse.Namespace) -> int:
+    start = parse_time(args.since, "--from")
+    query = {"from": start, "limit": args.limit}
+    if args.until is not None:
+        query["to"] = parse_time(args.until, "--to")
+    found = client.call("GET", f"/topics/{args.topic}/messages", query=query)
+    if args.json:
+        print(json.dumps(found, indent=2, ensure_ascii=False))
+        return 0
+    if not found:
+        print(f"no message of topic {args.topic} was stored in that time range")
+    for message in found:
         print(render_message(message))
     return 0
 
@@ -392,6 +408,13 @@ def _message_commands(c: Commands) -> None:
     sub.add_argument("msg_id", nargs="?", metavar="MSG_ID")
     sub.add_argument("--topic", help="topic to search by key")
     sub.add_argument("--key", help="business key (needs --topic)")
+    sub.add_argument("--limit", type=int, default=32, help="at most this many (default: %(default)s)")
+    sub = c.add(message, "find", "Show the messages of a topic stored in a time range, oldest first.",
+                message_find)
+    sub.add_argument("topic", metavar="TOPIC")
+    sub.add_argument("--from", dest="since", required=True,
+                     help="first store time: ms since the epoch, or ISO 8601 (2024-05-01T12:00:00)")
+    sub.add_argument("--to", dest="until", help="last store time, as --from (default: now)")
     sub.add_argument("--limit", type=int, default=32, help="at most this many (default: %(default)s)")
 
 

@@ -10,6 +10,7 @@ import asyncio
 import base64
 import json
 import threading
+import time
 import urllib.error
 import urllib.request
 from dataclasses import replace
@@ -232,8 +233,28 @@ def test_messages_by_id_and_by_key(http, broker):
     assert status == 200 and {m["msg_id"] for m in found} == {text_id, binary_id}
     assert http("GET", "/topics/lookups/messages?key=nobody")[1] == []
     status, body, _ = http("GET", "/topics/lookups/messages")
-    assert status == 400 and "?key=" in body["message"]
+    assert status == 400 and "?key=" in body["message"] and "?from=" in body["message"]
     assert http("GET", "/messages/00000000000000000000000000000000")[0] == 404
+
+
+def test_messages_by_time_range_oldest_first_across_queues(http, broker):
+    http("POST", "/topics", {"name": "ranged", "queue_count": 3})
+    first = [send(broker, "ranged", f"early-{i}".encode()) for i in range(4)]
+    status, stored, _ = http("GET", f"/messages/{first[-1]}")
+    middle = stored["store_ts"] + 1
+    while int(time.time() * 1000) <= middle:  # the next sends are stored after ``middle``
+        http("GET", "/health")
+    later = [send(broker, "ranged", f"late-{i}".encode()) for i in range(4)]
+
+    status, found, _ = http("GET", f"/topics/ranged/messages?from={middle}")
+    assert status == 200 and [m["msg_id"] for m in found] == later
+    status, found, _ = http("GET", f"/topics/ranged/messages?from=0&to={middle}")
+    assert [m["msg_id"] for m in found] == first
+    status, found, _ = http("GET", "/topics/ranged/messages?from=0&limit=5")
+    assert [m["msg_id"] for m in found] == (first + later)[:5]
+    assert [m["store_ts"] for m in found] == sorted(m["store_ts"] for m in found)
+    status, body, _ = http("GET", f"/topics/ranged/messages?from={middle}&to=0")
+    assert status == 400 and "before it starts" in body["message"]
 
 
 # --- groups ---

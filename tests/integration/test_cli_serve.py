@@ -90,6 +90,11 @@ def test_serve_prints_every_endpoint_and_survives_a_restart(server, data_dir, sl
         assert "body: the keyed one" in found
         numbered = sluice("message", "get", "--topic", "orders", "--key", "batch-42", *admin).stdout
         assert "body: order 42" in numbered
+        ranged = sluice("message", "find", "orders", "--from", "2000-01-01T00:00:00", "--limit", "3",
+                        *admin).stdout
+        assert ranged.count("body: ") == 3
+        assert "no message" in sluice("message", "find", "orders", "--from", "1", "--to", "2",
+                                      *admin).stdout
         described = json.loads(sluice("group", "describe", "billing", "--json", *admin).stdout)
         assert described["total_lag"] == 0, "committed offsets survive the restart"
         assert "not created (users exist)" in "".join(again.output)
@@ -253,12 +258,16 @@ def test_an_interrupted_send_says_how_many_it_sent(server):
     assert "Traceback" not in err
 
 
-def test_consuming_a_missing_topic_leaves_no_group_behind(server):
+def test_consuming_a_missing_topic_leaves_no_group_behind(sluice_server, data_dir):
+    """With topics not created on first use (a route lookup by a user who may publish creates
+    one otherwise), a consumer's typo is an error and leaves nothing behind."""
+    server = sluice_server(data_dir, config=CONFIG + "[core]\nauto_create_topics = false\n")
     server.wait_ready()
     done = sluice("consume", "no-such-topic", "--group", "typo-group", "--wait", "1",
                   "--server", server.native, check=False)
     assert done.returncode == 1 and "no-such-topic" in done.stderr
     assert "typo-group" not in sluice("group", "list", "--admin", server.admin).stdout
+    assert "no-such-topic" not in sluice("topic", "list", "--admin", server.admin).stdout
 
 
 def test_topic_list_hides_internal_topics_unless_asked(server):

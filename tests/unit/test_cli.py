@@ -70,7 +70,7 @@ def test_every_leaf_command_has_help(capsys):
     from sluice.cli.main import build_parser
 
     leaves = list(leaf_commands(build_parser()))
-    for expected in [("serve",), ("topic", "create"), ("group", "reset-offset"), ("message", "get"),
+    for expected in [("serve",), ("topic", "create"), ("group", "reset-offset"), ("message", "get"), ("message", "find"),
                      ("user", "grant"), ("send",), ("consume",), ("store", "verify")]:
         assert expected in leaves
     for leaf in leaves:
