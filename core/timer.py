@@ -100,6 +100,9 @@ class DelayTimer:
         self.max_delay_ms = max_delay_ms
         self._fired: Key = self._load_mark()
         """Every entry at or before this key has fired."""
+        self._saved: Key = self._fired
+        """The mark on disk."""
+        self._saving: asyncio.Task | None = None
         self._pending: list[int] = []
         """Heap of the minutes not loaded yet that may hold entries (``_pending_set`` too)."""
         self._pending_set: set[int] = set()
@@ -136,7 +139,7 @@ class DelayTimer:
         self._task = asyncio.create_task(self._run())
 
     async def close(self) -> None:
-        """Stop firing, after the batch being sent (if any) is recorded."""
+        """Stop firing, after the batch being sent (if any) is sent and the mark recorded."""
         self._closing = True
         self._wake.set()
         if self._task is not None:
@@ -145,6 +148,8 @@ class DelayTimer:
             except TimeoutError:
                 self._task.cancel()
                 await asyncio.gather(self._task, return_exceptions=True)
+        if self._saving is not None:
+            await asyncio.gather(self._saving, return_exceptions=True)
 
     @property
     def pending_minutes(self) -> int:
@@ -355,7 +360,8 @@ class DelayTimer:
             self._firing -= entries
         self.fired_count += len(batch)
         self._fired = max(self._fired, last)
-        await self._save_mark()
+        if self._saving is None or self._saving.done():
+            self._saving = asyncio.create_task(self._save_marks())
 
     async def _send(self, messages: list[OutgoingMessage]) -> None:
         """Send a batch; if part of it can no longer be sent (its topic was deleted), send the
@@ -374,13 +380,19 @@ class DelayTimer:
                 log.error("delayed message %s for topic %r is dropped: %s", message.msg_id,
                           message.topic, error)
 
-    async def _save_mark(self) -> None:
-        data = json.dumps({"version": 1, "fired_through": list(self._fired)}).encode()
-        try:
-            await asyncio.to_thread(replace_file, self._path, data)
-        except OSError as error:  # the copies are durable; a restart may fire them again
-            log.error("could not record the timer's progress (%s); after a restart the "
-                      "messages fired since the last record are sent again", error)
+    async def _save_marks(self) -> None:
+        """Record the newest mark until none is newer than the one on disk (one write at a
+        time, beside the firing: the next batch does not wait for this fsync)."""
+        while self._saved != self._fired:
+            mark = self._fired
+            data = json.dumps({"version": 1, "fired_through": list(mark)}).encode()
+            try:
+                await asyncio.to_thread(replace_file, self._path, data)
+            except OSError as error:  # the copies are durable; a restart may fire them again
+                log.error("could not record the timer's progress (%s); after a restart the "
+                          "messages fired since the last record are sent again", error)
+                return
+            self._saved = mark
 
 
 def _due_message(properties: Mapping[str, str], body: bytes, tag: str, keys: Sequence[str],
