@@ -146,14 +146,14 @@ class _Parser:
         while self.accept("OR"):
             self.node(depth)
             terms.append(self.conjunction(depth))
-        return terms[0] if len(terms) == 1 else _any(terms)
+        return terms[0] if len(terms) == 1 else _junction(terms, True)
 
     def conjunction(self, depth: int) -> Evaluate:
         terms = [self.negation(depth)]
         while self.accept("AND"):
             self.node(depth)
             terms.append(self.negation(depth))
-        return terms[0] if len(terms) == 1 else _all(terms)
+        return terms[0] if len(terms) == 1 else _junction(terms, False)
 
     def negation(self, depth: int) -> Evaluate:
         self.node(depth)
@@ -176,7 +176,7 @@ class _Parser:
             low = self.operand()
             self.expect("AND", "between the bounds of BETWEEN")
             high = self.operand()
-            test = _all([_compare(left, ">=", low), _compare(left, "<=", high)])
+            test = _junction([_compare(left, ">=", low), _compare(left, "<=", high)], False)
         elif self.accept("IN"):
             test = self.membership(left)
         elif self.accept("IS"):
@@ -334,28 +334,18 @@ def _not(inner: Evaluate) -> Evaluate:
     return negate
 
 
-def _all(terms: list[Evaluate]) -> Evaluate:
-    def conjunction(tag: str, properties: Mapping[str, str]) -> bool | None:
+def _junction(terms: list[Evaluate], decisive: bool) -> Evaluate:
+    """AND (``decisive`` False) or OR (True) in three-valued logic: a term equal to
+    ``decisive`` decides; otherwise any unknown term makes the result unknown."""
+    def evaluate(tag: str, properties: Mapping[str, str]) -> bool | None:
         unknown = False
         for term in terms:
             result = term(tag, properties)
-            if result is False:
-                return False
+            if result is decisive:
+                return decisive
             unknown |= result is None
-        return None if unknown else True
-    return conjunction
-
-
-def _any(terms: list[Evaluate]) -> Evaluate:
-    def disjunction(tag: str, properties: Mapping[str, str]) -> bool | None:
-        unknown = False
-        for term in terms:
-            result = term(tag, properties)
-            if result is True:
-                return True
-            unknown |= result is None
-        return None if unknown else False
-    return disjunction
+        return None if unknown else not decisive
+    return evaluate
 
 
 def compile_sql92(expression: str) -> Evaluate:
