@@ -104,7 +104,8 @@ class AmqpAdapter:
         self.conn = ServerConnection(host.options.connection_options(), time.monotonic())
         self.flow = FlowControl(wire, MAX_PENDING_METHODS)
         self.gate = WriteGate()
-        self.publishing = PublishPipeline(MAX_PENDING_METHODS)
+        self.publishing = PublishPipeline(MAX_PENDING_METHODS, lambda error: self.kick(
+            ReplyCode.INTERNAL_ERROR, "publishes could not be stored; resend the unconfirmed ones"))
         """Publish batches waiting for durability while the next ones are read and stored."""
         self.loop = asyncio.get_running_loop()
         self.principal: Principal | None = None

@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import deque
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 log = logging.getLogger(__name__)
@@ -25,8 +25,11 @@ log = logging.getLogger(__name__)
 class PublishPipeline:
     """The batches of one connection being stored, oldest first."""
 
-    def __init__(self, limit: int) -> None:
+    def __init__(self, limit: int, on_failure: Callable[[BaseException], None]) -> None:
+        """``on_failure(error)``: a batch failed unexpectedly (a bug): its publishers were told
+        nothing, so the connection must be closed for them to resend."""
         self.limit = limit
+        self._on_failure = on_failure
         self._batches: deque[tuple[asyncio.Task[None], int]] = deque()
         self._messages = 0
 
@@ -58,7 +61,9 @@ class PublishPipeline:
 
     def _finished(self, task: asyncio.Task[None]) -> None:
         if not task.cancelled() and task.exception() is not None:
-            log.error("storing AMQP publishes failed", exc_info=task.exception())
+            log.error("storing AMQP publishes failed; closing the connection",
+                      exc_info=task.exception())
+            self._on_failure(task.exception())
         self._prune()
 
     def _prune(self) -> bool:

@@ -25,7 +25,7 @@ def test_the_next_batch_is_stored_while_the_previous_one_waits_and_drain_waits_f
 
 
 async def _overlap() -> None:
-    pipeline, log = PublishPipeline(limit=100), []
+    pipeline, log = PublishPipeline(limit=100, on_failure=_unexpected), []
     first, second = asyncio.Event(), asyncio.Event()
     await asyncio.wait_for(pipeline.submit(stored(first, log, "a"), 10), 1)
     await asyncio.wait_for(pipeline.submit(stored(second, log, "b"), 10), 1)
@@ -45,7 +45,7 @@ def test_beyond_the_limit_the_reader_waits_for_the_oldest_batch():
 
 
 async def _limit() -> None:
-    pipeline, log = PublishPipeline(limit=15), []
+    pipeline, log = PublishPipeline(limit=15, on_failure=_unexpected), []
     first, second = asyncio.Event(), asyncio.Event()
     await pipeline.submit(stored(first, log, "a"), 10)
     submitting = asyncio.ensure_future(pipeline.submit(stored(second, log, "b"), 10))
@@ -57,13 +57,15 @@ async def _limit() -> None:
     await asyncio.wait_for(pipeline.drain(), 1)
 
 
-def test_a_failing_batch_is_logged_and_the_others_go_on(caplog):
-    asyncio.run(_failing())
+def test_a_failing_batch_is_logged_reported_and_the_others_go_on(caplog):
+    failures = asyncio.run(_failing())
     assert "storing AMQP publishes failed" in caplog.text
+    assert [str(error) for error in failures] == ["boom"]
 
 
-async def _failing() -> None:
-    pipeline = PublishPipeline(limit=100)
+async def _failing() -> list[BaseException]:
+    failures: list[BaseException] = []
+    pipeline = PublishPipeline(limit=100, on_failure=failures.append)
 
     async def failing() -> None:
         raise RuntimeError("boom")
@@ -71,3 +73,8 @@ async def _failing() -> None:
     await pipeline.submit(failing(), 1)
     await pipeline.submit(asyncio.sleep(0), 1)
     await asyncio.wait_for(pipeline.drain(), 1)
+    return failures
+
+
+def _unexpected(error: BaseException) -> None:
+    raise AssertionError(f"no batch should fail here: {error!r}")
