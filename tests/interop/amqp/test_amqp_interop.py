@@ -25,7 +25,7 @@ KNOWN: dict[tuple[str, str], tuple[Callable[[str], Any], str]] = {
         lambda kind: ("connection", 503, "COMMAND_INVALID - unknown exchange type "
                       "'x-no-such-type'") if kind == "rabbitmq" else (
             "channel", 406, "PRECONDITION_FAILED - unknown exchange type 'x-no-such-type'; "
-            "Sluice has direct, fanout, topic and headers"),
+            "Sluice has direct, fanout, topic, headers and x-delayed-message"),
         "RabbitMQ before 3.13 (Debian ships 3.10) closes the connection with 503; 3.13 and 4 "
         "close the channel with 406, as Sluice does"),
     ("prefetch_scopes", "qos raised while consuming: ready left"): (
