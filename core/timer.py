@@ -119,14 +119,18 @@ class DelayTimer:
         self._loading: int | None = None
         """The minute being loaded, and entries sent to it meanwhile (`_add`)."""
         self._loading_added: list[Key] = []
-        self.fired_count = 0
 
     def _load_mark(self) -> Key:
+        """The recorded mark; none (everything pending fires) without a readable file."""
         try:
             with open(self._path, "rb") as f:
                 due, bucket, offset = json.load(f)["fired_through"]
             return int(due), int(bucket), int(offset)
         except FileNotFoundError:
+            return -1, -1, -1
+        except (OSError, ValueError, KeyError, TypeError) as error:
+            log.error("%s is unreadable (%s); every delayed message still in the log that is "
+                      "due fires again (at least once)", self._path, error)
             return -1, -1, -1
 
     def start(self, queues: Sequence[tuple[str, int]]) -> None:
@@ -150,11 +154,6 @@ class DelayTimer:
                 await asyncio.gather(self._task, return_exceptions=True)
         if self._saving is not None:
             await asyncio.gather(self._saving, return_exceptions=True)
-
-    @property
-    def pending_minutes(self) -> int:
-        """Minutes with entries not yet loaded (for stats)."""
-        return len(self._pending)
 
     # --- scheduling and recall ---
 
@@ -358,7 +357,6 @@ class DelayTimer:
             raise
         finally:
             self._firing -= entries
-        self.fired_count += len(batch)
         self._fired = max(self._fired, last)
         if self._saving is None or self._saving.done():
             self._saving = asyncio.create_task(self._save_marks())

@@ -141,3 +141,18 @@ def test_pending_messages_survive_a_restart_and_fired_ones_do_not_fire_again(tmp
     run_core(tmp_path, before, store="file")
     time.sleep(1.5)  # the broker stays down while a message falls due (time passing is the point)
     run_core(tmp_path, after, store="file")
+
+
+def test_an_unreadable_mark_is_logged_and_pending_messages_still_fire(tmp_path, caplog):
+    async def before(core) -> None:
+        await topic(core.broker, queues=1)
+        await core.broker.send(SYSTEM, [OutgoingMessage("orders", b"later", delivery_ts=in_ms(500))])
+
+    async def after(core) -> None:
+        got = await receive_all(core.broker, 1)
+        assert [d.body for d in got] == [b"later"]
+
+    run_core(tmp_path, before, store="file")
+    (tmp_path / timer.FILE_NAME).write_text("{not json")
+    run_core(tmp_path, after, store="file")
+    assert "timer.json is unreadable" in caplog.text
