@@ -21,11 +21,12 @@ import contextlib
 import statistics
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from .native_workloads import percentiles
 from .processes import ServerUnavailable, group_cpu_seconds
+from .report import MeasuredSection, Measurement, run_measurements
 from .sluice_server import SluiceServer, sluice_server
 
 Log = Callable[[str], None]
@@ -48,18 +49,6 @@ class Settings:
     @classmethod
     def smoke(cls) -> Settings:
         return cls(sends=500, rounds=1, pending=2_000, spread_s=3.0, filter_messages=200)
-
-
-@dataclass
-class Report:
-    settings: Settings
-    sections: list[tuple[str, list[str]]] = field(default_factory=list)
-
-    def render(self) -> str:
-        lines = ["features benchmark: RocketMQ 5 message features"]
-        for title, body in self.sections:
-            lines += [f"  {title}", *(f"    {line}" for line in body)]
-        return "\n".join(lines)
 
 
 # ----------------------------------------------------------------------------- delayed
@@ -274,12 +263,10 @@ def sql92_filters(settings: Settings, workdir: Path, log: Log) -> tuple[str, lis
         return title, [f"skipped: {error}"]
 
 
-Measurement = Callable[[Settings, Path, Log], tuple[str, list[str]]]
 MEASUREMENTS: list[Measurement] = [delayed_messages, fifo_groups, sql92_filters]
+"""Run in order; each returns (title, result lines)."""
 
 
-def run_section(settings: Settings, workdir: Path, log: Log) -> Report:
-    report = Report(settings)
-    for measure in MEASUREMENTS:
-        report.sections.append(measure(settings, workdir, log))
-    return report
+def run_section(settings: Settings, workdir: Path, log: Log) -> MeasuredSection:
+    """Every measurement of the section; ``workdir`` is for measurements that need files."""
+    return run_measurements("features benchmark: RocketMQ 5 message features", MEASUREMENTS, settings, workdir, log)

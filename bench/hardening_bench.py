@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from protocols.mqtt.codec import Decoder
@@ -23,6 +23,7 @@ from protocols.mqtt.properties import varint
 from store.api import StoreConfig
 
 from . import session_footprint
+from .report import MeasuredSection, Measurement, run_measurements
 
 Log = Callable[[str], None]
 LINEAR_SPREAD = 3.0
@@ -41,18 +42,6 @@ class Settings:
     @classmethod
     def smoke(cls) -> Settings:
         return cls(repeats=1, sessions=500)
-
-
-@dataclass
-class Report:
-    settings: Settings
-    sections: list[tuple[str, list[str]]] = field(default_factory=list)
-
-    def render(self) -> str:
-        lines = ["hardening benchmark: what hostile input costs"]
-        for title, body in self.sections:
-            lines += [f"  {title}", *(f"    {line}" for line in body)]
-        return "\n".join(lines)
 
 
 def publish_with_user_properties(count: int) -> bytes:
@@ -115,14 +104,11 @@ def persistent_sessions(settings: Settings, workdir: Path, log: Log) -> tuple[st
     return f"{result.count:,} persistent MQTT sessions, each with a stored message", lines
 
 
-Measurement = Callable[[Settings, Path, Log], tuple[str, list[str]]]
 MEASUREMENTS: list[Measurement] = [property_decoding, persistent_sessions]
 """Run in order; each returns (title, result lines)."""
 
 
-def run_section(settings: Settings, workdir: Path, log: Log) -> Report:
+def run_section(settings: Settings, workdir: Path, log: Log) -> MeasuredSection:
     """Every measurement of the section; ``workdir`` is for measurements that need files."""
-    report = Report(settings)
-    for measure in MEASUREMENTS:
-        report.sections.append(measure(settings, workdir, log))
-    return report
+    return run_measurements("hardening benchmark: what hostile input costs", MEASUREMENTS,
+                            settings, workdir, log)

@@ -1,8 +1,11 @@
-"""Benchmark samples, medians over repeated runs, and the printed results tables."""
+"""Benchmark samples, medians over repeated runs, and the printed results tables; sections
+made of independent measurements (`run_measurements`)."""
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
 
 MB = 1_000_000
 """MB/s in the tables is 10^6 bytes per second."""
@@ -126,3 +129,30 @@ def _render_targets(targets: list[Target]) -> str:
     header = ["target", "measured", "goal", "result"]
     lines = [[t.name, t.value, t.goal, "PASS" if t.passed else "MISS"] for t in targets]
     return _table(header, lines, right=lambda i: i in (1, 2))
+
+
+@dataclass
+class MeasuredSection:
+    """A section made of measurements, each a title and its result lines."""
+
+    title: str
+    parts: list[tuple[str, list[str]]] = field(default_factory=list)
+
+    def render(self) -> str:
+        lines = [self.title]
+        for title, body in self.parts:
+            lines += [f"  {title}", *(f"    {line}" for line in body)]
+        return "\n".join(lines)
+
+
+Measurement = Callable[[Any, Path, Callable[[str], None]], tuple[str, list[str]]]
+"""(settings, work directory, log) -> (title, result lines)."""
+
+
+def run_measurements(title: str, measurements: Sequence[Measurement], settings: Any,
+                     workdir: Path, log: Callable[[str], None]) -> MeasuredSection:
+    """Run each measurement in order; ``workdir`` is for those that need files."""
+    section = MeasuredSection(title)
+    for measure in measurements:
+        section.parts.append(measure(settings, workdir, log))
+    return section

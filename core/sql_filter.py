@@ -142,18 +142,19 @@ class _Parser:
         return result
 
     def disjunction(self, depth: int) -> Evaluate:
-        terms = [self.conjunction(depth)]
-        while self.accept("OR"):
-            self.node(depth)
-            terms.append(self.conjunction(depth))
-        return terms[0] if len(terms) == 1 else _junction(terms, True)
+        return self._joined(depth, "OR", self.conjunction, True)
 
     def conjunction(self, depth: int) -> Evaluate:
-        terms = [self.negation(depth)]
-        while self.accept("AND"):
+        return self._joined(depth, "AND", self.negation, False)
+
+    def _joined(self, depth: int, keyword: str, operand: Callable[[int], Evaluate],
+                decisive: bool) -> Evaluate:
+        """Operands joined by ``keyword``: OR (``decisive`` True) or AND."""
+        terms = [operand(depth)]
+        while self.accept(keyword):
             self.node(depth)
-            terms.append(self.negation(depth))
-        return terms[0] if len(terms) == 1 else _junction(terms, False)
+            terms.append(operand(depth))
+        return terms[0] if len(terms) == 1 else _junction(terms, decisive)
 
     def negation(self, depth: int) -> Evaluate:
         self.node(depth)
