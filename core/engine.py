@@ -1,5 +1,5 @@
 """What core's faces share: one store with its writer and reader, the topic and group
-registries, cursors, fan-out, the delay timer, and the timers that save offsets, expire
+registries, cursors, fan-out, the delay timer, open transactions, and the timers that save offsets, expire
 members and apply retention.
 
 ``core.assembly.Core`` builds one and hands it to the faces (``Broker``, ``NamedQueues``,
@@ -30,6 +30,7 @@ from .settings import CoreConfig
 from .timer import DelayTimer
 from .topic_map import SubjectTopics
 from .topics import Topics
+from .transactions import Transactions
 
 log = logging.getLogger(__name__)
 
@@ -66,6 +67,7 @@ class Engine:
         self.waiters: DurableWaiters
         self.reader: Reader
         self.timer: DelayTimer
+        self.transactions: Transactions
         self._retention_floors: dict[tuple[str, int], int] = {}
         """(topic, queue) -> first offset within the topic's own retention limit."""
         self._tasks: list[asyncio.Task] = []
@@ -95,6 +97,9 @@ class Engine:
         self.groups.load(groups, subscriptions)
         self.memory.start()
         self.timer.start(await asyncio.to_thread(store.queues))
+        self.transactions = Transactions(self.producer, self.reader, store.lookup_id,
+                                         self.topics.get, self._data_dir, self.config)
+        await self.transactions.start()
         self._tasks = [asyncio.create_task(self.groups.expire_members()),
                        asyncio.create_task(self._commit_offsets()),
                        asyncio.create_task(self._retain())]
@@ -109,6 +114,7 @@ class Engine:
         self.begin_shutdown()
         self.memory.stop()
         await self.timer.close()
+        await self.transactions.close()
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)

@@ -66,6 +66,11 @@ class NotRecallable(NotFound):
     already, or the handle names none."""
 
 
+class TransactionNotFound(NotFound):
+    """No open transaction has the given id: it was committed, rolled back or discarded
+    already, or the id names none."""
+
+
 class AlreadyExists(SluiceError):
     """A resource with that name exists already."""
 

@@ -239,6 +239,9 @@ class OutgoingMessage:
     also_into: tuple[str, ...] = ()
     """Internal named queues (compacted state) the message is also indexed into. Set by
     adapters (MQTT retained messages), never taken from a client."""
+    transactional: bool = False
+    """Sent within a transaction: held invisible until its producer commits
+    (``core.transactions``); only transactional topics take such messages."""
 
 
 @dataclass(frozen=True)
@@ -252,6 +255,8 @@ class SendResult:
     queue_offset: int
     store_ts: int
     recall_handle: str = ""
+    transaction_id: str = ""
+    """A transactional send's: quoted to commit or roll back."""
 
 
 @dataclass(slots=True)

@@ -28,7 +28,7 @@ from store.api import AppendResult, Message, Store
 from .bounded_cache import IdentityCache
 from .delivery import RecentMessages, TopicSignals
 from .durable import BatchingAppender, DurableWaiters
-from .errors import InvalidArgument, MessageTooLarge, NotSupported
+from .errors import InvalidArgument, MessageTooLarge
 from .fanout import Fanout, Listener
 from .interop import MQTT_QOS
 from .model import (MESSAGE_GROUP_PROPERTY, SUBJECT_PROPERTY, Delivery, MessageType,
@@ -112,9 +112,12 @@ class Producer:
             raise MessageTooLarge(
                 f"message body of {size} bytes exceeds the limit of {self.max_message_bytes} bytes; "
                 "split it, or raise core.max_message_bytes in the broker config")
-        if topic.message_type is MessageType.TRANSACTION:
-            raise NotSupported(f"topic {topic.name!r} is transactional; transactions are not "
-                               "supported in this version")
+        if (topic.message_type is MessageType.TRANSACTION) != message.transactional:
+            raise InvalidArgument(
+                f"topic {topic.name!r} takes only messages sent within a transaction"
+                if not message.transactional else
+                f"topic {topic.name!r} is not transactional; send transactional messages to a "
+                "topic created with message type TRANSACTION")
         if message.keys and sum(len(key.encode()) for key in message.keys) > MAX_KEY_BYTES:
             raise InvalidArgument(f"message keys exceed {MAX_KEY_BYTES} bytes (UTF-8); use "
                                   "shorter keys (a client id or topic used as a key counts)")

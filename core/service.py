@@ -31,6 +31,7 @@ from .model import (INTERNAL_PREFIX, SUBJECT_PROPERTY, Action, Delivery, GroupCo
                     SendResult, Subscription, TopicConfig, TopicStats)
 from .receive import Receiver
 from .settings import CoreConfig
+from .transactions import Checker, check_transactional
 
 log = logging.getLogger(__name__)
 
@@ -266,6 +267,8 @@ class Broker:
         if create_topics and (self._last_creation is not None
                               or any(m.topic not in topics for m in messages)):
             await self._create_in_order(messages)
+        if check_transactional(messages):
+            return await self._engine.transactions.prepare(messages)
         now = now_ms()
         if not any(m.delivery_ts > now for m in messages):
             return await self._engine.producer.send(topics.get, messages)
@@ -291,6 +294,20 @@ class Broker:
         if held_for != topic:
             raise NotRecallable(f"no delayed message of topic {topic!r} has this recall handle")
         await self._engine.timer.recall(bucket, offset)
+
+    async def end_transaction(self, principal: Principal, topic: str, msg_id: str,
+                              transaction_id: str, commit: bool) -> None:
+        """Commit (deliver) or roll back (drop) the message of an open transaction, by the
+        transaction id its send returned; needs the publish right on its topic.
+        TransactionNotFound once it was decided or discarded."""
+        self._allow(principal, Action.PUBLISH, ResourceKind.TOPIC, topic)
+        transactions = self._engine.transactions
+        await transactions.end(transactions.check_end(topic, msg_id, transaction_id), commit)
+
+    def set_transaction_checker(self, checker: Checker) -> None:
+        """Have ``checker`` ask a producer of the topic to decide a transaction left open
+        (``core.transactions``); the adapter that can reach producers sets it."""
+        self._engine.transactions.checker = checker
 
     async def _create_in_order(self, messages: Sequence[OutgoingMessage]) -> None:
         """Create the missing topics of ``messages`` after every earlier send that waited for

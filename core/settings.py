@@ -25,6 +25,16 @@ class CoreConfig:
     max_delay_ms: int = 3 * 86_400_000
     """The furthest in the future a delayed message may be due (RocketMQ's default, 3 days).
     Keep it below the store's retention age: a pending message lives in the log until due."""
+    transaction_check_delay_ms: int = 6_000
+    """How long a transaction may stay open before its producer is asked to decide it
+    (RocketMQ's ``transactionTimeOut``)."""
+    transaction_check_interval_ms: int = 30_000
+    """How often an undecided transaction is asked about again."""
+    transaction_check_max: int = 15
+    """Checks without a decision after which a transaction's message is discarded (logged)."""
+    max_open_transactions: int = 100_000
+    """Transactions prepared and not decided yet; more are refused until some are decided
+    (each costs about 200 bytes of memory)."""
     retention_check_interval_ms: int = 60_000
     """How often the store's retention runs and topics' own retention limits are applied."""
     memory_high_watermark: float = 0.4

@@ -16,21 +16,34 @@ from dataclasses import dataclass, field
 from rocketmq.grpc_protocol import definition_pb2 as pb
 
 from core.clients import ClientView, log_connected, log_disconnected
+from core.model import Principal
 
 from .clients import ClientRegistry
 
 PROTOCOL = "native"
 
 
+OUTBOX_LIMIT = 1024
+"""Server commands (transaction checks) a stream may have waiting to be written."""
+
+
 @dataclass(eq=False)
 class TelemetryStream:
-    """One open stream: who holds it, and the event that ends it early."""
+    """One open stream: who holds it, what it publishes, the commands the server has for it,
+    and the event that ends it early."""
 
     client_id: str
-    user: str
+    principal: Principal
     address: str
     connected_at_ms: int = field(default_factory=lambda: int(time.time() * 1000))
     kicked: asyncio.Event = field(default_factory=asyncio.Event)
+    publishing: frozenset[str] = frozenset()
+    """The topics a producer named in its settings (it is asked about their transactions)."""
+    outbox: asyncio.Queue = field(default_factory=lambda: asyncio.Queue(OUTBOX_LIMIT))
+
+    @property
+    def user(self) -> str:
+        return self.principal.user
 
 
 def peer_address(peer: str) -> str:
@@ -48,11 +61,11 @@ class NativeClients:
         self._registry = registry
         self._streams: dict[str, list[TelemetryStream]] = {}
 
-    def open(self, client_id: str, user: str, peer: str) -> TelemetryStream:
+    def open(self, client_id: str, principal: Principal, peer: str) -> TelemetryStream:
         """Note a stream that opened (and log the connect)."""
-        stream = TelemetryStream(client_id, user, peer_address(peer))
+        stream = TelemetryStream(client_id, principal, peer_address(peer))
         self._streams.setdefault(client_id, []).append(stream)
-        log_connected(PROTOCOL, client_id, user, stream.address)
+        log_connected(PROTOCOL, client_id, principal.user, stream.address)
         return stream
 
     def close(self, stream: TelemetryStream, reason: str) -> None:
@@ -63,6 +76,11 @@ class NativeClients:
             if not streams:
                 del self._streams[stream.client_id]
         log_disconnected(PROTOCOL, stream.client_id, stream.user, stream.address, reason)
+
+    def publishers_of(self, topic: str) -> list[TelemetryStream]:
+        """The open streams of producers that named ``topic`` in their settings."""
+        return [stream for streams in self._streams.values() for stream in streams
+                if topic in stream.publishing]
 
     def connected_count(self) -> int:
         return sum(len(streams) for streams in self._streams.values())

@@ -86,11 +86,9 @@ def subscription(group: str, entry: pb.SubscriptionEntry) -> Subscription:
 
 def outgoing(message: pb.Message) -> OutgoingMessage:
     """A core OutgoingMessage from a SendMessage entry (a delivery time in the future makes
-    it a delayed message); features Sluice lacks are refused."""
+    it a delayed message, message type TRANSACTION a half message); features Sluice lacks
+    are refused."""
     props = message.system_properties
-    if props.message_type == pb.MessageType.TRANSACTION:
-        raise NotSupported("transactional messages are not supported in this version of Sluice; "
-                           "send the message without a transaction")
     if props.HasField("lite_topic") or props.HasField("priority"):
         raise NotSupported("lite topics and message priorities are not supported in this "
                            "version of Sluice")
@@ -105,7 +103,8 @@ def outgoing(message: pb.Message) -> OutgoingMessage:
         msg_id=props.message_id,
         born_ts=_millis(props.born_timestamp, "born_timestamp") if props.HasField("born_timestamp") else 0,
         delivery_ts=(_millis(props.delivery_timestamp, "delivery_timestamp")
-                     if props.HasField("delivery_timestamp") else 0))
+                     if props.HasField("delivery_timestamp") else 0),
+        transactional=props.message_type == pb.MessageType.TRANSACTION)
 
 
 MAX_TIMESTAMP_SECONDS = 253_402_300_799

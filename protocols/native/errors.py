@@ -29,6 +29,7 @@ ERROR_CODES: dict[type[BaseException], int] = {
     errors.TopicNotFound: Code.TOPIC_NOT_FOUND,
     errors.GroupNotFound: Code.CONSUMER_GROUP_NOT_FOUND,
     errors.MessageNotFound: Code.MESSAGE_NOT_FOUND,
+    errors.TransactionNotFound: Code.INVALID_TRANSACTION_ID,
     errors.NotFound: Code.NOT_FOUND,
     errors.AlreadyExists: Code.BAD_REQUEST,
     errors.PreconditionFailed: Code.BAD_REQUEST,

@@ -1,9 +1,10 @@
-"""SendMessage and RecallMessage, and the producer RPC this version refuses (EndTransaction)."""
+"""SendMessage, EndTransaction and RecallMessage."""
 
 from __future__ import annotations
 
 import dataclasses
 
+from rocketmq.grpc_protocol import definition_pb2 as pb
 from rocketmq.grpc_protocol import service_pb2 as rpc
 
 from core.errors import InvalidArgument
@@ -11,7 +12,7 @@ from core.model import OutgoingMessage
 
 from .context import Call, Edge
 from .convert import name_of, outgoing
-from .errors import Code, Status, not_implemented, ok, overall, status_of
+from .errors import Code, Status, ok, overall, status_of
 
 
 async def send_message(edge: Edge, call: Call, request: rpc.SendMessageRequest) -> rpc.SendMessageResponse:
@@ -57,7 +58,9 @@ async def send_message(edge: Edge, call: Call, request: rpc.SendMessageRequest) 
         else:
             entries = [rpc.SendResultEntry(status=ok(), message_id=result.msg_id,
                                            offset=result.queue_offset,
-                                           recall_handle=result.recall_handle) for result in results]
+                                           recall_handle=result.recall_handle,
+                                           transaction_id=result.transaction_id)
+                       for result in results]
     return rpc.SendMessageResponse(status=overall(entry.status for entry in entries), entries=entries)
 
 
@@ -79,8 +82,15 @@ def _failed(message_id: str, status: Status) -> rpc.SendResultEntry:
 
 async def end_transaction(edge: Edge, call: Call,
                           request: rpc.EndTransactionRequest) -> rpc.EndTransactionResponse:
-    """Refused: transactional messages are not supported in this version."""
-    return rpc.EndTransactionResponse(status=not_implemented("transactional messages (EndTransaction)"))
+    """Commit or roll back a transaction by the id its half message's send returned; a
+    producer answers so on its own or when asked (``transactions``)."""
+    resolution = request.resolution
+    if resolution not in (pb.TransactionResolution.COMMIT, pb.TransactionResolution.ROLLBACK):
+        raise InvalidArgument("the resolution must be COMMIT or ROLLBACK")
+    await edge.broker.end_transaction(call.principal, name_of(request.topic, "topic"),
+                                      request.message_id, request.transaction_id,
+                                      resolution == pb.TransactionResolution.COMMIT)
+    return rpc.EndTransactionResponse(status=ok())
 
 
 async def recall_message(edge: Edge, call: Call,

@@ -24,6 +24,7 @@ from .connections import NativeClients
 from .context import Edge
 from .decoding import add_servicer
 from .servicer import MessagingServicer
+from .transaction_checks import TransactionChecks
 
 ANONYMOUS = Principal("anonymous")
 """Who a call without credentials acts for when anonymous access is on and no one else is named."""
@@ -84,6 +85,7 @@ async def start_native_server(broker: Broker, host: str = "127.0.0.1", port: int
         ("grpc.so_reuseport", 0),
     ])
     add_servicer(MessagingServicer(edge), server)
+    broker.set_transaction_checker(TransactionChecks(edge).ask)
     address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
     try:
         edge.port = server.add_insecure_port(address)

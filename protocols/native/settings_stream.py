@@ -4,7 +4,9 @@ Every RocketMQ 5 client opens one bidirectional stream per endpoint and writes a
 command at start-up and every 5 minutes. A consumer's settings register it in its group (one
 heartbeat) and are answered with the group's retry policy, FIFO flag, batch size and long
 polling timeout; a push consumer does not start until that answer arrives. A producer is told
-the maximum body size. The stream stays open until the client closes it or the server stops.
+the maximum body size, and remembered as a publisher of the topics it names: the broker asks
+it, on this stream, to decide transactions of those topics left open (``transaction_checks``).
+The stream stays open until the client closes it or the server stops.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 
 from rocketmq.grpc_protocol import definition_pb2 as pb
 from rocketmq.grpc_protocol import service_pb2 as rpc
@@ -36,16 +39,19 @@ async def telemetry(edge: Edge, call: Call,
     """Answer each ``settings`` command; note the client's answers to server commands.
     The stream stays open until the client closes it, an administrator kicks the client, or
     the server stops."""
-    stream = edge.connections.open(call.client_id, call.principal.user, call.context.peer())
+    stream = edge.connections.open(call.client_id, call.principal, call.context.peer())
     reason = "closed by the client"
     try:
         async for command in _until_ended(edge, stream, commands):
+            if isinstance(command, ServerCommand):
+                yield command.command
+                continue
             if isinstance(command, MalformedRequest):
                 yield rpc.TelemetryCommand(status=status_of(command.refusal()))
                 continue
             kind = command.WhichOneof("command")
             if kind == "settings":
-                yield await _answer(edge, call, command.settings)
+                yield await _answer(edge, call, stream, command.settings)
             elif kind in ("thread_stack_trace", "verify_message_result"):
                 log.debug("client %s answered %s (nonce %s)", call.client_id, kind,
                           getattr(command, kind).nonce)
@@ -60,29 +66,45 @@ async def telemetry(edge: Edge, call: Call,
         edge.connections.close(stream, reason)
 
 
-async def _until_ended(edge: Edge, stream: TelemetryStream,
-                       commands: AsyncIterator[rpc.TelemetryCommand]) -> AsyncIterator[rpc.TelemetryCommand]:
-    """The client's commands until it closes the stream, an administrator kicks the client, or
-    the server stops (a stream never ends on its own, and an open one would hold the server's
-    shutdown for its grace period)."""
+@dataclass(frozen=True)
+class ServerCommand:
+    """A command the server writes on its own (a transaction check), not an answer."""
+
+    command: rpc.TelemetryCommand
+
+
+async def _until_ended(edge: Edge, stream: TelemetryStream, commands: AsyncIterator[rpc.TelemetryCommand]
+                       ) -> AsyncIterator[rpc.TelemetryCommand | ServerCommand]:
+    """The client's commands, and the server's own from the stream's outbox, until the client
+    closes the stream, an administrator kicks the client, or the server stops (a stream never
+    ends on its own, and an open one would hold the server's shutdown for its grace period)."""
     iterator = commands.__aiter__()
     ending = (asyncio.ensure_future(edge.stopping.wait()), asyncio.ensure_future(stream.kicked.wait()))
     reading: asyncio.Future | None = None
+    outgoing: asyncio.Future | None = None
     try:
         while True:
-            reading = asyncio.ensure_future(iterator.__anext__())
-            # The read may end (end of stream, cancelled call) after this generator is gone.
-            reading.add_done_callback(_outcome_seen)
-            await asyncio.wait((reading, *ending), return_when=asyncio.FIRST_COMPLETED)
+            if reading is None:
+                reading = asyncio.ensure_future(iterator.__anext__())
+                # The read may end (end of stream, cancelled call) after this generator is gone.
+                reading.add_done_callback(_outcome_seen)
+            if outgoing is None:
+                outgoing = asyncio.ensure_future(stream.outbox.get())
+            await asyncio.wait((reading, outgoing, *ending), return_when=asyncio.FIRST_COMPLETED)
+            if outgoing.done():
+                yield ServerCommand(outgoing.result())
+                outgoing = None
+                continue
             if not reading.done():
                 return
             try:
                 command = reading.result()
             except StopAsyncIteration:
                 return
+            reading = None
             yield command
     finally:
-        for pending in (reading, *ending):
+        for pending in (reading, outgoing, *ending):
             if pending is not None:
                 pending.cancel()
 
@@ -93,7 +115,8 @@ def _outcome_seen(future: asyncio.Future) -> None:
         future.exception()
 
 
-async def _answer(edge: Edge, call: Call, settings: pb.Settings) -> rpc.TelemetryCommand:
+async def _answer(edge: Edge, call: Call, stream: TelemetryStream,
+                  settings: pb.Settings) -> rpc.TelemetryCommand:
     """The server's settings for a client's, or the client's echoed with the error's status
     (the clients apply settings only under status OK)."""
     try:
@@ -101,6 +124,7 @@ async def _answer(edge: Edge, call: Call, settings: pb.Settings) -> rpc.Telemetr
             answer = await _consumer_settings(edge, call, settings)
         else:
             answer = _producer_settings(edge, call, settings)
+            stream.publishing = frozenset(topic.name for topic in settings.publishing.topics)
         return rpc.TelemetryCommand(status=ok(), settings=answer)
     except Exception as error:  # noqa: BLE001 - reported on the stream, which stays open
         return rpc.TelemetryCommand(status=status_of(error), settings=settings)

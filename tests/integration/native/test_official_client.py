@@ -21,7 +21,8 @@ import grpc
 import pytest
 from rocketmq import (ClientConfiguration, ConsumeResult, Credentials, FilterExpression, Message,
                       MessageListener, Producer, PushConsumer, SimpleConsumer)
-from rocketmq.grpc_protocol import Code, FilterType
+from rocketmq.grpc_protocol import Code, FilterType, TransactionResolution
+from rocketmq.v5.producer import TransactionChecker
 from rocketmq.v5.exception import (BadRequestException, IllegalArgumentException,
                                    NotFoundException, PayloadTooLargeException)
 
@@ -237,6 +238,71 @@ def test_delayed_messages_arrive_when_due_and_a_recalled_one_never(native_broker
             assert consumer.receive(32, 30) == []
         with pytest.raises(NotFoundException):
             producer.recall_message("reminders", receipts["keep"].recall_handle)
+
+
+class Ledger(TransactionChecker):
+    """A producer's local record of its transactions: what it answers when the broker asks."""
+
+    def __init__(self, decisions: dict[bytes, TransactionResolution]) -> None:
+        self.decisions = decisions
+        self.asked: list[tuple[bytes, str]] = []
+        self.changed = threading.Condition()
+
+    def check(self, message: Message) -> TransactionResolution:
+        with self.changed:
+            self.asked.append((message.body, message.message_id))
+            self.changed.notify_all()
+        return self.decisions[message.body]
+
+    def wait(self, count: int) -> None:
+        with self.changed:
+            assert self.changed.wait_for(lambda: len(self.asked) >= count, WAIT), self.asked
+
+
+def test_transactions_commit_roll_back_and_are_checked_back_when_left_open(native_broker_factory):
+    nb = native_broker_factory(core={"transaction_check_delay_ms": 1000,
+                                     "transaction_check_interval_ms": 1000})
+    nb.create_topic("payments", queues=2, message_type=MessageType.TRANSACTION)
+    ledger = Ledger({b"open-commit": TransactionResolution.COMMIT,
+                     b"open-rollback": TransactionResolution.ROLLBACK})
+    with started(Producer(config(nb), ("payments",), checker=ledger)) as producer:
+        receipts, transactions = {}, {}
+        for body in (b"commit", b"rollback", b"open-commit", b"open-rollback"):
+            transaction = transactions[body] = producer.begin_transaction()
+            receipts[body] = producer.send(new_message("payments", body, keys=("order-1",)), transaction)
+            assert receipts[body].transaction_id
+            if body == b"commit":
+                transaction.commit()
+            elif body == b"rollback":
+                transaction.rollback()
+        ledger.wait(2)
+        assert sorted(ledger.asked) == sorted((b, receipts[b].message_id)
+                                              for b in (b"open-commit", b"open-rollback"))
+        subscription = {"payments": FilterExpression()}
+        with started(SimpleConsumer(config(nb), "g", subscription, await_duration=2)) as consumer:
+            got = receive_until(consumer, 2)
+            assert sorted((m.body, m.message_id) for m in got) == sorted(
+                (b, receipts[b].message_id) for b in (b"commit", b"open-commit"))
+            assert got[0].keys == {"order-1"}
+            assert consumer.receive(32, 30) == []
+        with pytest.raises(Exception, match="already"):  # decided: a second commit is refused
+            transactions[b"commit"].commit()
+    assert nb.run(lambda b: b._engine.transactions.open_count) == 0
+
+
+def test_an_unanswered_transaction_is_discarded_after_the_check_limit(native_broker_factory, caplog):
+    nb = native_broker_factory(core={"transaction_check_delay_ms": 200,
+                                     "transaction_check_interval_ms": 200, "transaction_check_max": 3})
+    nb.create_topic("payments", queues=1, message_type=MessageType.TRANSACTION)
+    with started(Producer(config(nb), ("payments",), checker=Ledger({}))) as producer:
+        transaction = producer.begin_transaction()
+        producer.send(new_message("payments", b"forgotten"), transaction)
+        wait_for(lambda: nb.run(lambda b: b._engine.transactions.open_count) == 0,
+                 what="the open transaction to be discarded")
+    assert "checked 3 times without a decision" in caplog.text
+    with started(SimpleConsumer(config(nb), "g", {"payments": FilterExpression()},
+                                await_duration=1)) as consumer:
+        assert consumer.receive(32, 30) == []
 
 
 def test_push_consumer_retries_a_failure_then_succeeds(native_broker):

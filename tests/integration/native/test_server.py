@@ -337,7 +337,6 @@ def test_heartbeat_without_group_succeeds(stub):
 
 
 @pytest.mark.parametrize(("call", "request_"), [
-    ("EndTransaction", rpc.EndTransactionRequest(topic=res("orders"), message_id="m", transaction_id="t")),
     ("SyncLiteSubscription", rpc.SyncLiteSubscriptionRequest(topic=res("orders"), group=res("g"))),
 ])
 def test_unimplemented_rpcs_say_so(stub, call, request_):
@@ -346,7 +345,7 @@ def test_unimplemented_rpcs_say_so(stub, call, request_):
     assert "not supported in this version" in answer.status.message
 
 
-def test_a_delayed_send_answers_a_recall_handle_and_transactional_sends_are_refused(native_broker, stub):
+def test_a_delayed_send_answers_a_recall_handle(native_broker, stub):
     native_broker.create_topic("orders", queues=1)
     delayed = message("orders", b"later")
     delayed.system_properties.delivery_timestamp.FromMilliseconds(int(time.time() * 1000) + 60_000)
@@ -357,10 +356,46 @@ def test_a_delayed_send_answers_a_recall_handle_and_transactional_sends_are_refu
     assert stub.RecallMessage(recall).status.code == Code.NOT_FOUND
     malformed = rpc.RecallMessageRequest(topic=res("orders"), recall_handle="h")
     assert stub.RecallMessage(malformed).status.code == Code.BAD_REQUEST
-    transactional = message("orders", b"tx", message_type=pb.MessageType.TRANSACTION)
-    answer = stub.SendMessage(rpc.SendMessageRequest(messages=[message("orders", b"ok"), transactional]))
-    assert answer.status.code == Code.MULTIPLE_RESULTS
-    assert [e.status.code for e in answer.entries] == [Code.BAD_REQUEST, Code.UNSUPPORTED]
+
+
+def end(stub: Stub, topic: str, entry: rpc.SendResultEntry, resolution) -> rpc.EndTransactionResponse:
+    return stub.EndTransaction(rpc.EndTransactionRequest(
+        topic=res(topic), message_id=entry.message_id, transaction_id=entry.transaction_id,
+        resolution=resolution, source=pb.TransactionSource.SOURCE_CLIENT))
+
+
+def test_a_half_message_is_invisible_until_committed_and_a_rolled_back_one_never_shows(native_broker, stub):
+    native_broker.create_topic("payments", queues=1, message_type=MessageType.TRANSACTION)
+    tx = pb.MessageType.TRANSACTION
+    first, second = (stub.SendMessage(rpc.SendMessageRequest(
+        messages=[message("payments", body, message_type=tx)])).entries[0] for body in (b"a", b"b"))
+    assert first.status.code == Code.OK and first.transaction_id and second.transaction_id
+    assert receive(stub, "g", "payments")[-1].status.code == Code.MESSAGE_NOT_FOUND
+    assert end(stub, "payments", second, pb.TransactionResolution.ROLLBACK).status.code == Code.OK
+    assert end(stub, "payments", first, pb.TransactionResolution.COMMIT).status.code == Code.OK
+    got = [r.message for r in receive(stub, "g", "payments") if r.HasField("message")]
+    assert [(m.body, m.system_properties.message_id) for m in got] == [(b"a", first.message_id)]
+    assert got[0].system_properties.message_type == pb.MessageType.TRANSACTION
+    again = end(stub, "payments", first, pb.TransactionResolution.COMMIT)
+    assert again.status.code == Code.INVALID_TRANSACTION_ID and "already" in again.status.message
+    unknown = end(stub, "payments", rpc.SendResultEntry(message_id="m", transaction_id="t"),
+                  pb.TransactionResolution.COMMIT)
+    assert unknown.status.code == Code.INVALID_TRANSACTION_ID
+    undecided = end(stub, "payments", second, pb.TransactionResolution.TRANSACTION_RESOLUTION_UNSPECIFIED)
+    assert undecided.status.code == Code.BAD_REQUEST
+
+
+def test_transactional_and_plain_messages_keep_to_their_topics(native_broker, stub):
+    native_broker.create_topic("payments", queues=1, message_type=MessageType.TRANSACTION)
+    native_broker.create_topic("orders", queues=1)
+    tx = pb.MessageType.TRANSACTION
+    plain = stub.SendMessage(rpc.SendMessageRequest(messages=[message("payments", b"p")]))
+    assert plain.status.code == Code.BAD_REQUEST and "within a transaction" in plain.status.message
+    half = stub.SendMessage(rpc.SendMessageRequest(messages=[message("orders", b"h", message_type=tx)]))
+    assert half.status.code == Code.BAD_REQUEST and "not transactional" in half.status.message
+    mixed = stub.SendMessage(rpc.SendMessageRequest(
+        messages=[message("payments", b"ok"), message("payments", b"tx", message_type=tx)]))
+    assert [e.status.code for e in mixed.entries] == [Code.BAD_REQUEST] * 2
     assert receive(stub, "g", "orders")[-1].status.code == Code.MESSAGE_NOT_FOUND  # nothing stored
 
 
