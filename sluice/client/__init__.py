@@ -21,6 +21,7 @@ from .producer import Producer
 from .pull_consumer import PullConsumer
 from .push_consumer import PushConsumer, RetryPolicy
 from .simple_consumer import SimpleConsumer
+from .transaction import Transaction, TransactionChecker
 from .sync import SyncProducer, SyncSimpleConsumer
 
 __all__ = [
@@ -29,6 +30,6 @@ __all__ = [
     "PackedBatchError", "PayloadTooLargeError", "Producer", "PullConsumer", "PushConsumer",
     "ReceivedMessage", "RetryPolicy", "SendReceipt", "ServerError", "SimpleConsumer",
     "SluiceClientError", "Sql92", "SyncProducer", "SyncSimpleConsumer", "TooManyRequestsError",
-    "TopicNotFoundError", "TopicQueue", "UnauthorizedError", "UnavailableError",
-    "UnsupportedError", "pack_bodies", "unpack_bodies",
+    "TopicNotFoundError", "TopicQueue", "Transaction", "TransactionChecker", "UnauthorizedError",
+    "UnavailableError", "UnsupportedError", "pack_bodies", "unpack_bodies",
 ]

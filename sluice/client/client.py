@@ -19,7 +19,7 @@ from rocketmq.grpc_protocol.definition_pb2 import (UA, ClientType, Language, Mes
                                                    Permission, Resource, Settings)
 from rocketmq.grpc_protocol.service_pb2 import (HeartbeatRequest, NotifyClientTerminationRequest,
                                                 QueryAssignmentRequest, QueryRouteRequest,
-                                                TelemetryCommand)
+                                                RecoverOrphanedTransactionCommand, TelemetryCommand)
 
 from .config import ClientConfig, new_client_id, sdk_version
 from .convert import duration, endpoints, resource, tag_filter
@@ -144,6 +144,10 @@ class Client:
         self.describe(settings)
         return TelemetryCommand(settings=settings)
 
+    def on_transaction_check(self, command: RecoverOrphanedTransactionCommand) -> None:
+        """The broker asks about an open transaction; producers with a checker answer."""
+        log.debug("%s: ignoring a transaction check (not a producer with a checker)", self.client_id)
+
     async def server_settings(self, timeout: float) -> Settings | None:
         """The broker's answer to our Settings, waiting up to ``timeout``; None if none came."""
         try:
@@ -169,6 +173,8 @@ class Client:
                         self._server_settings = command.settings
                         self._settings_received.set()
                         pause = 0.1
+                    elif command.HasField("recover_orphaned_transaction_command"):
+                        self.on_transaction_check(command.recover_orphaned_transaction_command)
             except grpc.aio.AioRpcError as error:
                 log.debug("%s: telemetry stream ended: %s", self.client_id, error.code().name)
                 if error.code() == grpc.StatusCode.UNAVAILABLE:

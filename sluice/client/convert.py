@@ -79,8 +79,11 @@ def tag_filter(expression: str) -> FilterExpression:
     return FilterExpression(type=FilterType.TAG, expression=expression or "*")
 
 
-def message_type(message: Message) -> MessageType.ValueType:
-    """FIFO with a message group, DELAY with a delivery timestamp, else NORMAL."""
+def message_type(message: Message, transactional: bool = False) -> MessageType.ValueType:
+    """TRANSACTION within a transaction, FIFO with a message group, DELAY with a delivery
+    timestamp, else NORMAL."""
+    if transactional:
+        return MessageType.TRANSACTION
     if message.message_group:
         return MessageType.FIFO
     if message.delivery_timestamp:
@@ -89,7 +92,7 @@ def message_type(message: Message) -> MessageType.ValueType:
 
 
 def message_to_proto(message: Message, namespace: str, queue_id: int, message_id: str,
-                     born_ms: int) -> ProtoMessage:
+                     born_ms: int, transactional: bool = False) -> ProtoMessage:
     """The protobuf form of ``message``, addressed to ``queue_id``."""
     proto = ProtoMessage()  # field by field: much faster than keyword construction with upb
     proto.topic.resource_namespace = namespace
@@ -99,7 +102,7 @@ def message_to_proto(message: Message, namespace: str, queue_id: int, message_id
         proto.user_properties.update(message.properties)
     props = proto.system_properties
     props.message_id = message_id
-    props.message_type = message_type(message)
+    props.message_type = message_type(message, transactional)
     props.body_encoding = Encoding.IDENTITY
     props.born_host = _hostname()
     seconds, millis = divmod(born_ms, 1000)

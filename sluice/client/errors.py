@@ -88,6 +88,7 @@ _BY_CODE: dict[int, type[SluiceClientError]] = {
     Code.INVALID_RECEIPT_HANDLE: InvalidReceiptHandleError,
     Code.TOPIC_NOT_FOUND: TopicNotFoundError,
     Code.CONSUMER_GROUP_NOT_FOUND: GroupNotFoundError,
+    Code.INVALID_TRANSACTION_ID: NotFoundError,  # decided already, or never open
 }
 
 _BY_FAMILY: dict[int, type[SluiceClientError]] = {  # code // 100, as HTTP status families

@@ -33,6 +33,8 @@ class SendReceipt:
     queue_id: int
     offset: int
     recall_handle: str = ""
+    transaction_id: str = ""
+    """A transactional send's (``Producer.send_in_transaction``)."""
 
 
 @dataclass(slots=True)

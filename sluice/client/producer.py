@@ -1,4 +1,4 @@
-"""The producer: single, batched and packed sends over SendMessage.
+"""The producer: single, batched, packed and transactional sends over SendMessage.
 
 Runs on one event loop (see ``client.py``). Concurrent sends from many tasks are fine and are
 how a stream producer reaches high rates: each ``send_packed`` is one request.
@@ -6,21 +6,28 @@ how a stream producer reaches high rates: each ``send_packed`` is one request.
 
 from __future__ import annotations
 
+import inspect
+import logging
 import time
 import zlib
 from collections.abc import Iterable, Mapping, Sequence
 
-from rocketmq.grpc_protocol.definition_pb2 import ClientType, MessageQueue, Publishing, Settings
-from rocketmq.grpc_protocol.service_pb2 import RecallMessageRequest, SendMessageRequest
+from rocketmq.grpc_protocol.definition_pb2 import (ClientType, MessageQueue, Publishing, Settings,
+                                                   TransactionResolution, TransactionSource)
+from rocketmq.grpc_protocol.service_pb2 import (EndTransactionRequest, RecallMessageRequest,
+                                                RecoverOrphanedTransactionCommand, SendMessageRequest)
 
 from .client import Client, writable
 from .config import ClientConfig
-from .convert import message_to_proto, new_message_id
+from .convert import message_from_proto, message_to_proto, new_message_id
 from .coalesce import Coalescer
 from .errors import (OK_CODES, NotFoundError, ServerError, SluiceClientError, error_from_status,
                      raise_for_status)
 from .model import Message, SendReceipt
 from .packing import BATCH_PROPERTY, pack_bodies
+from .transaction import Transaction, TransactionChecker
+
+log = logging.getLogger(__name__)
 
 
 QUEUE_HEADER = "x-sluice-queue-id"
@@ -37,9 +44,12 @@ class Producer(Client):
 
     client_type = ClientType.PRODUCER
 
-    def __init__(self, config: ClientConfig, topics: Iterable[str] = ()) -> None:
+    def __init__(self, config: ClientConfig, topics: Iterable[str] = (),
+                 checker: TransactionChecker | None = None) -> None:
         super().__init__(config)
         self.topics = list(dict.fromkeys(topics))
+        self.checker = checker
+        """Answers the broker's checks of this producer's topics' open transactions."""
         self._next_queue: dict[str, int] = {}
         self._coalescers: dict[str, Coalescer[Message, SendReceipt]] = {}
 
@@ -79,7 +89,50 @@ class Producer(Client):
                 raise result
         return results
 
-    async def _send_entries(self, messages: Sequence[Message]) -> list[SendReceipt | SluiceClientError]:
+    async def send_in_transaction(self, message: Message) -> Transaction:
+        """Send ``message`` as a half message, held invisible until the returned transaction
+        is committed (or dropped when rolled back) to a topic of message type TRANSACTION.
+        Declare the topic and pass a ``checker`` so the broker can ask about a transaction
+        this producer did not decide (see ``transaction``)."""
+        self.check_running()
+        [result] = await self._send_entries([message], transactional=True)
+        if isinstance(result, BaseException):
+            raise result
+        return Transaction(self, message.topic, result)
+
+    async def end_transaction(self, topic: str, message_id: str, transaction_id: str, commit: bool,
+                              *, checked: bool = False) -> None:
+        """Commit or roll back an open transaction (``Transaction`` does this); ``checked``
+        when answering the broker's check. NotFoundError when it was decided already."""
+        request = EndTransactionRequest(
+            topic=self.resource(topic), message_id=message_id, transaction_id=transaction_id,
+            resolution=TransactionResolution.COMMIT if commit else TransactionResolution.ROLLBACK,
+            source=TransactionSource.SOURCE_SERVER_CHECK if checked else TransactionSource.SOURCE_CLIENT)
+        raise_for_status((await self._transport.unary("EndTransaction", request)).status)
+
+    def on_transaction_check(self, command: RecoverOrphanedTransactionCommand) -> None:
+        if self.checker is None:
+            log.warning("%s: the broker asks about transaction %s, and this producer has no "
+                        "checker to answer", self.client_id, command.transaction_id)
+            return
+        self.spawn(self._answer_check(command))
+
+    async def _answer_check(self, command: RecoverOrphanedTransactionCommand) -> None:
+        message = message_from_proto(command.message)
+        try:
+            decision = self.checker(message)  # type: ignore[misc]
+            if inspect.isawaitable(decision):
+                decision = await decision
+            if decision is None:
+                return
+            await self.end_transaction(message.topic, message.message_id, command.transaction_id,
+                                       bool(decision), checked=True)
+        except Exception:  # noqa: BLE001 - the broker asks again later
+            log.exception("%s: answering the check of transaction %s failed", self.client_id,
+                          command.transaction_id)
+
+    async def _send_entries(self, messages: Sequence[Message], *,
+                            transactional: bool = False) -> list[SendReceipt | SluiceClientError]:
         """One SendMessage request; a receipt or the broker's error for each message."""
         if not messages:
             return []
@@ -87,7 +140,7 @@ class Producer(Client):
         chosen: dict[str, int] = {}
         queue_ids = [await self._queue_for(m, chosen) for m in messages]
         request = SendMessageRequest(messages=[
-            message_to_proto(m, self.config.namespace, q, new_message_id(), born_ms)
+            message_to_proto(m, self.config.namespace, q, new_message_id(), born_ms, transactional)
             for m, q in zip(messages, queue_ids)])
         headers = tuple((QUEUE_HEADER, str(q)) for q in chosen.values())
         response = await self._transport.unary("SendMessage", request, headers=headers)
@@ -95,7 +148,8 @@ class Producer(Client):
         if len(response.entries) != len(messages):
             raise ServerError(f"the broker answered {len(response.entries)} results for "
                               f"{len(messages)} messages")
-        return [SendReceipt(e.message_id, q, e.offset, e.recall_handle) if e.status.code in OK_CODES
+        return [SendReceipt(e.message_id, q, e.offset, e.recall_handle, e.transaction_id)
+                if e.status.code in OK_CODES
                 else error_from_status(e.status) for e, q in zip(response.entries, queue_ids)]
 
     async def recall(self, topic: str, recall_handle: str) -> str:

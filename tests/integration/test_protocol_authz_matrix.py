@@ -19,9 +19,9 @@ from dataclasses import dataclass, replace
 
 import pytest
 from rocketmq.grpc_protocol.definition_pb2 import (Code, FilterExpression, MessageQueue,
-                                                   Resource)
+                                                   Resource, TransactionResolution)
 from rocketmq.grpc_protocol.service_pb2 import (AckMessageEntry, AckMessageRequest,
-                                                PullMessageRequest, QueryAssignmentRequest,
+                                                EndTransactionRequest, PullMessageRequest, QueryAssignmentRequest,
                                                 QueryRouteRequest, RecallMessageRequest,
                                                 ReceiveMessageRequest, SendMessageRequest,
                                                 UpdateOffsetRequest)
@@ -236,6 +236,15 @@ def recall(topic: str, handle_of: str, *, only_success: bool = False):
     return op
 
 
+def end_transaction(topic: str):
+    """Commit, naming ``topic``, a transaction no one opened: refused, or (the right granted)
+    answered INVALID_TRANSACTION_ID."""
+    def build() -> EndTransactionRequest:
+        return EndTransactionRequest(topic=Resource(name=topic), message_id="m", transaction_id="0:m",
+                                     resolution=TransactionResolution.COMMIT)
+    return build
+
+
 def receive_request() -> ReceiveMessageRequest:
     return ReceiveMessageRequest(group=Resource(name="m-group"), message_queue=queue("m-topic"),
                                  filter_expression=FilterExpression(expression="*"), batch_size=1,
@@ -291,6 +300,10 @@ TABLE = [
               allowed("admin", "other")),
     Operation("native RecallMessage naming one's topic for another's message",
               recall("m-topic", "o-topic/kept", only_success=True), allowed()),
+    Operation("native EndTransaction", native("EndTransaction", end_transaction("m-topic")),
+              allowed("admin", "owner", "publisher")),
+    Operation("native EndTransaction of another user's topic",
+              native("EndTransaction", end_transaction("o-topic")), allowed("admin", "other")),
     Operation("native QueryRoute", native("QueryRoute", lambda: QueryRouteRequest(
         topic=Resource(name="m-topic"))), allowed("admin", "owner", "publisher")),
     Operation("native QueryAssignment", native("QueryAssignment", lambda: QueryAssignmentRequest(

@@ -11,8 +11,9 @@ from typing import Any
 
 import pytest
 
-from core.model import SYSTEM, ConsumeMode, GroupConfig
+from core.model import SYSTEM, ConsumeMode, GroupConfig, MessageType
 from sluice.client import (BadRequestError, ClientConfig, InvalidReceiptHandleError, Message,
+                           NotFoundError,
                            Producer, PullConsumer, PushConsumer, ReceivedMessage, SimpleConsumer,
                            Sql92, SyncProducer, SyncSimpleConsumer, TopicNotFoundError,
                            UnauthorizedError)
@@ -261,6 +262,44 @@ def test_pull_consumer_starts_at_latest_and_auto_commits_on_close(native_broker)
         async with PullConsumer(config_for(native_broker), "live", ["ticks"],
                                 start_from="earliest") as consumer:
             assert [m.body for m in await pull_until(consumer, 1)] == [b"newer"]
+    run(test)
+
+
+def test_transactions_commit_roll_back_and_answer_the_brokers_checks(native_broker_factory):
+    nb = native_broker_factory(core={"transaction_check_delay_ms": 300,
+                                     "transaction_check_interval_ms": 300})
+    nb.create_topic("payments", queues=2, message_type=MessageType.TRANSACTION)
+
+    async def checker(message: ReceivedMessage) -> bool:  # the application's own records
+        return message.properties["order"] == "paid"
+
+    async def test() -> None:
+        async with Producer(config_for(nb), ["payments"], checker=checker) as producer:
+            committed = await producer.send_in_transaction(Message("payments", b"a", properties={"order": "paid"}))
+            rolled_back = await producer.send_in_transaction(Message("payments", b"b", properties={"order": "paid"}))
+            await committed.commit()
+            await rolled_back.rollback()
+            with pytest.raises(NotFoundError):
+                await committed.rollback()
+            for order in ("paid", "cancelled"):  # left open: the checker decides
+                await producer.send_in_transaction(Message("payments", order.encode(), properties={"order": order}))
+            with pytest.raises(BadRequestError, match="within a transaction"):
+                await producer.send(Message("payments", b"plain"))
+            async with SimpleConsumer(config_for(nb), "g", {"payments": "*"}, await_duration=1) as consumer:
+                got: list[ReceivedMessage] = []
+                deadline = time.monotonic() + TIMEOUT
+                while len(got) < 2:
+                    assert time.monotonic() < deadline, [m.body for m in got]
+                    for message in await consumer.receive(8):
+                        got.append(message)
+                        await consumer.ack(message)
+                assert sorted(m.body for m in got) == [b"a", b"paid"]
+                assert committed.receipt.message_id in {m.message_id for m in got}
+                deadline = time.monotonic() + TIMEOUT
+                while nb.run(lambda b: b._engine.transactions.open_count):  # "cancelled" rolled back
+                    assert time.monotonic() < deadline, "an open transaction was never decided"
+                    await asyncio.sleep(0.05)
+                assert await consumer.receive(8) == []
     run(test)
 
 

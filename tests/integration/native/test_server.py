@@ -3,6 +3,7 @@ code, authentication, and garbage on the port."""
 from __future__ import annotations
 
 import os
+import queue
 import socket
 import threading
 import time
@@ -484,3 +485,34 @@ def _recv(sock: socket.socket) -> bytes:
         return sock.recv(65536)
     except ConnectionResetError:
         return b""
+
+
+def producer_stream(stub: Stub, topic: str):
+    """Open a producer's Telemetry stream naming ``topic``; (requests to send, responses)."""
+    requests: queue.Queue = queue.Queue()
+    requests.put(rpc.TelemetryCommand(settings=pb.Settings(
+        client_type=pb.ClientType.PRODUCER, publishing=pb.Publishing(topics=[res(topic)]))))
+    responses = stub.stub.Telemetry(iter(requests.get, None), metadata=stub.metadata(), timeout=30)
+    assert next(responses).status.code == Code.OK
+    return requests, responses
+
+
+def test_a_transaction_check_goes_only_to_a_producer_that_may_publish_to_the_topic(native_broker_factory):
+    nb = native_broker_factory(core={"transaction_check_delay_ms": 100, "transaction_check_interval_ms": 100,
+                                     "transaction_check_max": 1000})
+    nb.create_topic("payments", queues=1, message_type=MessageType.TRANSACTION)
+    nb.create_user("low", "secret")
+    low, admin = Stub(nb.endpoint, "low", "secret"), Stub(nb.endpoint, nb.user, nb.password)
+    low_requests, low_responses = producer_stream(low, "payments")
+    sent = admin.SendMessage(rpc.SendMessageRequest(messages=[
+        message("payments", b"private", message_type=pb.MessageType.TRANSACTION)])).entries[0]
+    wait_for(lambda: nb.run(lambda b: b._engine.transactions._open[sent.offset].checks) >= 3)
+    admin_requests, admin_responses = producer_stream(admin, "payments")
+    check = next(admin_responses).recover_orphaned_transaction_command
+    assert (check.transaction_id, check.message.body) == (sent.transaction_id, b"private")
+    assert check.message.system_properties.message_id == sent.message_id
+    low_requests.put(None)
+    admin_requests.put(None)
+    assert not any(r.HasField("recover_orphaned_transaction_command") for r in low_responses)
+    low.close()
+    admin.close()
