@@ -8,8 +8,8 @@ topic fan-out, latency), ``analytics`` (the Spark source beside ``spark.read.jso
 (MQTT publish to a window aggregate on the dashboard stream, at 1,000 readings/s) and
 ``hardening`` (what hostile input costs: decoding packets with 1, 1,000 and 100,000 user
 properties) and ``features`` (delayed messages: send rate and delivery against due time at
-100,000 pending; SQL92 filter cost at 1, 10 and 100 subscriptions). With no section named,
-all of them run.
+100,000 pending; FIFO groups; SQL92 filter cost at 1, 10 and 100 subscriptions; transactional
+sends beside plain ones). With no section named, all of them run.
 """
 from __future__ import annotations
 

@@ -10,9 +10,11 @@
 - **SQL92 filters**: the broker's CPU per message and subscription when 1, 10 and 100 consumer
   groups, each with its own SQL92 expression, read a topic whose messages none of them match,
   beside the same with tag filters: the difference is what evaluating SQL92 costs.
+- **Transactions**: transactional messages sent and committed per second (two requests and
+  three durable appends each: half, message, outcome) beside plain durable sends, alternating,
+  medians of rounds.
 
 The load generator is this process, separate from the broker (``sluice serve --flush sync``).
-Transactions and lite topics are not measured: they are not built yet.
 """
 from __future__ import annotations
 
@@ -263,7 +265,61 @@ def sql92_filters(settings: Settings, workdir: Path, log: Log) -> tuple[str, lis
         return title, [f"skipped: {error}"]
 
 
-MEASUREMENTS: list[Measurement] = [delayed_messages, fifo_groups, sql92_filters]
+# ----------------------------------------------------------------------------- transactions
+
+async def _send_committed(server: SluiceServer, topic: str, count: int, size: int, window: int,
+                          transactional: bool) -> float:
+    """Send ``count`` messages with ``window`` in flight, each in a transaction committed at
+    once when ``transactional``; messages per second."""
+    from sluice.client import ClientConfig, Message, Producer
+
+    config = ClientConfig(server.endpoint, *server.credentials, request_timeout=60)
+    body = b"x" * size
+    async with Producer(config, [topic], checker=lambda message: None) as producer:
+        remaining = count
+
+        async def sender() -> None:
+            nonlocal remaining
+            while remaining > 0:
+                remaining -= 1
+                if transactional:
+                    await (await producer.send_in_transaction(Message(topic, body))).commit()
+                else:
+                    await producer.send(Message(topic, body))
+        started = time.perf_counter()
+        await asyncio.gather(*(sender() for _ in range(window)))
+        return count / (time.perf_counter() - started)
+
+
+async def _transactions(server: SluiceServer, settings: Settings, log: Log) -> list[str]:
+    server.create_topic("plain", queues=4)
+    server.create_topic("committed", queues=4, message_type="transaction")
+    plain, committed = [], []
+    for round_ in range(settings.rounds):
+        plain.append(await _send_committed(server, "plain", settings.sends, settings.size,
+                                           settings.window, False))
+        committed.append(await _send_committed(server, "committed", settings.sends, settings.size,
+                                               settings.window, True))
+        log(f"transactions round {round_ + 1}: plain {plain[-1]:,.0f} msg/s, "
+            f"committed {committed[-1]:,.0f} msg/s")
+    ratio = statistics.median(committed) / statistics.median(plain)
+    return [
+        f"plain durable sends          {statistics.median(plain):>10,.0f} msg/s (median of {settings.rounds})",
+        f"sent and committed           {statistics.median(committed):>10,.0f} msg/s ({ratio:.2f}x plain)",
+    ]
+
+
+def transactions(settings: Settings, workdir: Path, log: Log) -> tuple[str, list[str]]:
+    title = (f"transactional sends (SDK, {settings.window} in flight, 100-byte bodies, sync flush, "
+             "each committed by its sender)")
+    try:
+        with sluice_server(workdir / "transactions", log) as server:
+            return title, asyncio.run(_transactions(server, settings, log))
+    except ServerUnavailable as error:
+        return title, [f"skipped: {error}"]
+
+
+MEASUREMENTS: list[Measurement] = [delayed_messages, fifo_groups, sql92_filters, transactions]
 """Run in order; each returns (title, result lines)."""
 
 

@@ -57,9 +57,10 @@ class SluiceServer:
         """Access key and secret key of the broker's (admin) default user."""
         return USER, self.password
 
-    def create_topic(self, name: str, queues: int = 1) -> None:
+    def create_topic(self, name: str, queues: int = 1, message_type: str = "normal") -> None:
         """Create topic ``name`` with ``queues`` queues through the admin API."""
-        self._admin("POST", "/topics", {"name": name, "queue_count": queues})
+        self._admin("POST", "/topics", {"name": name, "queue_count": queues,
+                                        "message_type": message_type})
 
     def create_group(self, name: str, fifo: bool = False) -> None:
         """Create consumer group ``name`` (``fifo``: consumes each message group in order)."""

@@ -116,8 +116,8 @@ def test_amqp_bench_smoke_run_compares_with_rabbitmq_or_says_why_not(tmp_path):
 
 def test_features_bench_smoke_run_measures_delays_and_filters(tmp_path):
     """The features section runs in its smoke mode: delayed sends beside plain ones, delivery
-    against due time with nothing early or missing, FIFO consumption beside plain, and SQL92
-    cost per subscription count."""
+    against due time with nothing early or missing, FIFO consumption beside plain, SQL92
+    cost per subscription count, and transactional sends beside plain ones."""
     done = subprocess.run([sys.executable, "-m", "bench", "features", "--quick", "--data-dir", str(tmp_path)],
                           cwd=ROOT, capture_output=True, text=True, timeout=240)
     assert done.returncode == 0, done.stderr
@@ -127,4 +127,5 @@ def test_features_bench_smoke_run_measures_delays_and_filters(tmp_path):
     assert re.search(r"FIFO group, 1,000 message groups +[\d,]+ msg/s \([\d.]+x plain\)", out), out
     for count in (1, 10, 100):
         assert re.search(rf"{count} subscription\(s\): SQL92 +[\d.]+ us, tag +[\d.]+ us", out), out
+    assert re.search(r"sent and committed +[\d,]+ msg/s \([\d.]+x plain\)", out), out
     assert list(tmp_path.iterdir()) == [], "benchmark files are removed afterwards"
