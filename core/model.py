@@ -20,6 +20,9 @@ class MessageType(enum.Enum):
     FIFO = "fifo"
     DELAY = "delay"
     TRANSACTION = "transaction"
+    PRIORITY = "priority"
+    """Queue N holds the messages of priority N (the last queue, those above); pop consumers
+    take the highest priority first."""
 
 
 class ConsumeMode(enum.Enum):
@@ -239,6 +242,8 @@ class OutgoingMessage:
     also_into: tuple[str, ...] = ()
     """Internal named queues (compacted state) the message is also indexed into. Set by
     adapters (MQTT retained messages), never taken from a client."""
+    priority: int | None = None
+    """Priority topics: higher is delivered first to pop consumers; None is the lowest."""
     transactional: bool = False
     """Sent within a transaction: held invisible until its producer commits
     (``core.transactions``); only transactional topics take such messages."""

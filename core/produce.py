@@ -118,6 +118,13 @@ class Producer:
                 if not message.transactional else
                 f"topic {topic.name!r} is not transactional; send transactional messages to a "
                 "topic created with message type TRANSACTION")
+        if message.priority is not None:
+            if topic.message_type is not MessageType.PRIORITY:
+                raise InvalidArgument(f"topic {topic.name!r} is not a priority topic; send messages "
+                                      "with a priority to a topic created with message type PRIORITY")
+            if message.priority < 0 or message.delivery_ts:
+                raise InvalidArgument("a message priority is 0 or more, and a priority message "
+                                      "cannot also be delayed")
         if message.keys and sum(len(key.encode()) for key in message.keys) > MAX_KEY_BYTES:
             raise InvalidArgument(f"message keys exceed {MAX_KEY_BYTES} bytes (UTF-8); use "
                                   "shorter keys (a client id or topic used as a key counts)")
@@ -172,6 +179,8 @@ class Producer:
         return checked
 
     def _queue_for(self, topic: TopicConfig, message: OutgoingMessage) -> int:
+        if topic.message_type is MessageType.PRIORITY:  # the queue is the priority
+            return min(message.priority or 0, topic.queue_count - 1)
         if message.queue_id is not None:
             if not 0 <= message.queue_id < topic.queue_count:
                 raise InvalidArgument(f"queue {message.queue_id} does not exist in topic "

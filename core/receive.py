@@ -18,7 +18,7 @@ from .dead_letter import dead_letter
 from .engine import Engine
 from .errors import InvalidReceiptHandle
 from .filters import Filter
-from .model import ConsumeMode, Delivery, GroupConfig, TopicConfig
+from .model import ConsumeMode, Delivery, GroupConfig, MessageType, TopicConfig
 
 
 class Receiver:
@@ -55,12 +55,15 @@ class Receiver:
     def _queues(self, group: str, topic: TopicConfig, client_id: str,
                 queue_id: int | None) -> list[int]:
         """A client that asked for an assignment pops only the queue it names, and nothing if
-        that queue is no longer its own; any other client pops every queue of the topic."""
+        that queue is no longer its own; any other client pops every queue of the topic. Every
+        client pops every queue of a priority topic, the highest priority first."""
+        count = topic.queue_count
+        if topic.message_type is MessageType.PRIORITY:  # consumed as one, highest first
+            return list(range(count - 1, -1, -1))
         assigned = self._engine.groups.members.assigned(group, client_id, topic.name)
         if assigned is not None and queue_id is not None and queue_id >= 0:
             return [queue_id] if queue_id in assigned else []
         start = next(self._rotation)
-        count = topic.queue_count
         return [(start + i) % count for i in range(count)]
 
     async def _pop(self, consumer: str, topic: str, queues: list[int], selector: Filter,

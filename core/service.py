@@ -27,7 +27,7 @@ from .errors import (AccessDenied, CorruptMessage, InvalidArgument, MessageNotFo
 from .filters import parse_filter
 from .memory_alarm import MemoryAlarm
 from .model import (INTERNAL_PREFIX, SUBJECT_PROPERTY, Action, Delivery, GroupConfig, GroupStats,
-                    OutgoingMessage, Principal, PullResult, QueueLag, QueueStats, ResourceKind,
+                    MessageType, OutgoingMessage, Principal, PullResult, QueueLag, QueueStats, ResourceKind,
                     SendResult, Subscription, TopicConfig, TopicStats)
 from .receive import Receiver
 from .settings import CoreConfig
@@ -35,6 +35,8 @@ from .transactions import Checker, check_transactional
 
 log = logging.getLogger(__name__)
 
+ALL_QUEUES = -1
+"""An assignment to pop every queue of a topic (RocketMQ's queue id -1)."""
 MIN_INVISIBLE_MS = 100
 MAX_INVISIBLE_MS = 12 * 3_600_000
 
@@ -228,10 +230,13 @@ class Broker:
         self._groups.leave(group, client_id)
 
     def assignment(self, principal: Principal, group: str, topic: str, client_id: str) -> list[int]:
-        """The queues of ``topic`` that ``client_id`` should consume now."""
+        """The queues of ``topic`` that ``client_id`` should consume now; ``[ALL_QUEUES]`` for
+        a priority topic, which every member pops whole, the highest priority first."""
         self._allow(principal, Action.SUBSCRIBE, ResourceKind.TOPIC, topic)
         self._allow(principal, Action.SUBSCRIBE, ResourceKind.GROUP, group)
         config = self._topics.get(topic)
+        if config.message_type is MessageType.PRIORITY:
+            return [ALL_QUEUES]
         return self._groups.assignment(group, topic, client_id, config.queue_count)
 
     # --- produce ---

@@ -22,6 +22,7 @@ MESSAGE_TYPES = {
     MessageType.FIFO: pb.MessageType.FIFO,
     MessageType.DELAY: pb.MessageType.DELAY,
     MessageType.TRANSACTION: pb.MessageType.TRANSACTION,
+    MessageType.PRIORITY: pb.MessageType.PRIORITY,
 }
 
 
@@ -89,9 +90,8 @@ def outgoing(message: pb.Message) -> OutgoingMessage:
     it a delayed message, message type TRANSACTION a half message); features Sluice lacks
     are refused."""
     props = message.system_properties
-    if props.HasField("lite_topic") or props.HasField("priority"):
-        raise NotSupported("lite topics and message priorities are not supported in this "
-                           "version of Sluice")
+    if props.HasField("lite_topic"):
+        raise NotSupported("lite topics are not supported in this version of Sluice")
     if props.body_encoding == pb.Encoding.GZIP:
         raise NotSupported("GZIP-encoded bodies are not supported in this version of Sluice; "
                            "send the body uncompressed")
@@ -104,7 +104,8 @@ def outgoing(message: pb.Message) -> OutgoingMessage:
         born_ts=_millis(props.born_timestamp, "born_timestamp") if props.HasField("born_timestamp") else 0,
         delivery_ts=(_millis(props.delivery_timestamp, "delivery_timestamp")
                      if props.HasField("delivery_timestamp") else 0),
-        transactional=props.message_type == pb.MessageType.TRANSACTION)
+        transactional=props.message_type == pb.MessageType.TRANSACTION,
+        priority=props.priority if props.HasField("priority") else None)
 
 
 MAX_TIMESTAMP_SECONDS = 253_402_300_799
@@ -136,6 +137,8 @@ def delivered(delivery: Delivery, topic: pb.Resource, message_type: MessageType,
         born_timestamp=timestamp(delivery.born_ts), store_timestamp=timestamp(delivery.store_ts),
         store_host=store_host, queue_id=delivery.queue_id, queue_offset=delivery.queue_offset,
         delivery_attempt=delivery.attempt)
+    if message_type is MessageType.PRIORITY:  # a priority topic's queue is the priority
+        props.priority = delivery.queue_id
     if delivery.tag:
         props.tag = delivery.tag
     properties = dict(delivery.properties)

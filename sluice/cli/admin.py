@@ -368,8 +368,10 @@ def _topic_commands(c: Commands) -> None:
     sub = c.add(topic, "create", "Create a topic.", topic_create)
     sub.add_argument("name", metavar="TOPIC")
     sub.add_argument("--queues", type=int, default=8, help="number of queues (default: %(default)s)")
-    sub.add_argument("--type", default="normal", choices=["normal", "fifo", "delay", "transaction"],
-                     help="message type (default: %(default)s)")
+    sub.add_argument("--type", default="normal",
+                     choices=["normal", "fifo", "delay", "transaction", "priority"],
+                     help="message type (default: %(default)s); a priority topic's queue N holds "
+                          "priority N, so give it as many queues as priorities")
     sub.add_argument("--retention-ms", type=int, help="keep messages this long (default: store-wide)")
     sub.add_argument("--compacted", action="store_true", help="keep the newest message per key")
     c.add(topic, "list", "List topics.", topic_list).add_argument(

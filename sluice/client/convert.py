@@ -80,10 +80,12 @@ def tag_filter(expression: str) -> FilterExpression:
 
 
 def message_type(message: Message, transactional: bool = False) -> MessageType.ValueType:
-    """TRANSACTION within a transaction, FIFO with a message group, DELAY with a delivery
-    timestamp, else NORMAL."""
+    """TRANSACTION within a transaction, PRIORITY with a priority, FIFO with a message group,
+    DELAY with a delivery timestamp, else NORMAL."""
     if transactional:
         return MessageType.TRANSACTION
+    if message.priority is not None:
+        return MessageType.PRIORITY
     if message.message_group:
         return MessageType.FIFO
     if message.delivery_timestamp:
@@ -117,6 +119,8 @@ def message_to_proto(message: Message, namespace: str, queue_id: int, message_id
         props.message_group = message.message_group
     if message.delivery_timestamp:
         props.delivery_timestamp.FromMilliseconds(message.delivery_timestamp)
+    if message.priority is not None:
+        props.priority = message.priority
     return proto
 
 
@@ -140,6 +144,7 @@ def message_from_proto(proto: ProtoMessage) -> ReceivedMessage:
         store_timestamp=props.store_timestamp.ToMilliseconds(),
         delivery_attempt=props.delivery_attempt if props.HasField("delivery_attempt") else 1,
         receipt_handle=props.receipt_handle,
+        priority=props.priority if props.HasField("priority") else None,
     )
 
 

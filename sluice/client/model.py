@@ -12,7 +12,8 @@ class Message:
     """A message to send.
 
     ``message_group`` makes it a FIFO message (one group goes to one queue, in order);
-    ``delivery_timestamp`` (ms since the epoch) makes it a delayed message.
+    ``delivery_timestamp`` (ms since the epoch) makes it a delayed message; ``priority`` (0 or
+    more, for a topic of message type PRIORITY) a priority message, higher delivered first.
     """
 
     topic: str
@@ -22,6 +23,7 @@ class Message:
     properties: Mapping[str, str] = field(default_factory=dict)
     message_group: str = ""
     delivery_timestamp: int = 0
+    priority: int | None = None
 
 
 @dataclass(frozen=True)
@@ -60,6 +62,8 @@ class ReceivedMessage:
     delivery_attempt: int = 1
     receipt_handle: str = ""
     batch_index: int = 0
+    priority: int | None = None
+    """A priority topic's messages carry their priority."""
 
 
 class TopicQueue(NamedTuple):

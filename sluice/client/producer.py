@@ -174,6 +174,8 @@ class Producer(Client):
 
     async def _queue_for(self, message: Message, chosen: dict[str, int]) -> int:
         queues = await self._writable_queues(message.topic)
+        if message.priority is not None:  # a priority topic's queue N holds priority N
+            return queues[min(max(message.priority, 0), len(queues) - 1)].id
         if message.message_group:
             return queues[zlib.crc32(message.message_group.encode()) % len(queues)].id
         if message.topic not in chosen:

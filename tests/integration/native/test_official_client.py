@@ -305,6 +305,40 @@ def test_an_unanswered_transaction_is_discarded_after_the_check_limit(native_bro
         assert consumer.receive(32, 30) == []
 
 
+def test_priority_messages_are_received_highest_first(native_broker):
+    native_broker.create_topic("tasks", queues=4, message_type=MessageType.PRIORITY)
+    with started(Producer(config(native_broker), ("tasks",))) as producer:
+        for i, priority in enumerate([0, 3, 1, 3, 2, 0]):
+            message = new_message("tasks", f"{priority}-{i}".encode())
+            message.priority = priority
+            producer.send(message)
+    subscription = {"tasks": FilterExpression()}
+    with started(SimpleConsumer(config(native_broker), "g", subscription, await_duration=2)) as consumer:
+        got = []
+        while len(got) < 6:
+            for message in consumer.receive(1, 30):
+                got.append((message.body, message.priority))
+                consumer.ack(message)
+    assert got == [(b"3-1", 3), (b"3-3", 3), (b"2-4", 2), (b"1-2", 1), (b"0-0", 0), (b"0-5", 0)]
+
+
+def test_a_push_consumer_takes_a_backlog_highest_priority_first(native_broker):
+    native_broker.create_topic("tasks", queues=3, message_type=MessageType.PRIORITY)
+    with started(Producer(config(native_broker), ("tasks",))) as producer:
+        for i in range(30):
+            message = new_message("tasks", f"{i % 3}-{i}".encode())
+            message.priority = i % 3
+            producer.send(message)
+    listener = Recorder()
+    with started(PushConsumer(config(native_broker), "g", listener, {"tasks": FilterExpression()})):
+        listener.wait(lambda ds: len(ds) >= 30)
+    priorities = [m.priority for m in listener.deliveries]
+    assert sorted(priorities) == sorted([0, 1, 2] * 10)
+    # the listener runs on a thread pool, so calls may interleave: compare where each lands
+    mean_position = {p: sum(i for i, q in enumerate(priorities) if q == p) / 10 for p in (0, 2)}
+    assert mean_position[2] < mean_position[0], priorities
+
+
 def test_push_consumer_retries_a_failure_then_succeeds(native_broker):
     native_broker.create_topic("orders", queues=2)
     listener = Recorder(lambda m: ConsumeResult.FAILURE if m.delivery_attempt == 1 else ConsumeResult.SUCCESS)

@@ -303,6 +303,27 @@ def test_transactions_commit_roll_back_and_answer_the_brokers_checks(native_brok
     run(test)
 
 
+def test_priority_messages_are_received_highest_first(native_broker):
+    native_broker.create_topic("tasks", queues=3, message_type=MessageType.PRIORITY)
+
+    async def test() -> None:
+        async with Producer(config_for(native_broker), ["tasks"]) as producer:
+            receipts = [await producer.send(Message("tasks", f"{p}-{i}".encode(), priority=p))
+                        for i, p in enumerate([0, 2, 1, 7, 0])]
+            assert [r.queue_id for r in receipts] == [0, 2, 1, 2, 0]  # above the top: the top
+            with pytest.raises(BadRequestError, match="not a priority topic"):
+                await producer.send(Message("orders", b"x", priority=1))
+        async with SimpleConsumer(config_for(native_broker), "g", {"tasks": "*"}, await_duration=1) as consumer:
+            got = []
+            while len(got) < 5:
+                for message in await consumer.receive(2):
+                    got.append((message.body, message.priority))
+                    await consumer.ack(message)
+        assert got == [(b"2-1", 2), (b"7-3", 2), (b"1-2", 1), (b"0-0", 0), (b"0-4", 0)]
+    native_broker.create_topic("orders", queues=1)
+    run(test)
+
+
 def test_errors_carry_the_brokers_code_and_message(native_broker_factory):
     native_broker = native_broker_factory(core={"auto_create_topics": False})
 
