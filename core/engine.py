@@ -1,6 +1,6 @@
 """What core's faces share: one store with its writer and reader, the topic and group
-registries, cursors, fan-out, the delay timer, and the timers that save offsets, expire
-members and apply retention.
+registries, cursors, fan-out, the delay timer, the message tracer, and the timers that save
+offsets, expire members and apply retention.
 
 ``core.assembly.Core`` builds one and hands it to the faces (``Broker``, ``NamedQueues``,
 ``StateStore``); adapters never see it. Runs on the event loop; not thread-safe.
@@ -30,6 +30,7 @@ from .settings import CoreConfig
 from .timer import DelayTimer
 from .topic_map import SubjectTopics
 from .topics import Topics
+from .trace import Tracer
 
 log = logging.getLogger(__name__)
 
@@ -66,6 +67,7 @@ class Engine:
         self.waiters: DurableWaiters
         self.reader: Reader
         self.timer: DelayTimer
+        self.tracer: Tracer
         self._retention_floors: dict[tuple[str, int], int] = {}
         """(topic, queue) -> first offset within the topic's own retention limit."""
         self._tasks: list[asyncio.Task] = []
@@ -88,6 +90,7 @@ class Engine:
                              self._retention_floors)
         self.timer = DelayTimer(self.producer, self.reader, self.topics.get, self._data_dir,
                                 self.config.max_delay_ms)
+        self.tracer = Tracer(store, self.producer, self.reader, on=self.config.message_trace)
         metadata = self.metadata
         topics, groups, subscriptions = await asyncio.to_thread(
             lambda: (metadata.list_topics(), metadata.list_groups(), metadata.list_subscriptions()))
@@ -95,6 +98,7 @@ class Engine:
         self.groups.load(groups, subscriptions)
         self.memory.start()
         self.timer.start(await asyncio.to_thread(store.queues))
+        self.tracer.start()
         self._tasks = [asyncio.create_task(self.groups.expire_members()),
                        asyncio.create_task(self._commit_offsets()),
                        asyncio.create_task(self._retain())]
@@ -109,6 +113,7 @@ class Engine:
         self.begin_shutdown()
         self.memory.stop()
         await self.timer.close()
+        await self.tracer.close()
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
