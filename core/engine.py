@@ -55,6 +55,7 @@ class Engine:
         self.memory = MemoryAlarm(watermark_bytes(config.memory_high_watermark))
         self.signals = TopicSignals()
         self.fanout = Fanout(subject_syntax)
+        self.tracer = Tracer(store, on=config.message_trace)
         self.subject_topics = subject_topics
         self.topics = Topics(store, metadata, config)
         self.groups = Groups(metadata, config, self.cursors)
@@ -67,7 +68,6 @@ class Engine:
         self.waiters: DurableWaiters
         self.reader: Reader
         self.timer: DelayTimer
-        self.tracer: Tracer
         self._retention_floors: dict[tuple[str, int], int] = {}
         """(topic, queue) -> first offset within the topic's own retention limit."""
         self._tasks: list[asyncio.Task] = []
@@ -90,7 +90,6 @@ class Engine:
                              self._retention_floors)
         self.timer = DelayTimer(self.producer, self.reader, self.topics.get, self._data_dir,
                                 self.config.max_delay_ms)
-        self.tracer = Tracer(store, self.producer, self.reader, on=self.config.message_trace)
         metadata = self.metadata
         topics, groups, subscriptions = await asyncio.to_thread(
             lambda: (metadata.list_topics(), metadata.list_groups(), metadata.list_subscriptions()))
@@ -98,7 +97,7 @@ class Engine:
         self.groups.load(groups, subscriptions)
         self.memory.start()
         self.timer.start(await asyncio.to_thread(store.queues))
-        self.tracer.start()
+        self.tracer.start(self.producer, self.reader)
         self._tasks = [asyncio.create_task(self.groups.expire_members()),
                        asyncio.create_task(self._commit_offsets()),
                        asyncio.create_task(self._retain())]

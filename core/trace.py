@@ -49,6 +49,7 @@ DELIVERED = "delivered"
 ACKED = "acked"
 RETRIED = "retried"
 DEAD_LETTERED = "dead_lettered"
+REJECTED = "rejected"
 
 Place = tuple[str, str, int, int]
 """(consumer, topic, queue id, offset): one consumer's delivery of one message."""
@@ -79,15 +80,17 @@ class MessageTrace:
 class Tracer:
     """Buffers trace events and appends them to the log in batches."""
 
-    def __init__(self, store: Store, producer: Producer, reader: Reader, *, on: bool) -> None:
+    def __init__(self, store: Store, *, on: bool) -> None:
         self.on = on
         """Whether events are recorded; callers check it before reporting one."""
         self._store = store
-        self._producer = producer
-        self._reader = reader
+        self._producer: Producer
+        self._reader: Reader
         self._buffer: list[Message] = []
-        self._remembered: dict[Place, tuple[str, str]] = {}
-        """Place -> (message id, client) of recent deliveries, oldest first."""
+        self._remembered: dict[Place, tuple[str, str, str]] = {}
+        """Place -> (message id, group, client) of recent deliveries, oldest first."""
+        self._requeued: set[Place] = set()
+        """Places released to be delivered again at once (their next delivery is no timeout)."""
         self._wake = asyncio.Event()
         self._full = asyncio.Event()
         self._task: asyncio.Task | None = None
@@ -95,8 +98,9 @@ class Tracer:
         """Events dropped since start (buffer full, or the store refused their append)."""
         self._dropped_logged = 0
 
-    def start(self) -> None:
+    def start(self, producer: Producer, reader: Reader) -> None:
         """Start the background task that appends the buffer (only when tracing is on)."""
+        self._producer, self._reader = producer, reader
         if self.on:
             self._task = asyncio.create_task(self._run())
 
@@ -109,17 +113,19 @@ class Tracer:
 
     # --- events (callers check ``on`` first) ---
 
-    def delivered(self, consumer: str, client: str, deliveries: Sequence[Delivery]) -> None:
+    def delivered(self, consumer: str, client: str, deliveries: Sequence[Delivery],
+                  group: str = "") -> None:
         """``consumer`` (a group, ``group@client`` or a named queue) handed ``deliveries`` to
-        ``client``; a delivery after the first is also a retry (its invisible time ended)."""
+        ``client``; a delivery after the first is also a retry (its invisible time ended).
+        ``group``: the name to show (default: the group ``consumer`` names)."""
         now = now_ms()
-        group = consumer.partition("@")[0]
+        group = group or consumer.partition("@")[0]
         remembered = self._remembered
         for d in deliveries:
             place = (consumer, d.topic, d.queue_id, d.queue_offset)
             remembered.pop(place, None)
-            remembered[place] = (d.msg_id, client)
-            if d.attempt > 1:
+            remembered[place] = (d.msg_id, group, client)
+            if d.attempt > 1 and not self._was_requeued(place):
                 self._add(d.msg_id, now, RETRIED, group, client, d.attempt, "invisible time ended")
             self._add(d.msg_id, now, DELIVERED, group, client, d.attempt)
         while len(remembered) > MAX_REMEMBERED:
@@ -128,6 +134,24 @@ class Tracer:
     def acked(self, consumer: str, topic: str, queue_id: int, offset: int) -> None:
         """The delivery of ``consumer`` at ``offset`` of the queue was acked."""
         self._settled(consumer, topic, queue_id, offset, ACKED, 0, "")
+
+    def requeued(self, consumer: str, topic: str, queue_id: int, offset: int) -> None:
+        """The delivery at ``offset`` was handed back to be delivered again at once."""
+        place = (consumer, topic, queue_id, offset)
+        if len(self._requeued) >= MAX_REMEMBERED:
+            self._requeued.clear()
+        self._requeued.add(place)
+        self._settled(consumer, topic, queue_id, offset, RETRIED, 0, "requeued")
+
+    def _was_requeued(self, place: Place) -> bool:
+        if place in self._requeued:
+            self._requeued.discard(place)
+            return True
+        return False
+
+    def rejected(self, consumer: str, topic: str, queue_id: int, offset: int) -> None:
+        """The delivery at ``offset`` was rejected without requeue (an AMQP reject or nack)."""
+        self._settled(consumer, topic, queue_id, offset, REJECTED, 0, "")
 
     def retried(self, consumer: str, topic: str, queue_id: int, offset: int, attempt: int,
                 why: str) -> None:
@@ -140,14 +164,14 @@ class Tracer:
         group, _, client = consumer.partition("@")
         if not client:
             client = self._remembered.get((consumer, message.topic, message.queue_id,
-                                           message.queue_offset), ("", ""))[1]
+                                           message.queue_offset), ("", "", ""))[2]
         self._add(message.msg_id, now_ms(), DEAD_LETTERED, group, client, message.attempt,
                   dead_letter_topic)
 
     def _settled(self, consumer: str, topic: str, queue_id: int, offset: int, event: str,
                  attempt: int, detail: str) -> None:
         place = (consumer, topic, queue_id, offset)
-        found = self._remembered.pop(place, None) if event == ACKED else self._remembered.get(place)
+        found = self._remembered.get(place) if event == RETRIED else self._remembered.pop(place, None)
         if found is None:
             try:
                 message = self._reader.read_one(topic, queue_id, offset)
@@ -156,8 +180,8 @@ class Tracer:
             if message is None:
                 self.dropped += 1
                 return
-            found = (message.msg_id, "")
-        self._add(found[0], now_ms(), event, consumer.partition("@")[0], found[1], attempt, detail)
+            found = (message.msg_id, consumer.partition("@")[0], "")
+        self._add(found[0], now_ms(), event, found[1], found[2], attempt, detail)
 
     def _add(self, msg_id: str, time_ms: int, event: str, group: str, client: str, attempt: int,
              detail: str = "") -> None:

@@ -58,8 +58,8 @@ SCHEMAS: dict[str, dict[str, Any]] = {
     "MessageTrace": _obj(
         ["message", "events", "truncated"], message=_ref("Message"),
         events=_list(_obj(["time_ms", "event"], time_ms=_INT, event={"type": "string", "enum": [
-            "stored", "delivered", "retried", "acked", "dead_lettered"]}, group=_STR, client=_STR,
-            attempt=_INT, detail=_STR)),
+            "stored", "delivered", "retried", "acked", "rejected", "dead_lettered"]}, group=_STR,
+            client=_STR, attempt=_INT, detail=_STR)),
         truncated={"type": "boolean",
                    "description": "true: only the newest max_events events are listed"},
         max_events=_INT),

@@ -8,6 +8,7 @@ import asyncio
 import json
 import os
 import subprocess
+import threading
 import sys
 import time
 
@@ -127,3 +128,48 @@ def cli_run(broker: BrokerThread, *args: str) -> subprocess.CompletedProcess:
     return subprocess.run([*SLUICE, *args, "--admin", broker.running.admin_url], capture_output=True,
                           text=True, timeout=60, env={**os.environ, "SLUICE_USER": "sluice",
                                                      "SLUICE_PASSWORD": "sluice"})
+
+
+def test_one_message_traced_through_an_mqtt_session_and_an_amqp_queue(broker):
+    import paho.mqtt.client as mqtt
+    import pika
+
+    amqp = pika.BlockingConnection(pika.ConnectionParameters(
+        "127.0.0.1", broker.running.amqp_listener.port, "/",
+        pika.PlainCredentials("sluice", "sluice"), connection_attempts=1, socket_timeout=10))
+    channel = amqp.channel()
+    channel.queue_declare("trace-q", durable=True)
+    channel.queue_bind("trace-q", "amq.topic", "plant.#")
+    received, subscribed = threading.Event(), threading.Event()
+    device = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id="dev-1", clean_session=False)
+    device.username_pw_set("sluice", "sluice")
+    device.on_message = lambda client, userdata, message: received.set()
+    device.on_subscribe = lambda *args: subscribed.set()
+    device.connect("127.0.0.1", broker.running.mqtt_listeners.ports["tcp"], keepalive=60)
+    device.loop_start()
+    try:
+        device.subscribe("plant/#", qos=1)
+        assert subscribed.wait(TIMEOUT), "no SUBACK"
+        device.publish("plant/line-1", b"reading", qos=1).wait_for_publish(TIMEOUT)
+        assert received.wait(TIMEOUT), "the session's message did not arrive"
+        first = channel.basic_get("trace-q")[0]
+        channel.basic_nack(first.delivery_tag, requeue=True)
+        again = channel.basic_get("trace-q")[0]
+        channel.basic_ack(again.delivery_tag)
+    finally:
+        device.loop_stop()
+        device.disconnect()
+        amqp.close()
+    http = Http(broker.running.admin_url)
+    [stored] = http("GET", "/topics/plant/messages?from=0")[1]
+    deadline = time.monotonic() + TIMEOUT
+    while True:  # the session's PUBACK reaches the broker after the message reached paho
+        events = http("GET", f"/messages/{stored['msg_id']}/trace")[1]["events"]
+        steps = [(e["event"], e["group"], e["client"], e["detail"]) for e in events]
+        if ("acked", "mqtt:dev-1", "dev-1", "") in steps or time.monotonic() > deadline:
+            break
+    assert [s for s in steps if s[1] == "mqtt:dev-1"] == [
+        ("delivered", "mqtt:dev-1", "dev-1", ""), ("acked", "mqtt:dev-1", "dev-1", "")]
+    assert [s[:2] + s[3:] for s in steps if s[1] == "trace-q"] == [
+        ("delivered", "trace-q", ""), ("retried", "trace-q", "requeued"),
+        ("delivered", "trace-q", ""), ("acked", "trace-q", "")]
