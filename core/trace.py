@@ -90,7 +90,8 @@ class Tracer:
         self._remembered: dict[Place, tuple[str, str, str]] = {}
         """Place -> (message id, group, client) of recent deliveries, oldest first."""
         self._requeued: set[Place] = set()
-        """Places released to be delivered again at once (their next delivery is no timeout)."""
+        """Places handed back to be delivered again at once: their next delivery follows no
+        timeout."""
         self._wake = asyncio.Event()
         self._full = asyncio.Event()
         self._task: asyncio.Task | None = None
@@ -155,16 +156,17 @@ class Tracer:
 
     def retried(self, consumer: str, topic: str, queue_id: int, offset: int, attempt: int,
                 why: str) -> None:
-        """The delivery at ``offset`` will be handed out again (a nack, a new invisible time, a
-        requeue); ``why`` says which."""
+        """The delivery at ``offset`` will be handed out again when its new invisible time ends
+        (a nack, or a consumer asking for more time); ``why`` says which."""
         self._settled(consumer, topic, queue_id, offset, RETRIED, attempt, why)
 
     def dead_lettered(self, consumer: str, message: Delivery, dead_letter_topic: str) -> None:
         """``message`` went to ``dead_letter_topic`` after ``message.attempt`` deliveries."""
         group, _, client = consumer.partition("@")
-        if not client:
-            client = self._remembered.get((consumer, message.topic, message.queue_id,
-                                           message.queue_offset), ("", "", ""))[2]
+        remembered = self._remembered.pop((consumer, message.topic, message.queue_id,
+                                           message.queue_offset), None)
+        if not client and remembered is not None:
+            client = remembered[2]
         self._add(message.msg_id, now_ms(), DEAD_LETTERED, group, client, message.attempt,
                   dead_letter_topic)
 
