@@ -32,5 +32,7 @@ async def dead_letter(engine: Engine, consumer: str, message: Delivery) -> None:
     await engine.producer.send(engine.topics.get, [OutgoingMessage(
         dlq, message.body, message.tag, message.keys, properties, born_ts=message.born_ts)])
     engine.counters["dead_lettered", group] += 1
+    if engine.tracer.on:
+        engine.tracer.dead_lettered(consumer, message, dlq)
     log.info("message %s of topic %s moved to %s after %d attempts", message.msg_id,
              message.topic, dlq, message.attempt)

@@ -1,6 +1,6 @@
 """What core's faces share: one store with its writer and reader, the topic and group
-registries, cursors, fan-out, the delay timer, open transactions, and the timers that save offsets, expire
-members and apply retention.
+registries, cursors, fan-out, the delay timer, open transactions, the message tracer, and the
+timers that save offsets, expire members and apply retention.
 
 ``core.assembly.Core`` builds one and hands it to the faces (``Broker``, ``NamedQueues``,
 ``StateStore``); adapters never see it. Runs on the event loop; not thread-safe.
@@ -30,6 +30,7 @@ from .settings import CoreConfig
 from .timer import DelayTimer
 from .topic_map import SubjectTopics
 from .topics import Topics
+from .trace import Tracer
 from .transactions import Transactions
 
 log = logging.getLogger(__name__)
@@ -55,6 +56,7 @@ class Engine:
         self.memory = MemoryAlarm(watermark_bytes(config.memory_high_watermark))
         self.signals = TopicSignals()
         self.fanout = Fanout(subject_syntax)
+        self.tracer = Tracer(store, on=config.message_trace)
         self.subject_topics = subject_topics
         self.topics = Topics(store, metadata, config)
         self.groups = Groups(metadata, config, self.cursors)
@@ -100,6 +102,7 @@ class Engine:
         self.transactions = Transactions(self.producer, self.reader, store.lookup_id,
                                          self.topics.get, self._data_dir, self.config)
         await self.transactions.start()
+        self.tracer.start(self.producer, self.reader)
         self._tasks = [asyncio.create_task(self.groups.expire_members()),
                        asyncio.create_task(self._commit_offsets()),
                        asyncio.create_task(self._retain())]
@@ -115,6 +118,7 @@ class Engine:
         self.memory.stop()
         await self.timer.close()
         await self.transactions.close()
+        await self.tracer.close()
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)

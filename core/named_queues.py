@@ -44,6 +44,9 @@ class NamedQueues:
         self.settled: dict[str, int] = {}
         """Popped messages settled per queue since start (acked, or rejected without requeue)."""
         self._marks = DeliveredMarks(data_dir)
+        self.tracer = engine.tracer
+        """The message tracer (``core.trace``): adapters report there, after checking its
+        ``on``, whom they hand a popped or read message and how its consumer settles it."""
 
     def flush_marks(self) -> None:
         """Write the delivered marks taken by ``pop`` since the last flush (one write)."""

@@ -43,6 +43,8 @@ class Receiver:
             now = now_ms()
             if found or now >= deadline or engine.closing or topic.name not in engine.topics:
                 engine.count_out(topic.name, found)
+                if engine.tracer.on:
+                    engine.tracer.delivered(consumer, client_id, found)
                 return found
             wake = deadline
             for q in queues:
@@ -111,8 +113,10 @@ class Receiver:
 
     def ack(self, group: str, topic: str, receipt_handle: str) -> None:
         """Settle a received message; ReceiptExpired if its invisible duration had ended."""
-        _, _, cursor, offset = self._in_flight(group, topic, receipt_handle)
+        consumer, queue_id, cursor, offset = self._in_flight(group, topic, receipt_handle)
         cursor.ack(offset)
+        if self._engine.tracer.on:
+            self._engine.tracer.acked(consumer, topic, queue_id, offset)
         self._unblocked(group, topic, cursor)
 
     def _unblocked(self, group: str, topic: str, cursor: Cursor) -> None:
@@ -125,6 +129,9 @@ class Receiver:
         """Hide a received message for ``invisible_ms`` from now; return its new receipt handle."""
         consumer, queue_id, cursor, offset = self._in_flight(group, topic, receipt_handle)
         flight = cursor.extend(offset, now_ms(), invisible_ms)
+        if self._engine.tracer.on:
+            self._engine.tracer.retried(consumer, topic, queue_id, offset, flight.attempt,
+                                        f"invisible time changed to {invisible_ms} ms")
         self._engine.signals.notify(topic)  # long polls recompute when the next redelivery is due
         return make_handle(consumer, topic, queue_id, offset, flight.version)
 

@@ -23,7 +23,7 @@ from .clock import now_ms
 from .consume import pull_queue, to_delivery
 from .engine import Engine
 from .errors import (AccessDenied, CorruptMessage, InvalidArgument, MessageNotFound, NotRecallable,
-                     Unavailable)
+                     PreconditionFailed, Unavailable)
 from .filters import parse_filter
 from .memory_alarm import MemoryAlarm
 from .model import (INTERNAL_PREFIX, SUBJECT_PROPERTY, Action, Delivery, GroupConfig, GroupStats,
@@ -31,6 +31,7 @@ from .model import (INTERNAL_PREFIX, SUBJECT_PROPERTY, Action, Delivery, GroupCo
                     SendResult, Subscription, TopicConfig, TopicStats)
 from .receive import Receiver
 from .settings import CoreConfig
+from .trace import MessageTrace
 from .transactions import Checker, check_transactional
 
 log = logging.getLogger(__name__)
@@ -488,6 +489,17 @@ class Broker:
             raise MessageNotFound(f"no message has id {msg_id!r}; it may have aged out with retention")
         self._allow(principal, Action.SUBSCRIBE, ResourceKind.TOPIC, stored.topic)
         return to_delivery(stored)
+
+    async def trace_message(self, principal: Principal, msg_id: str) -> MessageTrace:
+        """The message with id ``msg_id`` and what happened to it since it was stored
+        (``core.trace``); authorized as ``lookup_message``. PreconditionFailed while tracing is
+        off."""
+        message = self.lookup_message(principal, msg_id)
+        if not self._engine.tracer.on:
+            raise PreconditionFailed("message tracing is off on this broker; set "
+                                     "core.message_trace = true (SLUICE_CORE_MESSAGE_TRACE=true) "
+                                     "and restart it; messages delivered from then on are traced")
+        return await self._engine.tracer.trace(message)
 
     def find_in_time(self, principal: Principal, topic: str, start_ms: int, end_ms: int,
                      limit: int = 32) -> list[Delivery]:

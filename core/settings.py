@@ -40,3 +40,7 @@ class CoreConfig:
     memory_high_watermark: float = 0.4
     """The memory alarm goes on (publishers are blocked) while the broker's resident memory is
     above this fraction of the machine's memory, as RabbitMQ's ``vm_memory_high_watermark``."""
+    message_trace: bool = False
+    """Record each message's path (delivered to which group and client, acked, retried,
+    dead-lettered) in the internal topic ``%SYS%trace`` (``core.trace``): about one more small
+    record per delivery and per ack, so off unless asked for."""

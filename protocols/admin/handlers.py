@@ -27,6 +27,7 @@ from core.vhost_admin import VhostAdmin
 from core.errors import AccessDenied, MessageNotFound, NotFound, UserNotFound
 from core.model import (INTERNAL_PREFIX, Action, ConsumeMode, Delivery, GroupConfig, MessageType,
                         Permission, Principal, ResourceKind, RetryPolicy, TopicConfig)
+from core.trace import MAX_EVENTS
 
 from .access import may_read
 from .errors import HttpProblem
@@ -253,6 +254,23 @@ async def message_by_id(request: web.Request, principal: Principal) -> dict[str,
         raise MessageNotFound(f"no message you may read has id {msg_id!r}: it may have aged out "
                               "with retention, or reading it needs the subscribe right on its "
                               "topic") from None
+
+
+async def message_trace(request: web.Request, principal: Principal) -> dict[str, Any]:
+    """A message and its trace (``core.trace``), oldest event first, the stored message's own
+    event included; the same 404 as ``message_by_id`` for a message the caller may not read."""
+    msg_id = request.match_info["msg_id"]
+    try:
+        trace = await deps(request).broker.trace_message(principal, msg_id)
+    except (AccessDenied, MessageNotFound):
+        raise MessageNotFound(f"no message you may read has id {msg_id!r}: it may have aged out "
+                              "with retention, or reading it needs the subscribe right on its "
+                              "topic") from None
+    m = trace.message
+    stored = {"time_ms": m.store_ts, "event": "stored", "group": "", "client": "", "attempt": 0,
+              "detail": f"topic {m.topic} queue {m.queue_id} offset {m.queue_offset}"}
+    return {"message": message_json(m), "events": [stored, *map(plain, trace.events)],
+            "truncated": trace.truncated, "max_events": MAX_EVENTS}
 
 
 # --- groups ---

@@ -96,6 +96,10 @@ ROUTES: tuple[Route, ...] = (
                    type="integer"),)),
     R("GET", "/messages/{msg_id}", h.message_by_id, "Look up a message by id", "messages",
       A.USER, response="Message"),
+    R("GET", "/messages/{msg_id}/trace", h.message_trace,
+      "A message's path: stored, delivered to which group and client, retried, acked, "
+      "dead-lettered, with times (needs core.message_trace)", "messages", A.USER,
+      response="MessageTrace"),
 
     R("GET", "/groups", h.list_groups, "List consumer groups", "groups", A.USER,
       response="[Group]"),

@@ -138,6 +138,8 @@ class Messages:
         if not popped:
             return Basic.GetEmpty()
         delivery = popped[0]
+        if self.queues.tracer.on:
+            self.queues.tracer.delivered(delivery.topic, "basic.get", popped, queue.name)
         state = self._channels.of(channel)
         tag = next(state.delivery_tags)
         if m.no_ack:
@@ -182,6 +184,8 @@ class Messages:
             self._dispatch(state)
 
     def _done(self, unacked: Unacked, requeue: bool, rejected: bool = False) -> None:
+        if self.queues.tracer.on and not unacked.stream:
+            self._trace_done(unacked, requeue, rejected)
         if unacked.stream:  # a stream keeps its messages: an ack only makes room
             pass
         elif requeue:
@@ -193,6 +197,15 @@ class Messages:
         if unacked.consumer is not None:
             unacked.consumer.unacked -= 1
             unacked.consumer.wake()
+
+    def _trace_done(self, unacked: Unacked, requeue: bool, rejected: bool) -> None:
+        tracer, queue, offset = self.queues.tracer, unacked.queue, unacked.offset
+        if requeue:
+            tracer.requeued(queue, queue, 0, offset)
+        elif rejected:
+            tracer.rejected(queue, queue, 0, offset)
+        else:
+            tracer.acked(queue, queue, 0, offset)
 
     def _recover(self, channel: int, m: Basic.Recover | Basic.RecoverAsync) -> Frame | None:
         state = self._channels.of(channel)
@@ -260,6 +273,8 @@ class Messages:
         state = consumer.state
         tag = next(state.delivery_tags)
         stream = consumer.stream_offset is not None
+        if self.queues.tracer.on and not stream:
+            self.queues.tracer.delivered(delivery.topic, consumer.tag, (delivery,), consumer.queue_name)
         if consumer.no_ack:
             self.queues.settle(delivery.topic, delivery.queue_offset)
         else:

@@ -121,6 +121,8 @@ class QueueLimits:
                  spawn: Callable[[Coroutine[Any, Any, None]], None],
                  deleted: Callable[[str], None]) -> None:
         self._named = queues
+        self.tracer = queues.tracer
+        """Core's message tracer (``core.trace``)."""
         self._vhosts = vhosts
         self._dead_letters = dead_letters
         self._consumer_count = consumer_count

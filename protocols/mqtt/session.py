@@ -438,6 +438,8 @@ class Session:
                     queues.ack(queue, offset)
                     continue
                 by_pid[packet_id] = offset
+                if queues.tracer.on:
+                    queues.tracer.delivered(queue, self.client_id, (delivery,), f"mqtt:{self.client_id}")
                 if link.send_quota <= 0:
                     break
 
@@ -472,6 +474,8 @@ class Session:
                 entry[0].settle(entry[1])
         elif (offset := self._by_pid.pop(packet_id, None)) is not None:
             self.queues.ack(self.queue, offset)
+            if self.queues.tracer.on:
+                self.queues.tracer.acked(self.queue, self.queue, 0, offset)
             if self.qos2.received.pop(offset, None) is not None:
                 self.qos2.completed[offset] = now_ms()
                 self.host.save_qos2_soon(self)

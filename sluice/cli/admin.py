@@ -223,6 +223,28 @@ def message_find(client: AdminClient, args: argparse.Namespace) -> int:
     return 0
 
 
+def message_trace(client: AdminClient, args: argparse.Namespace) -> int:
+    return show(args, client.call("GET", f"/messages/{args.msg_id}/trace"), render_trace)
+
+
+def render_trace(trace: dict[str, Any]) -> str:
+    """A message's trace as a timeline: one row per event, oldest first."""
+    m = trace["message"]
+    rows = [(_local_time(e["time_ms"]), e["event"], e["group"] or "-", e["client"] or "-",
+             e["attempt"] or "-", e["detail"]) for e in trace["events"]]
+    lines = [f"message {m['msg_id']}  topic {m['topic']}  tag {m['tag'] or '-'}  "
+             f"keys {','.join(m['keys']) or '-'}",
+             table(rows, ["TIME", "EVENT", "GROUP", "CLIENT", "ATTEMPT", "DETAIL"])]
+    if trace["truncated"]:
+        lines.append(f"(only the newest {trace['max_events']} events are shown; older ones "
+                     "were left out)")
+    return "\n".join(lines)
+
+
+def _local_time(ms: int) -> str:
+    return datetime.fromtimestamp(ms / 1000).isoformat(sep=" ", timespec="milliseconds")
+
+
 def render_message(m: dict[str, Any]) -> str:
     body = m["body_text"] if m["body_text"] is not None else f"(binary, base64) {m['body_base64']}"
     lines = [f"id {m['msg_id']}  topic {m['topic']}  queue {m['queue_id']}  offset {m['queue_offset']}",
@@ -404,13 +426,17 @@ def _group_commands(c: Commands) -> None:
 
 
 def _message_commands(c: Commands) -> None:
-    message = c.section("message", "Look up stored messages.")
+    message = c.section("message", "Look up stored messages and trace their path.")
     sub = c.add(message, "get", "Show a message by id, or the messages of a topic with a key.",
               message_get)
     sub.add_argument("msg_id", nargs="?", metavar="MSG_ID")
     sub.add_argument("--topic", help="topic to search by key")
     sub.add_argument("--key", help="business key (needs --topic)")
     sub.add_argument("--limit", type=int, default=32, help="at most this many (default: %(default)s)")
+    sub = c.add(message, "trace", "Show a message's path as a timeline: stored, delivered to "
+                "which group and client, retried, acked, dead-lettered (the broker needs "
+                "core.message_trace = true).", message_trace)
+    sub.add_argument("msg_id", metavar="MSG_ID")
     sub = c.add(message, "find", "Show the messages of a topic stored in a time range, oldest first.",
                 message_find)
     sub.add_argument("topic", metavar="TOPIC")

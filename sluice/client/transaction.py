@@ -21,7 +21,7 @@ from .model import ReceivedMessage, SendReceipt
 if TYPE_CHECKING:
     from .producer import Producer
 
-TransactionChecker = Callable[[ReceivedMessage], "bool | None | Awaitable[bool | None]"]
+TransactionChecker = Callable[[ReceivedMessage], bool | None | Awaitable[bool | None]]
 """Decides an open transaction the broker asks about: True commits, False rolls back, None
 leaves it open."""
 

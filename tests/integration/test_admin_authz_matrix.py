@@ -67,6 +67,8 @@ TABLE = [
          {"admin": 200, "owner": 200, "publisher": 403, "other": 403, "none": 403, "anonymous": 401}),
     Cell("GET", "/messages/{msg_id}", "/messages/{msg_id}",
          {"admin": 200, "owner": 200, "publisher": 404, "other": 404, "none": 404, "anonymous": 401}),
+    Cell("GET", "/messages/{msg_id}/trace", "/messages/{msg_id}/trace",
+         {"admin": 200, "owner": 200, "publisher": 404, "other": 404, "none": 404, "anonymous": 401}),
     Cell("GET", "/groups", "/groups", USERS_200),
     Cell("POST", "/groups", "/groups", only_admin(201), body={"name": "new-group-{n}"}),
     Cell("GET", "/groups/m-group", "/groups/{group}",
@@ -126,7 +128,8 @@ class World:
 
 @pytest.fixture(scope="module")
 def world(tmp_path_factory):
-    broker = BrokerThread(str(tmp_path_factory.mktemp("matrix") / "data"))
+    broker = BrokerThread(str(tmp_path_factory.mktemp("matrix") / "data"),
+                          **{"core.message_trace": True})
     admin = Http(broker.running.admin_url)
     for name in ("m-topic", "o-topic"):
         assert admin("POST", "/topics", {"name": name, "queue_count": 1})[0] == 201
