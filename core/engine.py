@@ -1,5 +1,5 @@
 """What core's faces share: one store with its writer and reader, the topic and group
-registries, cursors, fan-out, the delay timer, open transactions, the message tracer, and the
+registries, cursors, fan-out, the delay timer, open transactions, lite topics, the message tracer, and the
 timers that save offsets, expire members and apply retention.
 
 ``core.assembly.Core`` builds one and hands it to the faces (``Broker``, ``NamedQueues``,
@@ -30,6 +30,7 @@ from .settings import CoreConfig
 from .timer import DelayTimer
 from .topic_map import SubjectTopics
 from .topics import Topics
+from .lite import LiteTopics
 from .trace import Tracer
 from .transactions import Transactions
 
@@ -70,6 +71,7 @@ class Engine:
         self.reader: Reader
         self.timer: DelayTimer
         self.transactions: Transactions
+        self.lite: LiteTopics
         self._retention_floors: dict[tuple[str, int], int] = {}
         """(topic, queue) -> first offset within the topic's own retention limit."""
         self._tasks: list[asyncio.Task] = []
@@ -102,6 +104,8 @@ class Engine:
         self.transactions = Transactions(self.producer, self.reader, store.lookup_id,
                                          self.topics.get, self._data_dir, self.config)
         await self.transactions.start()
+        self.lite = LiteTopics(store, self.producer, self.topics, self.config)
+        await self.lite.start()
         self.tracer.start(self.producer, self.reader)
         self._tasks = [asyncio.create_task(self.groups.expire_members()),
                        asyncio.create_task(self._commit_offsets()),
@@ -118,6 +122,7 @@ class Engine:
         self.memory.stop()
         await self.timer.close()
         await self.transactions.close()
+        await self.lite.close()
         await self.tracer.close()
         for task in self._tasks:
             task.cancel()

@@ -23,6 +23,9 @@ class MessageType(enum.Enum):
     PRIORITY = "priority"
     """Queue N holds the messages of priority N (the last queue, those above); pop consumers
     take the highest priority first."""
+    LITE = "lite"
+    """Every message names a lite topic: an ordered channel inside the topic, created on first
+    send, consumed by clients that subscribe to it (``core.lite``)."""
 
 
 class ConsumeMode(enum.Enum):
@@ -215,6 +218,11 @@ sessions, retained messages): only admins may send to or read them."""
 
 MESSAGE_GROUP_PROPERTY = "sluice.message_group"
 """Stored property carrying a FIFO message's group; ``Delivery.message_group`` reads it."""
+LITE_PROPERTY = "sluice.lite"
+"""Stored property carrying a message's lite topic (``core.lite``)."""
+LITE_KEY_PREFIX = "%LITE%"
+"""A lite topic's messages carry the key ``%LITE%<lite topic>``: the key index finds them."""
+MAX_LITE_TOPIC_LENGTH = 128
 SUBJECT_PROPERTY = "sluice.subject"
 """The full hierarchical subject of a message (an MQTT topic such as ``devices/d1/telemetry``),
 levels separated by ``/``; its first level names the message's topic (``core.subjects``).
@@ -244,6 +252,8 @@ class OutgoingMessage:
     adapters (MQTT retained messages), never taken from a client."""
     priority: int | None = None
     """Priority topics: higher is delivered first to pop consumers; None is the lowest."""
+    lite_topic: str = ""
+    """Lite topics: the ordered channel of the (lite) topic the message belongs to."""
     transactional: bool = False
     """Sent within a transaction: held invisible until its producer commits
     (``core.transactions``); only transactional topics take such messages."""
@@ -285,6 +295,8 @@ class Delivery:
     home_topic: str = ""
     """The topic the message was sent to when it is read from a queue it was fanned out to
     (an MQTT session's, a shared group's); empty when that is ``topic``."""
+    lite_topic: str = ""
+    """The lite topic of a message received through a lite subscription."""
 
     @property
     def message_group(self) -> str:

@@ -31,7 +31,8 @@ from .durable import BatchingAppender, DurableWaiters
 from .errors import InvalidArgument, MessageTooLarge
 from .fanout import Fanout, Listener
 from .interop import MQTT_QOS
-from .model import (MESSAGE_GROUP_PROPERTY, SUBJECT_PROPERTY, Delivery, MessageType,
+from .model import (LITE_KEY_PREFIX, LITE_PROPERTY, MAX_LITE_TOPIC_LENGTH, MESSAGE_GROUP_PROPERTY,
+                    SUBJECT_PROPERTY, Delivery, MessageType,
                     OutgoingMessage, SendResult, SharedProperties, TopicConfig)
 from .topic_map import SubjectTopics
 
@@ -118,6 +119,14 @@ class Producer:
                 if not message.transactional else
                 f"topic {topic.name!r} is not transactional; send transactional messages to a "
                 "topic created with message type TRANSACTION")
+        if (topic.message_type is MessageType.LITE) != bool(message.lite_topic):
+            raise InvalidArgument(
+                f"topic {topic.name!r} is a lite topic's parent: every message names its lite topic"
+                if not message.lite_topic else
+                f"topic {topic.name!r} is not of message type LITE; send messages with a lite topic "
+                "to a topic created with message type LITE")
+        if message.lite_topic:
+            _check_lite_topic(message)
         if message.priority is not None:
             if topic.message_type is not MessageType.PRIORITY:
                 raise InvalidArgument(f"topic {topic.name!r} is not a priority topic; send messages "
@@ -132,8 +141,9 @@ class Producer:
     def _prepare(self, topic: TopicConfig, message: OutgoingMessage) -> Message:
         self._check_message(topic, message)
         properties = message.properties  # stored as given: senders hand over a fresh mapping
+        keys = tuple(message.keys)
         if type(properties) is SharedProperties and message.queue_id is None \
-                and not message.message_group:
+                and not message.message_group and not message.lite_topic:
             checked = self._shared_checked.get(properties)
             if checked is None or checked[0] is not topic:
                 checked = self._check_shared(topic, properties)
@@ -141,6 +151,9 @@ class Producer:
         else:
             if message.message_group:
                 properties = {**properties, MESSAGE_GROUP_PROPERTY: message.message_group}
+            if message.lite_topic:  # found through the key index (``core.lite``)
+                properties = {**properties, LITE_PROPERTY: message.lite_topic}
+                keys += (LITE_KEY_PREFIX + message.lite_topic,)
             self._check_properties(topic, properties)
             queue_id = self._queue_for(topic, message)
         subject = properties.get(SUBJECT_PROPERTY)
@@ -150,7 +163,7 @@ class Producer:
             routed = set(extra)
             extra += tuple((queue, 0) for queue in message.also_into if (queue, 0) not in routed)
         prepared = Message(topic.name, message.body, queue_id, message.tag,
-                           tuple(message.keys), properties or None, message.msg_id,
+                           keys, properties or None, message.msg_id,
                            message.born_ts or int(time.time() * 1000), extra)
         if route.listeners:
             self._live[id(prepared)] = route.listeners
@@ -181,6 +194,8 @@ class Producer:
     def _queue_for(self, topic: TopicConfig, message: OutgoingMessage) -> int:
         if topic.message_type is MessageType.PRIORITY:  # the queue is the priority
             return min(message.priority or 0, topic.queue_count - 1)
+        if message.lite_topic:  # one lite topic stays in one queue, in order
+            return zlib.crc32(message.lite_topic.encode()) % topic.queue_count
         if message.queue_id is not None:
             if not 0 <= message.queue_id < topic.queue_count:
                 raise InvalidArgument(f"queue {message.queue_id} does not exist in topic "
@@ -255,6 +270,18 @@ class Producer:
         if held:
             self._held_back -= 1
             _deliver(held)
+
+
+def _check_lite_topic(message: OutgoingMessage) -> None:
+    name = message.lite_topic
+    if len(name) > MAX_LITE_TOPIC_LENGTH or not name.isprintable():
+        raise InvalidArgument(f"lite topic {name[:40]!r} is not 1-{MAX_LITE_TOPIC_LENGTH} printable "
+                              "characters")
+    if message.delivery_ts or message.message_group or message.priority is not None:
+        raise InvalidArgument("a message with a lite topic cannot also be delayed, grouped or "
+                              "prioritized: its lite topic orders it")
+    if any(key.startswith(LITE_KEY_PREFIX) for key in message.keys):
+        raise InvalidArgument(f"message keys may not start with {LITE_KEY_PREFIX!r}")
 
 
 def _deliver(live: list[tuple[tuple[Listener, ...], Delivery]]) -> None:

@@ -29,6 +29,7 @@ from .memory_alarm import MemoryAlarm
 from .model import (INTERNAL_PREFIX, SUBJECT_PROPERTY, Action, Delivery, GroupConfig, GroupStats,
                     MessageType, OutgoingMessage, Principal, PullResult, QueueLag, QueueStats, ResourceKind,
                     SendResult, Subscription, TopicConfig, TopicStats)
+from .lite_receive import LiteReceiver, is_lite_handle
 from .receive import Receiver
 from .settings import CoreConfig
 from .trace import MessageTrace
@@ -50,6 +51,7 @@ class Broker:
         self._topics = engine.topics
         self._groups = engine.groups
         self._receiver = Receiver(engine)
+        self._lite_receiver = LiteReceiver(engine)
         self.users = users
         self._rights_listeners: list[Callable[[str, bool], None]] = []
         self._last_creation: asyncio.Future[None] | None = None
@@ -229,6 +231,19 @@ class Broker:
     def leave(self, group: str, client_id: str) -> None:
         """Remove a client that is shutting down; its queues go to the others."""
         self._groups.leave(group, client_id)
+        self._engine.lite.leave(group, client_id)
+
+    async def sync_lite_subscription(self, principal: Principal, group: str, topic: str, client_id: str,
+                                     action: str, lite_topics: Sequence[str]) -> None:
+        """Change which lite topics of ``topic`` (a LITE topic) ``client_id`` consumes in
+        ``group``: ``core.lite.PARTIAL_ADD`` and the other actions."""
+        self._allow(principal, Action.SUBSCRIBE, ResourceKind.TOPIC, topic)
+        await self._group(principal, group)
+        config = self._topics.get(topic)
+        if config.message_type is not MessageType.LITE:
+            raise InvalidArgument(f"topic {topic!r} is not of message type LITE; lite topics live "
+                                  "in a topic created with message type LITE")
+        self._engine.lite.sync(group, topic, client_id, action, lite_topics)
 
     def assignment(self, principal: Principal, group: str, topic: str, client_id: str) -> list[int]:
         """The queues of ``topic`` that ``client_id`` should consume now; ``[ALL_QUEUES]`` for
@@ -275,10 +290,24 @@ class Broker:
             await self._create_in_order(messages)
         if check_transactional(messages):
             return await self._engine.transactions.prepare(messages)
+        if any(m.lite_topic for m in messages):
+            return await self._store_lite(messages)
         now = now_ms()
         if not any(m.delivery_ts > now for m in messages):
             return await self._engine.producer.send(topics.get, messages)
         return await self._store_delayed(messages, now)
+
+    async def _store_lite(self, messages: Sequence[OutgoingMessage]) -> list[SendResult]:
+        """A send to lite topics: the registry records of lite topics it creates (or keeps
+        alive) go first, in the same append (``core.lite``)."""
+        topics, lite = self._topics, self._engine.lite
+        for message in messages:  # refused before a lite topic is noted
+            self._engine.producer.check(topics.get(message.topic), message)
+        records = lite.registry_records(messages)
+        results = await self._engine.producer.send(topics.get, [*records, *messages])
+        results = results[len(records):]
+        lite.sent(messages, results)
+        return results
 
     async def _store_delayed(self, messages: Sequence[OutgoingMessage], now: int) -> list[SendResult]:
         """A send with delayed messages: those go to the timer, the rest are sent now; the
@@ -373,6 +402,10 @@ class Broker:
         if not MIN_INVISIBLE_MS <= invisible <= MAX_INVISIBLE_MS:
             raise InvalidArgument(f"invisible duration {invisible} ms is out of range: use "
                                   f"{MIN_INVISIBLE_MS} ms to 12 h")
+        if config.message_type is MessageType.LITE:  # the client's lite topics, each in order
+            return await self._lite_receiver.receive(
+                group_config, config, client_id, invisible, max_messages, wait_ms,
+                lambda: self._allow(principal, Action.SUBSCRIBE, ResourceKind.TOPIC, topic))
         return await self._receiver.receive(
             group_config, config, client_id, selector, invisible, max_messages, wait_ms, queue_id,
             lambda: self._allow(principal, Action.SUBSCRIBE, ResourceKind.TOPIC, topic))
@@ -385,7 +418,10 @@ class Broker:
     async def ack(self, principal: Principal, group: str, topic: str, receipt_handle: str) -> None:
         """Settle a popped message; ReceiptExpired if its invisible duration had ended."""
         self._allow_settling(principal, group, topic)
-        self._receiver.ack(group, topic, receipt_handle)
+        if is_lite_handle(receipt_handle):
+            self._lite_receiver.ack(group, topic, receipt_handle)
+        else:
+            self._receiver.ack(group, topic, receipt_handle)
 
     async def change_invisible(self, principal: Principal, group: str, topic: str,
                                receipt_handle: str, invisible_ms: int) -> str:
@@ -393,13 +429,18 @@ class Broker:
         if not 0 <= invisible_ms <= MAX_INVISIBLE_MS:
             raise InvalidArgument(f"invisible duration {invisible_ms} ms is out of range: use 0 to 12 h")
         self._allow_settling(principal, group, topic)
+        if is_lite_handle(receipt_handle):
+            return self._lite_receiver.change_invisible(group, topic, receipt_handle, invisible_ms)
         return self._receiver.change_invisible(group, topic, receipt_handle, invisible_ms)
 
     async def forward_to_dead_letter(self, principal: Principal, group: str, topic: str,
                                      receipt_handle: str) -> None:
         """Move a popped message to the group's dead-letter topic and settle it."""
         self._allow_settling(principal, group, topic)
-        await self._receiver.forward_to_dead_letter(group, topic, receipt_handle)
+        if is_lite_handle(receipt_handle):
+            await self._lite_receiver.forward_to_dead_letter(group, topic, receipt_handle)
+        else:
+            await self._receiver.forward_to_dead_letter(group, topic, receipt_handle)
 
     # --- queue-level consumption and offsets ---
 

@@ -35,6 +35,12 @@ class CoreConfig:
     max_open_transactions: int = 100_000
     """Transactions prepared and not decided yet; more are refused until some are decided
     (each costs about 200 bytes of memory)."""
+    lite_topic_ttl_ms: int = 86_400_000
+    """A lite topic that received no message for this long is deleted with its consumers'
+    positions (its messages age out with retention)."""
+    max_lite_topics: int = 1_000_000
+    """Lite topics alive at once across all topics (about 150 bytes of memory each); a send
+    creating one more is refused."""
     retention_check_interval_ms: int = 60_000
     """How often the store's retention runs and topics' own retention limits are applied."""
     memory_high_watermark: float = 0.4

@@ -172,12 +172,16 @@ class MemoryStore:
             return self.read_at(offset)
         return None
 
-    def lookup_key(self, topic: str, key: str, limit: int = 32) -> list[StoredMessage]:
-        return self._lookup(business_key(topic, key), limit)
+    def lookup_key(self, topic: str, key: str, limit: int = 32,
+                   since_ms: int | None = None) -> list[StoredMessage]:
+        found = self._lookup(business_key(topic, key), limit if since_ms is None else None)
+        if since_ms is not None:
+            found = [m for m in found if m.store_ts >= since_ms][:limit]
+        return found
 
-    def _lookup(self, key: bytes, limit: int) -> list[StoredMessage]:
+    def _lookup(self, key: bytes, limit: int | None) -> list[StoredMessage]:
         offsets = [phys for phys in self._keys.get(key, ()) if phys in self._records]
-        return [self.read_at(phys) for phys in reversed(offsets[-limit:])]
+        return [self.read_at(phys) for phys in reversed(offsets if limit is None else offsets[-limit:])]
 
     # -- compaction and retention ------------------------------------------------------------
 

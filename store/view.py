@@ -222,16 +222,18 @@ class StoreView:
             return message if message.msg_id == msg_id else None
         return None
 
-    def lookup_key(self, topic: str, key: str, limit: int = 32) -> list[StoredMessage]:
-        """Messages of ``topic`` carrying business key ``key``, newest first."""
+    def lookup_key(self, topic: str, key: str, limit: int = 32,
+                   since_ms: int | None = None) -> list[StoredMessage]:
+        """Messages of ``topic`` carrying business key ``key``, newest first; with
+        ``since_ms``, only those stored then or later (older index files are not read)."""
         return self._lookup(business_key(topic, key), limit,
-                            lambda message: message.topic == topic and key in message.keys)
+                            lambda message: message.topic == topic and key in message.keys, since_ms)
 
-    def _lookup(self, key: bytes, limit: int, matches) -> list[StoredMessage]:
+    def _lookup(self, key: bytes, limit: int, matches, since_ms: int | None = None) -> list[StoredMessage]:
         if self.key_index is None:
             return []
         out = []
-        for phys in self.key_index.lookup(key, limit=limit * 4):
+        for phys in self.key_index.lookup(key, limit=limit * 4, begin_ts_ms=since_ms):
             if phys < self.log.min_offset:
                 continue
             try:

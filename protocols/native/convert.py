@@ -23,6 +23,7 @@ MESSAGE_TYPES = {
     MessageType.DELAY: pb.MessageType.DELAY,
     MessageType.TRANSACTION: pb.MessageType.TRANSACTION,
     MessageType.PRIORITY: pb.MessageType.PRIORITY,
+    MessageType.LITE: pb.MessageType.LITE,
 }
 
 
@@ -87,11 +88,9 @@ def subscription(group: str, entry: pb.SubscriptionEntry) -> Subscription:
 
 def outgoing(message: pb.Message) -> OutgoingMessage:
     """A core OutgoingMessage from a SendMessage entry (a delivery time in the future makes
-    it a delayed message, message type TRANSACTION a half message); features Sluice lacks
-    are refused."""
+    it a delayed message, message type TRANSACTION a half message, a lite topic a message of
+    one); GZIP bodies are refused."""
     props = message.system_properties
-    if props.HasField("lite_topic"):
-        raise NotSupported("lite topics are not supported in this version of Sluice")
     if props.body_encoding == pb.Encoding.GZIP:
         raise NotSupported("GZIP-encoded bodies are not supported in this version of Sluice; "
                            "send the body uncompressed")
@@ -105,7 +104,8 @@ def outgoing(message: pb.Message) -> OutgoingMessage:
         delivery_ts=(_millis(props.delivery_timestamp, "delivery_timestamp")
                      if props.HasField("delivery_timestamp") else 0),
         transactional=props.message_type == pb.MessageType.TRANSACTION,
-        priority=props.priority if props.HasField("priority") else None)
+        priority=props.priority if props.HasField("priority") else None,
+        lite_topic=props.lite_topic if props.HasField("lite_topic") else "")
 
 
 MAX_TIMESTAMP_SECONDS = 253_402_300_799
@@ -139,6 +139,8 @@ def delivered(delivery: Delivery, topic: pb.Resource, message_type: MessageType,
         delivery_attempt=delivery.attempt)
     if message_type is MessageType.PRIORITY:  # a priority topic's queue is the priority
         props.priority = delivery.queue_id
+    if delivery.lite_topic:
+        props.lite_topic = delivery.lite_topic
     if delivery.tag:
         props.tag = delivery.tag
     properties = dict(delivery.properties)

@@ -71,12 +71,6 @@ def ok(message: str = "OK") -> Status:
     return Status(code=Code.OK, message=message)
 
 
-def not_implemented(what: str) -> Status:
-    """The Status of an RPC this version of Sluice does not implement at all."""
-    return Status(code=Code.NOT_IMPLEMENTED,
-                  message=f"{what} is not supported in this version of Sluice")
-
-
 def overall(statuses: Iterable[Status]) -> Status:
     """The top-level Status of a multi-entry answer: the common status, or MULTIPLE_RESULTS."""
     distinct = {(status.code, status.message): status for status in statuses}

@@ -1,5 +1,6 @@
-"""Group membership over the native API: Heartbeat, NotifyClientTermination, and the implicit
-registration a consumer's first receive or assignment query makes.
+"""Group membership over the native API: Heartbeat, NotifyClientTermination, a lite
+consumer's SyncLiteSubscription, and the implicit registration a consumer's first receive or
+assignment query makes.
 
 Core expires a member whose heartbeats stop (``CoreConfig.heartbeat_timeout_ms``); the official
 clients heartbeat every 10 s, so that timeout must stay well above 10 s.
@@ -7,11 +8,14 @@ clients heartbeat every 10 s, so that timeout must stay well above 10 s.
 
 from __future__ import annotations
 
+from rocketmq.grpc_protocol import definition_pb2 as pb
 from rocketmq.grpc_protocol import service_pb2 as rpc
 
+from core import lite
 from core.model import Subscription
 
 from .context import Call, Edge
+from .convert import name_of
 from .errors import ok
 
 
@@ -59,3 +63,20 @@ async def refresh(edge: Edge, call: Call, group: str, topic: str) -> None:
     if topic not in info.subscriptions:
         edge.clients.learn(client_id, Subscription(group, topic))
     await edge.broker.heartbeat(call.principal, group, client_id, list(info.subscriptions.values()))
+
+
+LITE_ACTIONS = {pb.LiteSubscriptionAction.PARTIAL_ADD: lite.PARTIAL_ADD,
+                pb.LiteSubscriptionAction.PARTIAL_REMOVE: lite.PARTIAL_REMOVE,
+                pb.LiteSubscriptionAction.COMPLETE_ADD: lite.COMPLETE_ADD,
+                pb.LiteSubscriptionAction.COMPLETE_REMOVE: lite.COMPLETE_REMOVE}
+
+
+async def sync_lite_subscription(edge: Edge, call: Call, request: rpc.SyncLiteSubscriptionRequest
+                                 ) -> rpc.SyncLiteSubscriptionResponse:
+    """A lite consumer adds or removes lite topics of its bind topic (or states them all, as
+    it does every 30 s)."""
+    await edge.broker.sync_lite_subscription(
+        call.principal, name_of(request.group, "consumer group"), name_of(request.topic, "topic"),
+        call.require_client_id(), LITE_ACTIONS.get(request.action, lite.PARTIAL_ADD),
+        list(request.lite_topic_set))
+    return rpc.SyncLiteSubscriptionResponse(status=ok())

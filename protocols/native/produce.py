@@ -42,6 +42,7 @@ async def send_message(edge: Edge, call: Call, request: rpc.SendMessageRequest) 
         if pinned is not None:
             converted = [dataclasses.replace(m, queue_id=pinned)
                          if isinstance(m, OutgoingMessage) and not m.message_group and m.priority is None
+                         and not m.lite_topic
                          else m for m in converted]
     ids = [m.system_properties.message_id for m in request.messages]
     refused = [(i, item) for i, item in enumerate(converted) if isinstance(item, Exception)]

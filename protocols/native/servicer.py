@@ -19,7 +19,7 @@ from rocketmq.grpc_protocol import service_pb2_grpc
 from . import consume, membership, offsets, produce, routes, settings_stream
 from .context import Call, Edge
 from .decoding import MalformedRequest
-from .errors import not_implemented, status_of
+from .errors import status_of
 
 Handler = Callable[[Edge, Call, Any], Awaitable[Any]]
 
@@ -103,7 +103,8 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
         return await self._unary(offsets.query_offset, rpc.QueryOffsetResponse, request, context)
 
     async def SyncLiteSubscription(self, request, context):
-        return rpc.SyncLiteSubscriptionResponse(status=not_implemented("lite topics (SyncLiteSubscription)"))
+        return await self._unary(membership.sync_lite_subscription, rpc.SyncLiteSubscriptionResponse,
+                                 request, context)
 
     async def Telemetry(self, request_iterator, context):
         async for response in self._stream(settings_stream.telemetry, rpc.TelemetryCommand,

@@ -19,7 +19,8 @@ from dataclasses import dataclass
 from rocketmq.grpc_protocol import definition_pb2 as pb
 from rocketmq.grpc_protocol import service_pb2 as rpc
 
-from core.model import RetryPolicy
+from core.lite import SUBSCRIPTION_QUOTA
+from core.model import MAX_LITE_TOPIC_LENGTH, RetryPolicy
 
 from .connections import TelemetryStream
 from .context import Call, Edge
@@ -156,7 +157,8 @@ async def _consumer_settings(edge: Edge, call: Call, settings: pb.Settings) -> p
         subscription=pb.Subscription(
             group=settings.subscription.group, subscriptions=settings.subscription.subscriptions,
             fifo=config.fifo, receive_batch_size=RECEIVE_BATCH_SIZE,
-            long_polling_timeout=duration(long_poll_s * 1000)),
+            long_polling_timeout=duration(long_poll_s * 1000),
+            lite_subscription_quota=SUBSCRIPTION_QUOTA, max_lite_topic_size=MAX_LITE_TOPIC_LENGTH),
         metric=pb.Metric(on=False))
 
 

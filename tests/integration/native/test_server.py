@@ -337,15 +337,6 @@ def test_heartbeat_without_group_succeeds(stub):
     assert answer.status.code == Code.OK
 
 
-@pytest.mark.parametrize(("call", "request_"), [
-    ("SyncLiteSubscription", rpc.SyncLiteSubscriptionRequest(topic=res("orders"), group=res("g"))),
-])
-def test_unimplemented_rpcs_say_so(stub, call, request_):
-    answer = getattr(stub, call)(request_)
-    assert answer.status.code == Code.NOT_IMPLEMENTED
-    assert "not supported in this version" in answer.status.message
-
-
 def test_a_delayed_send_answers_a_recall_handle(native_broker, stub):
     native_broker.create_topic("orders", queues=1)
     delayed = message("orders", b"later")
