@@ -14,6 +14,7 @@ from __future__ import annotations
 import itertools
 import zlib
 from collections.abc import Callable
+from typing import NamedTuple
 
 from store.api import StoredMessage
 
@@ -164,26 +165,19 @@ class LiteReceiver:
 
     def _in_flight(self, group: str, topic: str, handle: str) -> tuple[str, Channel, int, Flight, int]:
         """(lite topic, channel, offset, flight, queue) of the live delivery ``handle`` names."""
-        parts = handle.split("|", 6)
-        try:
-            _, boot, queue, offset, version, check, name = parts
-            offset_number, version_number, check_number = int(offset), int(version), int(check, 16)
-            queue_number = int(queue)
-        except ValueError:
-            raise InvalidReceiptHandle(f"receipt handle {handle[:80]!r} is malformed; pass the handle "
-                                       "exactly as it came with the message") from None
-        if check_number != consumer_check(group, topic):
+        parsed = parse_lite_handle(handle)
+        if parsed.check != consumer_check(group, topic):
             raise InvalidReceiptHandle("receipt handle was issued for another consumer group or topic; "
                                        "ack with the group and topic that received the message")
-        if boot != BOOT_ID:
+        if parsed.boot != BOOT_ID:
             raise ReceiptExpired("receipt handle was issued before the broker restarted; the message "
                                  "will be delivered again")
-        channel = self._engine.lite.channels.get((group, topic, name))
-        flight = channel.inflight.get(offset_number) if channel else None
-        if channel is None or flight is None or flight.version != version_number:
+        channel = self._engine.lite.channels.get((group, topic, parsed.lite_topic))
+        flight = channel.inflight.get(parsed.offset) if channel else None
+        if channel is None or flight is None or flight.version != parsed.version:
             raise ReceiptExpired("the message's invisible duration ended or it was settled already; "
                                  "it is delivered again if it was not settled")
-        return name, channel, offset_number, flight, queue_number
+        return parsed.lite_topic, channel, parsed.offset, flight, parsed.queue
 
     def _settle(self, group: str, topic: str, name: str, channel: Channel, offset: int) -> None:
         channel.inflight.pop(offset, None)
@@ -212,6 +206,30 @@ class LiteReceiver:
             await dead_letter(self._engine, group, self._delivery(group, topic, name, stored,
                                                                   flight.attempt, 0, 0))
         self._settle(group, topic, name, channel, offset)
+
+
+class LiteHandle(NamedTuple):
+    """A parsed lite receipt handle."""
+
+    boot: str
+    queue: int
+    offset: int
+    version: int
+    check: int
+    lite_topic: str
+
+
+def parse_lite_handle(handle: str) -> LiteHandle:
+    """The parts of a lite receipt handle; InvalidReceiptHandle when it is not one."""
+    try:
+        prefix, boot, queue, offset, version, check, name = handle.split("|", 6)
+        parsed = LiteHandle(boot, int(queue), int(offset), int(version), int(check, 16), name)
+    except ValueError:
+        raise InvalidReceiptHandle(f"receipt handle {handle[:80]!r} is malformed; pass the handle "
+                                   "exactly as it came with the message") from None
+    if f"{prefix}|" != HANDLE_PREFIX or not name:
+        raise InvalidReceiptHandle(f"receipt handle {handle[:80]!r} is not a lite topic's")
+    return parsed
 
 
 def _handle(group: str, topic: str, name: str, queue: int, offset: int, version: int) -> str:

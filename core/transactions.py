@@ -85,7 +85,8 @@ def transaction_id(half_offset: int, msg_id: str) -> str:
 def parse_transaction_id(value: str) -> tuple[int, str]:
     """(half offset, message id); TransactionNotFound when ``value`` is not a transaction id."""
     offset, _, msg_id = value.partition(":")
-    if not offset.isascii() or not offset.isdigit() or not msg_id or len(value) > 256:
+    if not offset.isascii() or not offset.isdigit() or str(int(offset)) != offset or not msg_id \
+            or len(value) > 256:
         raise TransactionNotFound("malformed transaction id: quote the one the send returned")
     return int(offset), msg_id
 

@@ -391,9 +391,10 @@ def _topic_commands(c: Commands) -> None:
     sub.add_argument("name", metavar="TOPIC")
     sub.add_argument("--queues", type=int, default=8, help="number of queues (default: %(default)s)")
     sub.add_argument("--type", default="normal",
-                     choices=["normal", "fifo", "delay", "transaction", "priority"],
+                     choices=["normal", "fifo", "delay", "transaction", "priority", "lite"],
                      help="message type (default: %(default)s); a priority topic's queue N holds "
-                          "priority N, so give it as many queues as priorities")
+                          "priority N, so give it as many queues as priorities; a lite topic's "
+                          "messages each name a lite topic inside it")
     sub.add_argument("--retention-ms", type=int, help="keep messages this long (default: store-wide)")
     sub.add_argument("--compacted", action="store_true", help="keep the newest message per key")
     c.add(topic, "list", "List topics.", topic_list).add_argument(

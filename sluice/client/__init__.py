@@ -17,6 +17,7 @@ from .errors import (BadRequestError, ClientClosedError, ClientTimeoutError, For
                      UnavailableError, UnsupportedError)
 from .model import Message, ReceivedMessage, SendReceipt, Sql92, TopicQueue
 from .packing import BATCH_PROPERTY, pack_bodies, unpack_bodies
+from .lite_consumer import LiteSimpleConsumer
 from .producer import Producer
 from .pull_consumer import PullConsumer
 from .push_consumer import PushConsumer, RetryPolicy
@@ -26,7 +27,8 @@ from .sync import SyncProducer, SyncSimpleConsumer
 
 __all__ = [
     "BATCH_PROPERTY", "BadRequestError", "ClientClosedError", "ClientConfig", "ClientTimeoutError",
-    "ForbiddenError", "GroupNotFoundError", "InvalidReceiptHandleError", "Message", "NotFoundError",
+    "ForbiddenError", "GroupNotFoundError", "InvalidReceiptHandleError", "LiteSimpleConsumer",
+    "Message", "NotFoundError",
     "PackedBatchError", "PayloadTooLargeError", "Producer", "PullConsumer", "PushConsumer",
     "ReceivedMessage", "RetryPolicy", "SendReceipt", "ServerError", "SimpleConsumer",
     "SluiceClientError", "Sql92", "SyncProducer", "SyncSimpleConsumer", "TooManyRequestsError",

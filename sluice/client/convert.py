@@ -80,12 +80,14 @@ def tag_filter(expression: str) -> FilterExpression:
 
 
 def message_type(message: Message, transactional: bool = False) -> MessageType.ValueType:
-    """TRANSACTION within a transaction, PRIORITY with a priority, FIFO with a message group,
-    DELAY with a delivery timestamp, else NORMAL."""
+    """TRANSACTION within a transaction, PRIORITY with a priority, LITE with a lite topic,
+    FIFO with a message group, DELAY with a delivery timestamp, else NORMAL."""
     if transactional:
         return MessageType.TRANSACTION
     if message.priority is not None:
         return MessageType.PRIORITY
+    if message.lite_topic:
+        return MessageType.LITE
     if message.message_group:
         return MessageType.FIFO
     if message.delivery_timestamp:
@@ -121,6 +123,8 @@ def message_to_proto(message: Message, namespace: str, queue_id: int, message_id
         props.delivery_timestamp.FromMilliseconds(message.delivery_timestamp)
     if message.priority is not None:
         props.priority = message.priority
+    if message.lite_topic:
+        props.lite_topic = message.lite_topic
     return proto
 
 
@@ -145,6 +149,7 @@ def message_from_proto(proto: ProtoMessage) -> ReceivedMessage:
         delivery_attempt=props.delivery_attempt if props.HasField("delivery_attempt") else 1,
         receipt_handle=props.receipt_handle,
         priority=props.priority if props.HasField("priority") else None,
+        lite_topic=props.lite_topic,
     )
 
 

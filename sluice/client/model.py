@@ -13,7 +13,8 @@ class Message:
 
     ``message_group`` makes it a FIFO message (one group goes to one queue, in order);
     ``delivery_timestamp`` (ms since the epoch) makes it a delayed message; ``priority`` (0 or
-    more, for a topic of message type PRIORITY) a priority message, higher delivered first.
+    more, for a topic of message type PRIORITY) a priority message, higher delivered first;
+    ``lite_topic`` (for a topic of message type LITE) names the ordered channel it belongs to.
     """
 
     topic: str
@@ -24,6 +25,7 @@ class Message:
     message_group: str = ""
     delivery_timestamp: int = 0
     priority: int | None = None
+    lite_topic: str = ""
 
 
 @dataclass(frozen=True)
@@ -64,6 +66,8 @@ class ReceivedMessage:
     batch_index: int = 0
     priority: int | None = None
     """A priority topic's messages carry their priority."""
+    lite_topic: str = ""
+    """Messages received through a lite subscription carry their lite topic."""
 
 
 class TopicQueue(NamedTuple):

@@ -176,8 +176,9 @@ class Producer(Client):
         queues = await self._writable_queues(message.topic)
         if message.priority is not None:  # a priority topic's queue N holds priority N
             return queues[min(max(message.priority, 0), len(queues) - 1)].id
-        if message.message_group:
-            return queues[zlib.crc32(message.message_group.encode()) % len(queues)].id
+        if message.message_group or message.lite_topic:  # the broker's choice, made here too
+            key = message.message_group or message.lite_topic
+            return queues[zlib.crc32(key.encode()) % len(queues)].id
         if message.topic not in chosen:
             index = self._next_queue.get(message.topic, 0)
             self._next_queue[message.topic] = index + 1

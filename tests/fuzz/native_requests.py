@@ -73,7 +73,8 @@ def valid_requests(config: ClientConfig) -> list[NativeRequest]:
             group=group, topic=topic, receipt_handle=handle, invisible_duration=duration(5),
             message_id="m"),
         "RecallMessage": rpc.RecallMessageRequest(topic=topic, recall_handle="r"),
-        "SyncLiteSubscription": rpc.SyncLiteSubscriptionRequest(),
+        "SyncLiteSubscription": rpc.SyncLiteSubscriptionRequest(
+            action=pb.PARTIAL_ADD, topic=topic, group=group, lite_topic_set=["s1", "s2"]),
     }
     out = []
     for method in SERVICE.methods:

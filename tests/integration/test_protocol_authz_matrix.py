@@ -24,7 +24,7 @@ from rocketmq.grpc_protocol.service_pb2 import (AckMessageEntry, AckMessageReque
                                                 EndTransactionRequest, PullMessageRequest, QueryAssignmentRequest,
                                                 QueryRouteRequest, RecallMessageRequest,
                                                 ReceiveMessageRequest, SendMessageRequest,
-                                                UpdateOffsetRequest)
+                                                SyncLiteSubscriptionRequest, UpdateOffsetRequest)
 
 from core.model import Action
 from sluice.server.app import start
@@ -304,6 +304,13 @@ TABLE = [
               allowed("admin", "owner", "publisher")),
     Operation("native EndTransaction of another user's topic",
               native("EndTransaction", end_transaction("o-topic")), allowed("admin", "other")),
+    Operation("native SyncLiteSubscription", native("SyncLiteSubscription", lambda: SyncLiteSubscriptionRequest(
+        topic=Resource(name="m-topic"), group=Resource(name="m-group"), lite_topic_set=["s1"])),
+        allowed("admin", "owner")),
+    Operation("native SyncLiteSubscription on another user's topic", native(
+        "SyncLiteSubscription", lambda: SyncLiteSubscriptionRequest(
+            topic=Resource(name="o-topic"), group=Resource(name="m-group"), lite_topic_set=["s1"])),
+        allowed("admin")),
     Operation("native QueryRoute", native("QueryRoute", lambda: QueryRouteRequest(
         topic=Resource(name="m-topic"))), allowed("admin", "owner", "publisher")),
     Operation("native QueryAssignment", native("QueryAssignment", lambda: QueryAssignmentRequest(

@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 
 from core.model import SYSTEM, ConsumeMode, GroupConfig, MessageType
-from sluice.client import (BadRequestError, ClientConfig, InvalidReceiptHandleError, Message,
-                           NotFoundError,
+from sluice.client import (BadRequestError, ClientConfig, InvalidReceiptHandleError,
+                           LiteSimpleConsumer, Message, NotFoundError,
                            Producer, PullConsumer, PushConsumer, ReceivedMessage, SimpleConsumer,
                            Sql92, SyncProducer, SyncSimpleConsumer, TopicNotFoundError,
                            UnauthorizedError)
@@ -321,6 +321,35 @@ def test_priority_messages_are_received_highest_first(native_broker):
                     await consumer.ack(message)
         assert got == [(b"2-1", 2), (b"7-3", 2), (b"1-2", 1), (b"0-0", 0), (b"0-4", 0)]
     native_broker.create_topic("orders", queues=1)
+    run(test)
+
+
+def test_lite_topics_are_consumed_in_order_as_subscribed_at_run_time(native_broker):
+    native_broker.create_topic("chats", queues=4, message_type=MessageType.LITE)
+
+    async def drain(consumer: LiteSimpleConsumer, count: int) -> list[ReceivedMessage]:
+        got: list[ReceivedMessage] = []
+        deadline = time.monotonic() + TIMEOUT
+        while len(got) < count:
+            assert time.monotonic() < deadline, [m.body for m in got]
+            for message in await consumer.receive(32):
+                got.append(message)
+                await consumer.ack(message)
+        return got
+
+    async def test() -> None:
+        async with Producer(config_for(native_broker), ["chats"]) as producer:
+            for i in range(3):
+                for session in ("s1", "s2"):
+                    await producer.send(Message("chats", f"{session}-{i}".encode(), lite_topic=session))
+        async with LiteSimpleConsumer(config_for(native_broker), "assistants", "chats", ["s1"],
+                                      await_duration=1) as consumer:
+            got = await drain(consumer, 3)
+            assert [(m.lite_topic, m.body) for m in got] == [("s1", f"s1-{i}".encode()) for i in range(3)]
+            await consumer.unsubscribe_lite("s1")
+            await consumer.subscribe_lite("s2")
+            assert [m.body for m in await drain(consumer, 3)] == [f"s2-{i}".encode() for i in range(3)]
+            assert await consumer.receive(32) == []
     run(test)
 
 
