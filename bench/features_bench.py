@@ -22,9 +22,10 @@ import asyncio
 import contextlib
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from .native_workloads import percentiles
 from .processes import ServerUnavailable, group_cpu_seconds
@@ -51,6 +52,17 @@ class Settings:
     @classmethod
     def smoke(cls) -> Settings:
         return cls(sends=500, rounds=1, pending=2_000, spread_s=3.0, filter_messages=200)
+
+
+def _against_sluice(workdir: Path, log: Log,
+                    measure: Callable[[SluiceServer], Coroutine[Any, Any, list[str]]]) -> list[str]:
+    """Run ``measure`` against a fresh `sluice serve` in ``workdir``; its result lines, or why
+    it was skipped."""
+    try:
+        with sluice_server(workdir, log) as server:
+            return asyncio.run(measure(server))
+    except ServerUnavailable as error:
+        return [f"skipped: {error}"]
 
 
 # ----------------------------------------------------------------------------- delayed
@@ -98,11 +110,8 @@ async def _receive_lateness(server: SluiceServer, topic: str, count: int, timeou
 
 def delayed_messages(settings: Settings, workdir: Path, log: Log) -> tuple[str, list[str]]:
     title = "delayed messages (SDK, 100-byte bodies, sync flush)"
-    try:
-        with sluice_server(workdir / "delayed", log) as server:
-            return title, asyncio.run(_delayed(server, settings, log))
-    except ServerUnavailable as error:
-        return title, [f"skipped: {error}"]
+    return title, _against_sluice(workdir / "delayed", log,
+                                  lambda server: _delayed(server, settings, log))
 
 
 async def _delayed(server: SluiceServer, settings: Settings, log: Log) -> list[str]:
@@ -196,11 +205,8 @@ async def _fifo(server: SluiceServer, settings: Settings, log: Log) -> list[str]
 
 def fifo_groups(settings: Settings, workdir: Path, log: Log) -> tuple[str, list[str]]:
     title = f"FIFO consumption (SDK, 8 queues, 4 receivers of 32, {settings.sends:,} messages)"
-    try:
-        with sluice_server(workdir / "fifo", log) as server:
-            return title, asyncio.run(_fifo(server, settings, log))
-    except ServerUnavailable as error:
-        return title, [f"skipped: {error}"]
+    return title, _against_sluice(workdir / "fifo", log,
+                                  lambda server: _fifo(server, settings, log))
 
 
 # ----------------------------------------------------------------------------- SQL92
@@ -258,11 +264,8 @@ async def _filters(server: SluiceServer, settings: Settings, log: Log) -> list[s
 def sql92_filters(settings: Settings, workdir: Path, log: Log) -> tuple[str, list[str]]:
     title = (f"SQL92 filters in the broker ({settings.filter_messages:,} messages read and rejected "
              "by each group; reading and settling included)")
-    try:
-        with sluice_server(workdir / "filters", log) as server:
-            return title, asyncio.run(_filters(server, settings, log))
-    except ServerUnavailable as error:
-        return title, [f"skipped: {error}"]
+    return title, _against_sluice(workdir / "filters", log,
+                                  lambda server: _filters(server, settings, log))
 
 
 # ----------------------------------------------------------------------------- transactions
@@ -304,7 +307,8 @@ async def _transactions(server: SluiceServer, settings: Settings, log: Log) -> l
             f"committed {committed[-1]:,.0f} msg/s")
     ratio = statistics.median(committed) / statistics.median(plain)
     return [
-        f"plain durable sends          {statistics.median(plain):>10,.0f} msg/s (median of {settings.rounds})",
+        f"plain durable sends          {statistics.median(plain):>10,.0f} msg/s "
+        f"(median of {settings.rounds})",
         f"sent and committed           {statistics.median(committed):>10,.0f} msg/s ({ratio:.2f}x plain)",
     ]
 
@@ -312,11 +316,8 @@ async def _transactions(server: SluiceServer, settings: Settings, log: Log) -> l
 def transactions(settings: Settings, workdir: Path, log: Log) -> tuple[str, list[str]]:
     title = (f"transactional sends (SDK, {settings.window} in flight, 100-byte bodies, sync flush, "
              "each committed by its sender)")
-    try:
-        with sluice_server(workdir / "transactions", log) as server:
-            return title, asyncio.run(_transactions(server, settings, log))
-    except ServerUnavailable as error:
-        return title, [f"skipped: {error}"]
+    return title, _against_sluice(workdir / "transactions", log,
+                                  lambda server: _transactions(server, settings, log))
 
 
 MEASUREMENTS: list[Measurement] = [delayed_messages, fifo_groups, sql92_filters, transactions]

@@ -101,7 +101,8 @@ class LiteReceiver:
         found = store.lookup_key(topic.name, LITE_KEY_PREFIX + name, LOOKUP_LIMIT, since_ms=channel.done_ms)
         if len(found) >= LOOKUP_LIMIT:  # more may wait than one search returns
             return self._scan(topic, name, channel, limit)
-        newer = [m for m in found if m.queue_offset > channel.done and m.properties.get(LITE_PROPERTY) == name]
+        newer = [m for m in found
+                 if m.queue_offset > channel.done and m.properties.get(LITE_PROPERTY) == name]
         newer.sort(key=lambda m: m.queue_offset)
         return newer[:limit]
 

@@ -289,7 +289,13 @@ class Transactions:
                 pass
 
     async def _check(self, batch: list[tuple[int, OpenTransaction]], now: int) -> None:
-        """Ask producers about open transactions; discard those asked too often."""
+        """Ask producers about open transactions; discard those asked too often. Until an
+        adapter that can ask is attached (start-up), nothing is asked or counted."""
+        if self.checker is None:
+            for offset, entry in batch:
+                entry.next_check_ms = now + 1000
+                heapq.heappush(self._due, (entry.next_check_ms, offset))
+            return
         outcomes = []
         discarded = []
         for offset, entry in batch:
@@ -319,7 +325,7 @@ class Transactions:
     def _ask(self, offset: int, entry: OpenTransaction) -> None:
         checker = self.checker
         half = self._reader.read_one(HALF_TOPIC, 0, offset)
-        if checker is None or half is None:
+        if checker is None or half is None:  # aged out with retention: discarded at the limit
             return
         message = committed_message(half)
         delivery = Delivery(entry.topic, message.queue_id or 0, offset, entry.msg_id, half.body,

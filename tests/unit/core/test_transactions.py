@@ -42,7 +42,8 @@ def test_a_committed_message_is_delivered_with_its_id_and_a_rolled_back_one_neve
         await broker.end_transaction(SYSTEM, "payments", "rollback", rollback.transaction_id, False)
         await broker.end_transaction(SYSTEM, "payments", "commit", commit.transaction_id, True)
         [got] = await drain(broker)
-        assert (got.body, got.msg_id, got.keys, dict(got.properties)) == (b"commit", "commit", ("k",), {"a": "1"})
+        assert (got.body, got.msg_id, got.keys, dict(got.properties)) == \
+            (b"commit", "commit", ("k",), {"a": "1"})
         for result in (commit, rollback):
             with pytest.raises(TransactionNotFound, match="already"):
                 await broker.end_transaction(SYSTEM, "payments", result.msg_id, result.transaction_id, True)
@@ -91,7 +92,8 @@ def test_open_transactions_and_their_checks_survive_a_restart(tmp_path):
 
     config = dataclasses.replace(QUICK, transaction_check_max=2, transaction_check_interval_ms=60_000)
     run_core(tmp_path, before, store="file", config=config)
-    run_core(tmp_path, after, store="file", config=dataclasses.replace(config, transaction_check_interval_ms=100))
+    run_core(tmp_path, after, store="file",
+             config=dataclasses.replace(config, transaction_check_interval_ms=100))
 
 
 def test_a_commit_interrupted_after_sending_does_not_send_twice(tmp_path, monkeypatch):
