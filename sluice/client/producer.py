@@ -52,6 +52,7 @@ class Producer(Client):
         """Answers the broker's checks of this producer's topics' open transactions."""
         self._next_queue: dict[str, int] = {}
         self._coalescers: dict[str, Coalescer[Message, SendReceipt]] = {}
+        self._half_coalescers: dict[str, Coalescer[Message, SendReceipt]] = {}
 
     async def on_start(self) -> None:
         """Look up the routes of the declared topics."""
@@ -95,10 +96,13 @@ class Producer(Client):
         Declare the topic and pass a ``checker`` so the broker can ask about a transaction
         this producer did not decide (see ``transaction``)."""
         self.check_running()
-        [result] = await self._send_entries([message], transactional=True)
-        if isinstance(result, BaseException):
-            raise result
-        return Transaction(self, message.topic, result)
+        coalescer = self._half_coalescers.get(message.topic)
+        if coalescer is None:  # half messages of concurrent transactions share requests
+            coalescer = self._half_coalescers[message.topic] = Coalescer(self._send_halves)
+        return Transaction(self, message.topic, await coalescer.call(message))
+
+    async def _send_halves(self, messages: Sequence[Message]) -> list[SendReceipt | SluiceClientError]:
+        return await self._send_entries(messages, transactional=True)
 
     async def end_transaction(self, topic: str, message_id: str, transaction_id: str, commit: bool,
                               *, checked: bool = False) -> None:
