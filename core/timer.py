@@ -45,8 +45,9 @@ log = logging.getLogger(__name__)
 TIMER_PREFIX = f"{INTERNAL_PREFIX}timer."
 BUCKET_MS = 60_000
 """Entries are grouped by the minute they fall due in: one internal topic per minute."""
-LOAD_AHEAD_MS = 5_000
-"""A minute's entries are loaded this long before it begins."""
+LOAD_AHEAD_MS = 20_000
+"""A minute's entries are loaded this long before it begins: reading one (about 20,000 entries
+a second) must end before its first entry falls due, as none fires before all are read."""
 FIRE_BATCH = 512
 READ_CHUNK = 1024
 FILE_NAME = "timer.json"
