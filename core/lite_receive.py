@@ -55,6 +55,8 @@ class LiteReceiver:
             now = now_ms()
             if found or now >= deadline or engine.closing or topic.name not in engine.topics:
                 engine.count_out(topic.name, found)
+                if engine.tracer.on:
+                    engine.tracer.delivered(group.name, client_id, found)
                 return found
             await engine.signals.wait((topic.name,), max(0.001, (min(deadline, wake) - now) / 1000))
             still_allowed()
@@ -188,14 +190,19 @@ class LiteReceiver:
 
     def ack(self, group: str, topic: str, handle: str) -> None:
         """Settle a received lite message; ReceiptExpired if it was handed out again since."""
-        name, channel, offset, _, _ = self._in_flight(group, topic, handle)
+        name, channel, offset, _, queue = self._in_flight(group, topic, handle)
         self._settle(group, topic, name, channel, offset)
+        if self._engine.tracer.on:
+            self._engine.tracer.acked(group, topic, queue, offset)
 
     def change_invisible(self, group: str, topic: str, handle: str, invisible_ms: int) -> str:
         """Hide a received lite message for ``invisible_ms`` from now; its new handle."""
         name, _, offset, flight, queue = self._in_flight(group, topic, handle)
         flight.until_ms = now_ms() + invisible_ms
         flight.version += 1
+        if self._engine.tracer.on:
+            self._engine.tracer.retried(group, topic, queue, offset, flight.attempt,
+                                        f"invisible time changed to {invisible_ms} ms")
         self._engine.signals.notify(topic)
         return _handle(group, topic, name, queue, offset, flight.version)
 

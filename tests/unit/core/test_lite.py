@@ -117,3 +117,16 @@ def test_lite_sends_are_checked_and_bounded(tmp_path):
         with pytest.raises(InvalidArgument, match="not of message type LITE"):
             await broker.sync_lite_subscription(SYSTEM, "g", "orders", "c1", lite.PARTIAL_ADD, ["s1"])
     run(tmp_path, scenario, store="file", config=dataclasses.replace(CONFIG, max_lite_topics=2))
+
+
+def test_lite_deliveries_and_acks_are_traced(tmp_path):
+    async def scenario(broker) -> None:
+        await sessions(broker)
+        [sent] = await broker.send(SYSTEM, [to("s1", "traced")])
+        await broker.sync_lite_subscription(SYSTEM, "g", "sessions", "c1", lite.PARTIAL_ADD, ["s1"])
+        [got] = await receive(broker)
+        await broker.ack(SYSTEM, "g", "sessions", got.receipt_handle)
+        trace = await broker.trace_message(SYSTEM, sent.msg_id)
+        assert [(e.event, e.group, e.client) for e in trace.events][-2:] == [
+            ("delivered", "g", "c1"), ("acked", "g", "c1")]
+    run(tmp_path, scenario, store="file", config=dataclasses.replace(CONFIG, message_trace=True))
