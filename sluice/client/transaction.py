@@ -14,23 +14,27 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from .model import ReceivedMessage, SendReceipt
-
-if TYPE_CHECKING:
-    from .producer import Producer
 
 TransactionChecker = Callable[[ReceivedMessage], bool | None | Awaitable[bool | None]]
 """Decides an open transaction the broker asks about: True commits, False rolls back, None
 leaves it open."""
 
 
+class TransactionEnder(Protocol):
+    """What ends a transaction: the producer that sent its half message."""
+
+    async def end_transaction(self, topic: str, message_id: str, transaction_id: str,
+                              commit: bool) -> None: ...
+
+
 @dataclass(frozen=True)
 class Transaction:
     """A half message sent and not decided yet; ``receipt`` says where it is held."""
 
-    producer: Producer
+    producer: TransactionEnder
     topic: str
     receipt: SendReceipt
 
