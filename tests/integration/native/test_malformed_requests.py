@@ -17,8 +17,6 @@ from sluice.client.auth import request_metadata
 from sluice.client.config import ClientConfig
 
 GARBAGE = b"\x0a\xff\xff\xff\xff\x0f"  # field 1, length-delimited, with a length past the end
-NOT_IMPLEMENTED = {"SyncLiteSubscription"}
-"""Methods answered NOT_IMPLEMENTED whatever they are sent."""
 
 
 async def _call(endpoint: str, metadata, method) -> int:
@@ -47,7 +45,6 @@ def test_a_request_that_does_not_parse_is_a_bad_request_without_a_traceback(
                           secret_key=native_broker.password)
     with caplog.at_level(logging.INFO):
         code = asyncio.run(_call(native_broker.endpoint, request_metadata(config, "garbage"), method))
-    expected = Code.NOT_IMPLEMENTED if method.name in NOT_IMPLEMENTED else Code.BAD_REQUEST
-    assert code == expected, Code.Name(code)
+    assert code == Code.BAD_REQUEST, Code.Name(code)
     assert not [r for r in caplog.records if r.exc_info or r.levelno >= logging.ERROR], \
         [r.getMessage() for r in caplog.records]
