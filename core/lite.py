@@ -120,11 +120,14 @@ class LiteTopics:
         horizon = clock.now_ms() - self._config.lite_topic_ttl_ms
         registry, positions = await asyncio.to_thread(
             lambda: (self._store.compacted(REGISTRY_TOPIC), self._store.compacted(POSITIONS_TOPIC)))
+        now = clock.now_ms()
         for record in registry:
             parent, _, lite = record.keys[0].partition("\0")
             created, _, last = record.body.decode().partition(":")
-            if record.body and int(last) >= horizon:
-                self.live[parent, lite] = LiteTopic(int(created), int(last), int(last))
+            # a message may have come up to a quarter TTL after the recorded time: never expire early
+            latest = min(now, int(last or 0) + self._config.lite_topic_ttl_ms // 4)
+            if record.body and latest >= horizon:
+                self.live[parent, lite] = LiteTopic(int(created), latest, int(last))
         for record in positions:
             group, parent, lite = record.keys[0].split("\0", 2)
             if record.body and (parent, lite) in self.live:
