@@ -28,7 +28,7 @@ from rocketmq.v5.exception import (BadRequestException, IllegalArgumentException
                                    LiteSubscriptionQuotaExceededException, NotFoundException,
                                    PayloadTooLargeException)
 
-from core.model import MessageType
+from core.model import SYSTEM, MessageType
 
 WAIT = 60
 """Seconds any single expected event may take (assignment scans run every 5 s)."""
@@ -376,6 +376,27 @@ def test_lite_topics_are_created_on_send_and_consumed_in_order_as_subscribed(nat
         subscribe_lite(consumer, "s3")
         assert sorted(m.body for m in receive_until(consumer, 4)) == [f"s3-{i}".encode() for i in range(4)]
         assert consumer.receive(32, 30) == []
+
+
+def test_a_message_consumed_by_the_official_client_has_its_path_traced(native_broker_factory):
+    nb = native_broker_factory(core={"message_trace": True})
+    nb.create_topic("orders", queues=1)
+    with started(Producer(config(nb), ("orders",))) as producer:
+        receipt = producer.send(new_message("orders", b"traced"))
+    consumer = SimpleConsumer(config(nb), "billing", {"orders": FilterExpression()}, await_duration=2)
+    with started(consumer):
+        [first] = receive_until(consumer, 1, ack=False)
+        consumer.change_invisible_duration(first, 1)
+        [again] = receive_until(consumer, 1)
+    trace = nb.run(lambda b: b.trace_message(SYSTEM, receipt.message_id))
+    assert trace.message.body == b"traced"
+    assert [(e.event, e.group, e.client, e.attempt) for e in trace.events] == [
+        ("delivered", "billing", consumer.client_id, 1),
+        ("retried", "billing", consumer.client_id, 1),
+        ("retried", "billing", consumer.client_id, 2),
+        ("delivered", "billing", consumer.client_id, 2),
+        ("acked", "billing", consumer.client_id, 0)]
+    assert again.delivery_attempt == 2
 
 
 def test_push_consumer_retries_a_failure_then_succeeds(native_broker):
