@@ -20,7 +20,7 @@ from contextlib import contextmanager
 import grpc
 import pytest
 from rocketmq import (ClientConfiguration, ConsumeResult, Credentials, FilterExpression,
-                      LiteSimpleConsumer, Message, MessageListener, Producer, PushConsumer,
+                      LitePushConsumer, LiteSimpleConsumer, Message, MessageListener, Producer, PushConsumer,
                       SimpleConsumer)
 from rocketmq.grpc_protocol import Code, FilterType, TransactionResolution
 from rocketmq.v5.producer import TransactionChecker
@@ -341,7 +341,7 @@ def test_a_push_consumer_takes_a_backlog_highest_priority_first(native_broker):
     assert mean_position[2] < mean_position[0], priorities
 
 
-def subscribe_lite(consumer: LiteSimpleConsumer, lite_topic: str) -> None:
+def subscribe_lite(consumer: LiteSimpleConsumer | LitePushConsumer, lite_topic: str) -> None:
     """Subscribe as the README says. The client (5.1.x) counts its quota as 0 until the
     broker's settings arrive, a moment after startup, so the first try may be refused; and it
     sends the name split into characters, so ``subscribe_lite_all`` follows, stating its lite
@@ -397,6 +397,23 @@ def test_a_message_consumed_by_the_official_client_has_its_path_traced(native_br
         ("delivered", "billing", consumer.client_id, 2),
         ("acked", "billing", consumer.client_id, 0)]
     assert again.delivery_attempt == 2
+
+
+def test_a_lite_push_consumer_gets_its_lite_topics_in_order(native_broker):
+    native_broker.create_topic("chats", queues=2, message_type=MessageType.LITE)
+    with started(Producer(config(native_broker), ("chats",))) as producer:
+        for i in range(5):
+            for session in ("s1", "s2"):
+                message = new_message("chats", f"{session}-{i}".encode())
+                message.lite_topic = session
+                producer.send(message)
+    listener = Recorder()
+    with started(LitePushConsumer(config(native_broker), "assistants", "chats", listener)) as consumer:
+        subscribe_lite(consumer, "s2")
+        listener.wait(lambda ds: len(ds) >= 5)
+    # handed out in order; the listener's threads may run them in any order
+    assert sorted((m.lite_topic, m.body) for m in listener.deliveries) == \
+        [("s2", f"s2-{i}".encode()) for i in range(5)]
 
 
 def test_push_consumer_retries_a_failure_then_succeeds(native_broker):
