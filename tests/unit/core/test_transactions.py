@@ -67,9 +67,11 @@ def test_transactional_sends_are_refused_when_mixed_delayed_or_beyond_the_limit(
 
 def test_open_transactions_and_their_checks_survive_a_restart(tmp_path):
     asked: list[tuple[str, str]] = []
+    first_ask = asyncio.Event()
 
     def checker(topic, message, transaction_id) -> bool:
         asked.append((message.msg_id, transaction_id))
+        first_ask.set()
         return True
 
     async def before(core) -> None:
@@ -78,8 +80,7 @@ def test_open_transactions_and_their_checks_survive_a_restart(tmp_path):
         await payments(broker)
         results = await broker.send(SYSTEM, [half(b"decided"), half(b"open")])
         await broker.end_transaction(SYSTEM, "payments", "decided", results[0].transaction_id, False)
-        while not asked:
-            await asyncio.sleep(0.02)
+        await first_ask.wait()
         assert asked[0] == ("open", results[1].transaction_id)
 
     async def after(core) -> None:
