@@ -15,7 +15,7 @@ import functools
 import logging
 import os
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import NamedTuple
 
 from store.api import Store
@@ -130,6 +130,23 @@ class Reader:
             raise Unavailable(f"the store cannot read queue {queue_id} of topic {topic!r} now "
                               f"({error}); retry later") from error
         return [_queue_delivery(m, topic, queue_id, offset + i) for i, m in enumerate(stored)]
+
+    def chunks(self, topic: str, queue_id: int, start: int, end: int,
+               size: int) -> Iterator[list[Delivery]]:
+        """The queue's messages from ``start`` to ``end`` in chunks of up to ``size``, for
+        readers of a whole range (the broker's own topics); a corrupt message is skipped (the
+        read logs it)."""
+        offset = start
+        while offset < end:
+            try:
+                chunk = self.read(topic, queue_id, offset, min(size, end - offset))
+            except CorruptMessage:
+                offset += 1
+                continue
+            if not chunk:
+                return
+            yield chunk
+            offset = chunk[-1].queue_offset + 1
 
     def read_one(self, topic: str, queue_id: int, offset: int) -> Delivery | None:
         """The message at ``offset``, or None if it is gone (retention); CorruptMessage if it

@@ -22,7 +22,7 @@ from .clock import now_ms
 from .consume import BOOT_ID, consumer_check
 from .dead_letter import dead_letter
 from .engine import Engine
-from .errors import CorruptMessage, InvalidReceiptHandle, ReceiptExpired
+from .errors import InvalidReceiptHandle, ReceiptExpired
 from .lite import Channel, Flight
 from .model import LITE_KEY_PREFIX, LITE_PROPERTY, Delivery, GroupConfig, TopicConfig
 
@@ -115,16 +115,10 @@ class LiteReceiver:
         offset = max(channel.done + 1, reader.range(topic.name, queue)[0])
         end = min(reader.range(topic.name, queue)[1], offset + SCAN_LIMIT)
         out: list[StoredMessage] = []
-        while offset < end and len(out) < limit:
-            try:
-                batch = reader.read(topic.name, queue, offset, min(256, end - offset))
-            except CorruptMessage:
-                offset += 1
-                continue
-            if not batch:
-                break
+        for batch in reader.chunks(topic.name, queue, offset, end, 256):
             out += [m for m in batch if m.properties.get(LITE_PROPERTY) == name]
-            offset = batch[-1].queue_offset + 1
+            if len(out) >= limit:
+                break
         return out[:limit]
 
     @staticmethod

@@ -35,7 +35,7 @@ from store.api import Message
 
 from . import clock
 from .consume import Reader
-from .errors import CorruptMessage, InvalidArgument, NotRecallable, NotFound, SluiceError
+from .errors import InvalidArgument, NotRecallable, NotFound, SluiceError
 from .model import (INTERNAL_PREFIX, MESSAGE_GROUP_PROPERTY, OutgoingMessage, SendResult,
                     TopicConfig)
 from .produce import Producer
@@ -293,16 +293,7 @@ class DelayTimer:
         self._loaded[bucket] = end
         self._loading = bucket
         entries: list[Key] = []
-        offset = start
-        while offset < end:
-            try:
-                chunk = self._reader.read(topic, 0, offset, min(READ_CHUNK, end - offset))
-            except CorruptMessage:
-                log.error("timer entry %d of minute %d is corrupt; it is skipped", offset, bucket)
-                offset += 1
-                continue
-            if not chunk:
-                break
+        for chunk in self._reader.chunks(topic, 0, start, end, READ_CHUNK):
             for message in chunk:
                 properties = message.properties
                 recalled = properties.get(RECALLED)
@@ -312,7 +303,6 @@ class DelayTimer:
                     key = (int(properties[DUE]), bucket, message.queue_offset)
                     if key > self._fired:
                         entries.append(key)
-            offset = chunk[-1].queue_offset + 1
             # What is due in minutes loaded before fires meanwhile. This minute's entries wait
             # for the whole minute: fired in order, none may pass one not read yet.
             now = clock.now_ms()

@@ -35,7 +35,7 @@ from store.api import Message, StoredMessage
 
 from . import clock
 from .consume import Reader
-from .errors import CorruptMessage, InvalidArgument, QuotaExceeded, TransactionNotFound
+from .errors import InvalidArgument, QuotaExceeded, TransactionNotFound
 from .model import (INTERNAL_PREFIX, MESSAGE_GROUP_PROPERTY, Delivery, OutgoingMessage, SendResult,
                     TopicConfig)
 from .produce import Producer
@@ -165,19 +165,9 @@ class Transactions:
     async def _scan(self, topic: str, start: int):
         """The records of an internal topic from ``start``, chunk by chunk, yielding the loop."""
         earliest, end = self._reader.range(topic, 0)
-        offset = max(start, earliest)
-        while offset < end:
-            try:
-                chunk = self._reader.read(topic, 0, offset, min(READ_CHUNK, end - offset))
-            except CorruptMessage:
-                log.error("record %d of %s is corrupt; it is skipped", offset, topic)
-                offset += 1
-                continue
-            if not chunk:
-                return
+        for chunk in self._reader.chunks(topic, 0, max(start, earliest), end, READ_CHUNK):
             for record in chunk:
                 yield record
-            offset = chunk[-1].queue_offset + 1
             await asyncio.sleep(0)
 
     # --- prepare, commit, rollback ---

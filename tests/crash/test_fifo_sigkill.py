@@ -15,6 +15,7 @@ import urllib.request
 from collections import defaultdict
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -40,6 +41,18 @@ def admin(url: str, path: str, body: dict) -> None:
                  "Authorization": "Basic " + base64.b64encode(b"sluice:sluice").decode()})
     with urllib.request.urlopen(request, timeout=30) as response:
         assert response.status in (200, 201)
+
+
+def sync_flush_broker(sluice_server, data_dir: Path, config: str = CONFIG) -> Callable[[], Any]:
+    """A function that starts `sluice serve --flush sync` on ``data_dir``, on the same ports
+    each time, and returns it once ready: call it again after a SIGKILL to restart."""
+    ports = ["--native-port", str(free_port()), "--admin-port", str(free_port())]
+
+    def start() -> Any:
+        server = sluice_server(data_dir, *ports, "--flush", "sync", config=config)
+        server.wait_ready()
+        return server
+    return start
 
 
 def config(endpoint: str) -> ClientConfig:
@@ -92,10 +105,8 @@ def contiguous(sequences: list[int]) -> bool:
 
 
 def test_fifo_groups_keep_their_order_across_sigkill(sluice_server, tmp_path: Path):
-    data_dir = tmp_path / "data"
-    ports = ["--native-port", str(free_port()), "--admin-port", str(free_port())]
-    server = sluice_server(data_dir, *ports, "--flush", "sync", config=CONFIG)
-    server.wait_ready()
+    start = sync_flush_broker(sluice_server, tmp_path / "data")
+    server = start()
     admin(server.admin, "/topics", {"name": TOPIC, "queue_count": 4, "message_type": "fifo"})
     admin(server.admin, "/groups", {"name": GROUP, "fifo": True})
     asyncio.run(produce(server.native))
@@ -103,8 +114,7 @@ def test_fifo_groups_keep_their_order_across_sigkill(sluice_server, tmp_path: Pa
                                  fail_every=7))
     server.kill()
 
-    restarted = sluice_server(data_dir, *ports, "--flush", "sync", config=CONFIG)
-    restarted.wait_ready()
+    restarted = start()
     everything = {(f"g{g}", s) for g in range(GROUPS) for s in range(PER_GROUP)}
     after = asyncio.run(consume(restarted.native,
                                 lambda order: everything <= set(before) | set(order)))

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from sluice.client import LiteSimpleConsumer, Message, Producer
-from tests.crash.test_broker_sigkill import free_port
-from tests.crash.test_fifo_sigkill import CONFIG, admin, config, contiguous, runs
+from tests.crash.test_fifo_sigkill import (CONFIG, admin, config, contiguous, runs,
+                                           sync_flush_broker)
 
 TOPIC, GROUP, SESSIONS, PER_SESSION, ACKS_BEFORE_KILL = "chats", "assistants", 20, 30, 250
 NAMES = [f"session-{i}" for i in range(SESSIONS)]
@@ -44,17 +44,14 @@ async def consume(endpoint: str, done: Callable[[list[tuple[str, int]]], bool]) 
 
 
 def test_lite_topics_keep_their_order_across_sigkill(sluice_server, tmp_path: Path):
-    data_dir = tmp_path / "data"
-    ports = ["--native-port", str(free_port()), "--admin-port", str(free_port())]
-    server = sluice_server(data_dir, *ports, "--flush", "sync", config=CONFIG)
-    server.wait_ready()
+    start = sync_flush_broker(sluice_server, tmp_path / "data", CONFIG)
+    server = start()
     admin(server.admin, "/topics", {"name": TOPIC, "queue_count": 4, "message_type": "lite"})
     asyncio.run(produce(server.native))
     before = asyncio.run(consume(server.native, lambda order: len(order) >= ACKS_BEFORE_KILL))
     server.kill()
 
-    restarted = sluice_server(data_dir, *ports, "--flush", "sync", config=CONFIG)
-    restarted.wait_ready()
+    restarted = start()
     everything = {(name, s) for name in NAMES for s in range(PER_SESSION)}
     after = asyncio.run(consume(restarted.native, lambda order: everything <= set(before) | set(order)))
     for name, sequences in runs(before).items():

@@ -11,8 +11,7 @@ from pathlib import Path
 import pytest
 
 from sluice.client import Message, Producer, ReceivedMessage, SimpleConsumer
-from tests.crash.test_broker_sigkill import free_port
-from tests.crash.test_fifo_sigkill import admin, config
+from tests.crash.test_fifo_sigkill import admin, config, sync_flush_broker
 
 TOPIC, GROUP, EACH = "payments", "billing", 10
 CONFIG = """
@@ -64,16 +63,13 @@ async def decide_and_consume(endpoint: str) -> tuple[Counter[bytes], list[bytes]
 
 
 def test_transactions_survive_sigkill_and_committed_messages_arrive_once(sluice_server, tmp_path: Path):
-    data_dir = tmp_path / "data"
-    ports = ["--native-port", str(free_port()), "--admin-port", str(free_port())]
-    server = sluice_server(data_dir, *ports, "--flush", "sync", config=CONFIG)
-    server.wait_ready()
+    start = sync_flush_broker(sluice_server, tmp_path / "data", CONFIG)
+    server = start()
     admin(server.admin, "/topics", {"name": TOPIC, "queue_count": 2, "message_type": "transaction"})
     asyncio.run(prepare(server.native))
     server.kill()
 
-    restarted = sluice_server(data_dir, *ports, "--flush", "sync", config=CONFIG)
-    restarted.wait_ready()
+    restarted = start()
     got, asked = asyncio.run(decide_and_consume(restarted.native))
     committed = {f"{kind}:{i}".encode() for kind in ("commit", "open-commit") for i in range(EACH)}
     assert set(got) == committed, sorted(set(got) ^ committed)
