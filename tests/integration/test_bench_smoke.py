@@ -73,8 +73,9 @@ def test_analytics_bench_smoke_run_compares_the_source_with_read_json(tmp_path):
 
 
 def test_latency_bench_smoke_run_measures_publish_to_dashboard(tmp_path):
+    """However long Spark takes to start on a loaded machine, the run measures once results flow."""
     done = subprocess.run([sys.executable, "-m", "bench", "latency", "--quick", "--data-dir", str(tmp_path)],
-                          cwd=ROOT, capture_output=True, text=True, timeout=300)
+                          cwd=ROOT, capture_output=True, text=True, timeout=1200)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "publish -> dashboard   p50" in done.stdout, done.stdout
     assert "results micro-batch    p50" in done.stdout, done.stdout
