@@ -11,12 +11,18 @@ refused at login (403), even with anonymous access on for the other protocols.
 
 Refused means 403 ACCESS_REFUSED on the channel, 530 NOT_ALLOWED at connection.open, or the
 login refused; allowed means anything else. The expected cells are written out, not derived from the rules.
+
+Access rules on subjects hold for AMQP readers too: with a rule denying ``rules/secret/#`` to
+everyone and one denying ``rules/hidden/#`` to the owner, a queue bound to ``amq.topic`` with
+``rules.#`` (declared and bound by the admin, read by each role) is a row per subject and way
+of reading (basic.consume, basic.get, a stream queue): the admin gets every subject, the owner
+only ``rules/open/...``, the others nothing.
 """
 from __future__ import annotations
 
 import itertools
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import pika
 import pika.exceptions
@@ -47,6 +53,8 @@ class World:
     server: Server
     admin: Http
     counter: Iterator[int]
+    read: dict[tuple[str, str], set[str]] = field(default_factory=dict)
+    """(reader, role) -> the bodies that role read from its queue bound to amq.topic"""
 
     def connect(self, role: str) -> pika.BlockingConnection:
         user, password = {"admin": ("sluice", "sluice"), "anonymous": ("", "")}.get(
@@ -77,6 +85,9 @@ def world(tmp_path_factory) -> Iterator[World]:
                 channel.queue_declare(name, durable=True)
                 for n in range(MESSAGES):
                     channel.basic_publish("", name, b"%s %d" % (name.encode(), n))
+        for user, pattern in (("*", "rules/secret/#"), ("owner", "rules/hidden/#")):
+            rule = {"user": user, "pattern": pattern, "actions": ["subscribe"], "effect": "deny"}
+            assert admin("POST", "/acl", rule)[0] == 201
         yield world
     finally:
         server.kill()
@@ -147,6 +158,91 @@ class Operation:
     expect: dict[str, bool]
 
 
+# ------------------------------------------------------------------------------ access rules
+
+SUBJECT_KINDS = ("secret", "hidden", "open")
+"""rules/secret/... is denied to everyone, rules/hidden/... to the owner, rules/open/... to no
+one; each message's body is its kind."""
+END = "end"
+
+
+def fill_rules_queue(world: World, queue: str, arguments: dict | None = None) -> None:
+    """As the admin: declare ``queue``, bind it to amq.topic with ``rules.#`` and publish one
+    message of each kind, then an end marker, to amq.topic."""
+    with world.connect("admin") as connection:
+        channel = connection.channel()
+        channel.queue_declare(queue, durable=True, arguments=arguments)
+        channel.queue_bind(queue, "amq.topic", "rules.#")
+        channel.confirm_delivery()
+        for kind in (*SUBJECT_KINDS, END):
+            channel.basic_publish("amq.topic", f"rules.{'open' if kind == END else kind}.x",
+                                  kind.encode())
+
+
+def read_consume(channel, queue: str) -> set[str]:
+    bodies: set[str] = set()
+    for _, _, body in channel.consume(queue, auto_ack=True, inactivity_timeout=10):
+        assert body is not None, f"{END} never came; got {bodies}"
+        bodies.add(body.decode())
+        if body == END.encode():
+            return bodies
+    return bodies
+
+
+def read_get(channel, queue: str) -> set[str]:
+    bodies: set[str] = set()
+    while (got := channel.basic_get(queue, auto_ack=True))[0] is not None:
+        bodies.add(got[2].decode())
+    return bodies
+
+
+def read_stream(channel, queue: str) -> set[str]:
+    channel.basic_qos(prefetch_count=100)
+    bodies: set[str] = set()
+    for method, _, body in channel.consume(queue, arguments={"x-stream-offset": "first"},
+                                           inactivity_timeout=10):
+        assert body is not None, f"{END} never came; got {bodies}"
+        channel.basic_ack(method.delivery_tag)
+        bodies.add(body.decode())
+        if body == END.encode():
+            return bodies
+    return bodies
+
+
+RULE_READERS = {  # name -> (how to read, the queue's declare arguments)
+    "basic.consume": (read_consume, None),
+    "basic.get": (read_get, None),
+    "stream queue consume": (read_stream, {"x-queue-type": "stream"}),
+}
+
+
+def reads_rules_queue(reader: str, kind: str) -> Callable[[str, World], bool]:
+    """An operation: whether the role, reading its own queue bound to amq.topic with
+    ``rules.#``, gets the message of ``kind``. Each reader runs once per role."""
+    read, arguments = RULE_READERS[reader]
+
+    def op(role: str, world: World) -> bool:
+        if (reader, role) not in world.read:
+            queue = f"m-rules-{reader.replace(' ', '-').replace('.', '-')}-{role}"
+            fill_rules_queue(world, queue, arguments)
+            got: set[str] = set()
+            world.read[(reader, role)] = got
+            on_channel(lambda channel, _: got.update(read(channel, queue)))(role, world)
+        return kind in world.read[(reader, role)]
+    return op
+
+
+RULE_ROWS = [
+    Operation(f"{reader} of a queue bound to amq.topic gets a subject {what}",
+              reads_rules_queue(reader, kind), expect)
+    for reader in RULE_READERS
+    for kind, what, expect in (
+        ("secret", "a rule denies everyone", allowed("admin")),
+        ("hidden", "a rule denies the owner", allowed("admin")),
+        ("open", "no rule denies", allowed("admin", "owner")))
+]
+
+
 TABLE = [
     Operation("connection.open", on_channel(lambda channel, _: None),
               allowed("admin", "owner", "publisher", "other")),
@@ -188,6 +284,7 @@ TABLE = [
               allowed("admin", "other")),
     Operation("queue.purge", purge("m-fresh-purge"), allowed("admin", "owner")),
     Operation("queue.purge of another user's queue", purge("o-queue"), allowed("admin", "other")),
+    *RULE_ROWS,
 ]
 """The default exchange is checked as ``amq.default``, which no role's expression matches."""
 
