@@ -428,7 +428,8 @@ class Broker:
         if config.message_type is MessageType.LITE:  # the client's lite topics, each in order
             return await self._lite_receiver.receive(
                 group_config, config, client_id, invisible, max_messages, wait_ms,
-                lambda: self._allow(principal, Action.SUBSCRIBE, ResourceKind.TOPIC, topic))
+                lambda: self._allow(principal, Action.SUBSCRIBE, ResourceKind.TOPIC, topic),
+                lambda: self.withheld_by_rules(principal))
         return await self._receiver.receive(
             group_config, config, client_id, selector, invisible, max_messages, wait_ms, queue_id,
             lambda: self._allow(principal, Action.SUBSCRIBE, ResourceKind.TOPIC, topic),

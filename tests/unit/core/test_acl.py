@@ -311,3 +311,32 @@ def test_readers_pay_nothing_per_message_without_rules_and_once_per_subject_with
         assert len(pulled.messages) == 500
         assert len(decided) == 2  # one decision per subject, then the cache answers
     run(tmp_path, scenario)
+
+
+def test_a_lite_topic_reader_never_gets_a_denied_subject_and_its_lite_topics_move_on(tmp_path):
+    import asyncio
+
+    from core import lite
+    from core.model import SYSTEM, MessageType, OutgoingMessage, TopicConfig
+    from tests.unit.core.test_broker import run
+
+    def to(name: str, subject: str) -> OutgoingMessage:
+        return OutgoingMessage("chats", subject.encode(), lite_topic=name,
+                               properties={"sluice.subject": subject})
+
+    async def scenario(broker) -> None:
+        await broker.create_topic(SYSTEM, TopicConfig("chats", 1, MessageType.LITE))
+        await asyncio.to_thread(broker.users.create_user, "u", "pw")
+        for kind, name in ((ResourceKind.TOPIC, "chats"), (ResourceKind.GROUP, "g")):
+            await asyncio.to_thread(broker.users.grant, Permission("u", kind, name, frozenset({SUB})))
+        u = await asyncio.to_thread(broker.users.principal, "u")
+        broker.users.put_rule(_rule("chats/secret/#", allow=False, actions={SUB}))
+        await broker.send(SYSTEM, [to("s1", "chats/secret/a"), to("s1", "chats/open/b"),
+                                   to("s2", "chats/secret/c"), to("s2", "chats/secret/d")])
+        await broker.sync_lite_subscription(u, "g", "chats", "c1", lite.PARTIAL_ADD, ["s1", "s2"])
+        [b] = await broker.receive(u, "g", "chats", "c1")
+        assert b.body == b"chats/open/b"
+        await broker.ack(u, "g", "chats", b.receipt_handle)
+        await broker.send(SYSTEM, [to("s2", "chats/open/e")])
+        assert [m.body for m in await broker.receive(u, "g", "chats", "c1")] == [b"chats/open/e"]
+    run(tmp_path, scenario, store="file")
