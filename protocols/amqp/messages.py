@@ -258,7 +258,8 @@ class Messages:
             self.conn.close_connection(ReplyCode.NOT_ALLOWED, "NOT_ALLOWED - attempt to reuse "
                                        f"consumer tag {clip(tag)}", *ids(m))
             return None
-        state.reply_address = self.replies.add(ReplyConsumer(channel, tag, self.deliver_reply))
+        state.reply_address = self.replies.add(ReplyConsumer(channel, tag, self.deliver_reply,
+                                                             self.topology.vhost))
         state.reply_tag = tag
         return None if m.nowait else Basic.ConsumeOk(tag)
 
