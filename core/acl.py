@@ -38,7 +38,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from .errors import InvalidArgument
-from .model import SUBJECT_PROPERTY, AclRule, Action, Delivery
+from .model import ORIGIN_SUBJECT_PROPERTY, SUBJECT_PROPERTY, AclRule, Action, Delivery
 from .routing import TopicSyntax
 
 EVERYONE = "*"
@@ -51,9 +51,12 @@ Withheld = Callable[[Delivery], bool]
 
 
 def subject_of(delivery: Delivery) -> str:
-    """The subject rules are decided on: the message's full subject (``sluice.subject``), else
-    the topic it was sent to, as fan-out and MQTT subscribers see it."""
-    return delivery.properties.get(SUBJECT_PROPERTY) or delivery.home_topic or delivery.topic
+    """The subject rules are decided on: the message's full subject (``sluice.subject``; a
+    dead-letter copy's, the one it was sent with), else the topic it was sent to, as fan-out
+    and MQTT subscribers see it."""
+    properties = delivery.properties
+    return (properties.get(SUBJECT_PROPERTY) or properties.get(ORIGIN_SUBJECT_PROPERTY)
+            or delivery.home_topic or delivery.topic)
 
 
 def check_rule(rule: AclRule, syntax: TopicSyntax) -> AclRule:

@@ -340,3 +340,21 @@ def test_a_lite_topic_reader_never_gets_a_denied_subject_and_its_lite_topics_mov
         await broker.send(SYSTEM, [to("s2", "chats/open/e")])
         assert [m.body for m in await broker.receive(u, "g", "chats", "c1")] == [b"chats/open/e"]
     run(tmp_path, scenario, store="file")
+
+
+def test_a_dead_letter_copy_is_withheld_as_the_subject_it_was_sent_with(tmp_path):
+    import asyncio
+
+    from core.model import SYSTEM
+    from tests.unit.core.test_broker import run
+
+    async def scenario(broker) -> None:
+        u = await _reader_world(broker, "devices/secret/a", "devices/open/b")
+        for delivery in await broker.receive(SYSTEM, "g", "devices", "c1", max_messages=10):
+            await broker.forward_to_dead_letter(SYSTEM, "g", "devices", delivery.receipt_handle)
+        await asyncio.to_thread(broker.users.grant, Permission(
+            "u", ResourceKind.TOPIC, "%DLQ%g", frozenset({SUB})))
+        broker.users.put_rule(_rule("devices/secret/#", allow=False, actions={SUB}))
+        copies = await broker.pull(u, "dlq-reader", "%DLQ%g", 0, 0, max_messages=10)
+        assert [m.body for m in copies.messages] == [b"devices/open/b"]
+    run(tmp_path, scenario)
