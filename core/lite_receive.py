@@ -93,8 +93,8 @@ class LiteReceiver:
                                       limit - len(found), withheld)
         return found, wake
 
-    def _next_batch(self, group: str, topic: TopicConfig, name: str, state: LiteTopic, channel: Channel,
-                    now: int, invisible_ms: int, limit: int,
+    def _next_batch(self, group: str, topic: TopicConfig, name: str, state: LiteTopic,
+                    channel: Channel, now: int, invisible_ms: int, limit: int,
                     withheld: Withheld | None) -> list[Delivery]:
         """Hand out the lite topic's next messages after the channel's position. Those
         ``withheld`` from the caller are settled with their batch; a batch withheld whole is

@@ -130,7 +130,7 @@ class Broker:
         """What the access rules withhold from ``principal`` reading messages now (a queue,
         a pop, a pull, a lookup): a message whose subject (``core.acl.subject_of``) the most
         specific matching rule denies it; each one withheld is counted as
-        ``messages_withheld`` of the topic or queue read. None when no rule on subscribing
+        ``messages_withheld`` of the topic it was sent to. None when no rule on subscribing
         applies to the reader (an admin, or no rule of its own or everyone's): nothing to check
         per message. Ask again for each read, as rules change; decisions are cached per (user,
         subject) until they do. Runs on the event loop."""
@@ -142,7 +142,7 @@ class Broker:
         def withheld(delivery: Delivery) -> bool:
             if not users.rule_denies(principal, Action.SUBSCRIBE, subject_of(delivery)):
                 return False
-            counters["messages_withheld", delivery.topic] += 1
+            counters["messages_withheld", delivery.home_topic or delivery.topic] += 1
             return True
         return withheld
 

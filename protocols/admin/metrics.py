@@ -211,6 +211,6 @@ BROKER_COUNTERS = {
     "bytes_out": ("topic", "Body bytes delivered to consumers since the broker started"),
     "dead_lettered": ("group", "Messages moved to a dead-letter topic since the broker started"),
     "messages_withheld": ("topic", "Messages withheld from a reader because an access rule denies "
-                                   "it their subject, by the topic or named queue read, since the "
+                                   "it their subject, by the topic they were sent to, since the "
                                    "broker started"),
 }

@@ -1,8 +1,9 @@
 """One basic.consume of an AMQP connection: pops (or, on a stream, reads) as many messages as
 its prefetch window has room for, driven by callbacks (the queue's signal, an ack making room),
-never a task per message. A message whose subject an access rule denies the connection's user
-is never delivered: dropped from a queue, skipped in a stream. Its connection (``messages.Messages``) sends the deliveries; the
-``consumers.Consumers`` registry says when it may take messages. Runs on the event loop.
+never a task per message. Its connection (``messages.Messages``) sends the deliveries; the
+``consumers.Consumers`` registry says when it may take messages. A message whose subject an
+access rule denies the connection's user is never delivered: dropped from a queue, skipped in
+a stream. Runs on the event loop.
 """
 
 from __future__ import annotations
