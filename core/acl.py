@@ -25,21 +25,38 @@ How a decision is made (``decide``):
 Specificity: more literal levels first, then more levels, then no ``#``. A placeholder level
 is literal once filled in. A placeholder is compared as a whole level: a client id holding
 ``/``, ``+`` or ``#`` never matches more than its own literal level, so it cannot widen a rule.
+
+Readers that are not subscriptions (an AMQP queue, a native pop or pull, the admin API's reads)
+were authorized on a topic or a queue by their own operation; for them only the rules speak
+(``Users.rule_denies``): a message whose subject (``subject_of``) a rule denies to the reader is
+withheld from it, and no rule means no objection.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from .errors import InvalidArgument
-from .model import AclRule, Action
+from .model import ORIGIN_SUBJECT_PROPERTY, SUBJECT_PROPERTY, AclRule, Action, Delivery
 from .routing import TopicSyntax
 
 EVERYONE = "*"
 """The user name of rules that apply to every user."""
 MAX_PATTERN_LENGTH = 1024
 _RULE_ACTIONS = frozenset({Action.PUBLISH, Action.SUBSCRIBE})
+
+Withheld = Callable[[Delivery], bool]
+"""Whether a message must be withheld from one reader: a rule denies it its subject."""
+
+
+def subject_of(delivery: Delivery) -> str:
+    """The subject rules are decided on: the message's full subject (``sluice.subject``; a
+    dead-letter copy's, the one it was sent with), else the topic it was sent to, as fan-out
+    and MQTT subscribers see it."""
+    properties = delivery.properties
+    return (properties.get(SUBJECT_PROPERTY) or properties.get(ORIGIN_SUBJECT_PROPERTY)
+            or delivery.home_topic or delivery.topic)
 
 
 def check_rule(rule: AclRule, syntax: TopicSyntax) -> AclRule:

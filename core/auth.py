@@ -175,6 +175,21 @@ class Users:
         key = (principal.user, principal.client_id, Action.SUBSCRIBE, True, topic_filter)
         return self._decided(principal, key, self._may_filter)
 
+    def rules_bind(self, principal: Principal, action: Action) -> bool:
+        """Whether any access-control rule on ``action`` applies to ``principal`` now (its own
+        or everyone's; admins are bound by none). When none does, ``rule_denies`` is False for
+        every subject and a reader skips it. Cached like every decision. Runs anywhere: no I/O."""
+        key = (principal.user, "", action, "any rule", "")
+        return not self._decided(principal, key, self._no_rule)
+
+    def rule_denies(self, principal: Principal, action: Action, subject: str) -> bool:
+        """Whether the most specific access-control rule matching ``subject`` denies it to
+        ``principal`` (``core.acl``). Unlike ``subject_allowed``, no rule means no objection:
+        for readers whose own operation decided the topic or queue permission. Cached per
+        (user, client id, subject) like every decision. Runs anywhere: no I/O."""
+        key = (principal.user, principal.client_id, action, "rules", subject)
+        return not self._decided(principal, key, self._rules_allow)
+
     def _decided(self, principal: Principal, key: tuple,
                  decide: Callable[[Principal, Principal, tuple], bool]) -> bool:
         decided = self._decisions.get(key)
@@ -212,6 +227,16 @@ class Users:
         if verdict is None:
             verdict = any(_allows(p, action, ResourceKind.TOPIC, topic) for p in current.permissions)
         return verdict
+
+    @staticmethod
+    def _no_rule(current: Principal, _: Principal, key: tuple) -> bool:
+        action = key[2]
+        return not any(action in rule.actions for rule in current.acl)
+
+    def _rules_allow(self, current: Principal, principal: Principal, key: tuple) -> bool:
+        action, subject = key[2], key[4]
+        return RuleSet(current.acl, self._syntax).decide(
+            action, current.user, principal.client_id, subject) is not False
 
     def _may_filter(self, current: Principal, principal: Principal, key: tuple) -> bool:
         topic_filter, syntax = key[4], self._syntax

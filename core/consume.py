@@ -21,6 +21,7 @@ from typing import NamedTuple
 from store.api import Store
 from store.errors import CorruptRecordError, OffsetOutOfRangeError, StoreError
 
+from .acl import Withheld
 from .cursors import Cursor
 from .delivery import RecentMessages
 from .errors import CorruptMessage, InvalidReceiptHandle, OffsetOutOfRange, ReceiptExpired, Unavailable
@@ -165,17 +166,20 @@ class Popped(NamedTuple):
 
 def pop_queue(reader: Reader, cursor: Cursor, consumer: str, topic: str, queue_id: int,
               selector: Filter, now_ms: int, invisible_ms: int, limit: int, max_attempts: int,
-              fifo: bool = False) -> Popped:
+              fifo: bool = False, withheld: Withheld | None = None) -> Popped:
     """Take up to ``limit`` messages from one queue: due redeliveries first, then new ones.
     A ``fifo`` group takes new messages only while none of the queue is in flight, so the
     messages of a message group (which all go to one queue) are handed out in order, each
     batch once the previous one is settled, and a retry comes before anything after it.
+    A message ``withheld`` from this reader (an access rule denies its subject), new or due
+    again, is settled like one the selector does not match: never handed out, never retried
+    nor dead-lettered, and it blocks nothing behind it.
     CorruptMessage if the first new message to take is corrupt."""
     out: list[Delivery] = []
     dead: list[Delivery] = []
     for offset in cursor.expired(now_ms, limit):
         message = reader.read_one(topic, queue_id, offset)
-        if message is None:
+        if message is None or (withheld is not None and withheld(message)):
             cursor.ack(offset)
         elif cursor.inflight[offset].attempt >= max_attempts:
             dead.append(_hold_for_dead_letter(message, cursor, offset, now_ms, invisible_ms))
@@ -205,7 +209,7 @@ def pop_queue(reader: Reader, cursor: Cursor, consumer: str, topic: str, queue_i
             cursor.next = offset + 1
             if offset in cursor.acked:
                 continue
-            if not selector.matches(message):
+            if not selector.matches(message) or (withheld is not None and withheld(message)):
                 cursor.ack(offset)
                 continue
             if cursor.attempts.get(offset, 0) >= max_attempts:
@@ -254,8 +258,11 @@ def settle(cursor: Cursor, handle: Handle) -> int:
 
 
 def pull_queue(reader: Reader, topic: str, queue_id: int, offset: int, limit: int,
-               selector: Filter) -> tuple[list[Delivery], int, int, int]:
-    """Read by offset: (matching messages, next offset, earliest, deliverable end).
+               selector: Filter, withheld: Withheld | None = None
+               ) -> tuple[list[Delivery], int, int, int]:
+    """Read by offset: (matching messages, next offset, earliest, deliverable end). Messages
+    ``withheld`` from this reader (an access rule denies their subject) are skipped like those
+    the selector does not match, and the next offset moves past them.
     CorruptMessage if the message at ``offset`` is corrupt."""
     earliest, end = reader.range(topic, queue_id)
     if offset > end:
@@ -274,6 +281,6 @@ def pull_queue(reader: Reader, topic: str, queue_id: int, offset: int, limit: in
             break
         for message in batch:
             offset = message.queue_offset + 1
-            if selector.matches(message):
+            if selector.matches(message) and (withheld is None or not withheld(message)):
                 out.append(message)
     return out, offset, earliest, end

@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 
 from .engine import Engine
-from .model import SUBJECT_PROPERTY, Delivery, OutgoingMessage, TopicConfig
+from .model import ORIGIN_SUBJECT_PROPERTY, SUBJECT_PROPERTY, Delivery, OutgoingMessage, TopicConfig
 
 log = logging.getLogger(__name__)
 
@@ -25,7 +25,7 @@ async def dead_letter(engine: Engine, consumer: str, message: Delivery) -> None:
     properties = dict(message.properties)
     subject = properties.pop(SUBJECT_PROPERTY, None)
     if subject:
-        properties["sluice.dlq.origin_subject"] = subject
+        properties[ORIGIN_SUBJECT_PROPERTY] = subject
     properties.update({"sluice.dlq.origin_topic": message.topic,
                        "sluice.dlq.origin_msg_id": message.msg_id,
                        "sluice.dlq.attempts": str(message.attempt)})

@@ -18,12 +18,13 @@ from typing import NamedTuple
 
 from store.api import StoredMessage
 
+from .acl import Withheld
 from .clock import now_ms
 from .consume import BOOT_ID, consumer_check
 from .dead_letter import dead_letter
 from .engine import Engine
 from .errors import InvalidReceiptHandle, ReceiptExpired
-from .lite import Channel, Flight
+from .lite import Channel, Flight, LiteTopic
 from .model import LITE_KEY_PREFIX, LITE_PROPERTY, Delivery, GroupConfig, TopicConfig
 
 HANDLE_PREFIX = "L|"
@@ -46,12 +47,15 @@ class LiteReceiver:
         self._rotation = itertools.count()
 
     async def receive(self, group: GroupConfig, topic: TopicConfig, client_id: str, invisible_ms: int,
-                      max_messages: int, wait_ms: int, still_allowed: Callable[[], None]) -> list[Delivery]:
-        """Pop up to ``max_messages`` of the client's lite topics, waiting up to ``wait_ms``."""
+                      max_messages: int, wait_ms: int, still_allowed: Callable[[], None],
+                      withheld_now: Callable[[], Withheld | None]) -> list[Delivery]:
+        """Pop up to ``max_messages`` of the client's lite topics, waiting up to ``wait_ms``;
+        each pass settles unseen what ``withheld_now()`` says the access rules deny the caller."""
         engine = self._engine
         deadline = now_ms() + min(max(0, wait_ms), engine.config.max_long_poll_ms)
         while True:
-            found, wake = await self._pop(group, topic, client_id, invisible_ms, max_messages)
+            found, wake = await self._pop(group, topic, client_id, invisible_ms, max_messages,
+                                          withheld_now())
             now = now_ms()
             if found or now >= deadline or engine.closing or topic.name not in engine.topics:
                 engine.count_out(topic.name, found)
@@ -62,7 +66,7 @@ class LiteReceiver:
             still_allowed()
 
     async def _pop(self, group: GroupConfig, topic: TopicConfig, client_id: str, invisible_ms: int,
-                   limit: int) -> tuple[list[Delivery], int]:
+                   limit: int, withheld: Withheld | None) -> tuple[list[Delivery], int]:
         """(what was popped, when an in-flight message of the client's lite topics falls due)."""
         lite = self._engine.lite
         names = lite.subscribed(group.name, topic.name, client_id)
@@ -80,22 +84,38 @@ class LiteReceiver:
                 continue
             channel = lite.channel(group.name, topic.name, name, state)
             if channel.inflight:
-                found += await self._redeliver(group, topic, name, channel, now, invisible_ms)
+                found += await self._redeliver(group, topic, name, channel, now, invisible_ms,
+                                               withheld)
                 if channel.inflight:
                     wake = min(wake, min(f.until_ms for f in channel.inflight.values()))
                 continue
-            if 0 <= state.newest <= channel.done:
-                continue
-            waiting = self._waiting(topic, name, channel, limit - len(found))
+            found += self._next_batch(group.name, topic, name, state, channel, now, invisible_ms,
+                                      limit - len(found), withheld)
+        return found, wake
+
+    def _next_batch(self, group: str, topic: TopicConfig, name: str, state: LiteTopic,
+                    channel: Channel, now: int, invisible_ms: int, limit: int,
+                    withheld: Withheld | None) -> list[Delivery]:
+        """Hand out the lite topic's next messages after the channel's position. Those
+        ``withheld`` from the caller are settled with their batch; a batch withheld whole is
+        passed and the next one read."""
+        while not 0 <= state.newest <= channel.done:
+            waiting = self._waiting(topic, name, channel, limit)
             if not waiting:
                 state.newest = max(state.newest, channel.done)
-                continue
+                break
+            found = []
             for stored in waiting:
-                channel.inflight[stored.queue_offset] = Flight(now + invisible_ms, 1, 0)
-                found.append(self._delivery(group.name, topic.name, name, stored, 1, 0, now + invisible_ms))
+                delivery = self._delivery(group, topic.name, name, stored, 1, 0, now + invisible_ms)
+                if withheld is None or not withheld(delivery):
+                    channel.inflight[stored.queue_offset] = Flight(now + invisible_ms, 1, 0)
+                    found.append(delivery)
             last = waiting[-1]
             channel.batch_end = (last.queue_offset, last.store_ts)
-        return found, wake
+            if found:
+                return found
+            self._settle(group, topic.name, name, channel, last.queue_offset)
+        return []
 
     def _waiting(self, topic: TopicConfig, name: str, channel: Channel, limit: int) -> list[StoredMessage]:
         """The lite topic's next messages after the channel's position, oldest first."""
@@ -126,16 +146,17 @@ class LiteReceiver:
         return zlib.crc32(name.encode()) % topic.queue_count
 
     async def _redeliver(self, group: GroupConfig, topic: TopicConfig, name: str, channel: Channel,
-                         now: int, invisible_ms: int) -> list[Delivery]:
+                         now: int, invisible_ms: int, withheld: Withheld | None) -> list[Delivery]:
         """Hand out again the channel's messages whose invisible duration ended; dead-letter
-        those past the group's attempts."""
+        those past the group's attempts; settle those now ``withheld`` from the caller."""
         out = []
         queue = self._queue_of(topic, name)
         for offset in sorted(o for o, f in channel.inflight.items() if f.until_ms <= now):
             flight = channel.inflight[offset]
             stored = self._engine.reader.read_one(topic.name, queue, offset)
-            if stored is None:  # aged out with retention
-                self._settle(group.name, topic.name, name, channel, offset)
+            if stored is None or (withheld is not None and withheld(self._delivery(
+                    group.name, topic.name, name, stored, flight.attempt, 0, 0))):
+                self._settle(group.name, topic.name, name, channel, offset)  # gone, or withheld
                 continue
             if flight.attempt >= group.retry.max_attempts:
                 delivery = self._delivery(group.name, topic.name, name, stored, flight.attempt, 0, 0)

@@ -227,6 +227,9 @@ SUBJECT_PROPERTY = "sluice.subject"
 """The full hierarchical subject of a message (an MQTT topic such as ``devices/d1/telemetry``),
 levels separated by ``/``; its first level names the message's topic (``core.subjects``).
 Fan-out matches subscriptions against it; without it the subject is the topic name."""
+ORIGIN_SUBJECT_PROPERTY = "sluice.dlq.origin_subject"
+"""A dead-letter copy's subject as it was sent (the copy itself has none: it lives in another
+topic); access rules still decide on it (``core.acl.subject_of``)."""
 
 
 @dataclass(slots=True)

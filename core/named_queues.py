@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Iterator
 
+from .acl import Withheld
 from .clock import now_ms
 from .consume import MAX_IN_FLIGHT_SPAN, pop_queue
 from .delivered_marks import DeliveredMarks
@@ -132,10 +133,11 @@ class NamedQueues:
     # --- several consumers: pop, settle, release ---
 
     def pop(self, queue: str, max_messages: int, invisible_ms: int, *,
-            mark: bool = False) -> list[Delivery]:
+            mark: bool = False, withheld: Withheld | None = None) -> list[Delivery]:
         """Message-level consumption of ``queue`` shared by several consumers: each message goes
         to one of them and comes back after ``invisible_ms`` unless settled. A corrupt message
-        is skipped (logged, settled: it is never delivered).
+        is skipped (logged, settled: it is never delivered), and so is one ``withheld`` from
+        the reader (an access rule denies it its subject: dropped from the queue).
 
         With ``mark``, what was popped is recorded as delivered (``core.delivered_marks``);
         once ``flush_marks`` has run (before the deliveries go out), it comes back after a
@@ -148,7 +150,8 @@ class NamedQueues:
         while True:
             try:
                 popped = pop_queue(reader, cursor, queue, queue, 0, _EVERY_TAG, now_ms(),
-                                   invisible_ms, max_messages, _NO_DEAD_LETTERS).deliveries
+                                   invisible_ms, max_messages, _NO_DEAD_LETTERS,
+                                   withheld=withheld).deliveries
             except CorruptMessage as corrupt:  # logged by the reader; never delivered
                 cursor.next = max(cursor.next, corrupt.offset + 1)
                 cursor.ack(corrupt.offset)

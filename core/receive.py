@@ -2,7 +2,8 @@
 what was received (ack, a new invisible duration, dead-lettering).
 
 No authorization here: ``Broker`` decides first and passes ``still_allowed`` so a long poll
-ends when a revoke lands while it waits. Runs on the event loop; not thread-safe.
+ends when a revoke lands while it waits, and ``withheld_now`` for the access rules on each
+message's subject (``core.acl``). Runs on the event loop; not thread-safe.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import dataclasses
 import itertools
 from collections.abc import Callable
 
+from .acl import Withheld
 from .clock import now_ms
 from .consume import make_handle, parse_handle, pop_queue, settle
 from .cursors import Cursor
@@ -30,16 +32,18 @@ class Receiver:
 
     async def receive(self, group: GroupConfig, topic: TopicConfig, client_id: str, selector: Filter,
                       invisible_ms: int, max_messages: int, wait_ms: int, queue_id: int | None,
-                      still_allowed: Callable[[], None]) -> list[Delivery]:
+                      still_allowed: Callable[[], None],
+                      withheld_now: Callable[[], Withheld | None]) -> list[Delivery]:
         """Pop up to ``max_messages``, waiting up to ``wait_ms`` for some to arrive; after each
-        wait ``still_allowed()`` raises if the caller lost the right meanwhile."""
+        wait ``still_allowed()`` raises if the caller lost the right meanwhile, and each pass
+        withholds what ``withheld_now()`` says the access rules deny the caller then."""
         engine = self._engine
         consumer = engine.groups.consumer(group.name, client_id)
         deadline = now_ms() + min(max(0, wait_ms), engine.config.max_long_poll_ms)
         while True:
             queues = self._queues(group.name, topic, client_id, queue_id)
             found = await self._pop(consumer, topic.name, queues, selector, invisible_ms, max_messages,
-                                    group.retry.max_attempts, group.fifo)
+                                    group.retry.max_attempts, group.fifo, withheld_now())
             now = now_ms()
             if found or now >= deadline or engine.closing or topic.name not in engine.topics:
                 engine.count_out(topic.name, found)
@@ -69,7 +73,8 @@ class Receiver:
         return [(start + i) % count for i in range(count)]
 
     async def _pop(self, consumer: str, topic: str, queues: list[int], selector: Filter,
-                   invisible_ms: int, limit: int, max_attempts: int, fifo: bool) -> list[Delivery]:
+                   invisible_ms: int, limit: int, max_attempts: int, fifo: bool,
+                   withheld: Withheld | None) -> list[Delivery]:
         engine = self._engine
         found: list[Delivery] = []
         now = now_ms()
@@ -78,7 +83,7 @@ class Receiver:
                 break
             cursor = engine.cursors.open((consumer, topic, q), self._start_offset(consumer, topic, q))
             popped = pop_queue(engine.reader, cursor, consumer, topic, q, selector, now, invisible_ms,
-                               limit - len(found), max_attempts, fifo)
+                               limit - len(found), max_attempts, fifo, withheld)
             found += popped.deliveries
             for message in popped.dead:
                 await dead_letter(engine, consumer, message)

@@ -18,6 +18,7 @@ import logging
 from collections import Counter
 from collections.abc import Callable, Sequence
 
+from .acl import Withheld, subject_of
 from .auth import Users
 from .clock import now_ms
 from .consume import pull_queue, to_delivery
@@ -124,6 +125,26 @@ class Broker:
         """Whether ``principal`` may subscribe to ``subject_filter`` (``core.acl``). Messages
         delivered through the subscription are each checked with ``subject_allowed``."""
         return self.users.filter_allowed(principal, subject_filter)
+
+    def withheld_by_rules(self, principal: Principal) -> Withheld | None:
+        """What the access rules withhold from ``principal`` reading messages now (a queue,
+        a pop, a pull, a lookup): a message whose subject (``core.acl.subject_of``) the most
+        specific matching rule denies it; each one withheld is counted as
+        ``messages_withheld`` of the topic it was sent to. None when no rule on subscribing
+        applies to the reader (an admin, or no rule of its own or everyone's): nothing to check
+        per message. Ask again for each read, as rules change; decisions are cached per (user,
+        subject) until they do. Runs on the event loop."""
+        users = self.users
+        if not users.rules_bind(principal, Action.SUBSCRIBE):
+            return None
+        counters = self._engine.counters
+
+        def withheld(delivery: Delivery) -> bool:
+            if not users.rule_denies(principal, Action.SUBSCRIBE, subject_of(delivery)):
+                return False
+            counters["messages_withheld", delivery.home_topic or delivery.topic] += 1
+            return True
+        return withheld
 
     @property
     def rights_generation(self) -> int:
@@ -390,7 +411,9 @@ class Broker:
         """Pop up to ``max_messages``, waiting up to ``wait_ms`` for some to arrive.
 
         A client that asked for an assignment pops only the queue it names, and nothing if
-        that queue is no longer its own; any other client pops every queue of the topic.
+        that queue is no longer its own; any other client pops every queue of the topic. A
+        message an access rule withholds from the caller is settled for the group, like one
+        its filter does not match (``withheld_by_rules``).
         """
         self._allow(principal, Action.SUBSCRIBE, ResourceKind.TOPIC, topic)
         config = self._topics.get(topic)
@@ -405,10 +428,12 @@ class Broker:
         if config.message_type is MessageType.LITE:  # the client's lite topics, each in order
             return await self._lite_receiver.receive(
                 group_config, config, client_id, invisible, max_messages, wait_ms,
-                lambda: self._allow(principal, Action.SUBSCRIBE, ResourceKind.TOPIC, topic))
+                lambda: self._allow(principal, Action.SUBSCRIBE, ResourceKind.TOPIC, topic),
+                lambda: self.withheld_by_rules(principal))
         return await self._receiver.receive(
             group_config, config, client_id, selector, invisible, max_messages, wait_ms, queue_id,
-            lambda: self._allow(principal, Action.SUBSCRIBE, ResourceKind.TOPIC, topic))
+            lambda: self._allow(principal, Action.SUBSCRIBE, ResourceKind.TOPIC, topic),
+            lambda: self.withheld_by_rules(principal))
 
     def _allow_settling(self, principal: Principal, group: str, topic: str) -> None:
         self._allow(principal, Action.SUBSCRIBE, ResourceKind.TOPIC, topic)
@@ -447,7 +472,9 @@ class Broker:
     async def pull(self, principal: Principal, group: str, topic: str, queue_id: int, offset: int, *,
                    max_messages: int = 32, wait_ms: int = 0, expression: str = "*",
                    expression_type: str = "TAG") -> PullResult:
-        """Read a queue by offset, waiting up to ``wait_ms`` when there is nothing new."""
+        """Read a queue by offset, waiting up to ``wait_ms`` when there is nothing new.
+        Messages an access rule withholds from the caller are skipped; the next offset moves
+        past them."""
         self._allow(principal, Action.SUBSCRIBE, ResourceKind.TOPIC, topic)
         config = self._topics.get(topic)
         _check_queue(config, queue_id)
@@ -457,8 +484,9 @@ class Broker:
         engine = self._engine
         deadline = now_ms() + min(max(0, wait_ms), self.config.max_long_poll_ms)
         while True:
-            messages, next_offset, earliest, end = pull_queue(engine.reader, topic, queue_id,
-                                                              offset, max_messages, selector)
+            messages, next_offset, earliest, end = pull_queue(
+                engine.reader, topic, queue_id, offset, max_messages, selector,
+                self.withheld_by_rules(principal))
             now = now_ms()
             if messages or now >= deadline or engine.closing:
                 engine.count_out(topic, messages)
@@ -524,12 +552,18 @@ class Broker:
     # --- lookup ---
 
     def lookup_message(self, principal: Principal, msg_id: str) -> Delivery:
-        """The message with id ``msg_id``; MessageNotFound if none."""
+        """The message with id ``msg_id``; MessageNotFound if none, AccessDenied if the caller
+        may not read its topic or an access rule denies it its subject."""
         stored = self._engine.store.lookup_id(msg_id)
         if stored is None:
             raise MessageNotFound(f"no message has id {msg_id!r}; it may have aged out with retention")
         self._allow(principal, Action.SUBSCRIBE, ResourceKind.TOPIC, stored.topic)
-        return to_delivery(stored)
+        delivery = to_delivery(stored)
+        withheld = self.withheld_by_rules(principal)
+        if withheld is not None and withheld(delivery):
+            raise AccessDenied(f"user {principal.user!r} may not read message {msg_id!r}: an "
+                               "access rule denies its subject")
+        return delivery
 
     async def trace_message(self, principal: Principal, msg_id: str) -> MessageTrace:
         """The message with id ``msg_id`` and what happened to it since it was stored
@@ -546,7 +580,8 @@ class Broker:
                      limit: int = 32) -> list[Delivery]:
         """Messages of ``topic`` stored from ``start_ms`` to ``end_ms`` (inclusive), oldest
         first, at most ``limit`` (1-1000): each queue is entered at its first message stored at
-        or after ``start_ms`` (the consume queue's time index) and read forward."""
+        or after ``start_ms`` (the consume queue's time index) and read forward. Messages an
+        access rule withholds from the caller are left out."""
         self._allow(principal, Action.SUBSCRIBE, ResourceKind.TOPIC, topic)
         config = self._topics.get(topic)
         if end_ms < start_ms:
@@ -554,6 +589,7 @@ class Broker:
         if not 1 <= limit <= 1000:
             raise InvalidArgument(f"limit {limit} is out of range: use 1-1000")
         reader, store = self._engine.reader, self._engine.store
+        withheld = self.withheld_by_rules(principal)
         found: list[Delivery] = []
         for queue_id in range(config.queue_count):
             earliest, end = reader.range(topic, queue_id)
@@ -568,8 +604,9 @@ class Broker:
                 if not batch:
                     break
                 in_range = [m for m in batch if m.store_ts <= end_ms]
-                found += in_range
-                taken += len(in_range)
+                readable = in_range if withheld is None else [m for m in in_range if not withheld(m)]
+                found += readable
+                taken += len(readable)
                 if len(in_range) < len(batch):
                     break
                 offset = batch[-1].queue_offset + 1
@@ -577,10 +614,13 @@ class Broker:
         return found[:limit]
 
     def lookup_key(self, principal: Principal, topic: str, key: str, limit: int = 32) -> list[Delivery]:
-        """Messages of ``topic`` carrying business key ``key``, newest first."""
+        """Messages of ``topic`` carrying business key ``key``, newest first; those an access
+        rule withholds from the caller are left out."""
         self._allow(principal, Action.SUBSCRIBE, ResourceKind.TOPIC, topic)
         self._topics.get(topic)
-        return [to_delivery(m) for m in self._engine.store.lookup_key(topic, key, limit)]
+        found = [to_delivery(m) for m in self._engine.store.lookup_key(topic, key, limit)]
+        withheld = self.withheld_by_rules(principal)
+        return found if withheld is None else [m for m in found if not withheld(m)]
 
 
 def _check_queue(config: TopicConfig, queue_id: int) -> None:

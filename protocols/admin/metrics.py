@@ -210,4 +210,7 @@ BROKER_COUNTERS = {
     "messages_out": ("topic", "Messages delivered to consumers since the broker started"),
     "bytes_out": ("topic", "Body bytes delivered to consumers since the broker started"),
     "dead_lettered": ("group", "Messages moved to a dead-letter topic since the broker started"),
+    "messages_withheld": ("topic", "Messages withheld from a reader because an access rule denies "
+                                   "it their subject, by the topic they were sent to, since the "
+                                   "broker started"),
 }

@@ -13,7 +13,8 @@ keys, tag, subject, timestamps and the body as text (``body_base64`` when it is 
 Reading bodies needs the subscribe right on the topic: the route's access rule decides it before
 any header is written (a 403 JSON answer), and the right is checked again before every batch and
 heartbeat, since rights change at runtime: a caller who loses it gets a last line
-``{"error": "forbidden", ...}`` and the stream ends.
+``{"error": "forbidden", ...}`` and the stream ends. Messages whose subject an access-control
+rule denies the caller (``core.acl``) are left out, history and live alike.
 """
 
 from __future__ import annotations
@@ -139,7 +140,9 @@ class _Stream:
                     "waiting for this client; reconnect to start again from history"}))
                 return
             if feed.pending:
-                fresh = [d for d in feed.pending if d.queue_offset >= history_end.get(d.queue_id, 0)]
+                withheld = self._broker.withheld_by_rules(self._principal)
+                fresh = [d for d in feed.pending if d.queue_offset >= history_end.get(d.queue_id, 0)
+                         and (withheld is None or not withheld(d))]
                 feed.pending.clear()
                 if fresh:
                     await self._write(_lines(fresh))

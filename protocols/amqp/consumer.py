@@ -1,7 +1,9 @@
 """One basic.consume of an AMQP connection: pops (or, on a stream, reads) as many messages as
 its prefetch window has room for, driven by callbacks (the queue's signal, an ack making room),
 never a task per message. Its connection (``messages.Messages``) sends the deliveries; the
-``consumers.Consumers`` registry says when it may take messages. Runs on the event loop.
+``consumers.Consumers`` registry says when it may take messages. A message whose subject an
+access rule denies the connection's user is never delivered: dropped from a queue, skipped in
+a stream. Runs on the event loop.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from typing import Protocol
 
 from pamqp.commands import Basic
 
+from core.acl import Withheld
 from core.model import Delivery
 from core.queue_features import features, levels
 from core.service import MAX_INVISIBLE_MS
@@ -44,6 +47,9 @@ class Owner(Protocol):
     consumers: Consumers
 
     def deliver(self, consumer: Consumer, delivery: Delivery) -> None: ...
+
+    def withheld(self) -> Withheld | None:
+        """What the access rules withhold from the connection's user now (``core.acl``)."""
 
     def write_out(self) -> None: ...
 
@@ -126,19 +132,24 @@ class Consumer:
         if not owner.gate.open:  # the client reads slowly: wait until the wire drains
             owner.gate.wait(self.dispatch)
             return
+        withheld = owner.withheld()
         if self.stream_offset is not None:  # a stream: read on from this consumer's offset
             popped, self.stream_offset = owner.queues.read(self.queue, self.stream_offset, room)
+            taken = len(popped)
+            if withheld is not None:  # skipped for this reader; the stream keeps them
+                popped = [delivery for delivery in popped if not withheld(delivery)]
         elif not owner.consumers.may_take(self):  # single active, or higher priorities first
             if not self.single_active:
                 self._arm()
             return
         else:
             popped = owner.queues.pop_first(self.levels, room, MAX_INVISIBLE_MS,
-                                            mark=not self.no_ack)
+                                            mark=not self.no_ack, withheld=withheld)
+            taken = len(popped)
         for delivery in popped:
             owner.deliver(self, delivery)
         owner.write_out()
-        if len(popped) < room:
+        if taken < room:
             self._arm()
         elif self.room() > 0:  # more may wait: taken after others had a turn
             asyncio.get_running_loop().call_soon(self.dispatch)

@@ -5,7 +5,9 @@ requests with ``reply_to`` set to that name; the broker rewrites it to
 ``amq.rabbitmq.reply-to.<token>``, the token naming that channel's reply consumer. A reply
 published to the default exchange with that routing key is delivered to the consumer at once:
 it is never stored, and it is dropped (returned when mandatory) once the consumer is gone, as in
-RabbitMQ. Tokens are random, so a client cannot reach another's reply consumer by guessing.
+RabbitMQ. Tokens are random, so a client cannot reach another's reply consumer by guessing, and
+an address belongs to the virtual host of its consumer: a reply published on another virtual
+host reaches no one (dropped, or returned when mandatory), whoever learned the address.
 Runs on the event loop.
 """
 
@@ -31,6 +33,8 @@ class ReplyConsumer:
     tag: str
     deliver: Callable[[ReplyConsumer, str, Basic.Properties, bytes], None]
     """``deliver(consumer, routing key, properties, body)``: send it as a basic.deliver."""
+    vhost: str
+    """The virtual host of the consumer's connection: only replies published there reach it."""
 
 
 class DirectReplies:
@@ -48,11 +52,12 @@ class DirectReplies:
     def remove(self, address: str) -> None:
         self._by_token.pop(address.removeprefix(PREFIX), None)
 
-    def send(self, routing_key: str, properties: Basic.Properties, body: bytes) -> bool:
-        """Deliver a reply published to the default exchange with ``routing_key`` (a reply
-        address); False when no reply consumer has that address (any more)."""
+    def send(self, vhost: str, routing_key: str, properties: Basic.Properties, body: bytes) -> bool:
+        """Deliver a reply published on ``vhost`` to the default exchange with ``routing_key``
+        (a reply address); False when no reply consumer of ``vhost`` has that address (any
+        more)."""
         consumer = self._by_token.get(routing_key.removeprefix(PREFIX))
-        if consumer is None:
+        if consumer is None or consumer.vhost != vhost:
             return False
         consumer.deliver(consumer, routing_key, properties, body)
         return True

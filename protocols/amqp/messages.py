@@ -16,6 +16,7 @@ from typing import Any
 from pamqp.base import Frame
 from pamqp.commands import Basic, Confirm
 
+from core.acl import Withheld
 from core.errors import NotSupported, PreconditionFailed, SluiceError
 from core.model import Delivery, Principal
 from core.queue_features import features, levels
@@ -65,6 +66,11 @@ class Messages:
         self._channels = Channels()
         self.publisher = Publisher(broker, vhosts, queues, principal, topology, conn,
                                    self._channels, write_out, fail, replies)
+
+    def withheld(self) -> Withheld | None:
+        """What the access rules withhold from this connection's user now: messages whose
+        subject a rule denies it (``Broker.withheld_by_rules``); asked again for every pop."""
+        return self.broker.withheld_by_rules(self.principal)
 
     async def publish(self, events: list[PublishReceived]) -> None:
         """Store ``events`` and confirm them (``Publisher.publish``)."""
@@ -134,7 +140,8 @@ class Messages:
             raise NotSupported(f"basic.get not supported by stream queues queue "
                                f"{clip(queue.name)} in vhost {clip(self.topology.vhost)}")
         queues = levels(named, kind.max_priority)
-        popped = self.queues.pop_first(queues, 1, MAX_INVISIBLE_MS, mark=not m.no_ack)
+        popped = self.queues.pop_first(queues, 1, MAX_INVISIBLE_MS, mark=not m.no_ack,
+                                       withheld=self.withheld())
         if not popped:
             return Basic.GetEmpty()
         delivery = popped[0]
@@ -251,7 +258,8 @@ class Messages:
             self.conn.close_connection(ReplyCode.NOT_ALLOWED, "NOT_ALLOWED - attempt to reuse "
                                        f"consumer tag {clip(tag)}", *ids(m))
             return None
-        state.reply_address = self.replies.add(ReplyConsumer(channel, tag, self.deliver_reply))
+        state.reply_address = self.replies.add(ReplyConsumer(channel, tag, self.deliver_reply,
+                                                             self.topology.vhost))
         state.reply_tag = tag
         return None if m.nowait else Basic.ConsumeOk(tag)
 

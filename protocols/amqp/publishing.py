@@ -136,7 +136,8 @@ class Publisher:
         if not direct_reply.is_reply(m.exchange, m.routing_key):
             return False
         self._check(event)
-        if not self.replies.send(m.routing_key, properties, event.body) and m.mandatory:
+        if not self.replies.send(self.topology.vhost, m.routing_key, properties, event.body) \
+                and m.mandatory:
             self.conn.send_content(event.channel, frames.Return(
                 ReplyCode.NO_ROUTE, "NO_ROUTE", m.exchange, m.routing_key), properties,
                 event.body)

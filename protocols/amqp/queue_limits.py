@@ -21,6 +21,7 @@ import re
 from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence
 from typing import Any
 
+from core.acl import Withheld
 from core.clock import now_ms
 from core.errors import NotFound, PreconditionFailed, SluiceError
 from core.interop import MQTT_EXPIRY_AT
@@ -62,6 +63,16 @@ def parse_expiration(text: str | None) -> int | None:
     if value > MAX_EXPIRY_MS:
         raise PreconditionFailed(f"invalid expiration '{shown}': {{value_too_large,{value}}}")
     return value
+
+
+def _noting(withheld: Withheld, into: list[Delivery]) -> Withheld:
+    """``withheld`` that also collects each message it withholds into ``into``."""
+    def check(delivery: Delivery) -> bool:
+        if withheld(delivery):
+            into.append(delivery)
+            return True
+        return False
+    return check
 
 
 def expires_at(policy_: QueuePolicy, properties: Mapping[str, str],
@@ -225,16 +236,25 @@ class QueueLimits:
     # ---------------------------------------------------------------- NamedQueues' face
 
     def pop(self, named: str, max_messages: int, invisible_ms: int, *,
-            mark: bool = False) -> list[Delivery]:
+            mark: bool = False, withheld: Withheld | None = None) -> list[Delivery]:
         """Pop like ``NamedQueues.pop``, never handing out an expired message or one past
-        its queue's delivery limit (those are dead-lettered or dropped); on quorum queues a
-        redelivery carries ``x-delivery-count``."""
+        its queue's delivery limit (those are dead-lettered or dropped), nor one ``withheld``
+        from the reader by an access rule (dropped, never dead-lettered: its copy would reach
+        other readers); on quorum queues a redelivery carries ``x-delivery-count``."""
         queue = self._queue_of(named)
         the_policy = _NO_POLICY if queue is None else queue.policy
         out: list[Delivery] = []
+        dropped: list[Delivery] = []
+        if withheld is not None and queue is not None and queue.policy.max_length_bytes is not None:
+            withheld = _noting(withheld, dropped)  # their bytes leave the queue's count
         while len(out) < max_messages:
             wanted = max_messages - len(out)
-            popped = self._named.pop(named, wanted, invisible_ms, mark=mark)
+            popped = self._named.pop(named, wanted, invisible_ms, mark=mark, withheld=withheld)
+            if dropped:
+                self._taken(queue, named, dropped)
+                for delivery in dropped:
+                    self._bytes.settled(named, delivery.queue_offset)
+                dropped.clear()
             self._taken(queue, named, popped)
             now = now_ms()
             dead: list[tuple[Delivery, str]] = []
@@ -254,14 +274,15 @@ class QueueLimits:
         return out
 
     def pop_first(self, queues: tuple[str, ...], max_messages: int, invisible_ms: int, *,
-                  mark: bool = False) -> list[Delivery]:
+                  mark: bool = False, withheld: Withheld | None = None) -> list[Delivery]:
         """``pop`` from each of ``queues`` (a priority queue's levels, highest first) in turn
         until ``max_messages`` are taken."""
         popped: list[Delivery] = []
         for named in self._named.with_work(queues):
             if len(popped) >= max_messages:
                 break
-            popped += self.pop(named, max_messages - len(popped), invisible_ms, mark=mark)
+            popped += self.pop(named, max_messages - len(popped), invisible_ms, mark=mark,
+                               withheld=withheld)
         return popped
 
     def _queue_of(self, named: str) -> _Queue | None:

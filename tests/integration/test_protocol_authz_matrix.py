@@ -4,6 +4,12 @@ broker (anonymous access on: anonymous clients act as the user ``anonymous``, wh
 rights). The admin API's matrix is ``test_admin_authz_matrix.py``, AMQP's
 ``test_amqp_authz_matrix.py``.
 
+Access rules hold for every reader: with a rule denying ``r-topic/secret/#`` to everyone and
+one denying ``r-topic/hidden/#`` to the owner, each way of reading a topic (an MQTT
+subscription, native ReceiveMessage and PullMessage, the admin API's reads and its tail) is a
+row per subject: the admin (bound by no rule) gets every subject, the owner only the sibling
+``r-topic/open/...``, the others nothing.
+
 Each cell says whether the role may do the operation. Refused means the protocol's own answer
 (MQTT 5: reason code 0x87; native: FORBIDDEN), never a dropped connection or an internal error;
 allowed means anything else. The expected cells are written out, not derived from the rules.
@@ -11,9 +17,14 @@ allowed means anything else. The expected cells are written out, not derived fro
 from __future__ import annotations
 
 import asyncio
+import base64
+import json
 import socket
 import threading
 import time
+import urllib.error
+import urllib.request
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
@@ -26,7 +37,7 @@ from rocketmq.grpc_protocol.service_pb2 import (AckMessageEntry, AckMessageReque
                                                 ReceiveMessageRequest, SendMessageRequest,
                                                 SyncLiteSubscriptionRequest, UpdateOffsetRequest)
 
-from core.model import Action
+from core.model import SYSTEM, Action, OutgoingMessage
 from sluice.server.app import start
 from sluice.server.config import load_config
 from protocols.mqtt.codec import MQTT_5, Decoder, encode
@@ -40,7 +51,8 @@ from sluice.client.transport import Transport
 ROLES = ("admin", "owner", "publisher", "other", "none", "anonymous")
 PASSWORD = "pw"
 GRANTS = {  # role -> (kind, pattern, actions); admin is the default admin, anonymous has none
-    "owner": [("topic", "m-topic", ["publish", "subscribe"]), ("group", "m-group", ["subscribe"])],
+    "owner": [("topic", "m-topic", ["publish", "subscribe"]), ("group", "m-group", ["subscribe"]),
+              ("topic", "r-topic", ["publish", "subscribe"]), ("group", "r-*", ["subscribe"])],
     "publisher": [("topic", "m-topic", ["publish"])],
     "other": [("topic", "o-topic", ["publish", "subscribe"]), ("group", "o-group", ["subscribe"])],
     "none": [],
@@ -70,6 +82,10 @@ class Broker:
         self.mqtt = self.running.mqtt_listeners.ports["tcp"]
         self.recall_handles: dict[str, str] = {}
         """topic -> the recall handle of a delayed message the admin sent to it"""
+        self.rule_ids: dict[str, str] = {}
+        """subject kind (secret, hidden, open) -> the id of the message of r-topic the admin sent"""
+        self.read: dict[tuple[Callable, str], set[str]] = {}
+        """(reader, role) -> the bodies that role read that way (``reads``)"""
 
     def call(self, coroutine):
         return asyncio.run_coroutine_threadsafe(coroutine, self.loop).result(30)
@@ -82,12 +98,12 @@ class Broker:
 
 @pytest.fixture(scope="module")
 def broker(tmp_path_factory):
-    from core.model import SYSTEM, GroupConfig, OutgoingMessage, Permission, ResourceKind, TopicConfig
+    from core.model import AclRule, GroupConfig, Permission, ResourceKind, TopicConfig
     world = Broker(str(tmp_path_factory.mktemp("protocol-matrix") / "data"))
     core = world.running.broker
 
     async def setup() -> None:
-        for name in ("m-topic", "o-topic"):
+        for name in ("m-topic", "o-topic", "r-topic"):
             await core.create_topic(SYSTEM, TopicConfig(name, 1))
         for name in ("m-group", "o-group"):
             await core.create_group(SYSTEM, GroupConfig(name))
@@ -101,6 +117,14 @@ def broker(tmp_path_factory):
             [held] = await core.send(SYSTEM, [OutgoingMessage(key.split("/")[0], b"later",
                                                               delivery_ts=due)])
             world.recall_handles[key] = held.recall_handle
+        subscribe_only = frozenset({Action.SUBSCRIBE})
+        await asyncio.to_thread(core.users.put_rule, AclRule("*", "r-topic/secret/#",
+                                                             subscribe_only, allow=False))
+        await asyncio.to_thread(core.users.put_rule, AclRule("owner", "r-topic/hidden/#",
+                                                             subscribe_only, allow=False))
+        for kind in SUBJECT_KINDS:
+            [sent] = await core.send(SYSTEM, [rule_message(kind, f"r-topic/{kind}/stored")])
+            world.rule_ids[kind] = sent.msg_id
     world.call(setup())
     owner_session = mqtt_connect(world, "owner", client_id="owner-session",
                                  properties=Properties(session_expiry_interval=3600))
@@ -259,7 +283,7 @@ def pull_request() -> PullMessageRequest:
                               long_polling_timeout=duration(0.2))
 
 
-# ------------------------------------------------------------------------------ the table
+# ------------------------------------------------------------------------------ access rules
 
 @dataclass(frozen=True)
 class Operation:
@@ -267,6 +291,163 @@ class Operation:
     run: Callable[[str, Broker], bool]
     expect: dict[str, bool]
 
+
+SUBJECT_KINDS = ("secret", "hidden", "open")
+"""r-topic/secret/... is denied to everyone, r-topic/hidden/... to the owner, r-topic/open/...
+to no one. Stored messages carry the kind as their body; those sent while a reader is
+connected carry ``live-<kind>``."""
+RULE_KEY = "r-key"
+
+
+def rule_message(body: str, subject: str) -> OutgoingMessage:
+    return OutgoingMessage("r-topic", body.encode(), keys=(RULE_KEY,),
+                           properties={"sluice.subject": subject})
+
+
+def send_live(world: Broker) -> str:
+    """Send one message of each kind to r-topic, then an end marker (returned) after them."""
+    end = f"end-{uuid.uuid4().hex}"
+    messages = [rule_message(f"live-{kind}", f"r-topic/{kind}/live") for kind in SUBJECT_KINDS]
+    world.call(world.running.broker.send(SYSTEM, [*messages, rule_message(end, "r-topic/open/end")]))
+    return end
+
+
+def read_mqtt(role: str, world: Broker) -> set[str]:
+    """Subscribe to r-topic/#, then read what live messages arrive."""
+    sock, ack, decoder = mqtt_connect(world, role)
+    try:
+        assert ack.reason_code == 0, ack
+        sock.sendall(encode(Subscribe(1, (Subscription("r-topic/#", 0),)), MQTT_5))
+        if mqtt_read(sock, decoder).reason_codes[0] != 0:
+            return set()
+        end, bodies = send_live(world), set()
+        while end not in bodies:
+            packet = mqtt_read(sock, decoder)
+            if isinstance(packet, Publish):
+                bodies.add(packet.payload.decode())
+        return bodies
+    finally:
+        sock.close()
+
+
+def native_responses(world: Broker, role: str, method: str, request) -> list:
+    user, password = credentials(role)
+    config = ClientConfig(world.running.native_address, access_key=user or "",
+                          secret_key=(password or b"").decode())
+
+    async def call() -> list:
+        transport = Transport(config, f"rules-{role}")
+        try:
+            return list(await transport.server_stream(method, request, timeout=10))
+        finally:
+            await transport.close()
+    return asyncio.run(call())
+
+
+def read_native_pop(role: str, world: Broker) -> set[str]:
+    """ReceiveMessage in a group of the role's own until nothing more comes."""
+    bodies: set[str] = set()
+    while True:
+        responses = native_responses(world, role, "ReceiveMessage", ReceiveMessageRequest(
+            group=Resource(name=f"r-pop-{role}"), message_queue=queue("r-topic"),
+            filter_expression=FilterExpression(expression="*"), batch_size=32,
+            invisible_duration=duration(60), auto_renew=False,
+            long_polling_timeout=duration(0.2)))
+        got = [r.message.body.decode() for r in responses if r.HasField("message")]
+        if not got:
+            return bodies
+        bodies.update(got)
+
+
+def read_native_pull(role: str, world: Broker) -> set[str]:
+    responses = native_responses(world, role, "PullMessage", PullMessageRequest(
+        group=Resource(name=f"r-pull-{role}"), message_queue=queue("r-topic"), offset=0,
+        batch_size=1000, filter_expression=FilterExpression(expression="*"),
+        long_polling_timeout=duration(0.2)))
+    return {r.message.body.decode() for r in responses if r.HasField("message")}
+
+
+def admin_get(world: Broker, role: str, path: str):
+    request = urllib.request.Request(world.running.admin_url + path)
+    user, password = credentials(role)
+    if user is not None:
+        token = base64.b64encode(f"{user}:{password.decode()}".encode()).decode()
+        request.add_header("Authorization", f"Basic {token}")
+    try:
+        return urllib.request.urlopen(request, timeout=10)
+    except urllib.error.HTTPError as refused:
+        assert refused.code in (401, 403, 404), refused
+        return None
+
+
+def read_admin(path: str):
+    def read(role: str, world: Broker) -> set[str]:
+        response = admin_get(world, role, path)
+        return set() if response is None else {m["body_text"] for m in json.load(response)}
+    return read
+
+
+def read_admin_by_id(role: str, world: Broker) -> set[str]:
+    found = set()
+    for msg_id in world.rule_ids.values():
+        response = admin_get(world, role, f"/messages/{msg_id}")
+        if response is not None:
+            found.add(json.load(response)["body_text"])
+    return found
+
+
+def read_admin_tail(role: str, world: Broker) -> set[str]:
+    """The tail's history (stored kinds), then live messages until the end marker."""
+    response = admin_get(world, role, "/topics/r-topic/tail?minutes=60")
+    if response is None:
+        return set()
+    with response:
+        end, bodies = send_live(world), set()
+        while end not in bodies:
+            line = json.loads(response.readline())
+            assert "error" not in line, line
+            bodies.add(line.get("body", ""))
+        return bodies
+
+
+READERS = {
+    "MQTT subscriber": read_mqtt,
+    "native ReceiveMessage": read_native_pop,
+    "native PullMessage": read_native_pull,
+    "admin GET /topics/{t}/messages?from=": read_admin("/topics/r-topic/messages?from=0&limit=1000"),
+    "admin GET /topics/{t}/messages?key=": read_admin(f"/topics/r-topic/messages?key={RULE_KEY}&limit=1000"),
+    "admin GET /messages/{id}": read_admin_by_id,
+    "admin tail (history)": read_admin_tail,
+    "admin tail (live)": read_admin_tail,
+}
+LIVE_READERS = {"MQTT subscriber", "admin tail (live)"}
+"""Readers of messages sent while they read; the others read what was stored first."""
+
+
+def reads(reader: str, kind: str):
+    """An operation: whether the role, reading r-topic as ``reader``, gets the message of
+    ``kind``. Each reader runs once per role; its rows share what it read."""
+    body = f"live-{kind}" if reader in LIVE_READERS else kind
+
+    def op(role: str, world: Broker) -> bool:
+        key = (READERS[reader], role)  # the tail's two rows share one read
+        if key not in world.read:
+            world.read[key] = READERS[reader](role, world)
+        return body in world.read[key]
+    return op
+
+
+RULE_ROWS = [
+    Operation(f"{reader} gets a subject {what}", reads(reader, kind), expect)
+    for reader in READERS
+    for kind, what, expect in (
+        ("secret", "a rule denies everyone", allowed("admin")),
+        ("hidden", "a rule denies the owner", allowed("admin")),
+        ("open", "no rule denies", allowed("admin", "owner")))
+]
+
+
+# ------------------------------------------------------------------------------ the table
 
 TABLE = [
     Operation("MQTT publish", publish("m-topic/x"), allowed("admin", "owner", "publisher")),
@@ -326,6 +507,7 @@ TABLE = [
     Operation("native UpdateOffset", native("UpdateOffset", lambda: UpdateOffsetRequest(
         group=Resource(name="m-group"), message_queue=queue("m-topic"), offset=0)),
         allowed("admin", "owner")),
+    *RULE_ROWS,
 ]
 
 

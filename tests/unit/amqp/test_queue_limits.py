@@ -240,3 +240,31 @@ def test_messages_from_other_protocols_meet_drop_head_and_ttl(tmp_path):
         await client.call(1, Queue.Delete(queue="capped"))
         assert named not in waiting, "a deleted queue keeps nothing waiting"
     run(tmp_path, scenario)
+
+
+def test_messages_withheld_by_an_access_rule_leave_a_capped_queues_ready_bytes(tmp_path):
+    """A message an access rule withholds from a queue's reader is dropped from the queue:
+    its bytes no longer count against x-max-length-bytes."""
+    from core.model import AclRule, Action
+    from tests.unit.amqp.fake_wire import USER
+
+    async def scenario(frontend, core):
+        admin = Client(frontend)
+        await admin.open()
+        await declare(admin, "b", **{"x-max-length-bytes": 10, "x-overflow": "reject-publish"})
+        await admin.call(1, Queue.Bind(queue="b", exchange="amq.topic", routing_key="d.#"))
+        for subject, body in (("d/secret/1", b"12345"), ("d/open/1", b"ab"), ("d/open/2", b"cd")):
+            await send_subject(core, subject, body)
+        await admin.call(1, Confirm.Select())
+        assert await confirmed(admin, b"xy", "b") is Basic.Nack, "9 bytes ready: full"
+        core.broker.users.put_rule(AclRule(USER, "d/secret/#", frozenset({Action.SUBSCRIBE}),
+                                           allow=False))
+        await core.vhost_admin.permit(USER, "/", "", "", ".*")
+        reader = Client(frontend)
+        await reader.open(USER)
+        assert isinstance(await reader.call(1, Basic.Get(queue="b")), Basic.GetOk)
+        await reader.next()
+        assert (await reader.next())[1].value == b"ab", "the denied head was passed over"
+        assert core.queues.ready(core.vhosts.get("/").named("b")) == 1
+        assert await confirmed(admin, b"12345678", "b") is Basic.Ack, "2 bytes ready, 8 fit"
+    run(tmp_path, scenario)

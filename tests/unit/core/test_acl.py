@@ -12,6 +12,7 @@ from core.auth import Users
 from core.errors import AccessDenied, InvalidArgument, UserNotFound
 from core.metadata import MetadataRepository
 from core.metadata.schema import MIGRATIONS, schema_version
+from core.model import SYSTEM as SYSTEM_PRINCIPAL
 from core.model import AclRule, Action, Permission, Principal, ResourceKind
 from tests.unit.core.test_broker import SUBJECTS
 
@@ -216,4 +217,144 @@ def test_a_heartbeat_names_no_topic_the_user_may_not_read_whether_it_exists_or_n
         for name in ("secret", "no-such-topic"):
             with pytest.raises(AccessDenied):
                 await broker.heartbeat(u, "g", "c1", [Subscription("g", name)])
+    run(tmp_path, scenario)
+
+
+# --- readers other than subscriptions: pop, pull, lookups ------------------------------------
+
+async def _reader_world(broker, *subjects: str) -> Principal:
+    """Topic ``devices`` (one queue) holding a message per subject (its body), and user ``u``
+    who may read it in group ``g``."""
+    import asyncio
+
+    from core.model import SYSTEM, OutgoingMessage, TopicConfig
+    await broker.create_topic(SYSTEM, TopicConfig("devices", 1))
+    await asyncio.to_thread(broker.users.create_user, "u", "pw")
+    for kind, name in ((ResourceKind.TOPIC, "devices"), (ResourceKind.GROUP, "g")):
+        await asyncio.to_thread(broker.users.grant, Permission("u", kind, name, frozenset({SUB})))
+    await broker.send(SYSTEM, [OutgoingMessage("devices", s.encode(), keys=("k",),
+                                               properties={"sluice.subject": s})
+                               for s in subjects])
+    return await asyncio.to_thread(broker.users.principal, "u")
+
+
+def test_a_pop_never_hands_out_a_denied_subject_and_settles_it_for_the_group(tmp_path):
+    from tests.unit.core.test_broker import run
+
+    async def scenario(broker) -> None:
+        u = await _reader_world(broker, "devices/secret/a", "devices/open/b", "devices/secret/c")
+        broker.users.put_rule(_rule("devices/secret/#", allow=False, actions={SUB}))
+        [got] = await broker.receive(u, "g", "devices", "c1", max_messages=10)
+        assert got.body == b"devices/open/b"
+        await broker.ack(u, "g", "devices", got.receipt_handle)
+        [lag] = broker.lag("g")
+        assert (lag.committed, lag.inflight) == (3, 0)  # nothing left behind, nothing retried
+        assert broker.counters["messages_withheld", "devices"] == 2
+    run(tmp_path, scenario)
+
+
+def test_a_pull_skips_denied_subjects_and_its_next_offset_moves_past_them(tmp_path):
+    from tests.unit.core.test_broker import run
+
+    async def scenario(broker) -> None:
+        u = await _reader_world(broker, "devices/open/a", "devices/secret/b", "devices/secret/c")
+        broker.users.put_rule(_rule("devices/secret/#", allow=False, actions={SUB}, user="u"))
+        first = await broker.pull(u, "g", "devices", 0, 0, max_messages=1)
+        assert ([m.body for m in first.messages], first.next_offset) == ([b"devices/open/a"], 1)
+        rest = await broker.pull(u, "g", "devices", 0, first.next_offset, max_messages=10)
+        assert (rest.messages, rest.next_offset) == ([], 3)
+        everything = await broker.pull(SYSTEM_PRINCIPAL, "g", "devices", 0, 0, max_messages=10)
+        assert len(everything.messages) == 3  # admins are bound by no rule
+    run(tmp_path, scenario)
+
+
+def test_a_rule_added_later_applies_to_the_next_delivery_and_to_redeliveries(tmp_path):
+    from tests.unit.core.test_broker import run
+
+    async def scenario(broker) -> None:
+        u = await _reader_world(broker, "devices/d1/a", "devices/d1/b")
+        first = await broker.receive(u, "g", "devices", "c1", max_messages=1)
+        assert [m.body for m in first] == [b"devices/d1/a"]
+        broker.users.put_rule(_rule("devices/d1/#", allow=False, actions={SUB}))
+        # the unsettled one falls due again at once: withheld now, so settled, not redelivered
+        await broker.change_invisible(u, "g", "devices", first[0].receipt_handle, 0)
+        assert await broker.receive(u, "g", "devices", "c1", max_messages=10) == []
+        [lag] = broker.lag("g")
+        assert (lag.committed, lag.inflight) == (2, 0)
+        with pytest.raises(AccessDenied):
+            broker.lookup_message(u, first[0].msg_id)
+        assert broker.lookup_key(u, "devices", "k") == []
+        assert broker.find_in_time(u, "devices", 0, 2**62) == []
+        broker.users.delete_rule(EVERYONE, "devices/d1/#", False)
+        assert [m.body for m in broker.lookup_key(u, "devices", "k")] == [b"devices/d1/b",
+                                                                            b"devices/d1/a"]
+    run(tmp_path, scenario)
+
+
+def test_readers_pay_nothing_per_message_without_rules_and_once_per_subject_with_them(
+        tmp_path, monkeypatch):
+    from tests.unit.core.test_broker import run
+    decided = []
+    decide = RuleSet.decide
+    monkeypatch.setattr(RuleSet, "decide", lambda self, *a, **k: decided.append(a) or decide(
+        self, *a, **k))
+
+    async def scenario(broker) -> None:
+        u = await _reader_world(broker, *["devices/d1/t"] * 500, *["devices/d2/t"] * 500)
+        assert broker.withheld_by_rules(u) is None  # no rule: no check at all per message
+        broker.users.put_rule(_rule("orders/#", allow=False, actions={PUB}))
+        assert broker.withheld_by_rules(u) is None  # a rule on publishing only: none either
+        broker.users.put_rule(_rule("devices/d2/#", allow=False, actions={SUB}))
+        assert broker.withheld_by_rules(SYSTEM_PRINCIPAL) is None  # admins: none
+        decided.clear()
+        pulled = await broker.pull(u, "g", "devices", 0, 0, max_messages=10_000)
+        assert len(pulled.messages) == 500
+        assert len(decided) == 2  # one decision per subject, then the cache answers
+    run(tmp_path, scenario)
+
+
+def test_a_lite_topic_reader_never_gets_a_denied_subject_and_its_lite_topics_move_on(tmp_path):
+    import asyncio
+
+    from core import lite
+    from core.model import SYSTEM, MessageType, OutgoingMessage, TopicConfig
+    from tests.unit.core.test_broker import run
+
+    def to(name: str, subject: str) -> OutgoingMessage:
+        return OutgoingMessage("chats", subject.encode(), lite_topic=name,
+                               properties={"sluice.subject": subject})
+
+    async def scenario(broker) -> None:
+        await broker.create_topic(SYSTEM, TopicConfig("chats", 1, MessageType.LITE))
+        await asyncio.to_thread(broker.users.create_user, "u", "pw")
+        for kind, name in ((ResourceKind.TOPIC, "chats"), (ResourceKind.GROUP, "g")):
+            await asyncio.to_thread(broker.users.grant, Permission("u", kind, name, frozenset({SUB})))
+        u = await asyncio.to_thread(broker.users.principal, "u")
+        broker.users.put_rule(_rule("chats/secret/#", allow=False, actions={SUB}))
+        await broker.send(SYSTEM, [to("s1", "chats/secret/a"), to("s1", "chats/open/b"),
+                                   to("s2", "chats/secret/c"), to("s2", "chats/secret/d")])
+        await broker.sync_lite_subscription(u, "g", "chats", "c1", lite.PARTIAL_ADD, ["s1", "s2"])
+        [b] = await broker.receive(u, "g", "chats", "c1")
+        assert b.body == b"chats/open/b"
+        await broker.ack(u, "g", "chats", b.receipt_handle)
+        await broker.send(SYSTEM, [to("s2", "chats/open/e")])
+        assert [m.body for m in await broker.receive(u, "g", "chats", "c1")] == [b"chats/open/e"]
+    run(tmp_path, scenario, store="file")
+
+
+def test_a_dead_letter_copy_is_withheld_as_the_subject_it_was_sent_with(tmp_path):
+    import asyncio
+
+    from core.model import SYSTEM
+    from tests.unit.core.test_broker import run
+
+    async def scenario(broker) -> None:
+        u = await _reader_world(broker, "devices/secret/a", "devices/open/b")
+        for delivery in await broker.receive(SYSTEM, "g", "devices", "c1", max_messages=10):
+            await broker.forward_to_dead_letter(SYSTEM, "g", "devices", delivery.receipt_handle)
+        await asyncio.to_thread(broker.users.grant, Permission(
+            "u", ResourceKind.TOPIC, "%DLQ%g", frozenset({SUB})))
+        broker.users.put_rule(_rule("devices/secret/#", allow=False, actions={SUB}))
+        copies = await broker.pull(u, "dlq-reader", "%DLQ%g", 0, 0, max_messages=10)
+        assert [m.body for m in copies.messages] == [b"devices/open/b"]
     run(tmp_path, scenario)
