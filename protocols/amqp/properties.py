@@ -35,7 +35,7 @@ from pamqp.base import Frame
 from pamqp.header import ContentHeader
 
 __all__ = ["MAX_DEPTH", "MAX_ENTRIES", "FieldError", "FieldReader", "content_header",
-           "method_arguments"]
+           "method_arguments", "properties"]
 
 MAX_DEPTH: Final = 64
 """Tables and arrays nested inside one table (its own entries are at depth 1)."""
@@ -63,9 +63,9 @@ class FieldReader:
     """Reads field values out of one frame buffer, counting table entries and array items
     against ``MAX_ENTRIES``."""
 
-    def __init__(self, data: bytes, max_entries: int = MAX_ENTRIES) -> None:
+    def __init__(self, data: bytes) -> None:
         self.data = data
-        self.entries_left = max_entries
+        self.entries_left = MAX_ENTRIES
 
     def table(self, at: int, end: int, depth: int = 0) -> tuple[dict[str, Any], int]:
         """The field table at ``data[at]`` (its 4-byte length first), which must end by
@@ -164,12 +164,6 @@ class FieldReader:
         except (ValueError, OverflowError, OSError):
             raise FieldError(f"timestamp {seconds} is beyond the dates Python holds") from None
 
-    def _table(self, at: int, end: int, depth: int) -> tuple[dict[str, Any], int]:
-        return self.table(at, end, depth)
-
-    def _array(self, at: int, end: int, depth: int) -> tuple[list[Any], int]:
-        return self.array(at, end, depth)
-
     # --- method field and property types ---
 
     def _octet(self, at: int, end: int) -> tuple[int, int]:
@@ -181,9 +175,6 @@ class FieldReader:
         stop = at + 1 + self.data[at]
         _need(stop, end)
         return _text(self.data, at + 1, stop, "short string"), stop
-
-    def _top_table(self, at: int, end: int) -> tuple[dict[str, Any], int]:
-        return self.table(at, end)
 
 
 def _number(code: str) -> Callable[[FieldReader, int, int], tuple[int, int]]:
@@ -198,12 +189,12 @@ def _number(code: str) -> Callable[[FieldReader, int, int], tuple[int, int]]:
 _VALUES: Final[dict[int, Callable[..., tuple[Any, int]]]] = {
     ord("t"): FieldReader._boolean, ord("D"): FieldReader._decimal,
     ord("S"): FieldReader._long_string, ord("x"): FieldReader._byte_array,
-    ord("T"): FieldReader._timestamp, ord("F"): FieldReader._table,
-    ord("A"): FieldReader._array}
+    ord("T"): FieldReader._timestamp, ord("F"): FieldReader.table,
+    ord("A"): FieldReader.array}
 _FIELDS: Final[dict[str, Callable[..., tuple[Any, int]]]] = {
     "octet": FieldReader._octet, "short": _number("H"), "long": _number("L"),
     "longlong": _number("q"), "shortstr": FieldReader._short_string,
-    "longstr": FieldReader._long_string, "table": FieldReader._top_table,
+    "longstr": FieldReader._long_string, "table": FieldReader.table,
     "timestamp": FieldReader._timestamp}
 """pamqp's method and property types (``bit`` aside), read as pamqp reads them."""
 
@@ -263,7 +254,7 @@ def properties(data: bytes, at: int, end: int) -> commands.Basic.Properties:
     for name, flag, kind, absent in _PROPERTIES:
         value: Any = absent
         if not flags & flag:
-            pass
+            pass  # absent: None (cluster_id: ""), as pamqp's defaults
         elif kind == "shortstr":  # most of them: read here, the hot path of every publish
             stop = at + 1 + data[at] if at < end else end + 1
             if stop > end:
