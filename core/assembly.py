@@ -21,6 +21,7 @@ from store.api import RetentionReport, Store
 
 from .auth import Users
 from .engine import Engine
+from .exchanges import BindingLimits
 from .metadata import MetadataRepository
 from .named_queues import NamedQueues
 from .routing import TopicSyntax
@@ -49,7 +50,9 @@ class Core:
         self.broker = Broker(self.engine, Users(metadata, subject_syntax, subject_topics))
         self.queues = NamedQueues(self.engine, data_dir)
         self.state = StateStore(self.engine)
-        self.vhosts = VirtualHosts(metadata)
+        self.vhosts = VirtualHosts(metadata, BindingLimits(
+            config.max_bindings_per_queue, config.max_bindings_per_exchange,
+            config.max_bindings_per_vhost))
         self.vhost_permissions = VhostPermissions(metadata)
         self.broker.users.add_listener(self.vhost_permissions.user_changed)
         self.vhost_admin = VhostAdmin(self.vhosts, self.vhost_permissions, self.queues)

@@ -7,11 +7,17 @@ topic keeps its order), with the lite topic in property ``sluice.lite`` and in t
 has no file, queue or task of its own.
 
 A lite topic is created by its first message and deleted ``core.lite_topic_ttl_ms`` after its
-last one. The registry of live lite topics is in memory (about 150 bytes each, at most
-``core.max_lite_topics``) and in the compacted internal topic ``%SYS%lite.topics``: a record
-per lite topic when created and whenever its last-message time recorded there is a quarter of
-the TTL old, appended in the same batch as the message, so a stored message's lite topic is
-never forgotten.
+last one. The registry of live lite topics is in memory (about 250 bytes each, and 280 more
+per group consuming one, measured in ``tests/unit/core/test_lite_quotas.py``) and in the
+compacted internal topic ``%SYS%lite.topics``: a record per lite topic (when it was created,
+its last message, the user that created it) when created and whenever its last-message time
+recorded there is a quarter of the TTL old, appended in the same batch as the message, so a
+stored message's lite topic is never forgotten.
+
+Quotas keep one tenant from taking every lite topic: a send creating more than
+``core.max_lite_topics_per_topic`` live lite topics in one parent topic, or more than
+``core.max_lite_topics_per_user`` created by one user, is refused (QuotaExceeded, native
+``TOO_MANY_REQUESTS``, naming the quota), as is one beyond ``core.max_lite_topics`` in all.
 
 Consumers subscribe to lite topics at run time, per client. A group consumes each lite topic
 through a *channel*: the queue offset of the last message it handled and the messages it has in
@@ -26,6 +32,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import sys
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -64,6 +72,8 @@ class LiteTopic:
     """``last_ms`` as last recorded in the registry topic."""
     newest: int = -1
     """Queue offset of its newest message sent since the broker started (-1: not known)."""
+    owner: str = ""
+    """The user whose send created it (empty for lite topics recorded before owners were)."""
 
 
 @dataclass(slots=True)
@@ -105,6 +115,10 @@ class LiteTopics:
         self._config = config
         self.live: dict[tuple[str, str], LiteTopic] = {}
         """(parent topic, lite topic) -> its state."""
+        self.per_topic: Counter[str] = Counter()
+        """Live lite topics of each parent topic."""
+        self.per_user: Counter[str] = Counter()
+        """Live lite topics each user created."""
         self.channels: dict[tuple[str, str, str], Channel] = {}
         """(group, parent topic, lite topic) -> the group's channel."""
         self._subscriptions: dict[tuple[str, str, str], Subscribed] = {}
@@ -123,11 +137,13 @@ class LiteTopics:
         now = clock.now_ms()
         for record in registry:
             parent, _, lite = record.keys[0].partition("\0")
-            created, _, last = record.body.decode().partition(":")
+            created, _, rest = record.body.decode().partition(":")
+            last, _, owner = rest.partition(":")
             # a message may have come up to a quarter TTL after the recorded time: never expire early
             latest = min(now, int(last or 0) + self._config.lite_topic_ttl_ms // 4)
             if record.body and latest >= horizon:
-                self.live[parent, lite] = LiteTopic(int(created), latest, int(last))
+                self._note(parent, lite, LiteTopic(int(created), latest, int(last),
+                                                   owner=sys.intern(owner)))
         for record in positions:
             group, parent, lite = record.keys[0].split("\0", 2)
             if record.body and (parent, lite) in self.live:
@@ -150,29 +166,64 @@ class LiteTopics:
 
     # --- sending ---
 
-    def registry_records(self, messages: Sequence[OutgoingMessage]) -> list[OutgoingMessage]:
-        """Note the lite topics ``messages`` are sent to (created now if new); the registry
-        records to append before them. QuotaExceeded when too many would be live."""
+    def registry_records(self, messages: Sequence[OutgoingMessage],
+                         user: str) -> list[OutgoingMessage]:
+        """Note the lite topics ``messages`` (sent by ``user``) go to, created now if new; the
+        registry records to append before them. QuotaExceeded when one more would pass a
+        quota (``check_quotas``); nothing is noted then."""
         now = clock.now_ms()
         new = {(m.topic, m.lite_topic) for m in messages if (m.topic, m.lite_topic) not in self.live}
-        limit = self._config.max_lite_topics
-        if new and len(self.live) + len(new) > limit:
-            raise QuotaExceeded(f"{len(self.live)} lite topics are live, the limit is {limit} "
-                                "(core.max_lite_topics); they expire after core.lite_topic_ttl_ms "
-                                "without messages")
+        if new:
+            self.check_quotas(new, user)
         stale_after = self._config.lite_topic_ttl_ms // 4
         records = []
         for parent, lite in dict.fromkeys((m.topic, m.lite_topic) for m in messages):
             state = self.live.get((parent, lite))
             if state is None:
-                state = self.live[parent, lite] = LiteTopic(now, now, now)
+                state = LiteTopic(now, now, now, owner=sys.intern(user))
+                parent = self._topics.get(parent).name  # one string per parent, not per send
+                self._note(parent, lite, state)
             elif now - state.saved_ms < stale_after:
                 state.last_ms = now
                 continue
             state.last_ms = state.saved_ms = now
-            records.append(OutgoingMessage(REGISTRY_TOPIC, f"{state.created_ms}:{now}".encode(),
-                                           keys=(f"{parent}\0{lite}",), queue_id=0))
+            records.append(OutgoingMessage(
+                REGISTRY_TOPIC, f"{state.created_ms}:{now}:{state.owner}".encode(),
+                keys=(f"{parent}\0{lite}",), queue_id=0))
         return records
+
+    def check_quotas(self, new: set[tuple[str, str]], user: str) -> None:
+        """QuotaExceeded unless lite topics ``new`` ((parent, lite topic) pairs, none live)
+        created by ``user`` fit every quota: live in all (``core.max_lite_topics``), in one
+        parent topic, and created by one user. The text names the quota."""
+        config, expiry = self._config, ("they expire after core.lite_topic_ttl_ms without "
+                                         "messages")
+        if len(self.live) + len(new) > config.max_lite_topics:
+            raise QuotaExceeded(f"{len(self.live)} lite topics are live, the limit is "
+                                f"{config.max_lite_topics} (core.max_lite_topics); {expiry}")
+        for parent, count in Counter(parent for parent, _ in new).items():
+            if self.per_topic[parent] + count > config.max_lite_topics_per_topic:
+                raise QuotaExceeded(
+                    f"topic {parent!r} has {self.per_topic[parent]} live lite topics, the quota "
+                    f"is {config.max_lite_topics_per_topic} (core.max_lite_topics_per_topic); "
+                    f"{expiry}")
+        if self.per_user[user] + len(new) > config.max_lite_topics_per_user:
+            raise QuotaExceeded(
+                f"user {user[:64]!r} created {self.per_user[user]} live lite topics, the quota "
+                f"is {config.max_lite_topics_per_user} (core.max_lite_topics_per_user); "
+                f"{expiry}")
+
+    def _note(self, parent: str, lite: str, state: LiteTopic) -> None:
+        self.live[parent, lite] = state
+        self.per_topic[parent] += 1
+        self.per_user[state.owner] += 1
+
+    def _forget(self, key: tuple[str, str]) -> None:
+        state = self.live.pop(key)
+        for counts, name in ((self.per_topic, key[0]), (self.per_user, state.owner)):
+            counts[name] -= 1
+            if not counts[name]:
+                del counts[name]
 
     def sent(self, messages: Sequence[OutgoingMessage], results: Sequence[SendResult]) -> None:
         """Note where lite topics' messages landed: consumers need not search past it."""
@@ -251,7 +302,7 @@ class LiteTopics:
         records += [OutgoingMessage(POSITIONS_TOPIC, b"", keys=("\0".join(key),), queue_id=0)
                     for key in gone if self.channels[key].saved >= 0]
         for key in expired:
-            del self.live[key]
+            self._forget(key)
         for key in gone:
             del self.channels[key]
         log.info("%d lite topics expired (no message for %d ms)", len(expired),

@@ -288,7 +288,7 @@ class Broker:
         self._check_sendable(messages)
         for message in messages:
             self._authorize_send(principal, message)
-        return await self._store(messages, create_topics)
+        return await self._store(messages, create_topics, principal.user)
 
     async def send_decided(self, messages: Sequence[OutgoingMessage]) -> list[SendResult]:
         """Store publishes whose authorization the caller decided one by one, as it received
@@ -296,7 +296,7 @@ class Broker:
         MQTT does per PUBLISH): nothing is authorized twice. Each message's subject must lie in
         its topic; topics that do not exist are created when ``auto_create_topics`` is on."""
         self._check_sendable(messages)
-        return await self._store(messages, True)
+        return await self._store(messages, True, "")
 
     def _check_sendable(self, messages: Sequence[OutgoingMessage]) -> None:
         if self._engine.closing:
@@ -304,7 +304,10 @@ class Broker:
         if not messages:
             raise InvalidArgument("a send needs at least one message")
 
-    async def _store(self, messages: Sequence[OutgoingMessage], create_topics: bool) -> list[SendResult]:
+    async def _store(self, messages: Sequence[OutgoingMessage], create_topics: bool,
+                     user: str) -> list[SendResult]:
+        """Store messages authorized already; ``user`` sent them (lite topics they create count
+        against its quota)."""
         topics = self._topics
         if create_topics and (self._last_creation is not None
                               or any(m.topic not in topics for m in messages)):
@@ -312,19 +315,19 @@ class Broker:
         if check_transactional(messages):
             return await self._engine.transactions.prepare(messages)
         if any(m.lite_topic for m in messages):
-            return await self._store_lite(messages)
+            return await self._store_lite(messages, user)
         now = now_ms()
         if not any(m.delivery_ts > now for m in messages):
             return await self._engine.producer.send(topics.get, messages)
         return await self._store_delayed(messages, now)
 
-    async def _store_lite(self, messages: Sequence[OutgoingMessage]) -> list[SendResult]:
-        """A send to lite topics: the registry records of lite topics it creates (or keeps
-        alive) go first, in the same append (``core.lite``)."""
+    async def _store_lite(self, messages: Sequence[OutgoingMessage], user: str) -> list[SendResult]:
+        """A send to lite topics by ``user``: the registry records of lite topics it creates (or
+        keeps alive) go first, in the same append (``core.lite``)."""
         topics, lite = self._topics, self._engine.lite
         for message in messages:  # refused before a lite topic is noted
             self._engine.producer.check(topics.get(message.topic), message)
-        records = lite.registry_records(messages)
+        records = lite.registry_records(messages, user)
         results = await self._engine.producer.send(topics.get, [*records, *messages])
         results = results[len(records):]
         lite.sent(messages, results)

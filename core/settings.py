@@ -39,8 +39,19 @@ class CoreConfig:
     """A lite topic that received no message for this long is deleted with its consumers'
     positions (its messages age out with retention)."""
     max_lite_topics: int = 1_000_000
-    """Lite topics alive at once across all topics (about 150 bytes of memory each); a send
-    creating one more is refused."""
+    """Lite topics alive at once across all topics (about 250 bytes of memory each); a send
+    creating one more is refused. A backstop: the quotas below keep one tenant from filling it."""
+    max_lite_topics_per_topic: int = 250_000
+    """Lite topics alive at once in one parent topic."""
+    max_lite_topics_per_user: int = 100_000
+    """Lite topics alive at once that one user's sends created."""
+    max_bindings_per_queue: int = 10_000
+    """AMQP bindings leading to one queue; one more is refused (406 PRECONDITION_FAILED)."""
+    max_bindings_per_exchange: int = 10_000
+    """AMQP bindings from one exchange, and those to one exchange; a headers exchange examines
+    at most this many of its bindings per publish."""
+    max_bindings_per_vhost: int = 100_000
+    """AMQP bindings in one virtual host (each costs about 1 KB of memory)."""
     retention_check_interval_ms: int = 60_000
     """How often the store's retention runs and topics' own retention limits are applied."""
     memory_high_watermark: float = 0.4

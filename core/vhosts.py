@@ -27,7 +27,8 @@ from typing import Any, Protocol
 
 from .equivalence import check_equivalent
 from .errors import AccessDenied, AlreadyExists, InvalidArgument, NotFound, ResourceLocked
-from .exchanges import DELAY_HEADER, Binding, Destination, ExchangeGraph, frozen_arguments
+from .exchanges import (DELAY_HEADER, Binding, BindingLimits, Destination, ExchangeGraph,
+                        frozen_arguments)
 from .metadata import MetadataRepository
 from .queue_features import check as check_features
 from .queue_features import target
@@ -67,11 +68,12 @@ class VirtualHost:
     """One namespace: its exchanges and bindings, and its queues."""
 
     name: str
+    limits: BindingLimits = BindingLimits()
     queues: dict[str, QueueSettings] = field(default_factory=dict)
     graph: ExchangeGraph = field(init=False)
 
     def __post_init__(self) -> None:
-        self.graph = ExchangeGraph(self.queues.__contains__, self.name)
+        self.graph = ExchangeGraph(self.queues.__contains__, self.name, self.limits)
 
     def queue(self, name: str) -> QueueSettings:
         """The queue ``name``; NotFound (AMQP 404) if there is none."""
@@ -124,8 +126,10 @@ class TopicMirror(Protocol):
 class VirtualHosts:
     """Every virtual host of the broker, restored from and written to the metadata database."""
 
-    def __init__(self, metadata: MetadataRepository) -> None:
+    def __init__(self, metadata: MetadataRepository,
+                 limits: BindingLimits = BindingLimits()) -> None:
         self._metadata = metadata
+        self._limits = limits
         self._vhosts: dict[str, VirtualHost] = {}
         self._mirror: TopicMirror | None = None
 
@@ -141,14 +145,16 @@ class VirtualHosts:
 
     def load(self, rows: list[tuple[str, str, str, str]]) -> None:
         """Rebuild from the metadata rows (``MetadataRepository.topology``): virtual hosts
-        first, then exchanges, queues and bindings."""
+        first, then exchanges, queues and bindings, in time linear in their number. Bindings
+        are restored even beyond the binding limits (made before a limit was lowered)."""
         order = {"vhost": 0, "exchange": 1, "queue": 2, "binding": 3}
         for vhost, kind, name, spec in sorted(rows, key=lambda r: order.get(r[1], 4)):
             settings = json.loads(spec)
+            host = self._vhosts.get(vhost)
+            if host is None:
+                host = self._vhosts[vhost] = VirtualHost(vhost, self._limits)
             if kind == "vhost":
-                self._vhosts.setdefault(vhost, VirtualHost(vhost))
                 continue
-            host = self._vhosts.setdefault(vhost, VirtualHost(vhost))
             if kind == "exchange":
                 host.graph.declare(name, settings["type"], durable=True,
                                    auto_delete=settings["auto_delete"],
@@ -160,7 +166,7 @@ class VirtualHosts:
             elif kind == "binding":
                 destination = Destination(settings["destination"], settings["to_exchange"])
                 host.graph.bind(settings["source"], destination, settings["routing_key"],
-                                dict(settings["arguments"]))
+                                dict(settings["arguments"]), limited=False)
 
     async def ensure_default(self) -> bool:
         """Create ``/`` on first start, as RabbitMQ does; whether it was created now."""
@@ -190,7 +196,7 @@ class VirtualHosts:
         if name in self._vhosts:
             raise AlreadyExists(f"virtual host {clip(name)} exists already")
         await asyncio.to_thread(self._metadata.put_topology, name, "vhost", "", "{}")
-        return self._vhosts.setdefault(name, VirtualHost(name))
+        return self._vhosts.setdefault(name, VirtualHost(name, self._limits))
 
     async def delete(self, name: str) -> list[str]:
         """Delete a virtual host and everything in it; the named queues it held (for the
@@ -228,11 +234,11 @@ class VirtualHosts:
     async def delete_exchange(self, vhost: str, name: str, *, if_unused: bool = False) -> None:
         """Delete an exchange and its bindings (from metadata too)."""
         host = self.get(vhost)
-        before = set(host.graph.bindings())
-        if host.graph.delete(name, if_unused=if_unused):
-            self._unmirror(vhost, host, before)
+        gone = host.graph.delete(name, if_unused=if_unused)
+        if gone is not None:
+            self._unmirror(vhost, host, gone)
             await asyncio.to_thread(self._metadata.delete_topology, vhost, "exchange", name)
-            await self._forget_bindings(vhost, before - set(host.graph.bindings()))
+            await self._forget_bindings(vhost, gone)
 
     # --- queues --------------------------------------------------------------------------
 
@@ -272,22 +278,23 @@ class VirtualHosts:
         return queue
 
     async def delete_queue(self, vhost: str, name: str) -> str:
-        """Delete a queue and its bindings; the named queue that held its entries."""
+        """Delete a queue and its bindings (in time linear in its own bindings); the named
+        queue that held its entries."""
         host = self.get(vhost)
         named = host.named(name)
-        before = set(host.graph.bindings())
         del host.queues[name]
-        host.graph.queue_deleted(name)
-        self._unmirror(vhost, host, before, {name: named})
+        gone = host.graph.queue_deleted(name)
+        self._unmirror(vhost, host, gone, {name: named})
         await asyncio.to_thread(self._metadata.delete_topology, vhost, "queue", name)
-        await self._forget_bindings(vhost, before - set(host.graph.bindings()))
+        await self._forget_bindings(vhost, gone)
         return named
 
     # --- bindings ------------------------------------------------------------------------
 
     async def bind(self, vhost: str, source: str, destination: Destination, routing_key: str,
                    arguments: Mapping[str, Any] | None = None) -> None:
-        """Bind; stored when the source exchange and the destination are both durable."""
+        """Bind; stored when the source exchange and the destination are both durable.
+        PreconditionFailed beyond the binding limits (``core.exchanges.BindingLimits``)."""
         host = self.get(vhost)
         args = dict(arguments or {})
         added = host.graph.bind(source, destination, routing_key, args)
@@ -304,11 +311,9 @@ class VirtualHosts:
                      arguments: Mapping[str, Any] | None = None) -> None:
         """Remove a binding (from metadata too)."""
         host = self.get(vhost)
-        args = dict(arguments or {})
-        before = set(host.graph.bindings())
-        host.graph.unbind(source, destination, routing_key, args)
-        self._unmirror(vhost, host, before)
-        await self._forget_bindings(vhost, before - set(host.graph.bindings()))
+        gone = host.graph.unbind(source, destination, routing_key, dict(arguments or {}))
+        self._unmirror(vhost, host, gone)
+        await self._forget_bindings(vhost, gone)
 
     def delay_of(self, vhost: str, exchange: str, headers: Mapping[str, Any] | None) -> int:
         """Milliseconds a publish to ``exchange`` waits: its ``x-delay`` header when the
@@ -335,21 +340,23 @@ class VirtualHosts:
         return [target(host.named(queue), host.queues[queue].arguments, priority)
                 for queue in sorted(queues)]
 
-    def _unmirror(self, vhost: str, host: VirtualHost, before: set[Binding],
+    def _unmirror(self, vhost: str, host: VirtualHost, gone: list[Binding],
                   deleted: Mapping[str, str] | None = None) -> None:
-        """Tell the mirror of the ``amq.topic`` queue bindings gone since ``before``
-        (``deleted``: the named queue of a queue just deleted)."""
+        """Tell the mirror of the ``amq.topic`` queue bindings in ``gone`` that left no other
+        binding with their key to their queue (``deleted``: the named queue of a queue just
+        deleted)."""
         if self._mirror is None:
             return
-        now = _topic_pairs(host)
-        for binding in before:
-            pair = (binding.destination.name, binding.routing_key)
-            if binding.source == TOPIC_EXCHANGE and not binding.destination.is_exchange \
-                    and pair not in now:
-                now.add(pair)  # told once, whatever its other bindings' arguments
-                queue = pair[0]
-                named = (deleted or {}).get(queue) or host.named(queue)
-                self._mirror.unbound(vhost, queue, named, pair[1])
+        topic = host.graph.get(TOPIC_EXCHANGE)
+        told: set[tuple[str, str]] = set()
+        for binding in gone:
+            destination, key = binding.destination, binding.routing_key
+            if binding.source != TOPIC_EXCHANGE or destination.is_exchange \
+                    or (destination.name, key) in told or topic.leads(destination, key):
+                continue
+            told.add((destination.name, key))  # told once, whatever its bindings' arguments
+            named = (deleted or {}).get(destination.name) or host.named(destination.name)
+            self._mirror.unbound(vhost, destination.name, named, key)
 
     def _durable(self, host: VirtualHost, source: str, destination: Destination) -> bool:
         if not host.graph.get(source).durable:
@@ -359,10 +366,11 @@ class VirtualHosts:
         queue = host.queues[destination.name]
         return queue.durable and queue.owner is None
 
-    async def _forget_bindings(self, vhost: str, gone: set[Binding]) -> None:
-        for binding in gone:
-            await asyncio.to_thread(self._metadata.delete_topology, vhost, "binding",
-                                    _binding_key(binding))
+    async def _forget_bindings(self, vhost: str, gone: list[Binding]) -> None:
+        """Delete the rows of bindings that went, in one transaction."""
+        if gone:
+            await asyncio.to_thread(self._metadata.delete_topology_rows, vhost, "binding",
+                                    [_binding_key(binding) for binding in gone])
 
 
 def _topic_pairs(host: VirtualHost) -> set[tuple[str, str]]:

@@ -2,25 +2,28 @@
 
 It reads the protocol header first, then frames (layout in `frames.py`). From a frame's 7-byte
 header it knows the payload size, refuses a frame above frame_max before buffering it, and
-hands pamqp only whole frames, so "wait for more bytes" (None) is never confused with garbage
-(an `AmqpError` with its reply code). It reads no socket and keeps no state beyond the buffer.
+decodes only whole frames, so "wait for more bytes" (None) is never confused with garbage
+(an `AmqpError` with its reply code). Method fields and content headers are decoded in linear
+time by `properties.py` into pamqp's objects. It reads no socket and keeps no state beyond the
+buffer.
 """
 
 from __future__ import annotations
 
-import struct
 from typing import Final
 
-from pamqp import commands, frame
+from pamqp import commands
 from pamqp.body import ContentBody
-from pamqp.exceptions import UnmarshalingException
 from pamqp.frame import FrameTypes
-from pamqp.header import ContentHeader, ProtocolHeader
+from pamqp.header import ProtocolHeader
 from pamqp.heartbeat import Heartbeat
 
 from .frames import (BODY, FRAME_END, FRAME_MIN_SIZE, FRAME_OVERHEAD, FRAME_TYPES, HEADER,
                      HEADER_SIZE, HEARTBEAT, METHOD, PROTOCOL_HEADER, content_header,
                      frame_header)
+from .properties import FieldError, method_arguments
+from .properties import content_header as decode_content_header
+from .properties import properties as decode_properties
 from .reason_codes import AmqpError, BadProtocolHeader, FrameError, ReplyCode
 
 __all__ = ["Decoder", "Message", "Received"]
@@ -32,9 +35,6 @@ Message = tuple[int, commands.Basic.Publish, commands.Basic.Properties, bytes, i
 
 ACCEPTED_HEADERS: Final = frozenset({PROTOCOL_HEADER, b"AMQP\x01\x01\x00\x09"})
 """0-9-1, and 0-9's header, which RabbitMQ also serves as 0-9-1."""
-_DECODE_ERRORS = (UnmarshalingException, RecursionError)
-"""pamqp wraps its struct and value errors; a field table nested a few thousand deep (8 bytes a
-level, well inside a negotiated frame_max) overflows its recursive decoder instead."""
 
 
 class Decoder:
@@ -110,8 +110,12 @@ class Decoder:
                 or found[1] - header_end - FRAME_OVERHEAD != body_size:
             return None
         method = _publish(buffer, start + HEADER_SIZE + 4, method_end - 1)
-        properties = _properties(buffer, method_end + HEADER_SIZE + 12, header_end - 1)
-        if method is None or properties is None:
+        if method is None:
+            return None
+        header = bytes(buffer[method_end + HEADER_SIZE:header_end - 1])
+        try:
+            properties = decode_properties(header, 12, len(header))
+        except FieldError:  # ``next_frame`` refuses it
             return None
         end = found[1]
         return channel, method, properties, bytes(buffer[header_end + HEADER_SIZE:end - 1]), end
@@ -140,16 +144,17 @@ def _method(data: bytes, size: int) -> FrameTypes:
     fast = _FAST_METHODS.get(index)
     if fast is not None and (method := fast(data, HEADER_SIZE + 4, HEADER_SIZE + size)) is not None:
         return method
-    if index not in commands.INDEX_MAPPING:
+    kind = commands.INDEX_MAPPING.get(index)
+    if kind is None:
         raise AmqpError(ReplyCode.NOT_IMPLEMENTED,
                         f"unknown method {index >> 16}.{index & 0xFFFF}", index >> 16,
                         index & 0xFFFF)
     try:
-        return frame.unmarshal(data)[2]
-    except _DECODE_ERRORS as exc:
+        return method_arguments(kind(), data, HEADER_SIZE + 4, HEADER_SIZE + size)
+    except FieldError as exc:
         # RabbitMQ's "cannot decode": a frame whose fields do not parse is a frame error.
-        raise AmqpError(ReplyCode.FRAME_ERROR, f"cannot decode {commands.INDEX_MAPPING[index].name}"
-                        f" ({exc.__class__.__name__})", index >> 16, index & 0xFFFF) from None
+        raise AmqpError(ReplyCode.FRAME_ERROR, f"cannot decode {kind.name}: {exc}",
+                        index >> 16, index & 0xFFFF) from None
 
 
 # The methods every message carries, decoded without pamqp's generic field walk. Each returns
@@ -185,7 +190,7 @@ def _ack(data: bytes, start: int, end: int) -> FrameTypes | None:
 
 
 _PUBLISH, _ACK = commands.Basic.Publish, commands.Basic.Ack
-_new_publish = _new_ack = _new_properties = object.__new__
+_new_publish = _new_ack = object.__new__
 _FAST_METHODS = {_PUBLISH.index: _publish, _ACK.index: _ack}
 _PUBLISH_ID = _PUBLISH.index.to_bytes(4, "big")
 
@@ -204,50 +209,11 @@ def _frame_at(buffer: bytearray, start: int, kind: int, frame_max: int,
     return on, end
 
 
-_PROPERTIES = commands.Basic.Properties
-_SHORTSTR, _OCTET = "shortstr", "octet"
-_FIELDS = tuple((name, _PROPERTIES.flags[name], getattr(_PROPERTIES, "_" + name))
-                for name in _PROPERTIES.__slots__)
-_OTHER_FLAGS = 1 | sum(bit for _, bit, kind in _FIELDS if kind not in (_SHORTSTR, _OCTET))
-"""Flags this decoder leaves to pamqp: headers (a table), timestamp and the continuation bit."""
-
-
-def _properties(data: bytearray, start: int, end: int) -> commands.Basic.Properties | None:
-    """A content header's properties (flags at ``start``) as pamqp decodes them, for the
-    short-string and octet fields; None for anything else, or unless the fields fill exactly
-    ``data[start:end]``."""
-    if end - start < 2:
-        return None
-    flags = (data[start] << 8) | data[start + 1]
-    if flags & _OTHER_FLAGS:
-        return None
-    properties = _new_properties(_PROPERTIES)
-    at = start + 2
-    try:
-        for name, bit, kind in _FIELDS:
-            if not flags & bit:
-                value: str | int | None = "" if name == "cluster_id" else None
-            elif kind == _OCTET:
-                value = data[at]
-                at += 1
-            else:
-                length = data[at]
-                value = data[at + 1:at + 1 + length].decode()
-                at += 1 + length
-            setattr(properties, name, value)
-    except (IndexError, UnicodeDecodeError):
-        return None
-    return properties if at == end else None
-
-
 def _header(data: bytes, size: int) -> FrameTypes:
-    result = ContentHeader()
-    try:  # the frame is whole and checked: pamqp's content-header step alone
-        result.unmarshal(data[HEADER_SIZE:HEADER_SIZE + size])
-    except (*_DECODE_ERRORS, struct.error, ValueError) as exc:
-        raise AmqpError(ReplyCode.SYNTAX_ERROR,
-                        f"cannot decode content header ({exc.__class__.__name__})") from None
-    return result
+    try:
+        return decode_content_header(data, HEADER_SIZE, HEADER_SIZE + size)
+    except FieldError as exc:
+        raise AmqpError(ReplyCode.SYNTAX_ERROR, f"cannot decode content header: {exc}") from None
 
 
 def _heartbeat(data: bytes, size: int) -> FrameTypes:

@@ -12,9 +12,10 @@ import platform
 import struct
 from typing import Final
 
-from pamqp import commands, common, decode
+from pamqp import commands, common
 from pamqp.base import Frame
 
+from .properties import FieldError, FieldReader
 from .reason_codes import AmqpError, ReplyCode
 
 __all__ = ["MECHANISMS", "credentials", "ids", "start"]
@@ -74,9 +75,10 @@ def _plain(raw: bytes) -> tuple[str, str]:
 
 
 def _amqplain(raw: bytes) -> tuple[str, str]:
+    packed = struct.pack(">I", len(raw)) + raw
     try:
-        _, table = decode.field_table(struct.pack(">I", len(raw)) + raw)
-    except (ValueError, RecursionError):  # see codec._DECODE_ERRORS
+        table, _ = FieldReader(packed).table(0, len(packed))
+    except FieldError:
         raise _syntax("AMQPLAIN response is not a field table") from None
     user, password = table.get("LOGIN"), table.get("PASSWORD")
     if not isinstance(user, (str, bytes)) or not isinstance(password, (str, bytes)):

@@ -1,5 +1,6 @@
 """Malformed frames against a real `sluice serve`: each closes only its own connection, with
-connection.close 501 (FRAME_ERROR) or 502 (SYNTAX_ERROR) as RabbitMQ answers, and one log line
+connection.close 501 (FRAME_ERROR) or 502 (SYNTAX_ERROR) as RabbitMQ answers (field tables
+nested or filled beyond the decoder's bounds too), and one log line
 naming the peer and the code (beside the usual disconnect line); a pika connection open
 meanwhile goes on undisturbed. (tests/fuzz/live_fuzz.py sends random and mutated AMQP frames
 for minutes.)"""
@@ -9,12 +10,23 @@ import socket
 
 from pamqp import frame as amqp_frame
 from pamqp.commands import Basic, Channel, Connection, Queue
+from pamqp.header import ContentHeader
 
 from protocols.amqp.frames import encode_method
+from protocols.amqp.properties import MAX_DEPTH, MAX_ENTRIES
 from tests.fuzz.amqp_frames import handshake
 from tests.integration.amqp.conftest import connect
 
 WAIT_S = 10
+
+
+def nested(levels: int) -> dict:
+    table: dict = {}
+    for _ in range(levels):
+        table = {"k": table}
+    return table
+
+
 QUEUE_DECLARE = encode_method(1, Queue.Declare(queue="q"))
 CONTENT_HEADER = b"\x02\x00\x01\x00\x00\x00\x05\x00\x3c\x00\x00\x00\xce"
 """A content header frame whose payload (class 60, then nothing) cannot be decoded."""
@@ -26,6 +38,12 @@ MALFORMED = {
                            "FRAME_ERROR"),
     "undecodable content header": (encode_method(1, Basic.Publish(exchange="", routing_key="q"))
                                    + CONTENT_HEADER, 502, "SYNTAX_ERROR"),
+    "arguments nested too deep": (encode_method(1, Queue.Declare(queue="q", arguments=nested(
+        MAX_DEPTH + 1))), 501, "FRAME_ERROR"),
+    "headers of too many entries": (encode_method(1, Basic.Publish(exchange="", routing_key="q"))
+                                    + amqp_frame.marshal(ContentHeader(0, 1, Basic.Properties(
+                                        headers={str(i): i for i in range(MAX_ENTRIES + 1)})), 1),
+                                    502, "SYNTAX_ERROR"),
 }
 
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from core.errors import AccessDenied, InvalidArgument, NotFound, PreconditionFailed
-from core.exchanges import Destination, ExchangeGraph, headers_match
+from core.exchanges import Destination, ExchangeGraph
+from core.headers_index import headers_match
 
 QUEUES = {"q1", "q2", "q3", "orders", "audit", "unrouted"}
 

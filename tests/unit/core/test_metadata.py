@@ -347,6 +347,19 @@ def test_amqp_topology_rows_upsert_and_delete_by_object_kind_or_vhost(repo):
     assert repo.topology() == [("/", "exchange", "orders", '{"type": "fanout"}')]
 
 
+def test_amqp_topology_rows_of_one_kind_are_deleted_by_name_in_one_call(repo):
+    names = [f"binding-{i}" for i in range(1_200)]  # more than one statement's worth
+    for name in names:
+        repo.put_topology("/", "binding", name, "{}")
+    repo.put_topology("/", "queue", "binding-0", "{}")
+    repo.put_topology("shop", "binding", "binding-0", "{}")
+    assert repo.delete_topology_rows("/", "binding", names[:-1] + ["missing"]) == 1_199
+    assert repo.topology() == [("/", "binding", "binding-1199", "{}"),
+                               ("/", "queue", "binding-0", "{}"),
+                               ("shop", "binding", "binding-0", "{}")]
+    assert repo.delete_topology_rows("/", "binding", []) == 0
+
+
 def test_amqp_permissions_are_replaced_per_user_and_vhost_and_go_with_their_user(repo):
     repo.create_user("ann", "pw")
     repo.create_user("bo", "pw")
