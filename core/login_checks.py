@@ -76,7 +76,7 @@ class CheckPool:
             self._finished(address)
             raise LoginBusy("the broker is shutting down; log in again once it is back") from None
         self.served += 1
-        done.add_done_callback(lambda _: self._finished(address))
+        done.add_done_callback(functools.partial(self._ran, address))
         return await asyncio.shield(done)
 
     def close(self) -> None:
@@ -100,6 +100,11 @@ class CheckPool:
             else:
                 self._withdraw(suspect, address, turn)
             raise
+
+    def _ran(self, address: str, done: asyncio.Future[object]) -> None:
+        if not done.cancelled():
+            done.exception()  # retrieved here: a caller cancelled meanwhile never reads it
+        self._finished(address)
 
     def _finished(self, address: str) -> None:
         self._forget(address)

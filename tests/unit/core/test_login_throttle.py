@@ -383,3 +383,20 @@ def test_a_full_queue_refuses_at_once_and_a_cancelled_wait_gives_its_place_back(
         pool.close()
 
     asyncio.run(scenario())
+
+
+def test_a_check_whose_caller_left_keeps_its_thread_until_it_ends():
+    async def scenario() -> None:
+        pool, gate = CheckPool(threads=1), Gate()
+        left = asyncio.ensure_future(pool.run("10.0.0.1", False, gate.check("left", True)))
+        await asyncio.to_thread(gate.started.wait, 30)
+        left.cancel()  # the client hung up; scrypt goes on on its thread
+        await asyncio.sleep(0)
+        after = asyncio.ensure_future(pool.run("10.0.0.2", False, gate.check("after")))
+        await asyncio.sleep(0)
+        assert pool.waiting == 1, "no second check runs beside it: the bound holds"
+        gate.opened.set()
+        assert await after == "after" and gate.order == ["left", "after"]
+        pool.close()
+
+    asyncio.run(scenario())
