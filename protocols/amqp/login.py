@@ -2,8 +2,9 @@
 
 Credentials are checked by core's ``Broker.authenticate`` (in memory when seen before,
 otherwise off the event loop), which throttles failures per peer address and user name and
-answers them late, as RabbitMQ answers a failed login 3 s late. As in RabbitMQ, user ``guest`` may log in only from a loopback
-address while ``amqp.guest_from_loopback`` is on. Runs on the event loop.
+answers them late, as RabbitMQ answers a failed login 3 s late. As in RabbitMQ, user ``guest``
+may log in only from a loopback address while ``amqp.guest_from_loopback`` is on. Runs on the
+event loop.
 """
 
 from __future__ import annotations

@@ -113,6 +113,25 @@ def test_the_event_loop_never_runs_scrypt_and_unknown_users_cost_what_known_ones
     run_core(tmp_path, scenario, config=quick(failure_delay_ms=0))
 
 
+def test_after_n_failures_an_address_costs_no_scrypt_and_another_address_gets_in(
+        tmp_path, monkeypatch):
+    async def scenario(core: Core) -> None:
+        broker = core.broker
+        broker.users.create_user("ann", "right")
+        with counting_kdf(monkeypatch) as kdf:
+            for _ in range(4):
+                await refused(broker.authenticate("ann", "guess", "127.0.0.1"))
+            assert kdf.runs == 4
+            for password in ("guess", "right", "other"):
+                assert isinstance(await refused(broker.authenticate("ann", password, "127.0.0.1")),
+                                  LoginThrottled)
+            assert kdf.runs == 4, "refused without a scrypt"
+            assert (await broker.authenticate("ann", "right", "127.0.0.2")).user == "ann"
+            assert kdf.runs == 5 and kdf.on_loop == 0
+
+    run_core(tmp_path, scenario, config=quick(failure_delay_ms=0, max_failures_per_peer_user=4))
+
+
 def test_a_wrong_signature_costs_the_same_for_known_and_unknown_access_keys(tmp_path):
     async def scenario(core: Core) -> None:
         broker, users = core.broker, core.broker.users
