@@ -75,6 +75,7 @@ class Core:
         """Stop timers, wake every long poll, persist offsets."""
         await self.engine.close()
         self.queues.close()
+        self.broker.logins.close()
 
     async def apply_retention(self, now_ms: int | None = None) -> RetentionReport:
         """Apply the store's and every topic's retention now (it also runs on a timer)."""

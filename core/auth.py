@@ -20,6 +20,7 @@ import threading
 from collections.abc import Callable
 
 from .acl import EVERYONE, RuleSet, check_rule
+from .bounded_cache import BoundedCache
 from .errors import AccessDenied, AlreadyExists, Unauthenticated, UserNotFound
 from .metadata import MetadataRepository
 from .model import INTERNAL_PREFIX, AclRule, Action, Permission, Principal, ResourceKind, User
@@ -31,6 +32,10 @@ _IMPLIED_BY_ADMIN = frozenset({Action.PUBLISH, Action.SUBSCRIBE})
 _DECOY_SECRET = b"\x00" * 20
 DECISION_CACHE_BYTES = 16 << 20
 """Decisions are cached until their keys hold this many bytes of names, then forgotten."""
+UNKNOWN_KEYS_BYTES = 1 << 20
+"""Access keys found to name no user are remembered up to this many bytes, so a signature
+under an unknown key is refused as cheaply as one under a known key (no timing difference)."""
+MAX_ACCESS_KEY_CHARS = 1024
 RightsListener = Callable[[str, bool], None]
 """Called with (user name, whether the user still exists) after a user's rights changed;
 the user name is ``*`` when a rule for everyone changed. Runs on the thread that made the change."""
@@ -72,9 +77,10 @@ def _allows(permission: Permission, action: Action, kind: ResourceKind, name: st
 class Users:
     """Authentication, authorization and user management over a MetadataRepository.
 
-    Thread-safe. ``authorize`` never blocks and may run on the event loop; ``authenticate``,
-    ``authenticate_signature`` and the management calls block on SQL and scrypt, so event-loop
-    callers run them in an executor.
+    Thread-safe. ``authorize``, ``cached_login`` and ``cached_signature`` never block and may
+    run on the event loop; ``authenticate``, ``authenticate_signature`` and the management
+    calls block on SQL and scrypt, so event-loop callers run them on other threads
+    (``core.logins`` does, for every adapter).
     """
 
     def __init__(self, repository: MetadataRepository, subject_syntax: TopicSyntax,
@@ -97,20 +103,32 @@ class Users:
         self._cache_key = secrets.token_bytes(32)
         self._verified: dict[str, bytes] = {}  # user -> keyed digest of the last password verified
         self._secrets: dict[str, bytes] = {}   # user -> signing secret, decrypted once
+        self._unknown_keys: BoundedCache[bool] = BoundedCache(UNKNOWN_KEYS_BYTES,
+                                                              MAX_ACCESS_KEY_CHARS)
+        """Access keys that named no user when looked up; guarded by ``_lock``, cleared by
+        every reload (a user may have been created)."""
 
     # --- authentication ---
-    def credentials_cached(self, name: str) -> bool:
-        """Whether ``name``'s credentials are in memory, so authenticating needs no SQL or scrypt."""
+    def cached_login(self, username: str, password: str) -> Principal | None:
+        """``username``'s principal if ``password`` is the one last verified for it and both are
+        in memory; None otherwise (``authenticate`` decides, off the event loop). Costs one
+        keyed SHA-256: runs on the event loop."""
+        digest = self._digest(password)
         with self._lock:
-            return name in self._verified or name in self._secrets
+            known = self._verified.get(username)
+            principal = self._principals.get(username)
+        if known is not None and principal is not None and hmac.compare_digest(known, digest):
+            return principal
+        return None
 
     def authenticate(self, username: str, password: str) -> Principal:
         """The principal of ``username`` if ``password`` is theirs; Unauthenticated otherwise.
 
-        The first check of a password costs a scrypt hash; a password verified before is
-        recognised by a keyed digest kept in memory until the user changes.
+        Blocks: a password not verified before costs a scrypt hash (an unknown user name one as
+        well, so it answers as slowly), and loading the principal costs SQL. A password verified
+        before is recognised by a keyed digest kept in memory until the user changes.
         """
-        digest = hmac.new(self._cache_key, password.encode("utf-8", "surrogatepass"), hashlib.sha256).digest()
+        digest = self._digest(password)
         with self._lock:
             known = self._verified.get(username)
             generation = self._generation
@@ -123,24 +141,52 @@ class Users:
                     self._verified[username] = digest
         return self._principal(username)
 
+    def cached_signature(self, access_key: str, signed: bytes, signature_hex: str) -> Principal | None:
+        """``access_key``'s principal if its secret is in memory and ``signature_hex`` is the
+        HMAC-SHA1 of ``signed`` under it; Unauthenticated if the signature is wrong or the key is
+        known to name no user; None when that takes a look-up (``authenticate_signature``).
+        Costs one HMAC-SHA1, the same for known and unknown keys: runs on the event loop."""
+        with self._lock:
+            secret = self._secrets.get(access_key)
+            unknown = secret is None and self._unknown_keys.get(access_key) is not None
+            principal = self._principals.get(access_key)
+        if secret is None and not unknown:
+            return None
+        self._check_signature(access_key, secret, signed, signature_hex)
+        return principal
+
     def authenticate_signature(self, access_key: str, signed: bytes, signature_hex: str) -> Principal:
-        """The principal of ``access_key`` if ``signature_hex`` is HMAC-SHA1(its secret, ``signed``)."""
+        """The principal of ``access_key`` if ``signature_hex`` is HMAC-SHA1(its secret, ``signed``).
+        Blocks on SQL when the secret is not in memory yet."""
         with self._lock:
             secret = self._secrets.get(access_key)
             generation = self._generation
         if secret is None:
             secret = self._repository.signing_secret(access_key)
-            if secret is not None:
-                with self._lock:
-                    if self._generation == generation:
+            with self._lock:
+                if self._generation == generation:
+                    if secret is not None:
                         self._secrets[access_key] = secret
+                    else:
+                        self._unknown_keys.put(access_key, True)
+        self._check_signature(access_key, secret, signed, signature_hex)
+        return self._principal(access_key)
+
+    def _digest(self, password: str) -> bytes:
+        return hmac.new(self._cache_key, password.encode("utf-8", "surrogatepass"),
+                        hashlib.sha256).digest()
+
+    @staticmethod
+    def _check_signature(access_key: str, secret: bytes | None, signed: bytes,
+                         signature_hex: str) -> None:
+        """Unauthenticated unless ``secret`` exists and signs ``signed`` as ``signature_hex``;
+        an unknown key costs the same HMAC, under a decoy secret."""
         expected = hmac.new(secret or _DECOY_SECRET, signed, hashlib.sha1).hexdigest().encode()
         given = signature_hex.strip().lower().encode("utf-8", "replace")
         if not hmac.compare_digest(expected, given) or secret is None:
             raise Unauthenticated(_wrong_credentials(
                 f"signature check failed for access key {access_key!r} (the user name; the "
                 "secret key is its password)", access_key))
-        return self._principal(access_key)
 
     # --- authorization ---
     @property
@@ -365,6 +411,7 @@ class Users:
             self._principals[name] = principal
             self._verified.pop(name, None)
             self._secrets.pop(name, None)
+            self._unknown_keys.clear()
             self._generation += 1
         self._notify(name, self._repository.get_user(name) is not None)
 

@@ -113,6 +113,21 @@ class Unauthenticated(SluiceError):
     """Credentials are missing or wrong."""
 
 
+class LoginThrottled(Unauthenticated):
+    """A login refused without checking its credentials: its peer address, or that address
+    with that user name, failed too often lately (``core.login_throttle``)."""
+
+    def __init__(self, message: str, retry_after_s: int) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+        """Seconds until the refusal ends, at least 1."""
+
+
+class LoginBusy(Unauthenticated):
+    """A login refused without checking its credentials because too many checks are waiting
+    already (broker-wide, or from its peer address); retry shortly."""
+
+
 class AccessDenied(SluiceError):
     """The authenticated user lacks the permission the request needs."""
 

@@ -14,6 +14,7 @@ Runs on the event loop; not thread-safe.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from collections import Counter
 from collections.abc import Callable, Sequence
@@ -31,6 +32,7 @@ from .model import (INTERNAL_PREFIX, SUBJECT_PROPERTY, Action, Delivery, GroupCo
                     MessageType, OutgoingMessage, Principal, PullResult, QueueLag, QueueStats, ResourceKind,
                     SendResult, Subscription, TopicConfig, TopicStats)
 from .lite_receive import LiteReceiver, is_lite_handle
+from .logins import Logins
 from .receive import Receiver
 from .settings import CoreConfig
 from .trace import MessageTrace
@@ -54,6 +56,7 @@ class Broker:
         self._receiver = Receiver(engine)
         self._lite_receiver = LiteReceiver(engine)
         self.users = users
+        self.logins = Logins(engine.config)
         self._rights_listeners: list[Callable[[str, bool], None]] = []
         self._last_creation: asyncio.Future[None] | None = None
         """Resolved once the latest send that had to wait for topic creation has appended."""
@@ -88,19 +91,28 @@ class Broker:
 
     # --- authentication and authorization ---
 
-    async def authenticate(self, username: str, password: str) -> Principal:
-        """Principal for a username/password pair; raises Unauthenticated.
+    async def authenticate(self, username: str, password: str, peer_host: str = "") -> Principal:
+        """Principal for a username/password pair sent from ``peer_host`` (an IP address);
+        raises Unauthenticated (``LoginThrottled`` or ``LoginBusy`` when refused unchecked).
 
-        Credentials seen before are checked in memory; new ones off the loop (scrypt, SQL)."""
-        if self.users.credentials_cached(username):
-            return self.users.authenticate(username, password)
-        return await asyncio.to_thread(self.users.authenticate, username, password)
+        A password verified before is recognised in memory; any other, right, wrong or for an
+        unknown user, costs a scrypt on a login thread, never on the event loop. Failures are
+        throttled per address, per address and user name, and per user name (``core.logins``)."""
+        users = self.users
+        return await self.logins.decide(
+            peer_host, username, functools.partial(users.cached_login, username, password),
+            functools.partial(users.authenticate, username, password))
 
-    async def authenticate_signature(self, access_key: str, signed: bytes, signature_hex: str) -> Principal:
-        """Principal for an HMAC-SHA1 signature of ``signed`` made with the user's secret."""
-        if self.users.credentials_cached(access_key):
-            return self.users.authenticate_signature(access_key, signed, signature_hex)
-        return await asyncio.to_thread(self.users.authenticate_signature, access_key, signed, signature_hex)
+    async def authenticate_signature(self, access_key: str, signed: bytes, signature_hex: str,
+                                     peer_host: str = "") -> Principal:
+        """Principal for an HMAC-SHA1 signature of ``signed`` made with the user's secret, sent
+        from ``peer_host``: checked in memory once the key was looked up (off the loop), and
+        throttled as ``authenticate``."""
+        users = self.users
+        return await self.logins.decide(
+            peer_host, access_key,
+            functools.partial(users.cached_signature, access_key, signed, signature_hex),
+            functools.partial(users.authenticate_signature, access_key, signed, signature_hex))
 
     def _allow(self, principal: Principal, action: Action, kind: ResourceKind, name: str) -> None:
         self.users.authorize(principal, action, kind, name)

@@ -61,3 +61,34 @@ class CoreConfig:
     """Record each message's path (delivered to which group and client, acked, retried,
     dead-lettered) in the internal topic ``%SYS%trace`` (``core.trace``): about one more small
     record per delivery and per ack, so off unless asked for."""
+    login_failure_delay_ms: int = 1_000
+    """A failed login (a wrong password or signature, an unknown user) is answered this late,
+    as RabbitMQ answers one 3 s late: a client guessing over one connection at a time tries
+    about one password a second. Refusals of a banned peer are answered at once."""
+    login_failure_window_ms: int = 60_000
+    """Failed logins are counted per peer address, per (peer address, user name) and per user
+    name in windows of this length: a count starts at its first failure and is forgotten when
+    its window ends (``core.login_throttle``)."""
+    login_max_failures_per_peer: int = 30
+    """Failures from one peer address (IPv6: its /64) in a window, after which every login
+    from it, right or wrong, is refused without a check for ``login_ban_ms``."""
+    login_max_failures_per_peer_user: int = 10
+    """Failures from one peer address for one user name in a window, after which that user
+    name is refused from that address without a check for ``login_ban_ms``."""
+    login_max_failures_per_user: int = 100
+    """Failures for one user name in a window, from any peers, after which password checks for
+    it are run only for peers with no failure in their own window; the others are refused
+    without a check. A peer with a clean record is never refused for this, so nobody can lock
+    a user out by failing on purpose."""
+    login_ban_ms: int = 300_000
+    """How long a peer address, or a (peer address, user name) pair, is refused once it failed
+    too often (EMQX's flapping ban is 5 minutes too)."""
+    login_check_threads: int = 2
+    """Threads that check passwords (scrypt, about 40 ms each) and look up credentials not yet
+    held in memory; at most this many such checks run at once, never on the event loop."""
+    login_max_pending_checks: int = 1_024
+    """Checks waiting for a thread; beyond it a login is refused at once as busy (so is one
+    from a peer that already has 8 checks waiting or running)."""
+    login_throttle_bytes: int = 4 << 20
+    """Memory for failure counts, about 200 bytes each (some 20,000 peers and user names);
+    beyond it the oldest are forgotten first."""

@@ -2,8 +2,12 @@
 (configure, write, read) matched against exchange and queue names.
 
 A user without a permission on a virtual host may not open it; an administrator may do
-anything anywhere. An expression matches a name anywhere in it (``re.search``, as RabbitMQ's
-``re:run``), and ``''`` matches nothing (RabbitMQ's synonym for ``^$``). The default exchange
+anything anywhere. An expression matches a name anywhere in it (a search, as RabbitMQ's
+``re:run``), and ``''`` matches nothing (RabbitMQ's synonym for ``^$``). Expressions are
+compiled by RE2 (``core.safe_regex``), so matching takes time linear in the name whatever an
+administrator wrote; constructs RE2 cannot run (backreferences, lookarounds) are refused when a
+permission is set, and a stored permission holding one (set by an older version) denies that
+right until it is set again. The default exchange
 is checked under the name ``amq.default``. Which right an operation needs is the adapter's
 rule (``protocols/amqp``); this module only keeps and matches the expressions.
 
@@ -16,14 +20,17 @@ from __future__ import annotations
 
 import asyncio
 import enum
-import re
+import logging
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import InitVar, dataclass, field
 
 from .errors import AccessDenied, InvalidArgument
 from .metadata import MetadataRepository
 from .model import Principal
+from .safe_regex import Pattern, compile_untrusted
 from .untrusted import clip
+
+log = logging.getLogger(__name__)
 
 DEFAULT_EXCHANGE_NAME = "amq.default"
 """The name the default exchange ('') is checked under, as in RabbitMQ."""
@@ -40,30 +47,50 @@ class Right(enum.Enum):
 
 @dataclass(frozen=True)
 class VhostPermission:
-    """``user``'s rights on ``vhost``: a regular expression per right."""
+    """``user``'s rights on ``vhost``: a regular expression per right.
+
+    InvalidArgument if an expression is too long or RE2 cannot compile it; with ``restored``
+    (a row read back from metadata) such an expression is logged and denies its right instead,
+    so a permission stored by an older version never stops the broker from starting.
+    """
 
     user: str
     vhost: str
     configure: str
     write: str
     read: str
-    _compiled: dict[Right, re.Pattern[str] | None] = field(default_factory=dict, compare=False,
-                                                           repr=False)
+    restored: InitVar[bool] = False
+    _compiled: dict[Right, Pattern | None] = field(default_factory=dict, init=False,
+                                                   compare=False, repr=False)
 
-    def __post_init__(self) -> None:
+    def __post_init__(self, restored: bool) -> None:
         for right in Right:
-            expression = getattr(self, right.value)
-            if len(expression) > MAX_EXPRESSION_CHARS:
-                raise InvalidArgument(f"the {right.value} expression is longer than "
-                                      f"{MAX_EXPRESSION_CHARS} characters")
             try:
-                self._compiled[right] = re.compile(expression) if expression else None
-            except re.error as error:
-                raise InvalidArgument(f"the {right.value} expression {clip(expression)} is "
-                                      f"not a regular expression: {error}") from None
+                self._compiled[right] = self._compile(right)
+            except InvalidArgument as refused:
+                if not restored:
+                    raise
+                log.warning("the %s right of user %s on vhost %s denies everything until it is "
+                            "set again (`sluice vhost permit`): %s", right.value, clip(self.user),
+                            clip(self.vhost), refused)
+                self._compiled[right] = None
+
+    def _compile(self, right: Right) -> Pattern | None:
+        expression = getattr(self, right.value)
+        if len(expression) > MAX_EXPRESSION_CHARS:
+            raise InvalidArgument(f"the {right.value} expression is longer than "
+                                  f"{MAX_EXPRESSION_CHARS} characters")
+        if not expression:
+            return None
+        return compile_untrusted(expression, f"the {right.value} expression")
+
+    def pattern(self, right: Right) -> Pattern | None:
+        """The compiled expression of ``right``; None when it matches nothing."""
+        return self._compiled[right]
 
     def allows(self, right: Right, name: str) -> bool:
-        """Whether this permission grants ``right`` on the exchange or queue ``name``."""
+        """Whether this permission grants ``right`` on the exchange or queue ``name``: linear
+        in the name's length (RE2)."""
         pattern = self._compiled[right]
         return pattern is not None and pattern.search(name) is not None
 
@@ -87,7 +114,8 @@ class VhostPermissions:
     def load(self, rows: list[tuple[str, str, str, str, str]]) -> None:
         """Restore from ``MetadataRepository.vhost_permissions`` rows."""
         for user, vhost, configure, write, read in rows:
-            self._by_key[(user, vhost)] = VhostPermission(user, vhost, configure, write, read)
+            self._by_key[(user, vhost)] = VhostPermission(user, vhost, configure, write, read,
+                                                          restored=True)
         self.version += 1
 
     def add_listener(self, listener: Callable[[str, str], None]) -> None:

@@ -13,6 +13,8 @@ from core import errors as core
 
 STATUS: dict[type[BaseException], tuple[int, str]] = {
     core.Unauthenticated: (401, "unauthenticated"),
+    core.LoginThrottled: (429, "too_many_failed_logins"),
+    core.LoginBusy: (503, "login_busy"),
     core.AccessDenied: (403, "forbidden"),
     core.NotFound: (404, "not_found"),
     core.TopicNotFound: (404, "topic_not_found"),
@@ -61,4 +63,7 @@ def error_response(error: Exception) -> web.Response:
     if status == 500 and not isinstance(error, core.SluiceError | HttpProblem):
         message = (f"internal error ({type(error).__name__}: {error}); the broker's log has "
                    "the details")
-    return web.json_response({"error": code, "message": message}, status=status)
+    response = web.json_response({"error": code, "message": message}, status=status)
+    if isinstance(error, core.LoginThrottled):
+        response.headers["Retry-After"] = str(error.retry_after_s)
+    return response

@@ -95,8 +95,9 @@ SCHEMAS: dict[str, dict[str, Any]] = {
     "VhostPermission": _obj([], user=_STR, vhost=_STR, configure=_STR, write=_STR, read=_STR),
     "VhostPermissionSet": _obj(
         ["configure", "write", "read"],
-        **{right: {"type": "string", "description": f"a regular expression: the exchanges and "
-                   f"queues the user may {right} ('' for none, '.*' for all)"}
+        **{right: {"type": "string", "description": f"a regular expression (RE2: no "
+                   f"backreferences or lookarounds): the exchanges and queues the user may "
+                   f"{right} ('' for none, '.*' for all)"}
            for right in ("configure", "write", "read")}),
     "Exchange": _obj([], vhost=_STR, name=_STR, type=_STR, durable=_BOOL, auto_delete=_BOOL,
                      internal=_BOOL, arguments={"type": "object"}),

@@ -2,14 +2,13 @@
 
 Every request first passes ``guards.py`` (cross-origin writes refused, bodies bounded, security
 headers on every response). Every route's handler is wrapped once: check the body's media type,
-authenticate (HTTP Basic, checked by ``Users`` in an executor because scrypt blocks), check the
+authenticate (HTTP Basic, checked and throttled by core's ``Broker.authenticate``), check the
 route's access rule, run the handler, encode JSON. Errors, including aiohttp's own 404/405,
 leave as JSON bodies through ``errors.py``.
 """
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 from collections.abc import Awaitable, Callable
@@ -69,8 +68,8 @@ async def _authenticate(request: web.Request) -> Principal:
     if given is None:
         raise Unauthenticated("this call needs a user: send HTTP Basic credentials "
                               "(the first start creates sluice/sluice)")
-    users = request.app[DEPS].broker.users
-    return await asyncio.get_running_loop().run_in_executor(None, users.authenticate, *given)
+    user, password = given
+    return await request.app[DEPS].broker.authenticate(user, password, request.remote or "")
 
 
 def _dumps(value: Any) -> str:

@@ -1,15 +1,17 @@
 """The connection.start-ok decision: who a client is, or why it is refused.
 
 Credentials are checked by core's ``Broker.authenticate`` (in memory when seen before,
-otherwise off the event loop). As in RabbitMQ, user ``guest`` may log in only from a loopback
-address while ``amqp.guest_from_loopback`` is on. Runs on the event loop.
+otherwise off the event loop), which throttles failures per peer address and user name and
+answers them late, as RabbitMQ answers a failed login 3 s late. As in RabbitMQ, user ``guest``
+may log in only from a loopback address while ``amqp.guest_from_loopback`` is on. Runs on the
+event loop.
 """
 
 from __future__ import annotations
 
 import ipaddress
 
-from core.errors import Unauthenticated
+from core.errors import LoginBusy, LoginThrottled, Unauthenticated
 from core.model import Principal
 from core.service import Broker
 
@@ -52,6 +54,8 @@ async def log_in(broker: Broker, event: LoginRequested, peer: str,
     if guest_from_loopback and event.user == GUEST and not is_loopback(peer):
         raise Refused(GUEST_REFUSED, GUEST_REFUSED)
     try:
-        return await broker.authenticate(event.user, event.password)
+        return await broker.authenticate(event.user, event.password, peer_host(peer))
+    except (LoginThrottled, LoginBusy) as refused:  # say why: the client cannot guess it
+        raise Refused(str(refused), str(refused)) from None
     except Unauthenticated as refused:
         raise Refused("", str(refused)) from None

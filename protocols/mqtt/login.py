@@ -9,7 +9,7 @@ from __future__ import annotations
 import uuid
 from dataclasses import dataclass, replace
 
-from core.errors import Unauthenticated
+from core.errors import LoginBusy, LoginThrottled, Unauthenticated
 from core.model import Action, Principal
 from core.service import Broker
 from core.untrusted import DenialLog, clip
@@ -51,6 +51,16 @@ def peer_host(peer: str) -> str:
     return peer.rpartition(":")[0] or peer
 
 
+def _refusal(refused: Unauthenticated, v5: bool) -> ReasonCode:
+    """The CONNACK reason for a refused login: MQTT 5 says banned or busy where core refused it
+    unchecked; MQTT 3.1.1 has only "not authorized" and "server unavailable" for those."""
+    if isinstance(refused, LoginThrottled):
+        return ReasonCode.Banned if v5 else ReasonCode.NotAuthorized
+    if isinstance(refused, LoginBusy):
+        return ReasonCode.ServerBusy if v5 else ReasonCode.ServerUnavailable
+    return ReasonCode.BadUserNameOrPassword
+
+
 class Logins:
     """Authenticates CONNECTs and settles their client id, expiry and will."""
 
@@ -62,14 +72,16 @@ class Logins:
         self._allow_anonymous = allow_anonymous
         self._anonymous_principal = anonymous_principal
 
-    async def authenticate(self, username: str | None, password: bytes | None) -> Principal:
-        """The principal for CONNECT credentials; Unauthenticated if refused."""
+    async def authenticate(self, username: str | None, password: bytes | None,
+                           peer: str = "") -> Principal:
+        """The principal for CONNECT credentials from ``peer`` (``host:port``); Unauthenticated
+        if refused (core throttles failures per address and user name)."""
         if username is None:
             if self._allow_anonymous and self._anonymous_principal is not None:
                 return self._anonymous_principal
             raise Unauthenticated("anonymous access is off: connect with a username and password")
         secret = (password or b"").decode("utf-8", "replace")
-        return await self._broker.authenticate(username, secret)
+        return await self._broker.authenticate(username, secret, peer_host(peer))
 
     def server_keep_alive(self, asked: int) -> int | None:
         """The Server Keep Alive to announce, if ours overrides what the client asked."""
@@ -80,13 +92,13 @@ class Logins:
 
     async def log_in(self, event: ConnectRequested, peer: str) -> Login:
         """Let ``event`` in, or raise `Refused` (the refusal is logged)."""
+        v5 = event.version == MQTT_5
         try:
-            principal = await self.authenticate(event.username, event.password)
+            principal = await self.authenticate(event.username, event.password, peer)
         except Unauthenticated as refused:
             self._denials.denied(peer_host(peer), "login", "MQTT client %s from %s refused: %s",
                                  clip(event.client_id), peer, clip(str(refused), 300))
-            raise Refused(ReasonCode.BadUserNameOrPassword, str(refused)) from None
-        v5 = event.version == MQTT_5
+            raise Refused(_refusal(refused, v5), str(refused)) from None
         client_id, assigned = event.client_id, None
         if not client_id:
             if not event.clean_start and not v5:

@@ -24,6 +24,7 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import datetime, timezone
+from urllib.parse import unquote
 
 from core.errors import Unauthenticated
 from core.model import Principal
@@ -82,6 +83,15 @@ def signed_at(value: str) -> float:
                           "which the broker checks for clock skew")
 
 
+def grpc_peer_host(peer: str) -> str:
+    """The host of a gRPC peer name (``ipv4:127.0.0.1:5000``, ``ipv6:[::1]:5000``, brackets
+    sometimes percent-encoded); anything else (``unix:/path``) as it is."""
+    scheme, _, rest = peer.partition(":")
+    if scheme in ("ipv4", "ipv6"):
+        return unquote(rest).rpartition(":")[0].strip("[]")
+    return peer
+
+
 def clock_skew_s(value: str, now: float) -> float:
     """How far (seconds) the signed time ``value`` is from ``now``, read as UTC or as the broker's
     local time, whichever is closer; Unauthenticated if ``value`` is not a time."""
@@ -108,8 +118,11 @@ class Authenticator:
         self._clock = clock
         self._denials = DenialLog(log)
 
-    async def principal(self, metadata: Iterable[tuple[str, str | bytes]]) -> Principal:
-        """The Principal a call with ``metadata`` acts for; raises Unauthenticated."""
+    async def principal(self, metadata: Iterable[tuple[str, str | bytes]],
+                        peer: str = "") -> Principal:
+        """The Principal a call with ``metadata`` from ``peer`` (gRPC's ``ipv4:host:port``)
+        acts for; raises Unauthenticated. Wrong signatures are throttled by core per address
+        and access key, as failed passwords are."""
         headers = {key.lower(): value for key, value in metadata if isinstance(value, str)}
         header = headers.get("authorization", "")
         credential = parse_authorization(header) if header else None
@@ -125,8 +138,9 @@ class Authenticator:
         if not signed:
             raise Unauthenticated(f"the signed {DATE_HEADER} header is missing")
         self._check_fresh(credential.access_key, signed)
-        return await self._broker.authenticate_signature(credential.access_key, signed.encode("utf-8"),
-                                                         credential.signature_hex)
+        return await self._broker.authenticate_signature(
+            credential.access_key, signed.encode("utf-8"), credential.signature_hex,
+            grpc_peer_host(peer))
 
     def _check_fresh(self, access_key: str, signed: str) -> None:
         """Unauthenticated unless ``signed`` is a time within the allowed clock skew."""

@@ -64,7 +64,7 @@ class Edge:
     async def call(self, context: grpc.aio.ServicerContext) -> Call:
         """Authenticate the call; raises Unauthenticated."""
         metadata = tuple(context.invocation_metadata() or ())
-        principal = await self.auth.principal(metadata)
+        principal = await self.auth.principal(metadata, context.peer() or "")
         client_id = next((str(value) for key, value in metadata
                           if key.lower() == CLIENT_ID_HEADER), "")
         return Call(principal, client_id, context, metadata)

@@ -38,6 +38,7 @@ ERROR_CODES: dict[type[BaseException], int] = {
     # receipt too, since the message is redelivered anyway.
     errors.ReceiptExpired: Code.INVALID_RECEIPT_HANDLE,
     errors.Unauthenticated: Code.UNAUTHORIZED,
+    errors.LoginBusy: Code.TOO_MANY_REQUESTS,
     errors.AccessDenied: Code.FORBIDDEN,
     errors.NotSupported: Code.UNSUPPORTED,
     errors.Unavailable: Code.TOO_MANY_REQUESTS,

@@ -61,6 +61,11 @@ FUZZ_CONFIG = CONFIG + """
 connect_timeout_s = 5.0
 [amqp]
 connect_timeout_s = 5.0
+[core]
+# Every mutated credential comes from 127.0.0.1: a ban would keep the fuzzer's valid CONNECTs
+# and signed calls from reaching anything past login (the throttle is tested on its own).
+login_max_failures_per_peer = 1_000_000
+login_max_failures_per_peer_user = 1_000_000
 """
 KINDS: dict[str, int] = {"tcp-connect": 2, "tcp-session": 3, "ws-session": 1, "ws-raw": 1,
                          "slow-drip": 1, "huge-count": 1, "grpc": 3, "amqp-connect": 2,

@@ -1,5 +1,6 @@
 """The native edge against hostile callers, over real gRPC: signatures expire (a captured request
-cannot be replayed later), and route lookups say nothing about topics the caller has no right on.
+cannot be replayed later), wrong signatures are throttled per address, and route lookups say
+nothing about topics the caller has no right on.
 """
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from rocketmq.v5.util.signature import Signature
 
 from core.model import Action, Permission, ResourceKind
 from sluice.server.config import ConfigError, load_config
+from protocols.native.auth import Authenticator
 from protocols.native.server import start_native_server
 
 Code = pb.Code
@@ -100,6 +102,31 @@ def test_the_window_is_a_setting(native_broker_factory):
         assert refused.status.code == Code.UNAUTHORIZED and "at most 60 s" in refused.status.message
     finally:
         stub.close()
+
+
+# --- wrong signatures are throttled ---
+
+def test_wrong_signatures_get_an_address_refused_while_another_address_signs_in(
+        native_broker_factory):
+    nb = native_broker_factory(core={"login_max_failures_per_peer_user": 3,
+                                     "login_failure_delay_ms": 0})
+    nb.create_topic("orders")
+    nb.create_user("ann", "right", admin=True)
+    forger, signer = SignedStub(nb.endpoint, "ann", "guess"), SignedStub(nb.endpoint, "ann", "right")
+    try:
+        for _ in range(3):
+            refused = forger.route("orders").status
+            assert refused.code == Code.UNAUTHORIZED and "signature check failed" in refused.message
+        banned = signer.route("orders").status
+        assert banned.code == Code.UNAUTHORIZED, "the right signature too, from this address"
+        assert "too many failed logins for user 'ann' from address 127.0.0.1" in banned.message
+        date = time.strftime(UTC_FORMAT, time.gmtime())
+        elsewhere = nb.run(lambda broker: Authenticator(broker, None).principal(
+            signer.metadata(date), "ipv4:127.0.0.2:40000"))
+        assert elsewhere.user == "ann", "the same key signs in from another address"
+    finally:
+        forger.close()
+        signer.close()
 
 
 # --- rights before existence ---

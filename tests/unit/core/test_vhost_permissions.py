@@ -1,9 +1,11 @@
 """RabbitMQ's permissions in core: expressions matched anywhere in a name, '' matching nothing,
-administrators allowed everything, bad expressions refused, changes kept in metadata; and the
+administrators allowed everything, bad expressions refused, every expression compiled by
+RE2 (linear in the name), stored ones RE2 refuses denying their right; changes kept in metadata; and the
 purge of a named queue, which settles what is ready and keeps what is delivered."""
 from __future__ import annotations
 
 import pytest
+import re2
 
 from core.assembly import Core
 from core.errors import InvalidArgument, NotFound, UserNotFound
@@ -24,8 +26,65 @@ def test_an_expression_matches_anywhere_and_the_empty_one_matches_nothing():
 
 
 def test_a_bad_expression_is_refused_with_its_right_named():
-    with pytest.raises(InvalidArgument, match="the write expression '\\(' is not a regular"):
+    with pytest.raises(InvalidArgument, match="the write expression '\\(' cannot be used: it is "
+                                              "not a regular expression RE2 accepts"):
         VhostPermission("ann", "/", ".*", "(", ".*")
+
+
+@pytest.mark.parametrize("expression, construct", [
+    ("^(a+)\\1$", "a backreference"),
+    ("^(?=app)", "a lookahead"),
+    ("^(?!tmp)", "a negative lookahead"),
+    ("(?<=app)\\.q", "a lookbehind"),
+    ("(?<!tmp)\\.q", "a negative lookbehind"),
+    ("(?>a+)b", "an atomic group"),
+    ("a++b", "a possessive quantifier"),
+])
+def test_an_expression_needing_backtracking_is_refused_naming_its_construct(expression, construct):
+    with pytest.raises(InvalidArgument, match=f"the read expression .* uses {construct}.*, which "
+                                              "Sluice does not run"):
+        VhostPermission("ann", "/", ".*", ".*", expression)
+
+
+CATASTROPHIC = "^([a-z0-9]+-?)+$"
+"""Exponential in Python's backtracking ``re``: 26 letters and a ``!`` took 3.5 s."""
+
+
+@pytest.mark.parametrize("length", [26, 255])
+def test_a_catastrophic_expression_is_compiled_by_re2_and_decides_adversarial_names(length):
+    permission = VhostPermission("ann", "/", CATASTROPHIC, CATASTROPHIC, CATASTROPHIC)
+    pattern = permission.pattern(Right.READ)
+    assert isinstance(pattern, re2._Regexp), "compiled by RE2, which never backtracks"
+    # RE2 simulates an automaton of ``programsize`` instructions once per character: the work
+    # of a match is at most programsize x len(name), whatever the name.
+    assert pattern.programsize < 32
+    assert not permission.allows(Right.READ, "a" * (length - 1) + "!")
+    assert not permission.allows(Right.READ, "a-" * (length // 2) + "-")
+    assert permission.allows(Right.READ, "a" * length)
+    assert permission.allows(Right.READ, "ab-" * (length // 3))
+
+
+def test_a_stored_expression_re2_refuses_denies_its_right_and_start_up_goes_on(tmp_path, caplog):
+    async def stored_by_an_older_version(core: Core) -> None:
+        core.broker.users.create_user("ann", "pw")
+        await core.vhosts.create("shop")
+        core._metadata.put_vhost_permission("ann", "shop", "^(?!amq\\.)", "^(a)\\1", "^q")
+
+    async def restarted(core: Core) -> None:
+        rights = core.vhost_permissions
+        assert rights.may_open(ANN, "shop")
+        assert not rights.allows(ANN, "shop", Right.CONFIGURE, "jobs")
+        assert not rights.allows(ANN, "shop", Right.WRITE, "aa")
+        assert rights.allows(ANN, "shop", Right.READ, "queue"), "the other rights hold"
+        assert [p.as_json() for p in rights.list()][0]["configure"] == "^(?!amq\\.)", \
+            "what is stored is shown as it is, for the administrator to fix"
+
+    run_core(tmp_path, stored_by_an_older_version)
+    with caplog.at_level("WARNING", logger="core.vhost_permissions"):
+        run_core(tmp_path, restarted)
+    warnings = [r.getMessage() for r in caplog.records if r.name == "core.vhost_permissions"]
+    assert len(warnings) == 2 and "the configure right of user 'ann' on vhost 'shop' denies " \
+        "everything until it is set again" in warnings[0] and "negative lookahead" in warnings[0]
 
 
 def test_permissions_decide_per_vhost_and_survive_a_restart(tmp_path):
