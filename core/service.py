@@ -39,6 +39,8 @@ log = logging.getLogger(__name__)
 
 ALL_QUEUES = -1
 """An assignment to pop every queue of a topic (RocketMQ's queue id -1)."""
+ID_LOOKUP_PER_TOPIC = 16
+"""The most messages with one id a lookup by id answers with from each topic."""
 MIN_INVISIBLE_MS = 100
 MAX_INVISIBLE_MS = 12 * 3_600_000
 
@@ -523,24 +525,33 @@ class Broker:
 
     # --- lookup ---
 
-    def lookup_message(self, principal: Principal, msg_id: str) -> Delivery:
-        """The message with id ``msg_id``; MessageNotFound if none."""
-        stored = self._engine.store.lookup_id(msg_id)
-        if stored is None:
+    def lookup_messages(self, principal: Principal, msg_id: str, topic: str = "") -> list[Delivery]:
+        """The messages with id ``msg_id`` that ``principal`` may read, newest first: those of
+        ``topic``, or of every topic it may subscribe to (at most ``ID_LOOKUP_PER_TOPIC`` of
+        each). Producers choose ids, so several messages may share one: each topic is searched
+        on its own and none hides another's. MessageNotFound when there is none; AccessDenied
+        for a ``topic`` it may not read."""
+        if topic:
+            self._allow(principal, Action.SUBSCRIBE, ResourceKind.TOPIC, topic)
+            topics = [topic]
+        else:
+            topics = [t.name for t in self._topics.list()
+                      if self.allowed(principal, Action.SUBSCRIBE, t.name)]
+        found = self._engine.store.lookup_id(msg_id, topics, ID_LOOKUP_PER_TOPIC)
+        if not found:
             raise MessageNotFound(f"no message has id {msg_id!r}; it may have aged out with retention")
-        self._allow(principal, Action.SUBSCRIBE, ResourceKind.TOPIC, stored.topic)
-        return to_delivery(stored)
+        return [to_delivery(m) for m in found]
 
-    async def trace_message(self, principal: Principal, msg_id: str) -> MessageTrace:
+    async def trace_message(self, principal: Principal, msg_id: str, topic: str = "") -> MessageTrace:
         """The message with id ``msg_id`` and what happened to it since it was stored
-        (``core.trace``); authorized as ``lookup_message``. PreconditionFailed while tracing is
-        off."""
-        message = self.lookup_message(principal, msg_id)
+        (``core.trace``): the newest ``lookup_messages`` finds, the others listed beside it.
+        PreconditionFailed while tracing is off."""
+        newest, *others = self.lookup_messages(principal, msg_id, topic)
         if not self._engine.tracer.on:
             raise PreconditionFailed("message tracing is off on this broker; set "
                                      "core.message_trace = true (SLUICE_CORE_MESSAGE_TRACE=true) "
                                      "and restart it; messages delivered from then on are traced")
-        return await self._engine.tracer.trace(message)
+        return await self._engine.tracer.trace(newest, others)
 
     def find_in_time(self, principal: Principal, topic: str, start_ms: int, end_ms: int,
                      limit: int = 32) -> list[Delivery]:

@@ -244,33 +244,39 @@ async def topic_messages(request: web.Request, principal: Principal) -> list[dic
                       "time range in ms since the epoch (?from=MS&to=MS)")
 
 
+def _not_found(msg_id: str) -> MessageNotFound:
+    return MessageNotFound(f"no message you may read has id {msg_id!r}: it may have aged out with "
+                           "retention, or reading it needs the subscribe right on its topic")
+
+
 async def message_by_id(request: web.Request, principal: Principal) -> dict[str, Any]:
-    """A message by id. A caller without the subscribe right on its topic hears the same 404 as
-    for a message that does not exist: neither the message nor its topic's name leaks."""
+    """A message by id (``?topic=``: in that topic only), the newest when several share it,
+    with the others the caller may read in ``same_id``. A caller without the subscribe right on
+    a topic hears the same 404 as for a message that does not exist: neither the message nor
+    the topic's name leaks, and its messages are not searched."""
     msg_id = request.match_info["msg_id"]
     try:
-        return message_json(deps(request).broker.lookup_message(principal, msg_id))
+        newest, *others = deps(request).broker.lookup_messages(principal, msg_id,
+                                                               request.query.get("topic", ""))
     except (AccessDenied, MessageNotFound):
-        raise MessageNotFound(f"no message you may read has id {msg_id!r}: it may have aged out "
-                              "with retention, or reading it needs the subscribe right on its "
-                              "topic") from None
+        raise _not_found(msg_id) from None
+    return {**message_json(newest), "same_id": [message_json(m) for m in others]}
 
 
 async def message_trace(request: web.Request, principal: Principal) -> dict[str, Any]:
     """A message and its trace (``core.trace``), oldest event first, the stored message's own
-    event included; the same 404 as ``message_by_id`` for a message the caller may not read."""
+    event included; the message ``message_by_id`` answers with, and the same 404."""
     msg_id = request.match_info["msg_id"]
     try:
-        trace = await deps(request).broker.trace_message(principal, msg_id)
+        trace = await deps(request).broker.trace_message(principal, msg_id, request.query.get("topic", ""))
     except (AccessDenied, MessageNotFound):
-        raise MessageNotFound(f"no message you may read has id {msg_id!r}: it may have aged out "
-                              "with retention, or reading it needs the subscribe right on its "
-                              "topic") from None
+        raise _not_found(msg_id) from None
     m = trace.message
     stored = {"time_ms": m.store_ts, "event": "stored", "group": "", "client": "", "attempt": 0,
               "detail": f"topic {m.topic} queue {m.queue_id} offset {m.queue_offset}"}
     return {"message": message_json(m), "events": [stored, *map(plain, trace.events)],
-            "truncated": trace.truncated, "max_events": MAX_EVENTS}
+            "truncated": trace.truncated, "max_events": MAX_EVENTS,
+            "same_id": [message_json(other) for other in trace.same_id]}
 
 
 # --- groups ---

@@ -62,6 +62,8 @@ async def openapi(request: web.Request, principal: Principal) -> dict[str, Any]:
 R = Route
 A = Access
 VH = Query("vhost", "only this virtual host's")
+IN_TOPIC = Query("topic", "only the message of this topic with the id (producers choose ids, so "
+                 "several topics may hold one)")
 ROUTES: tuple[Route, ...] = (
     R("GET", "/health", h.health, "Store and metadata status (503 when failing)", "service",
       A.PUBLIC, response="Health"),
@@ -94,12 +96,14 @@ ROUTES: tuple[Route, ...] = (
       "messages", A.SUBSCRIBE, response="ndjson",
       query=(Query("minutes", "send messages stored in the last MINUTES first (default 60)",
                    type="integer"),)),
-    R("GET", "/messages/{msg_id}", h.message_by_id, "Look up a message by id", "messages",
-      A.USER, response="Message"),
+    R("GET", "/messages/{msg_id}", h.message_by_id,
+      "Look up a message by id among the topics you may read (the newest when several share "
+      "the id; the others in same_id)", "messages", A.USER, response="MessageById",
+      query=(IN_TOPIC,)),
     R("GET", "/messages/{msg_id}/trace", h.message_trace,
       "A message's path: stored, delivered to which group and client, retried, acked, "
       "dead-lettered, with times (needs core.message_trace)", "messages", A.USER,
-      response="MessageTrace"),
+      response="MessageTrace", query=(IN_TOPIC,)),
 
     R("GET", "/groups", h.list_groups, "List consumer groups", "groups", A.USER,
       response="[Group]"),

@@ -190,16 +190,29 @@ def parse_time(text: str, option: str = "--time") -> int:
 
 def message_get(client: AdminClient, args: argparse.Namespace) -> int:
     if args.key:
-        if not args.topic:
-            raise CliError("a lookup by key needs the topic: sluice message get --topic T --key K", 2)
-        found = client.call("GET", f"/topics/{args.topic}/messages", query={"key": args.key,
-                                                                            "limit": args.limit})
-    elif args.msg_id:
-        found = [client.call("GET", f"/messages/{args.msg_id}")]
-    else:
+        return _messages_by_key(client, args)
+    if not args.msg_id:
         raise CliError("pass a message id, or --topic T --key K", code=2)
+    found = client.call("GET", f"/messages/{args.msg_id}", query={"topic": args.topic})
     if args.json:
-        print(json.dumps(found if args.key else found[0], indent=2, ensure_ascii=False))
+        print(json.dumps(found, indent=2, ensure_ascii=False))
+        return 0
+    print(render_message(found))
+    if found["same_id"]:
+        print(f"{len(found['same_id'])} more message(s) you may read have this id (producers choose "
+              "ids); pass --topic T for one topic's:")
+    for other in found["same_id"]:
+        print(render_message(other))
+    return 0
+
+
+def _messages_by_key(client: AdminClient, args: argparse.Namespace) -> int:
+    if not args.topic:
+        raise CliError("a lookup by key needs the topic: sluice message get --topic T --key K", 2)
+    found = client.call("GET", f"/topics/{args.topic}/messages", query={"key": args.key,
+                                                                        "limit": args.limit})
+    if args.json:
+        print(json.dumps(found, indent=2, ensure_ascii=False))
     elif not found:
         print(f"no message on topic {args.topic} has key {args.key!r}")
     for message in [] if args.json else found:
@@ -224,7 +237,8 @@ def message_find(client: AdminClient, args: argparse.Namespace) -> int:
 
 
 def message_trace(client: AdminClient, args: argparse.Namespace) -> int:
-    return show(args, client.call("GET", f"/messages/{args.msg_id}/trace"), render_trace)
+    return show(args, client.call("GET", f"/messages/{args.msg_id}/trace", query={"topic": args.topic}),
+                render_trace)
 
 
 def render_trace(trace: dict[str, Any]) -> str:
@@ -238,6 +252,10 @@ def render_trace(trace: dict[str, Any]) -> str:
     if trace["truncated"]:
         lines.append(f"(only the newest {trace['max_events']} events are shown; older ones "
                      "were left out)")
+    if trace.get("same_id"):
+        topics = ", ".join(sorted({other["topic"] for other in trace["same_id"]}))
+        lines.append(f"(other messages you may read have this id, in {topics}: trace one with "
+                     "--topic T)")
     return "\n".join(lines)
 
 
@@ -431,13 +449,15 @@ def _message_commands(c: Commands) -> None:
     sub = c.add(message, "get", "Show a message by id, or the messages of a topic with a key.",
               message_get)
     sub.add_argument("msg_id", nargs="?", metavar="MSG_ID")
-    sub.add_argument("--topic", help="topic to search by key")
+    sub.add_argument("--topic", help="topic to search by key; with an id, the one topic to look in "
+                     "(default: every topic you may read)")
     sub.add_argument("--key", help="business key (needs --topic)")
     sub.add_argument("--limit", type=int, default=32, help="at most this many (default: %(default)s)")
     sub = c.add(message, "trace", "Show a message's path as a timeline: stored, delivered to "
                 "which group and client, retried, acked, dead-lettered (the broker needs "
                 "core.message_trace = true).", message_trace)
     sub.add_argument("msg_id", metavar="MSG_ID")
+    sub.add_argument("--topic", help="the topic of the message (when several topics hold its id)")
     sub = c.add(message, "find", "Show the messages of a topic stored in a time range, oldest first.",
                 message_find)
     sub.add_argument("topic", metavar="TOPIC")
