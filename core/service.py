@@ -17,6 +17,9 @@ import asyncio
 import logging
 from collections import Counter
 from collections.abc import Callable, Sequence
+from typing import NamedTuple
+
+from store import InvalidCursorError, KeyCursor
 
 from .auth import Users
 from .clock import now_ms
@@ -39,6 +42,8 @@ log = logging.getLogger(__name__)
 
 ALL_QUEUES = -1
 """An assignment to pop every queue of a topic (RocketMQ's queue id -1)."""
+MAX_LOOKUP_LIMIT = 1000
+"""The most messages one lookup by key or time range answers with (a lookup by key pages)."""
 ID_LOOKUP_PER_TOPIC = 16
 """The most messages with one id a lookup by id answers with from each topic."""
 MIN_INVISIBLE_MS = 100
@@ -556,14 +561,14 @@ class Broker:
     def find_in_time(self, principal: Principal, topic: str, start_ms: int, end_ms: int,
                      limit: int = 32) -> list[Delivery]:
         """Messages of ``topic`` stored from ``start_ms`` to ``end_ms`` (inclusive), oldest
-        first, at most ``limit`` (1-1000): each queue is entered at its first message stored at
-        or after ``start_ms`` (the consume queue's time index) and read forward."""
+        first, at most ``limit`` (1-``MAX_LOOKUP_LIMIT``): each queue is entered at its first
+        message stored at or after ``start_ms`` (the consume queue's time index) and read
+        forward."""
         self._allow(principal, Action.SUBSCRIBE, ResourceKind.TOPIC, topic)
         config = self._topics.get(topic)
         if end_ms < start_ms:
             raise InvalidArgument(f"the range ends ({end_ms}) before it starts ({start_ms})")
-        if not 1 <= limit <= 1000:
-            raise InvalidArgument(f"limit {limit} is out of range: use 1-1000")
+        _check_limit(limit)
         reader, store = self._engine.reader, self._engine.store
         found: list[Delivery] = []
         for queue_id in range(config.queue_count):
@@ -587,11 +592,43 @@ class Broker:
         found.sort(key=lambda m: (m.store_ts, m.queue_id, m.queue_offset))
         return found[:limit]
 
-    def lookup_key(self, principal: Principal, topic: str, key: str, limit: int = 32) -> list[Delivery]:
-        """Messages of ``topic`` carrying business key ``key``, newest first."""
+    def lookup_key(self, principal: Principal, topic: str, key: str, limit: int = 32,
+                   after: str = "") -> MessagePage:
+        """Messages of ``topic`` carrying business key ``key``, newest first, at most ``limit``
+        (1-``MAX_LOOKUP_LIMIT``); with ``after`` (a page's ``next``), those older than that page."""
         self._allow(principal, Action.SUBSCRIBE, ResourceKind.TOPIC, topic)
         self._topics.get(topic)
-        return [to_delivery(m) for m in self._engine.store.lookup_key(topic, key, limit)]
+        _check_limit(limit)
+        try:
+            cursor = _parse_cursor(after) if after else None
+            page = self._engine.store.lookup_key_page(topic, key, limit, cursor)
+        except InvalidCursorError:
+            raise InvalidArgument(f"cursor {after[:40]!r} does not continue a lookup of key "
+                                  f"{key[:80]!r} in this topic; start again without it") from None
+        following = page.next
+        return MessagePage([to_delivery(m) for m in page.messages],
+                           f"{following.offset}.{following.entry}" if following else "")
+
+
+class MessagePage(NamedTuple):
+    """A page of a lookup, newest first."""
+
+    messages: list[Delivery]
+    next: str
+    """Pass as ``after`` for the next page; empty when no more follow."""
+
+
+def _parse_cursor(text: str) -> KeyCursor:
+    offset, dot, entry = text.partition(".")
+    if not (dot and text.isascii() and offset.isdigit() and entry.isdigit() and len(text) <= 40):
+        raise InvalidArgument(f"cursor {text[:40]!r} is malformed: pass the next value a lookup "
+                              "returned, as it was")
+    return KeyCursor(int(offset), int(entry))
+
+
+def _check_limit(limit: int) -> None:
+    if not 1 <= limit <= MAX_LOOKUP_LIMIT:
+        raise InvalidArgument(f"limit {limit} is out of range: use 1-{MAX_LOOKUP_LIMIT}")
 
 
 def _check_queue(config: TopicConfig, queue_id: int) -> None:

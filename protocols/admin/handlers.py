@@ -12,6 +12,7 @@ import asyncio
 import base64
 import dataclasses
 import enum
+import functools
 import json
 import time
 from collections.abc import Callable, Mapping
@@ -228,14 +229,22 @@ async def delete_topic(request: web.Request, principal: Principal) -> None:
     await deps(request).broker.delete_topic(principal, request.match_info["topic"])
 
 
-async def topic_messages(request: web.Request, principal: Principal) -> list[dict[str, Any]]:
-    """Messages of a topic by business key (``?key=``), or stored in a time range
-    (``?from=&to=``, ms since the epoch; ``to`` defaults to now)."""
+async def topic_messages(request: web.Request, principal: Principal) -> Any:
+    """Messages of a topic by business key (``?key=``), newest first, a page at a time (a
+    ``Link: <...>; rel="next"`` header names the next page while more carry the key), or stored
+    in a time range (``?from=&to=``, ms since the epoch; ``to`` defaults to now). At most
+    ``limit`` (1-1000, default 32) either way."""
     key = request.query.get("key")
     topic, limit = request.match_info["topic"], query_int(request, "limit", 32)
     broker = deps(request).broker
     if key:
-        return [message_json(m) for m in broker.lookup_key(principal, topic, key, limit=limit)]
+        after = request.query.get("after", "")
+        page = broker.lookup_key(principal, topic, key, limit=limit, after=after)
+        headers: dict[str, str] = {}
+        if page.next:
+            headers["Link"] = f'<{request.rel_url.update_query(after=page.next)}>; rel="next"'
+        return web.json_response([message_json(m) for m in page.messages], headers=headers,
+                                 dumps=functools.partial(json.dumps, ensure_ascii=False))
     if "from" in request.query:
         start = query_int(request, "from", 0)
         end = query_int(request, "to", int(time.time() * 1000))

@@ -177,6 +177,14 @@ MEDIA_TYPES = {"text": "text/plain", "html": "text/html", "asset": "text/plain",
 
 
 def _success(route: Any) -> dict[str, Any]:
+    success = _success_body(route)
+    if route.headers:
+        success["headers"] = {h.name: {"description": h.description, "schema": _STR}
+                              for h in route.headers}
+    return success
+
+
+def _success_body(route: Any) -> dict[str, Any]:
     if route.status == 204 or route.response is None:
         return {"description": "done"}
     if route.response in MEDIA_TYPES:

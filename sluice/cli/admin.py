@@ -46,6 +46,20 @@ class AdminClient:
              query: dict[str, Any] | None = None, *, quoted: bool = False) -> Any:
         """The decoded JSON answer (None for 204); CliError for refusals and HTTP errors.
         ``quoted``: ``path`` is already percent-encoded (segments holding a ``/``)."""
+        return self._request(method, path, body, query, quoted)[0]
+
+    def page(self, path: str, query: dict[str, Any]) -> tuple[Any, str]:
+        """``call`` a GET that pages: the decoded answer, and the ``after`` value of the next
+        page its ``Link: <...>; rel="next"`` header names ("" for none)."""
+        answer, headers = self._request("GET", path, None, query, False)
+        target, _, rel = (headers.get("Link") or "").partition(";")
+        if rel.strip() != 'rel="next"':
+            return answer, ""
+        following = urllib.parse.parse_qs(urllib.parse.urlsplit(target.strip("<> ")).query)
+        return answer, following.get("after", [""])[0]
+
+    def _request(self, method: str, path: str, body: Any, query: dict[str, Any] | None,
+                 quoted: bool) -> tuple[Any, Any]:
         target = self.url + (path if quoted else urllib.parse.quote(path))
         if query:
             target += "?" + urllib.parse.urlencode({k: v for k, v in query.items() if v is not None})
@@ -54,7 +68,7 @@ class AdminClient:
         request = urllib.request.Request(target, data=data, method=method, headers=headers)
         try:
             with urllib.request.urlopen(request, timeout=self.timeout) as response:
-                raw = response.read()
+                raw, answered = response.read(), response.headers
         except urllib.error.HTTPError as error:
             raise _http_error(error) from None
         except urllib.error.URLError as error:
@@ -62,7 +76,7 @@ class AdminClient:
                            f"{START_HINT}, or pass --admin URL") from None
         except (ConnectionError, TimeoutError) as error:
             raise CliError(f"the admin API at {self.url} did not answer ({error}); {START_HINT}") from None
-        return json.loads(raw) if raw else None
+        return json.loads(raw) if raw else None, answered
 
 
 def _http_error(error: urllib.error.HTTPError) -> CliError:
@@ -209,14 +223,17 @@ def message_get(client: AdminClient, args: argparse.Namespace) -> int:
 def _messages_by_key(client: AdminClient, args: argparse.Namespace) -> int:
     if not args.topic:
         raise CliError("a lookup by key needs the topic: sluice message get --topic T --key K", 2)
-    found = client.call("GET", f"/topics/{args.topic}/messages", query={"key": args.key,
-                                                                        "limit": args.limit})
+    found, after = client.page(f"/topics/{args.topic}/messages",
+                               {"key": args.key, "limit": args.limit, "after": args.after})
     if args.json:
         print(json.dumps(found, indent=2, ensure_ascii=False))
     elif not found:
         print(f"no message on topic {args.topic} has key {args.key!r}")
     for message in [] if args.json else found:
         print(render_message(message))
+    if after:
+        print(f"more messages carry this key: add --after {after} for the next {args.limit}",
+              file=sys.stderr)
     return 0
 
 
@@ -452,7 +469,9 @@ def _message_commands(c: Commands) -> None:
     sub.add_argument("--topic", help="topic to search by key; with an id, the one topic to look in "
                      "(default: every topic you may read)")
     sub.add_argument("--key", help="business key (needs --topic)")
-    sub.add_argument("--limit", type=int, default=32, help="at most this many (default: %(default)s)")
+    sub.add_argument("--limit", type=int, default=32,
+                     help="at most this many, 1-1000 (default: %(default)s)")
+    sub.add_argument("--after", metavar="CURSOR", help="with --key: the next page, as the last one said")
     sub = c.add(message, "trace", "Show a message's path as a timeline: stored, delivered to "
                 "which group and client, retried, acked, dead-lettered (the broker needs "
                 "core.message_trace = true).", message_trace)
