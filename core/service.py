@@ -18,6 +18,9 @@ import functools
 import logging
 from collections import Counter
 from collections.abc import Callable, Sequence
+from typing import NamedTuple
+
+from store import InvalidCursorError, KeyCursor
 
 from .acl import Withheld, subject_of
 from .auth import Users
@@ -42,6 +45,10 @@ log = logging.getLogger(__name__)
 
 ALL_QUEUES = -1
 """An assignment to pop every queue of a topic (RocketMQ's queue id -1)."""
+MAX_LOOKUP_LIMIT = 1000
+"""The most messages one lookup by key or time range answers with (a lookup by key pages)."""
+ID_LOOKUP_PER_TOPIC = 16
+"""The most messages with one id a lookup by id answers with from each topic."""
 MIN_INVISIBLE_MS = 100
 MAX_INVISIBLE_MS = 12 * 3_600_000
 
@@ -566,43 +573,49 @@ class Broker:
 
     # --- lookup ---
 
-    def lookup_message(self, principal: Principal, msg_id: str) -> Delivery:
-        """The message with id ``msg_id``; MessageNotFound if none, AccessDenied if the caller
-        may not read its topic or an access rule denies it its subject."""
-        stored = self._engine.store.lookup_id(msg_id)
-        if stored is None:
-            raise MessageNotFound(f"no message has id {msg_id!r}; it may have aged out with retention")
-        self._allow(principal, Action.SUBSCRIBE, ResourceKind.TOPIC, stored.topic)
-        delivery = to_delivery(stored)
+    def lookup_messages(self, principal: Principal, msg_id: str, topic: str = "") -> list[Delivery]:
+        """The messages with id ``msg_id`` that ``principal`` may read, newest first: those of
+        ``topic``, or of every topic it may subscribe to (at most ``ID_LOOKUP_PER_TOPIC`` of
+        each). Producers choose ids, so several messages may share one: each topic is searched
+        on its own and none hides another's; those an access rule withholds from the caller are
+        left out. MessageNotFound when there is none; AccessDenied
+        for a ``topic`` it may not read."""
+        if topic:
+            self._allow(principal, Action.SUBSCRIBE, ResourceKind.TOPIC, topic)
+            topics = [topic]
+        else:
+            topics = [t.name for t in self._topics.list()
+                      if self.allowed(principal, Action.SUBSCRIBE, t.name)]
+        found = [to_delivery(m) for m in self._engine.store.lookup_id(msg_id, topics, ID_LOOKUP_PER_TOPIC)]
         withheld = self.withheld_by_rules(principal)
-        if withheld is not None and withheld(delivery):
-            raise AccessDenied(f"user {principal.user!r} may not read message {msg_id!r}: an "
-                               "access rule denies its subject")
-        return delivery
+        if withheld is not None:  # as if absent: a rule's subjects are not even confirmed
+            found = [m for m in found if not withheld(m)]
+        if not found:
+            raise MessageNotFound(f"no message has id {msg_id!r}; it may have aged out with retention")
+        return found
 
-    async def trace_message(self, principal: Principal, msg_id: str) -> MessageTrace:
+    async def trace_message(self, principal: Principal, msg_id: str, topic: str = "") -> MessageTrace:
         """The message with id ``msg_id`` and what happened to it since it was stored
-        (``core.trace``); authorized as ``lookup_message``. PreconditionFailed while tracing is
-        off."""
-        message = self.lookup_message(principal, msg_id)
+        (``core.trace``): the newest ``lookup_messages`` finds, the others listed beside it.
+        PreconditionFailed while tracing is off."""
+        newest, *others = self.lookup_messages(principal, msg_id, topic)
         if not self._engine.tracer.on:
             raise PreconditionFailed("message tracing is off on this broker; set "
                                      "core.message_trace = true (SLUICE_CORE_MESSAGE_TRACE=true) "
                                      "and restart it; messages delivered from then on are traced")
-        return await self._engine.tracer.trace(message)
+        return await self._engine.tracer.trace(newest, others)
 
     def find_in_time(self, principal: Principal, topic: str, start_ms: int, end_ms: int,
                      limit: int = 32) -> list[Delivery]:
         """Messages of ``topic`` stored from ``start_ms`` to ``end_ms`` (inclusive), oldest
-        first, at most ``limit`` (1-1000): each queue is entered at its first message stored at
-        or after ``start_ms`` (the consume queue's time index) and read forward. Messages an
-        access rule withholds from the caller are left out."""
+        first, at most ``limit`` (1-``MAX_LOOKUP_LIMIT``): each queue is entered at its first
+        message stored at or after ``start_ms`` (the consume queue's time index) and read
+        forward. Messages an access rule withholds from the caller are left out."""
         self._allow(principal, Action.SUBSCRIBE, ResourceKind.TOPIC, topic)
         config = self._topics.get(topic)
         if end_ms < start_ms:
             raise InvalidArgument(f"the range ends ({end_ms}) before it starts ({start_ms})")
-        if not 1 <= limit <= 1000:
-            raise InvalidArgument(f"limit {limit} is out of range: use 1-1000")
+        _check_limit(limit)
         reader, store = self._engine.reader, self._engine.store
         withheld = self.withheld_by_rules(principal)
         found: list[Delivery] = []
@@ -628,14 +641,46 @@ class Broker:
         found.sort(key=lambda m: (m.store_ts, m.queue_id, m.queue_offset))
         return found[:limit]
 
-    def lookup_key(self, principal: Principal, topic: str, key: str, limit: int = 32) -> list[Delivery]:
-        """Messages of ``topic`` carrying business key ``key``, newest first; those an access
-        rule withholds from the caller are left out."""
+    def lookup_key(self, principal: Principal, topic: str, key: str, limit: int = 32,
+                   after: str = "") -> MessagePage:
+        """Messages of ``topic`` carrying business key ``key``, newest first, at most ``limit``
+        (1-``MAX_LOOKUP_LIMIT``); with ``after`` (a page's ``next``), those older than that page.
+        Messages an access rule withholds from the caller are left out (a page may come short)."""
         self._allow(principal, Action.SUBSCRIBE, ResourceKind.TOPIC, topic)
         self._topics.get(topic)
-        found = [to_delivery(m) for m in self._engine.store.lookup_key(topic, key, limit)]
+        _check_limit(limit)
+        try:
+            cursor = _parse_cursor(after) if after else None
+            page = self._engine.store.lookup_key_page(topic, key, limit, cursor)
+        except InvalidCursorError:
+            raise InvalidArgument(f"cursor {after[:40]!r} does not continue a lookup of key "
+                                  f"{key[:80]!r} in this topic; start again without it") from None
+        following = page.next
+        found = [to_delivery(m) for m in page.messages]
         withheld = self.withheld_by_rules(principal)
-        return found if withheld is None else [m for m in found if not withheld(m)]
+        return MessagePage(found if withheld is None else [m for m in found if not withheld(m)],
+                           f"{following.offset}.{following.entry}" if following else "")
+
+
+class MessagePage(NamedTuple):
+    """A page of a lookup, newest first."""
+
+    messages: list[Delivery]
+    next: str
+    """Pass as ``after`` for the next page; empty when no more follow."""
+
+
+def _parse_cursor(text: str) -> KeyCursor:
+    offset, dot, entry = text.partition(".")
+    if not (dot and text.isascii() and offset.isdigit() and entry.isdigit() and len(text) <= 40):
+        raise InvalidArgument(f"cursor {text[:40]!r} is malformed: pass the next value a lookup "
+                              "returned, as it was")
+    return KeyCursor(int(offset), int(entry))
+
+
+def _check_limit(limit: int) -> None:
+    if not 1 <= limit <= MAX_LOOKUP_LIMIT:
+        raise InvalidArgument(f"limit {limit} is out of range: use 1-{MAX_LOOKUP_LIMIT}")
 
 
 def _check_queue(config: TopicConfig, queue_id: int) -> None:

@@ -2,12 +2,15 @@
 
 With ``core.message_trace`` on, consumption paths report events (a message delivered to a
 group's client, acked, retried, dead-lettered) to the ``Tracer``, which appends each as a
-record of the internal topic ``%SYS%trace`` (one queue) keyed by the message's id, so the
-store's key index finds a message's events without a scan. The message's own record is its
-"stored" event. Records age out with the store's retention like any other.
+record of the internal topic ``%SYS%trace`` (one queue) keyed by the message's topic and id,
+so the store's key index finds a message's events without a scan. The message's own record is
+its "stored" event. Records age out with the store's retention like any other. Producers choose
+ids, so another topic may hold a message with the same id: the topic in the key keeps its
+events apart from this one's.
 
 Record: body = JSON ``{"event", "group", "client", "attempt", "detail"}``, ``born_ts`` = the
-event's time in ms, key = the traced message's id.
+event's time in ms, key = ``trace_key(topic, msg_id)`` of the traced message (its home topic,
+the one it was sent to, whichever queue it was read from).
 
 The hot path pays one attribute check when tracing is off (callers test ``Tracer.on``) and an
 append to a list when it is on: one background task appends the buffer every
@@ -55,6 +58,11 @@ Place = tuple[str, str, int, int]
 """(consumer, topic, queue id, offset): one consumer's delivery of one message."""
 
 
+def trace_key(topic: str, msg_id: str) -> str:
+    """The key of the trace records of message ``msg_id`` sent to ``topic``."""
+    return f"{topic}\0{msg_id}"
+
+
 @dataclass(frozen=True, slots=True)
 class TraceEvent:
     """One step of a message's path. ``detail``: why it was retried, or the dead-letter topic."""
@@ -75,6 +83,9 @@ class MessageTrace:
     message: Delivery
     events: list[TraceEvent]
     truncated: bool
+    same_id: tuple[Delivery, ...] = ()
+    """Other messages with the same id that the asker may read (ids are chosen by producers),
+    newest first: name one's topic to trace it."""
 
 
 class Tracer:
@@ -88,7 +99,8 @@ class Tracer:
         self._reader: Reader
         self._buffer: list[Message] = []
         self._remembered: dict[Place, tuple[str, str, str]] = {}
-        """Place -> (message id, group, client) of recent deliveries, oldest first."""
+        """Place -> (``trace_key`` of the message, group, client) of recent deliveries, oldest
+        first."""
         self._requeued: set[Place] = set()
         """Places handed back to be delivered again at once: their next delivery follows no
         timeout."""
@@ -124,11 +136,12 @@ class Tracer:
         remembered = self._remembered
         for d in deliveries:
             place = (consumer, d.topic, d.queue_id, d.queue_offset)
+            key = trace_key(d.home_topic or d.topic, d.msg_id)
             remembered.pop(place, None)
-            remembered[place] = (d.msg_id, group, client)
+            remembered[place] = (key, group, client)
             if d.attempt > 1 and not self._was_requeued(place):
-                self._add(d.msg_id, now, RETRIED, group, client, d.attempt, "invisible time ended")
-            self._add(d.msg_id, now, DELIVERED, group, client, d.attempt)
+                self._add(key, now, RETRIED, group, client, d.attempt, "invisible time ended")
+            self._add(key, now, DELIVERED, group, client, d.attempt)
         while len(remembered) > MAX_REMEMBERED:
             del remembered[next(iter(remembered))]
 
@@ -167,8 +180,8 @@ class Tracer:
                                            message.queue_offset), None)
         if not client and remembered is not None:
             client = remembered[2]
-        self._add(message.msg_id, now_ms(), DEAD_LETTERED, group, client, message.attempt,
-                  dead_letter_topic)
+        self._add(trace_key(message.home_topic or message.topic, message.msg_id), now_ms(),
+                  DEAD_LETTERED, group, client, message.attempt, dead_letter_topic)
 
     def _settled(self, consumer: str, topic: str, queue_id: int, offset: int, event: str,
                  attempt: int, detail: str) -> None:
@@ -182,18 +195,20 @@ class Tracer:
             if message is None:
                 self.dropped += 1
                 return
-            found = (message.msg_id, consumer.partition("@")[0], "")
+            found = (trace_key(message.home_topic or message.topic, message.msg_id),
+                     consumer.partition("@")[0], "")
         self._add(found[0], now_ms(), event, found[1], found[2], attempt, detail)
 
-    def _add(self, msg_id: str, time_ms: int, event: str, group: str, client: str, attempt: int,
+    def _add(self, key: str, time_ms: int, event: str, group: str, client: str, attempt: int,
              detail: str = "") -> None:
+        """Buffer an event of the message whose ``trace_key`` is ``key``."""
         buffered = len(self._buffer)
         if buffered >= MAX_BUFFERED:
             self.dropped += 1
             return
         body = json.dumps({"event": event, "group": group, "client": client, "attempt": attempt,
                            "detail": detail}, separators=(",", ":")).encode()
-        self._buffer.append(Message(TRACE_TOPIC, body, 0, keys=(msg_id,), born_ts=time_ms))
+        self._buffer.append(Message(TRACE_TOPIC, body, 0, keys=(key,), born_ts=time_ms))
         if buffered == 0:
             self._wake.set()
         elif buffered + 1 >= FLUSH_EVENTS:
@@ -230,14 +245,16 @@ class Tracer:
 
     # --- reading ---
 
-    async def trace(self, message: Delivery) -> MessageTrace:
+    async def trace(self, message: Delivery, same_id: Sequence[Delivery] = ()) -> MessageTrace:
         """``message``'s events so far (buffered ones included), oldest first, at most
-        ``MAX_EVENTS``: the newest ones."""
+        ``MAX_EVENTS``: the newest ones. ``message`` was read by id (``topic`` is where it was
+        sent); ``same_id``: other messages with its id, to list beside it."""
         await self.flush()
-        found = self._store.lookup_key(TRACE_TOPIC, message.msg_id, MAX_EVENTS + 1)
+        found = self._store.lookup_key(TRACE_TOPIC, trace_key(message.topic, message.msg_id),
+                                       MAX_EVENTS + 1)
         events = [_event(record.born_ts, record.body) for record in reversed(found[:MAX_EVENTS])]
         events.sort(key=lambda e: e.time_ms)  # stable: events of one millisecond keep their order
-        return MessageTrace(message, events, len(found) > MAX_EVENTS)
+        return MessageTrace(message, events, len(found) > MAX_EVENTS, tuple(same_id))
 
 
 def _event(time_ms: int, body: bytes) -> TraceEvent:

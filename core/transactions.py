@@ -94,7 +94,8 @@ def parse_transaction_id(value: str) -> tuple[int, str]:
 class Transactions:
     """The open transactions, their check-backs, and commit and rollback."""
 
-    def __init__(self, producer: Producer, reader: Reader, lookup_id: Callable[[str], StoredMessage | None],
+    def __init__(self, producer: Producer, reader: Reader,
+                 lookup_id: Callable[[str, Sequence[str], int], list[StoredMessage]],
                  topics: Callable[[str], TopicConfig], data_dir: str, config: CoreConfig) -> None:
         self._producer = producer
         self._reader = reader
@@ -236,8 +237,7 @@ class Transactions:
             raise TransactionNotFound(f"the message of transaction {offset} is gone from the log "
                                       "(retention); it cannot be committed")
         if entry.maybe_sent:
-            sent = self._lookup_id(entry.msg_id)
-            if sent is not None and sent.topic == entry.topic:
+            if self._lookup_id(entry.msg_id, (entry.topic,), 1):
                 return  # a commit sent it before a crash or a failed outcome write
         await self._producer.send(self._topics, [committed_message(half)])
 

@@ -6,19 +6,19 @@ part, for code running with no broker, is ``StoreReader`` (``reader.py``) with t
 reads (``record_columns.py``, which needs numpy). The rest of Sluice imports nothing else of the
 store (tests/unit/test_dependency_direction.py).
 """
-from .api import (AppendResult, Message, RecoveryReport, RetentionReport, SharedProperties, Store,
-                  StoreConfig)
+from .api import (AppendResult, KeyCursor, KeyPage, Message, RecoveryReport, RetentionReport,
+                  SharedProperties, Store, StoreConfig)
 from .durable_files import replace_file
-from .errors import (CorruptRecordError, InvalidRecordError, OffsetOutOfRangeError, RecordTooLargeError,
-                     StoreClosedError, StoreDegradedError, StoreError, StoreLockedError)
+from .errors import (CorruptRecordError, InvalidCursorError, InvalidRecordError, OffsetOutOfRangeError,
+                     RecordTooLargeError, StoreClosedError, StoreDegradedError, StoreError, StoreLockedError)
 from .file_store import FileStore
 from .memory_store import MemoryStore
 from .reader import StoreReader
 from .record import StoredMessage
 
 __all__ = [
-    "AppendResult", "CorruptRecordError", "FileStore", "InvalidRecordError", "MemoryStore", "Message",
-    "OffsetOutOfRangeError", "RecordTooLargeError", "RecoveryReport", "RetentionReport", "SharedProperties", "Store",
-    "StoreClosedError", "StoreConfig", "StoreDegradedError", "StoreError", "StoreLockedError", "StoreReader",
-    "StoredMessage", "replace_file",
+    "AppendResult", "CorruptRecordError", "FileStore", "InvalidCursorError", "InvalidRecordError", "KeyCursor",
+    "KeyPage", "MemoryStore", "Message", "OffsetOutOfRangeError", "RecordTooLargeError", "RecoveryReport",
+    "RetentionReport", "SharedProperties", "Store", "StoreClosedError", "StoreConfig", "StoreDegradedError",
+    "StoreError", "StoreLockedError", "StoreReader", "StoredMessage", "replace_file",
 ]

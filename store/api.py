@@ -1,7 +1,7 @@
 """The store's contract: one Protocol that ``FileStore`` and ``MemoryStore`` both satisfy."""
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal, NamedTuple, Protocol
 
@@ -81,6 +81,25 @@ class AppendResult(NamedTuple):
         return self.phys_offset + self.size
 
 
+class KeyCursor(NamedTuple):
+    """A message found by a key or id lookup, as the lookup knows it: pass the last one of a
+    page as ``after`` to get the next (``Store.lookup_key_page``)."""
+
+    offset: int
+    """The message's commit-log offset."""
+    entry: int
+    """Where the lookup found it (for a ``FileStore``, its entry number in the key-index file
+    holding ``offset``); a cursor whose entry no longer matches is refused."""
+
+
+class KeyPage(NamedTuple):
+    """One page of a key lookup, newest first."""
+
+    messages: list[StoredMessage]
+    next: KeyCursor | None
+    """Pass as ``after`` for the next page; None when no more messages carry the key."""
+
+
 @dataclass
 class RetentionReport:
     """What one retention pass removed."""
@@ -150,10 +169,21 @@ class Store(Protocol):
 
     def read_at(self, phys_offset: int) -> StoredMessage: ...
 
-    def lookup_id(self, msg_id: str) -> StoredMessage | None: ...
+    def lookup_id(self, msg_id: str, topics: Iterable[str], limit: int = 16) -> list[StoredMessage]:
+        """Messages of ``topics`` whose id is ``msg_id``, newest first, at most ``limit`` of
+        each topic. Producers choose ids, so one may repeat, in a topic or across topics: no
+        topic's messages ever hide another's."""
 
     def lookup_key(self, topic: str, key: str, limit: int = 32,
-                   since_ms: int | None = None) -> list[StoredMessage]: ...
+                   since_ms: int | None = None) -> list[StoredMessage]:
+        """Up to ``limit`` messages of ``topic`` carrying business key ``key``, newest first;
+        with ``since_ms``, only those stored then or later."""
+
+    def lookup_key_page(self, topic: str, key: str, limit: int,
+                        after: KeyCursor | None = None) -> KeyPage:
+        """``lookup_key`` a page at a time: up to ``limit`` messages older than ``after`` (the
+        ``next`` of the page before). InvalidCursorError when ``after`` is not one this store
+        handed out for this key."""
 
     def enable_compaction(self, topic: str) -> None: ...
 

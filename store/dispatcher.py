@@ -17,9 +17,10 @@ DispatchRequest = tuple[int, int, int, int, tuple[record.Target, ...], tuple[byt
 """(phys_offset, size, tag_hash, store_ts, queue targets, key-index keys)"""
 
 
-def id_key(msg_id: str) -> bytes:
-    """Key-index key of a message id."""
-    return b"\x01" + msg_id.encode()
+def id_key(topic: str, msg_id: str) -> bytes:
+    """Key-index key of a message id, scoped to its topic: producers choose ids, so another
+    topic may hold the same one."""
+    return b"\x01" + topic.encode() + b"\x00" + msg_id.encode()
 
 
 def business_key(topic: str, key: str) -> bytes:
@@ -38,7 +39,7 @@ def request_for(message: record.StoredMessage) -> DispatchRequest:
     targets = ((message.topic, message.queue_id, message.queue_offset), *message.dispatch)
     keys = tuple(business_key(message.topic, key) for key in message.keys)
     if message.msg_id != f"{message.phys_offset:016X}":
-        keys = (id_key(message.msg_id), *keys)
+        keys = (id_key(message.topic, message.msg_id), *keys)
     return (message.phys_offset, message.size, tag_hash(message.tag.encode()), message.store_ts,
             targets, keys)
 

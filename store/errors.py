@@ -50,6 +50,11 @@ class InvalidRecordError(StoreError):
     """An append was refused because a field is out of bounds (too long, missing key, ...)."""
 
 
+class InvalidCursorError(StoreError):
+    """A lookup was asked to go on from a cursor this store did not hand out for that key (or
+    no longer knows: its key index was rebuilt since)."""
+
+
 class StoreClosedError(StoreError):
     """The store was used after close()."""
 

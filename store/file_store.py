@@ -71,8 +71,10 @@ class FileStore(StoreView):
             super().__init__(commit_log, queues, key_index)
             self.dispatcher = Dispatcher(queues, key_index)
             self.compaction = CompactedTopics(os.path.join(directory, "compacted"), self)
-            self.recovery: RecoveryReport = recover(commit_log, queues, self.dispatcher,
-                                                    checkpoint.load(self._checkpoint_path),
+            found = checkpoint.load(self._checkpoint_path)
+            if key_index.needs_rebuild_from is not None and found is not None:
+                self._disclaim_index(found, key_index.needs_rebuild_from)
+            self.recovery: RecoveryReport = recover(commit_log, queues, self.dispatcher, found,
                                                     key_index.needs_rebuild_from)
             queues.advance_min(commit_log.min_offset)
             self._cycle_lock = threading.Lock()
@@ -226,6 +228,20 @@ class FileStore(StoreView):
             self.key_index.flush()
             checkpoint.save(self._checkpoint_path, checkpoint.Checkpoint(*reached, clean))
             self._checkpointed = reached
+
+    def _disclaim_index(self, found: checkpoint.Checkpoint, rebuild_from: int) -> None:
+        """At open, before recovery: index files from ``rebuild_from`` on were discarded (damaged,
+        or of an older format), so ``found`` claims derived data that is gone. Record that it
+        reaches no further, so an open that dies while recovery rebuilds them rebuilds them again
+        rather than trust the old checkpoint; if even that cannot be written, remove it."""
+        try:
+            checkpoint.save(self._checkpoint_path, checkpoint.Checkpoint(
+                found.log_end, min(found.derived_end, rebuild_from), clean=False))
+        except OSError as error:
+            log.warning("could not record that key index files were discarded (%s); removed the "
+                        "checkpoint, so a crash before the next one rescans the whole log",
+                        describe_write_failure(error))
+            fileops.unlink(self._checkpoint_path, site="checkpoint")
 
     def _mark_unclean(self) -> None:
         """At open: record that the store is in use, so a crash is never taken for a clean

@@ -4,6 +4,12 @@ Modeled on RocketMQ's ``IndexFile``: a directory of fixed-size files, each a has
 ``slot_count`` slots whose entries are chained newest-first through a "previous entry" link.
 It is derived data, rebuilt from the commit log when lost, so it is never fsynced per add.
 
+Keys are hashed with BLAKE2b keyed by a random 16-byte secret of their file, truncated to 64
+bits. Without the secret nobody can compute keys that share a hash or a slot, so one topic's
+keys cannot be made to pile onto another's (a plain CRC32C can be collided at will: it is
+linear). A lookup still yields *candidates*, which the caller verifies by reading the record,
+and walks a key's chain to its end when asked: no cap on candidates that fail verification.
+
 Files are named by the 20-digit zero-padded phys offset of their first entry
 (``00000000000000001234``). A file is created at its full size with ``os.ftruncate``
 (sparse) and accessed through ``mmap``; disk blocks are reserved (``posix_fallocate``) for the
@@ -12,20 +18,21 @@ ever touched before it has room on disk: a full disk is an ``OSError`` from the 
 never a SIGBUS from the mapping. All integers are little-endian::
 
     +-------------------+-----------------------------+------------------------------+
-    |  header 56 bytes  |  slot_count slots x 4 bytes | max_entries entries x 24 B   |
+    |  header 72 bytes  |  slot_count slots x 4 bytes | max_entries entries x 28 B   |
     +-------------------+-----------------------------+------------------------------+
 
-    header (56 bytes; bytes 16..56 are rewritten in the mmap on every add)
-    +--------+---------+-------+------------+-------------+-------------+----------+
-    | magic  | version | flags | slot_count | max_entries | entry_count | reserved |
-    | "SKIX" | u16 = 1 | u16 0 | u32        | u32         | u32         | u32 0    |
-    | @0     | @4      | @6    | @8         | @12         | @16         | @20      |
-    +--------+---------+-------+------------+-------------+-------------+----------+
-    +--------------+------------+----------+--------+
-    | begin_offset | end_offset | begin_ts | end_ts |
-    | u64          | u64        | i64 ms   | i64 ms |
-    | @24          | @32        | @40      | @48    |
-    +--------------+------------+----------+--------+
+    header (72 bytes; bytes 32..72 are rewritten in the mmap on every add)
+    +--------+---------+-------+------------+-------------+-------------+
+    | magic  | version | flags | slot_count | max_entries | hash_secret |
+    | "SKIX" | u16 = 2 | u16 0 | u32        | u32         | 16 bytes    |
+    | @0     | @4      | @6    | @8         | @12         | @16         |
+    +--------+---------+-------+------------+-------------+-------------+
+    +-------------+----------+--------------+------------+----------+--------+
+    | entry_count | reserved | begin_offset | end_offset | begin_ts | end_ts |
+    | u32         | u32 0    | u64          | u64        | i64 ms   | i64 ms |
+    | @32         | @36      | @40          | @48        | @56      | @64    |
+    +-------------+----------+--------------+------------+----------+--------+
+    hash_secret  = random bytes drawn when the file is created: the BLAKE2b key of its hashes;
     begin_offset = lowest phys offset in the file (= the file name);
     end_offset   = highest phys offset in the file + 1 (exclusive);
     begin_ts / end_ts = min / max store timestamp of the file's entries.
@@ -33,13 +40,18 @@ never a SIGBUS from the mapping. All integers are little-endian::
     slot i (4 bytes): u32 number (1-based) of the newest entry with hash % slot_count == i;
     0 = empty.
 
-    entry n (24 bytes) at 56 + slot_count*4 + (n-1)*24
+    entry n (28 bytes) at 72 + slot_count*4 + (n-1)*28
     +-----------+-------------+-------------+------------+
     | key_hash  | phys_offset | store_ts_ms | prev_entry |
-    | u32       | u64         | i64         | u32        |
-    | @0        | @4          | @12         | @20        |
+    | u64       | u64         | i64         | u32        |
+    | @0        | @8          | @16         | @24        |
     +-----------+-------------+-------------+------------+
-    key_hash = crc32c(key); prev_entry = previous head of the slot (0 = end of chain).
+    key_hash = first 8 bytes of BLAKE2b(key, key=hash_secret); prev_entry = previous head of
+    the slot (0 = end of chain).
+
+Version 1 files (CRC32C hashes, 56-byte header, 24-byte entries) fail the version check at open
+and are discarded like damaged ones: recovery replays the log from the first of them
+(``needs_rebuild_from``), so an upgraded store rebuilds its index once, at its first start.
 
 Invariants: offsets are added in non-decreasing order; all keys of one record go into one file;
 a file is never empty. Files other than the newest are msynced when the next file is created,
@@ -50,33 +62,36 @@ from __future__ import annotations
 
 import array
 import bisect
+import hashlib
 import logging
 import mmap
 import os
 import struct
 import sys
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from types import TracebackType
-
-from crc32c import crc32c
+from typing import NamedTuple
 
 from . import fileops
+from .api import KeyCursor
 from .commit_log import list_offset_files, offset_name
+from .errors import InvalidCursorError
 
 __all__ = ["KeyIndex", "MAGIC", "VERSION", "HEADER_SIZE", "SLOT_SIZE", "ENTRY_SIZE"]
 
 _log = logging.getLogger(__name__)
 
 MAGIC = b"SKIX"
-VERSION = 1
-_STATIC = struct.Struct("<4sHHII")  # magic, version, flags, slot_count, max_entries
+VERSION = 2
+SECRET_SIZE = 16
+_STATIC = struct.Struct("<4sHHII16s")  # magic, version, flags, slot_count, max_entries, secret
 _DYNAMIC = struct.Struct("<IIQQqq")  # entry_count, reserved, begin, end, begin_ts, end_ts
 _SLOT = struct.Struct("<I")
-_ENTRY = struct.Struct("<IQqI")  # key_hash, phys_offset, store_ts_ms, prev_entry
-HEADER_SIZE = _STATIC.size + _DYNAMIC.size  # 56
+_ENTRY = struct.Struct("<QQqI")  # key_hash, phys_offset, store_ts_ms, prev_entry
+HEADER_SIZE = _STATIC.size + _DYNAMIC.size  # 72
 SLOT_SIZE = _SLOT.size  # 4
-ENTRY_SIZE = _ENTRY.size  # 24
+ENTRY_SIZE = _ENTRY.size  # 28
 _DYNAMIC_AT = _STATIC.size
 _U32_MAX = 0xFFFF_FFFF
 _SITE = "index"
@@ -94,24 +109,50 @@ def _file_size(slot_count: int, max_entries: int) -> int:
     return HEADER_SIZE + slot_count * SLOT_SIZE + max_entries * ENTRY_SIZE
 
 
+def key_hasher(secret: bytes) -> Callable[[bytes], int]:
+    """The hash function of a file whose secret is ``secret``: key bytes -> u64."""
+    keyed = hashlib.blake2b(digest_size=8, key=secret)
+    from_bytes = int.from_bytes
+
+    def key_hash(key: bytes) -> int:
+        h = keyed.copy()
+        h.update(key)
+        return from_bytes(h.digest(), "little")
+
+    return key_hash
+
+
+class _Walk(NamedTuple):
+    """Where a walk over one key's chains goes on: entry ``entry`` of file ``begin`` (None: the
+    head of the key's chain there; 0: that chain is done), skipping ``last`` (the offset handed
+    out last, which the next entry may repeat)."""
+
+    begin: int
+    entry: int | None
+    last: int
+
+
 class _IndexFile:
     """One mmapped index file; its header fields are mirrored in attributes."""
 
-    __slots__ = ("path", "mm", "slot_count", "max_entries", "entries_at",
+    __slots__ = ("path", "mm", "slot_count", "max_entries", "entries_at", "hash",
                  "count", "begin", "end", "begin_ts", "end_ts", "allocated")
 
-    def __init__(self, path: str, mm: mmap.mmap, slot_count: int, max_entries: int) -> None:
+    def __init__(self, path: str, mm: mmap.mmap, slot_count: int, max_entries: int,
+                 secret: bytes) -> None:
         self.path, self.mm = path, mm
         self.slot_count, self.max_entries = slot_count, max_entries
         self.entries_at = HEADER_SIZE + slot_count * SLOT_SIZE
+        self.hash = key_hasher(secret)
+        """The file's hash function: key bytes -> u64."""
         self.count = self.begin = self.end = self.begin_ts = self.end_ts = 0
         self.allocated = 0
         """Bytes from the start of the file known to have disk blocks reserved."""
 
     @classmethod
     def create(cls, path: str, slot_count: int, max_entries: int) -> _IndexFile:
-        """Create a file of full size with blocks reserved for header and slots, and map it
-        (the mmap keeps its own fd). On failure no file is left behind."""
+        """Create a file of full size with blocks reserved for header and slots and a fresh
+        secret, and map it (the mmap keeps its own fd). On failure no file is left behind."""
         size = _file_size(slot_count, max_entries)
         fd = fileops.open_file(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, site=_SITE)
         try:
@@ -124,8 +165,9 @@ class _IndexFile:
             raise
         finally:
             os.close(fd)
-        _STATIC.pack_into(mm, 0, MAGIC, VERSION, 0, slot_count, max_entries)
-        created = cls(path, mm, slot_count, max_entries)
+        secret = os.urandom(SECRET_SIZE)
+        _STATIC.pack_into(mm, 0, MAGIC, VERSION, 0, slot_count, max_entries, secret)
+        created = cls(path, mm, slot_count, max_entries, secret)
         created.allocated = reserved
         return created
 
@@ -146,19 +188,23 @@ class _IndexFile:
 
     @classmethod
     def open(cls, path: str) -> _IndexFile:
-        """Map an existing file; raise ValueError if it is malformed."""
+        """Map an existing file; raise ValueError if it is malformed or of another version."""
         fd = fileops.open_file(path, os.O_RDWR, site=_SITE)
         try:
             size = os.fstat(fd).st_size
             head = os.pread(fd, HEADER_SIZE, 0)
+            if len(head) < 8:
+                raise ValueError(f"file of {size} bytes is shorter than the header")
+            magic, version = struct.unpack_from("<4sH", head)
+            if magic != MAGIC or version != VERSION:
+                raise ValueError(f"bad magic {magic!r} or version {version} (this build writes "
+                                 f"version {VERSION})")
             if len(head) < HEADER_SIZE:
                 raise ValueError(f"file of {size} bytes is shorter than the header")
-            magic, version, _, slots, entries = _STATIC.unpack_from(head)
-            if magic != MAGIC or version != VERSION:
-                raise ValueError(f"bad magic {magic!r} or version {version}")
+            _, _, _, slots, entries, secret = _STATIC.unpack_from(head)
             if slots < 1 or entries < 1 or size != _file_size(slots, entries):
                 raise ValueError(f"size {size} does not match {slots} slots, {entries} entries")
-            f = cls(path, mmap.mmap(fd, size), slots, entries)
+            f = cls(path, mmap.mmap(fd, size), slots, entries, secret)
         finally:
             os.close(fd)
         f.count, _, f.begin, f.end, f.begin_ts, f.end_ts = _DYNAMIC.unpack_from(f.mm, _DYNAMIC_AT)
@@ -175,12 +221,16 @@ class _IndexFile:
         """Entry number n (1-based): (key_hash, phys_offset, store_ts_ms, prev_entry)."""
         return _unpack_entry(self.mm, self.entries_at + (n - 1) * ENTRY_SIZE)
 
+    def head(self, h: int) -> int:
+        """Number of the newest entry in hash ``h``'s slot (0: none)."""
+        return _unpack_slot(self.mm, HEADER_SIZE + (h % self.slot_count) * SLOT_SIZE)[0]
+
     def append(self, keys: Sequence[bytes], offset: int, ts: int) -> None:
         """Append one entry per key (room already checked) and rewrite the header."""
-        mm, slots, n = self.mm, self.slot_count, self.count
+        mm, slots, n, key_hash = self.mm, self.slot_count, self.count, self.hash
         pos = self.entries_at + n * ENTRY_SIZE
         for key in keys:
-            h = crc32c(key)
+            h = key_hash(key)
             at = HEADER_SIZE + (h % slots) * SLOT_SIZE
             _pack_entry(mm, pos, h, offset, ts, _unpack_slot(mm, at)[0])
             n += 1
@@ -195,17 +245,24 @@ class _IndexFile:
         self.count, self.end = n, offset + 1
         _pack_dynamic(mm, _DYNAMIC_AT, n, 0, self.begin, self.end, self.begin_ts, self.end_ts)
 
-    def collect(self, h: int, lo: int, hi: int, limit: int, seen: set[int], out: list[int]) -> None:
-        """Walk hash h's chain newest first, appending unseen offsets with lo <= ts <= hi."""
+    def collect(self, h: int, n: int, lo: int, hi: int, last: int, room: int,
+                out: list[KeyCursor]) -> tuple[int, int]:
+        """Walk hash h's chain newest first from entry n, appending up to ``room`` candidates
+        with lo <= ts <= hi whose offset is not ``last`` (a record naming a key twice has two
+        entries, next to each other in the chain). Return (the entry to go on from, 0 when
+        the chain ended; the offset handed out last)."""
         mm, base = self.mm, self.entries_at - ENTRY_SIZE
-        n = _unpack_slot(mm, HEADER_SIZE + (h % self.slot_count) * SLOT_SIZE)[0]
         bound = self.count + 1  # chain numbers strictly decrease: a torn file cannot loop
-        while 0 < n < bound and len(out) < limit:
+        while 0 < n < bound:
+            if room <= 0:
+                return n, last
             eh, offset, ts, prev = _unpack_entry(mm, base + n * ENTRY_SIZE)
-            if eh == h and lo <= ts <= hi and offset not in seen:
-                seen.add(offset)
-                out.append(offset)
+            if eh == h and lo <= ts <= hi and offset != last:
+                out.append(KeyCursor(offset, n))
+                last = offset
+                room -= 1
             bound, n = n, prev
+        return 0, last
 
     def truncate_to(self, offset: int) -> None:
         """Drop entries with phys_offset >= offset; begin < offset < end must hold."""
@@ -253,8 +310,9 @@ class _IndexFile:
 class KeyIndex:
     """Hash index from key bytes to commit-log phys offsets, in a directory of index files.
 
-    ``lookup`` returns *candidates*: offsets whose entry has the same 32-bit key hash, which
-    may be hash collisions. The caller must read each record and compare its keys.
+    ``candidates`` and ``lookup`` return *candidates*: offsets whose entry has the key's
+    64-bit keyed hash. Another key sharing it is astronomically unlikely and cannot be forged
+    without the file's secret, but the caller still reads each record and compares its keys.
     All methods are serialized by an internal lock. Existing files keep the geometry stored
     in their header; ``slot_count`` and ``max_entries`` apply to files created from now on.
 
@@ -305,23 +363,77 @@ class KeyIndex:
 
     def lookup(self, key: bytes, limit: int = 64, begin_ts_ms: int | None = None,
                end_ts_ms: int | None = None) -> list[int]:
-        """Return up to ``limit`` distinct candidate offsets for ``key``, newest first.
+        """Up to ``limit`` distinct candidate offsets for ``key``, newest first (the first
+        ``limit`` of ``candidates``)."""
+        if limit <= 0:
+            return []
+        out = []
+        for candidate in self.candidates(key, begin_ts_ms, end_ts_ms, page=limit):
+            out.append(candidate.offset)
+            if len(out) >= limit:
+                break
+        return out
 
-        Candidates share the key's crc32c hash and may be collisions: verify each by
-        reading the record. ``begin_ts_ms``/``end_ts_ms`` (inclusive) filter by store
-        timestamp; files whose timestamp range misses the window are skipped whole.
+    def candidates(self, key: bytes, begin_ts_ms: int | None = None, end_ts_ms: int | None = None,
+                   after: KeyCursor | None = None, page: int = 64) -> Iterator[KeyCursor]:
+        """Every candidate of ``key``, newest first, each offset once; after ``after`` (a
+        candidate of the same key handed out before) when given.
+
+        ``begin_ts_ms``/``end_ts_ms`` (inclusive) filter by store timestamp; files whose range
+        misses the window are skipped whole. Candidates may be collisions: verify each by
+        reading the record. The lock is taken for ``page`` candidates at a time, not held
+        between them, so a long walk never stalls the dispatcher. InvalidCursorError when
+        ``after`` names no entry of ``key`` (the index was rebuilt since, or it was made up);
+        when retention removed its file, nothing older is left and nothing comes.
         """
         lo = _TS_MIN if begin_ts_ms is None else begin_ts_ms
         hi = _TS_MAX if end_ts_ms is None else end_ts_ms
-        h, out, seen = crc32c(key), [], set()
+        page = max(1, page)
         with self._lock:
             self._check_open()
-            for f in reversed(self._files):
-                if len(out) >= limit:
-                    break
-                if f.end_ts >= lo and f.begin_ts <= hi:
-                    f.collect(h, lo, hi, limit, seen, out)
-        return out
+            walk = self._start(key, after)
+        while walk is not None:
+            found: list[KeyCursor] = []
+            with self._lock:
+                self._check_open()
+                walk = self._walk(key, lo, hi, walk, page, found)
+            yield from found
+
+    def _start(self, key: bytes, after: KeyCursor | None) -> _Walk | None:
+        """Where a walk for ``key`` begins: the newest file's chain, or just past ``after``."""
+        if not self._files:
+            return None
+        if after is None:
+            return _Walk(self._files[-1].begin, None, -1)
+        i = bisect.bisect_right(self._files, after.offset, key=_begin_of) - 1
+        if i < 0:
+            return None  # retention removed its file, and every older one
+        f = self._files[i]
+        if not (0 < after.entry <= f.count
+                and f.entry(after.entry)[:2] == (f.hash(key), after.offset)):
+            raise InvalidCursorError(f"cursor {after.offset}.{after.entry} names no entry of this "
+                                     "key (the key index was rebuilt since, or it was made up)")
+        return _Walk(f.begin, f.entry(after.entry)[3], after.offset)
+
+    def _walk(self, key: bytes, lo: int, hi: int, walk: _Walk, room: int,
+              out: list[KeyCursor]) -> _Walk | None:
+        """Collect up to ``room`` candidates into ``out`` from ``walk`` on, through older
+        files; where to go on, or None when every chain ended."""
+        files = self._files
+        i = bisect.bisect_left(files, walk.begin, key=_begin_of)
+        entry, last = walk.entry, walk.last
+        if i == len(files) or files[i].begin != walk.begin:
+            i, entry = i - 1, None  # its file was removed: go on with the next older one
+        while i >= 0:
+            f = files[i]
+            if f.end_ts >= lo and f.begin_ts <= hi:
+                h = f.hash(key)
+                entry, last = f.collect(h, f.head(h) if entry is None else entry, lo, hi, last,
+                                        room - len(out), out)
+                if entry:
+                    return _Walk(f.begin, entry, last)
+            i, entry = i - 1, None
+        return None
 
     def flush(self) -> None:
         """msync the newest file, the only one with unflushed changes."""
@@ -426,3 +538,7 @@ class KeyIndex:
         for name in names:
             fileops.unlink(os.path.join(self._dir, name), site=_SITE)
         self.needs_rebuild_from = int(names[0])
+
+
+def _begin_of(f: _IndexFile) -> int:
+    return f.begin

@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
-from .api import AppendResult, HealthListener, Message, ProgressListener, RetentionReport, StoreConfig
+from .api import (AppendResult, HealthListener, KeyCursor, KeyPage, Message, ProgressListener,
+                  RetentionReport, StoreConfig)
 from .record_builder import RecordBuilder, generated_id_offset
 from .dispatcher import business_key, id_key
-from .errors import (CorruptRecordError, OffsetOutOfRangeError, RecordTooLargeError, StoreClosedError,
-                     StoreError)
+from .errors import (CorruptRecordError, InvalidCursorError, OffsetOutOfRangeError, RecordTooLargeError,
+                     StoreClosedError, StoreError)
 from .record import StoredMessage, decode
 from .retention import expired_segments
 
@@ -163,25 +164,51 @@ class MemoryStore:
             raise CorruptRecordError(phys_offset, "no record there (deleted by retention or never written)")
         return decode(data, 0, phys_offset)
 
-    def lookup_id(self, msg_id: str) -> StoredMessage | None:
-        found = [m for m in self._lookup(id_key(msg_id), 1) if m.msg_id == msg_id]
-        if found:
-            return found[0]
+    def lookup_id(self, msg_id: str, topics: Iterable[str], limit: int = 16) -> list[StoredMessage]:
+        wanted = set(topics)
+        found = {m.phys_offset: m for topic in wanted
+                 for m in self._find(id_key(topic, msg_id), limit, None, None).messages}
         offset = generated_id_offset(msg_id)
-        if offset in self._records and self.read_at(offset).msg_id == msg_id:
-            return self.read_at(offset)
-        return None
+        if offset in self._records:
+            generated = self.read_at(offset)
+            if generated.msg_id == msg_id and generated.topic in wanted:
+                found.setdefault(offset, generated)
+        return sorted(found.values(), key=lambda message: message.phys_offset, reverse=True)
 
     def lookup_key(self, topic: str, key: str, limit: int = 32,
                    since_ms: int | None = None) -> list[StoredMessage]:
-        found = self._lookup(business_key(topic, key), limit if since_ms is None else None)
-        if since_ms is not None:
-            found = [m for m in found if m.store_ts >= since_ms][:limit]
-        return found
+        return self._find(business_key(topic, key), limit, since_ms, None).messages
 
-    def _lookup(self, key: bytes, limit: int | None) -> list[StoredMessage]:
-        offsets = [phys for phys in self._keys.get(key, ()) if phys in self._records]
-        return [self.read_at(phys) for phys in reversed(offsets if limit is None else offsets[-limit:])]
+    def lookup_key_page(self, topic: str, key: str, limit: int,
+                        after: KeyCursor | None = None) -> KeyPage:
+        return self._find(business_key(topic, key), limit, None, after)
+
+    def _find(self, key: bytes, limit: int, since_ms: int | None, after: KeyCursor | None) -> KeyPage:
+        """Up to ``limit`` messages indexed under ``key``, newest first, older than ``after``.
+        A cursor's entry is the 1-based position of its offset in the key's list."""
+        offsets = self._keys.get(key, [])
+        position = len(offsets)
+        if after is not None:
+            position = after.entry - 1
+            if not (0 <= position < len(offsets) and offsets[position] == after.offset):
+                raise InvalidCursorError(f"cursor {after.offset}.{after.entry} names no message "
+                                         "with this key")
+        out: list[StoredMessage] = []
+        last: KeyCursor | None = None
+        seen = after.offset if after is not None else -1
+        for position in range(position - 1, -1, -1):
+            phys = offsets[position]
+            if phys == seen or phys not in self._records:
+                continue  # a record naming the key twice; or removed by retention
+            seen = phys
+            message = self.read_at(phys)
+            if since_ms is not None and message.store_ts < since_ms:
+                continue
+            if len(out) == limit:
+                return KeyPage(out, last)
+            out.append(message)
+            last = KeyCursor(phys, position + 1)
+        return KeyPage(out, None)
 
     # -- compaction and retention ------------------------------------------------------------
 

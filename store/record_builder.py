@@ -146,7 +146,7 @@ class RecordBuilder:
             id_bytes = msg_id.encode()
             index_keys: tuple[bytes, ...] = ()
         else:
-            index_keys = (id_key(msg_id),)
+            index_keys = (id_key(topic, msg_id),)
         record.encode_into(buf, pos, size, phys, queue_id, queue_offset, born_ts or now, now, topic_bytes,
                            id_bytes, tag_bytes, keys_bytes, props_bytes, dispatch_bytes, body)
         offsets[home] = queue_offset + 1

@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import struct
 from array import array
+from collections.abc import Callable, Iterable
 from typing import NamedTuple
 
 from crc32c import crc32c
 
+from .api import KeyCursor, KeyPage
 from .commit_log import CommitLog
 from .consume_queue import ConsumeQueue, ConsumeQueues, Entry
 from .record_builder import generated_id_offset
@@ -208,43 +210,71 @@ class StoreView:
         data, segment = self.log.read(phys_offset, max(size, HEADER_SIZE))
         return decode(data, 0, phys_offset, segment.name)
 
-    def lookup_id(self, msg_id: str) -> StoredMessage | None:
-        """The message with this id, or None; an id a producer chose wins over a generated one."""
-        found = self._lookup(id_key(msg_id), 1, lambda message: message.msg_id == msg_id)
-        if found:
-            return found[0]
+    def lookup_id(self, msg_id: str, topics: Iterable[str], limit: int = 16) -> list[StoredMessage]:
+        """Messages of ``topics`` whose id is ``msg_id``, newest first, at most ``limit`` of each
+        topic: the ones with that id chosen by their producer, and the one whose generated id it
+        is. Each topic is searched under its own index key, so no topic's messages hide another's."""
+        wanted = set(topics)
+        found: dict[int, StoredMessage] = {}
+        for topic in wanted:
+            def same_id(message: StoredMessage, topic: str = topic) -> bool:
+                return message.msg_id == msg_id and message.topic == topic
+            for message in self._find(id_key(topic, msg_id), limit, same_id).messages:
+                found[message.phys_offset] = message
+        generated = self._generated(msg_id)
+        if generated is not None and generated.topic in wanted:
+            found.setdefault(generated.phys_offset, generated)
+        return sorted(found.values(), key=lambda message: message.phys_offset, reverse=True)
+
+    def _generated(self, msg_id: str) -> StoredMessage | None:
+        """The message whose store-generated id is ``msg_id``, if any is left."""
         offset = generated_id_offset(msg_id)
-        if offset is not None and offset >= self.log.min_offset:
-            try:
-                message = self.read_at(offset)
-            except CorruptRecordError:
-                return None
-            return message if message.msg_id == msg_id else None
-        return None
+        if offset is None or offset < self.log.min_offset:
+            return None
+        try:
+            message = self.read_at(offset)
+        except CorruptRecordError:
+            return None
+        return message if message.msg_id == msg_id else None
 
     def lookup_key(self, topic: str, key: str, limit: int = 32,
                    since_ms: int | None = None) -> list[StoredMessage]:
         """Messages of ``topic`` carrying business key ``key``, newest first; with
         ``since_ms``, only those stored then or later (older index files are not read)."""
-        return self._lookup(business_key(topic, key), limit,
-                            lambda message: message.topic == topic and key in message.keys, since_ms)
+        return self._find(business_key(topic, key), limit, _carrying(topic, key), since_ms).messages
 
-    def _lookup(self, key: bytes, limit: int, matches, since_ms: int | None = None) -> list[StoredMessage]:
-        if self.key_index is None:
-            return []
-        out = []
-        for phys in self.key_index.lookup(key, limit=limit * 4, begin_ts_ms=since_ms):
-            if phys < self.log.min_offset:
-                continue
+    def lookup_key_page(self, topic: str, key: str, limit: int,
+                        after: KeyCursor | None = None) -> KeyPage:
+        """``lookup_key`` a page at a time: up to ``limit`` messages older than ``after``."""
+        return self._find(business_key(topic, key), limit, _carrying(topic, key), after=after)
+
+    def _find(self, index_key: bytes, limit: int, matches: Callable[[StoredMessage], bool],
+              since_ms: int | None = None, after: KeyCursor | None = None) -> KeyPage:
+        """Up to ``limit`` messages that ``matches`` accepts among the candidates of
+        ``index_key``, newest first, and the cursor of the last one if more follow.
+
+        Every candidate is read and checked, and the walk goes on past those that fail, however
+        many: candidates of other keys can cost reads, never hide a match. One match past
+        ``limit`` is read to tell whether a next page exists.
+        """
+        if self.key_index is None or limit <= 0:
+            return KeyPage([], None)
+        out: list[StoredMessage] = []
+        last: KeyCursor | None = None
+        for candidate in self.key_index.candidates(index_key, since_ms, after=after, page=limit + 1):
+            if candidate.offset < self.log.min_offset:
+                break  # retention removed it, and every older one
             try:
-                message = self.read_at(phys)
+                message = self.read_at(candidate.offset)
             except CorruptRecordError:
                 continue
-            if matches(message):
-                out.append(message)
-                if len(out) >= limit:
-                    break
-        return out
+            if not matches(message):
+                continue
+            if len(out) == limit:
+                return KeyPage(out, last)
+            out.append(message)
+            last = candidate
+        return KeyPage(out, None)
 
     def offset_for_time(self, topic: str, queue_id: int, timestamp_ms: int) -> int:
         """First queue offset whose record was stored at or after ``timestamp_ms`` (binary search)."""
@@ -259,3 +289,8 @@ class StoreView:
             else:
                 low = middle + 1
         return low
+
+
+def _carrying(topic: str, key: str) -> Callable[[StoredMessage], bool]:
+    """Whether a message of ``topic`` carries business key ``key``."""
+    return lambda message: message.topic == topic and key in message.keys

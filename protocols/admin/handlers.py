@@ -12,6 +12,7 @@ import asyncio
 import base64
 import dataclasses
 import enum
+import functools
 import json
 import time
 from collections.abc import Callable, Mapping
@@ -228,14 +229,22 @@ async def delete_topic(request: web.Request, principal: Principal) -> None:
     await deps(request).broker.delete_topic(principal, request.match_info["topic"])
 
 
-async def topic_messages(request: web.Request, principal: Principal) -> list[dict[str, Any]]:
-    """Messages of a topic by business key (``?key=``), or stored in a time range
-    (``?from=&to=``, ms since the epoch; ``to`` defaults to now)."""
+async def topic_messages(request: web.Request, principal: Principal) -> Any:
+    """Messages of a topic by business key (``?key=``), newest first, a page at a time (a
+    ``Link: <...>; rel="next"`` header names the next page while more carry the key), or stored
+    in a time range (``?from=&to=``, ms since the epoch; ``to`` defaults to now). At most
+    ``limit`` (1-1000, default 32) either way."""
     key = request.query.get("key")
     topic, limit = request.match_info["topic"], query_int(request, "limit", 32)
     broker = deps(request).broker
     if key:
-        return [message_json(m) for m in broker.lookup_key(principal, topic, key, limit=limit)]
+        after = request.query.get("after", "")
+        page = broker.lookup_key(principal, topic, key, limit=limit, after=after)
+        headers: dict[str, str] = {}
+        if page.next:
+            headers["Link"] = f'<{request.rel_url.update_query(after=page.next)}>; rel="next"'
+        return web.json_response([message_json(m) for m in page.messages], headers=headers,
+                                 dumps=functools.partial(json.dumps, ensure_ascii=False))
     if "from" in request.query:
         start = query_int(request, "from", 0)
         end = query_int(request, "to", int(time.time() * 1000))
@@ -244,33 +253,39 @@ async def topic_messages(request: web.Request, principal: Principal) -> list[dic
                       "time range in ms since the epoch (?from=MS&to=MS)")
 
 
+def _not_found(msg_id: str) -> MessageNotFound:
+    return MessageNotFound(f"no message you may read has id {msg_id!r}: it may have aged out with "
+                           "retention, or reading it needs the subscribe right on its topic")
+
+
 async def message_by_id(request: web.Request, principal: Principal) -> dict[str, Any]:
-    """A message by id. A caller without the subscribe right on its topic hears the same 404 as
-    for a message that does not exist: neither the message nor its topic's name leaks."""
+    """A message by id (``?topic=``: in that topic only), the newest when several share it,
+    with the others the caller may read in ``same_id``. A caller without the subscribe right on
+    a topic hears the same 404 as for a message that does not exist: neither the message nor
+    the topic's name leaks, and its messages are not searched."""
     msg_id = request.match_info["msg_id"]
     try:
-        return message_json(deps(request).broker.lookup_message(principal, msg_id))
+        newest, *others = deps(request).broker.lookup_messages(principal, msg_id,
+                                                               request.query.get("topic", ""))
     except (AccessDenied, MessageNotFound):
-        raise MessageNotFound(f"no message you may read has id {msg_id!r}: it may have aged out "
-                              "with retention, or reading it needs the subscribe right on its "
-                              "topic") from None
+        raise _not_found(msg_id) from None
+    return {**message_json(newest), "same_id": [message_json(m) for m in others]}
 
 
 async def message_trace(request: web.Request, principal: Principal) -> dict[str, Any]:
     """A message and its trace (``core.trace``), oldest event first, the stored message's own
-    event included; the same 404 as ``message_by_id`` for a message the caller may not read."""
+    event included; the message ``message_by_id`` answers with, and the same 404."""
     msg_id = request.match_info["msg_id"]
     try:
-        trace = await deps(request).broker.trace_message(principal, msg_id)
+        trace = await deps(request).broker.trace_message(principal, msg_id, request.query.get("topic", ""))
     except (AccessDenied, MessageNotFound):
-        raise MessageNotFound(f"no message you may read has id {msg_id!r}: it may have aged out "
-                              "with retention, or reading it needs the subscribe right on its "
-                              "topic") from None
+        raise _not_found(msg_id) from None
     m = trace.message
     stored = {"time_ms": m.store_ts, "event": "stored", "group": "", "client": "", "attempt": 0,
               "detail": f"topic {m.topic} queue {m.queue_id} offset {m.queue_offset}"}
     return {"message": message_json(m), "events": [stored, *map(plain, trace.events)],
-            "truncated": trace.truncated, "max_events": MAX_EVENTS}
+            "truncated": trace.truncated, "max_events": MAX_EVENTS,
+            "same_id": [message_json(other) for other in trace.same_id]}
 
 
 # --- groups ---

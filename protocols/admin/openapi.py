@@ -55,6 +55,10 @@ SCHEMAS: dict[str, dict[str, Any]] = {
                     born_ts=_INT, store_ts=_INT, size=_INT, body_base64=_STR,
                     body_text={"type": "string", "nullable": True,
                                "description": "the body as UTF-8, null when it is not valid UTF-8"}),
+    "MessageById": {"allOf": [_ref("Message"), _obj(["same_id"], same_id={
+        **_list(_ref("Message")),
+        "description": "other messages with this id you may read, newest first (producers "
+                       "choose ids, so several may share one); ?topic= picks one"})]},
     "MessageTrace": _obj(
         ["message", "events", "truncated"], message=_ref("Message"),
         events=_list(_obj(["time_ms", "event"], time_ms=_INT, event={"type": "string", "enum": [
@@ -62,7 +66,10 @@ SCHEMAS: dict[str, dict[str, Any]] = {
             client=_STR, attempt=_INT, detail=_STR)),
         truncated={"type": "boolean",
                    "description": "true: only the newest max_events events are listed"},
-        max_events=_INT),
+        max_events=_INT, same_id={
+            **_list(_ref("Message")),
+            "description": "other messages with this id you may read, newest first; pass "
+                           "?topic= to trace one of them"}),
     "Group": _obj(["name"], **_GROUP),
     "GroupCreate": _obj(["name"], **_GROUP),
     "GroupDetail": _obj(["name", "members", "subscriptions", "lag"], **_GROUP, total_lag=_INT,
@@ -171,6 +178,14 @@ MEDIA_TYPES = {"text": "text/plain", "html": "text/html", "asset": "text/plain",
 
 
 def _success(route: Any) -> dict[str, Any]:
+    success = _success_body(route)
+    if route.headers:
+        success["headers"] = {h.name: {"description": h.description, "schema": _STR}
+                              for h in route.headers}
+    return success
+
+
+def _success_body(route: Any) -> dict[str, Any]:
     if route.status == 204 or route.response is None:
         return {"description": "done"}
     if route.response in MEDIA_TYPES:

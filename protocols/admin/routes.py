@@ -33,6 +33,14 @@ class Query:
 
 
 @dataclass(frozen=True)
+class Header:
+    """A response header."""
+
+    name: str
+    description: str
+
+
+@dataclass(frozen=True)
 class Route:
     """One operation: ``response`` names a schema in ``openapi.SCHEMAS`` (``[X]`` is a list)."""
 
@@ -46,6 +54,8 @@ class Route:
     response: str | None = None
     body: str | None = None
     query: tuple[Query, ...] = ()
+    headers: tuple[Header, ...] = ()
+    """Headers of the success response."""
 
     @property
     def operation_id(self) -> str:
@@ -62,6 +72,10 @@ async def openapi(request: web.Request, principal: Principal) -> dict[str, Any]:
 R = Route
 A = Access
 VH = Query("vhost", "only this virtual host's")
+IN_TOPIC = Query("topic", "only the message of this topic with the id (producers choose ids, so "
+                 "several topics may hold one)")
+LINK_NEXT = Header("Link", 'while more messages follow: <URL>; rel="next", URL being this '
+                   "lookup with after=CURSOR")
 ROUTES: tuple[Route, ...] = (
     R("GET", "/health", h.health, "Store and metadata status (503 when failing)", "service",
       A.PUBLIC, response="Health"),
@@ -83,23 +97,27 @@ ROUTES: tuple[Route, ...] = (
       "topics", A.TOPIC, response="TopicDetail"),
     R("DELETE", "/topics/{topic}", h.delete_topic, "Delete a topic", "topics", A.ADMIN, status=204),
     R("GET", "/topics/{topic}/messages", h.topic_messages,
-      "Look up messages by business key, or stored in a time range", "messages", A.SUBSCRIBE,
-      response="[Message]",
+      "Look up messages by business key (newest first, a page at a time: while more carry the "
+      "key, a Link header with rel=\"next\" names the next page), or stored in a time range",
+      "messages", A.SUBSCRIBE, response="[Message]", headers=(LINK_NEXT,),
       query=(Query("key", "the business key the producer set"),
+             Query("after", "with key: the page after the one whose Link header named it"),
              Query("from", "with no key: the first store time, ms since the epoch", type="integer"),
              Query("to", "with from: the last store time (default now)", type="integer"),
-             Query("limit", "at most this many messages (default 32)", type="integer"))),
+             Query("limit", "at most this many messages: 1-1000, default 32", type="integer"))),
     R("GET", "/topics/{topic}/tail", tail.tail_topic,
       "Stream a topic's recent messages, then new ones as they arrive (newline-delimited JSON)",
       "messages", A.SUBSCRIBE, response="ndjson",
       query=(Query("minutes", "send messages stored in the last MINUTES first (default 60)",
                    type="integer"),)),
-    R("GET", "/messages/{msg_id}", h.message_by_id, "Look up a message by id", "messages",
-      A.USER, response="Message"),
+    R("GET", "/messages/{msg_id}", h.message_by_id,
+      "Look up a message by id among the topics you may read (the newest when several share "
+      "the id; the others in same_id)", "messages", A.USER, response="MessageById",
+      query=(IN_TOPIC,)),
     R("GET", "/messages/{msg_id}/trace", h.message_trace,
       "A message's path: stored, delivered to which group and client, retried, acked, "
       "dead-lettered, with times (needs core.message_trace)", "messages", A.USER,
-      response="MessageTrace"),
+      response="MessageTrace", query=(IN_TOPIC,)),
 
     R("GET", "/groups", h.list_groups, "List consumer groups", "groups", A.USER,
       response="[Group]"),

@@ -46,6 +46,20 @@ class AdminClient:
              query: dict[str, Any] | None = None, *, quoted: bool = False) -> Any:
         """The decoded JSON answer (None for 204); CliError for refusals and HTTP errors.
         ``quoted``: ``path`` is already percent-encoded (segments holding a ``/``)."""
+        return self._request(method, path, body, query, quoted)[0]
+
+    def page(self, path: str, query: dict[str, Any]) -> tuple[Any, str]:
+        """``call`` a GET that pages: the decoded answer, and the ``after`` value of the next
+        page its ``Link: <...>; rel="next"`` header names ("" for none)."""
+        answer, headers = self._request("GET", path, None, query, False)
+        target, _, rel = (headers.get("Link") or "").partition(";")
+        if rel.strip() != 'rel="next"':
+            return answer, ""
+        following = urllib.parse.parse_qs(urllib.parse.urlsplit(target.strip("<> ")).query)
+        return answer, following.get("after", [""])[0]
+
+    def _request(self, method: str, path: str, body: Any, query: dict[str, Any] | None,
+                 quoted: bool) -> tuple[Any, Any]:
         target = self.url + (path if quoted else urllib.parse.quote(path))
         if query:
             target += "?" + urllib.parse.urlencode({k: v for k, v in query.items() if v is not None})
@@ -54,7 +68,7 @@ class AdminClient:
         request = urllib.request.Request(target, data=data, method=method, headers=headers)
         try:
             with urllib.request.urlopen(request, timeout=self.timeout) as response:
-                raw = response.read()
+                raw, answered = response.read(), response.headers
         except urllib.error.HTTPError as error:
             raise _http_error(error) from None
         except urllib.error.URLError as error:
@@ -62,7 +76,7 @@ class AdminClient:
                            f"{START_HINT}, or pass --admin URL") from None
         except (ConnectionError, TimeoutError) as error:
             raise CliError(f"the admin API at {self.url} did not answer ({error}); {START_HINT}") from None
-        return json.loads(raw) if raw else None
+        return json.loads(raw) if raw else None, answered
 
 
 def _http_error(error: urllib.error.HTTPError) -> CliError:
@@ -190,20 +204,36 @@ def parse_time(text: str, option: str = "--time") -> int:
 
 def message_get(client: AdminClient, args: argparse.Namespace) -> int:
     if args.key:
-        if not args.topic:
-            raise CliError("a lookup by key needs the topic: sluice message get --topic T --key K", 2)
-        found = client.call("GET", f"/topics/{args.topic}/messages", query={"key": args.key,
-                                                                            "limit": args.limit})
-    elif args.msg_id:
-        found = [client.call("GET", f"/messages/{args.msg_id}")]
-    else:
+        return _messages_by_key(client, args)
+    if not args.msg_id:
         raise CliError("pass a message id, or --topic T --key K", code=2)
+    found = client.call("GET", f"/messages/{args.msg_id}", query={"topic": args.topic})
     if args.json:
-        print(json.dumps(found if args.key else found[0], indent=2, ensure_ascii=False))
+        print(json.dumps(found, indent=2, ensure_ascii=False))
+        return 0
+    print(render_message(found))
+    if found["same_id"]:
+        print(f"{len(found['same_id'])} more message(s) you may read have this id (producers choose "
+              "ids); pass --topic T for one topic's:")
+    for other in found["same_id"]:
+        print(render_message(other))
+    return 0
+
+
+def _messages_by_key(client: AdminClient, args: argparse.Namespace) -> int:
+    if not args.topic:
+        raise CliError("a lookup by key needs the topic: sluice message get --topic T --key K", 2)
+    found, after = client.page(f"/topics/{args.topic}/messages",
+                               {"key": args.key, "limit": args.limit, "after": args.after})
+    if args.json:
+        print(json.dumps(found, indent=2, ensure_ascii=False))
     elif not found:
         print(f"no message on topic {args.topic} has key {args.key!r}")
     for message in [] if args.json else found:
         print(render_message(message))
+    if after:
+        print(f"more messages carry this key: add --after {after} for the next {args.limit}",
+              file=sys.stderr)
     return 0
 
 
@@ -224,7 +254,8 @@ def message_find(client: AdminClient, args: argparse.Namespace) -> int:
 
 
 def message_trace(client: AdminClient, args: argparse.Namespace) -> int:
-    return show(args, client.call("GET", f"/messages/{args.msg_id}/trace"), render_trace)
+    return show(args, client.call("GET", f"/messages/{args.msg_id}/trace", query={"topic": args.topic}),
+                render_trace)
 
 
 def render_trace(trace: dict[str, Any]) -> str:
@@ -238,6 +269,10 @@ def render_trace(trace: dict[str, Any]) -> str:
     if trace["truncated"]:
         lines.append(f"(only the newest {trace['max_events']} events are shown; older ones "
                      "were left out)")
+    if trace.get("same_id"):
+        topics = ", ".join(sorted({other["topic"] for other in trace["same_id"]}))
+        lines.append(f"(other messages you may read have this id, in {topics}: trace one with "
+                     "--topic T)")
     return "\n".join(lines)
 
 
@@ -431,13 +466,17 @@ def _message_commands(c: Commands) -> None:
     sub = c.add(message, "get", "Show a message by id, or the messages of a topic with a key.",
               message_get)
     sub.add_argument("msg_id", nargs="?", metavar="MSG_ID")
-    sub.add_argument("--topic", help="topic to search by key")
+    sub.add_argument("--topic", help="topic to search by key; with an id, the one topic to look in "
+                     "(default: every topic you may read)")
     sub.add_argument("--key", help="business key (needs --topic)")
-    sub.add_argument("--limit", type=int, default=32, help="at most this many (default: %(default)s)")
+    sub.add_argument("--limit", type=int, default=32,
+                     help="at most this many, 1-1000 (default: %(default)s)")
+    sub.add_argument("--after", metavar="CURSOR", help="with --key: the next page, as the last one said")
     sub = c.add(message, "trace", "Show a message's path as a timeline: stored, delivered to "
                 "which group and client, retried, acked, dead-lettered (the broker needs "
                 "core.message_trace = true).", message_trace)
     sub.add_argument("msg_id", metavar="MSG_ID")
+    sub.add_argument("--topic", help="the topic of the message (when several topics hold its id)")
     sub = c.add(message, "find", "Show the messages of a topic stored in a time range, oldest first.",
                 message_find)
     sub.add_argument("topic", metavar="TOPIC")

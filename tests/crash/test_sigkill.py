@@ -137,9 +137,8 @@ def check_acknowledged(store: FileStore, acked: dict[int, Ack]) -> None:
         for topic, queue_id, queue_offset in message.dispatch:
             copy = store.read(topic, queue_id, queue_offset, max_count=1)
             assert [m.phys_offset for m in copy] == [ack.phys], f"fan-out entry of {ack}"
-        found = store.lookup_id(f"m{index}")
-        assert found is not None, f"lookup_id(m{index}) found nothing for {ack}"
-        assert found.phys_offset == ack.phys
+        found = store.lookup_id(f"m{index}", [ack.topic])
+        assert [m.phys_offset for m in found] == [ack.phys], f"lookup_id(m{index}) for {ack}"
 
 
 def scan_log(store: FileStore) -> dict[int, record.StoredMessage]:

@@ -8,7 +8,10 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import functools
 import json
+import subprocess
+import sys
 import threading
 import time
 import urllib.error
@@ -235,6 +238,42 @@ def test_messages_by_id_and_by_key(http, broker):
     status, body, _ = http("GET", "/topics/lookups/messages")
     assert status == 400 and "?key=" in body["message"] and "?from=" in body["message"]
     assert http("GET", "/messages/00000000000000000000000000000000")[0] == 404
+
+
+def test_a_lookup_by_key_is_capped_and_pages_through_the_rest(http, broker):
+    http("POST", "/topics", {"name": "paged", "queue_count": 3})
+    sent = [send(broker, "paged", b"%d" % i, keys=["hot"]) for i in range(25)]
+    for limit in (0, 1001):
+        status, body, _ = http("GET", f"/topics/paged/messages?key=hot&limit={limit}")
+        assert status == 400 and "1-1000" in body["message"]
+
+    pages, path = [], "/topics/paged/messages?key=hot&limit=10"
+    while path:
+        status, found, headers = http("GET", path)
+        assert status == 200
+        pages.append([m["msg_id"] for m in found])
+        link = headers.get("Link")
+        path = None
+        if link:
+            target, rel = link.split(";")
+            assert rel.strip() == 'rel="next"' and target.startswith("</topics/paged/messages?")
+            path = target.strip("<> ")
+    assert [len(page) for page in pages] == [10, 10, 5]
+    assert [i for page in pages for i in page] == list(reversed(sent))
+    status, found, headers = http("GET", "/topics/paged/messages?key=hot&limit=25")
+    assert len(found) == 25 and "Link" not in headers
+
+    for cursor in ("nonsense", "12.999999", "%C2%B2.1"):  # the last: a superscript two
+        status, body, _ = http("GET", f"/topics/paged/messages?key=hot&after={cursor}")
+        assert status == 400 and "cursor" in body["message"]
+
+    cli = [sys.executable, "-m", "sluice.cli", "message", "get", "--topic", "paged", "--key", "hot",
+           "--limit", "20", "--json", "--admin", http.url]
+    run = functools.partial(subprocess.run, capture_output=True, text=True, timeout=60, check=True)
+    first = run(cli)
+    rest = run([*cli, "--after", first.stderr.split("--after ")[1].split()[0]])
+    both = json.loads(first.stdout) + json.loads(rest.stdout)
+    assert [m["msg_id"] for m in both] == list(reversed(sent)) and "--after" not in rest.stderr
 
 
 def test_messages_by_time_range_oldest_first_across_queues(http, broker):

@@ -14,8 +14,12 @@ import time
 
 import pytest
 
+from rocketmq.grpc_protocol import definition_pb2 as pb
+from rocketmq.grpc_protocol import service_pb2 as rpc
+
 from core.model import SYSTEM, GroupConfig, RetryPolicy, TopicConfig
 from sluice.client import ClientConfig, Message, Producer, ReceivedMessage, SimpleConsumer
+from tests.integration.native.test_server import Stub, message
 from tests.integration.test_admin_api import BrokerThread, Http
 
 TIMEOUT = 20
@@ -173,3 +177,76 @@ def test_one_message_traced_through_an_mqtt_session_and_an_amqp_queue(broker):
     assert [s[:2] + s[3:] for s in steps if s[1] == "trace-q"] == [
         ("delivered", "trace-q", ""), ("retried", "trace-q", "requeued"),
         ("delivered", "trace-q", ""), ("acked", "trace-q", "")]
+
+
+def test_an_id_reused_by_another_user_hides_neither_message_nor_trace(broker):
+    """Bob sends, to his own topic, a message with the id of Alice's (a producer chooses its
+    ids): Alice's lookup and trace, with her credentials, still show her message and only its
+    events; Bob's show his; an admin, who may read both, sees both."""
+    admin = Http(broker.running.admin_url)
+    for user, topic, group in (("alice", "alice-jobs", "alice-workers"), ("bob", "bob-jobs", "bob-workers")):
+        assert admin("POST", "/topics", {"name": topic, "queue_count": 1})[0] == 201
+        assert admin("POST", "/groups", {"name": group})[0] == 201
+        assert admin("POST", "/users", {"name": user, "password": f"{user}-pw"})[0] == 201
+        for kind, pattern in (("topic", topic), ("group", group)):
+            assert admin("POST", f"/users/{user}/permissions",
+                         {"kind": kind, "pattern": pattern, "actions": ["publish", "subscribe"]})[0] == 201
+    alice, bob = Http(admin.url, "alice", "alice-pw"), Http(admin.url, "bob", "bob-pw")
+
+    async def traffic() -> tuple[str, str]:
+        async with Producer(user_config(broker, "alice")) as producer:
+            msg_id = (await producer.send(Message("alice-jobs", b"alice's"))).message_id
+        alice_client = await consume_one(broker, "alice", "alice-workers", "alice-jobs")
+        await asyncio.to_thread(send_with_id, broker, "bob", "bob-jobs", b"bob's", msg_id)
+        await consume_one(broker, "bob", "bob-workers", "bob-jobs")
+        return msg_id, alice_client
+    msg_id, alice_client = asyncio.run(asyncio.wait_for(traffic(), 120))
+
+    status, message, _ = alice("GET", f"/messages/{msg_id}")
+    assert status == 200 and (message["topic"], message["body_text"], message["same_id"]) == \
+        ("alice-jobs", "alice's", [])
+    status, trace, _ = alice("GET", f"/messages/{msg_id}/trace")
+    assert status == 200 and trace["message"]["body_text"] == "alice's" and trace["same_id"] == []
+    assert [(e["event"], e["group"], e["client"]) for e in trace["events"]] == [
+        ("stored", "", ""), ("delivered", "alice-workers", alice_client),
+        ("acked", "alice-workers", alice_client)]
+    status, trace, _ = bob("GET", f"/messages/{msg_id}/trace")
+    assert trace["message"]["body_text"] == "bob's"
+    assert {e["group"] for e in trace["events"]} == {"", "bob-workers"}
+    assert alice("GET", f"/messages/{msg_id}?topic=bob-jobs")[0] == 404
+
+    status, message, _ = admin("GET", f"/messages/{msg_id}")
+    assert message["body_text"] == "bob's" and [m["body_text"] for m in message["same_id"]] == ["alice's"]
+    status, trace, _ = admin("GET", f"/messages/{msg_id}/trace?topic=alice-jobs")
+    assert trace["message"]["body_text"] == "alice's" and len(trace["events"]) == 3
+    cli = cli_run(broker, "message", "trace", msg_id, "--topic", "alice-jobs")
+    assert cli.returncode == 0 and "topic alice-jobs" in cli.stdout.splitlines()[0], cli.stderr
+    cli = cli_run(broker, "message", "get", msg_id)
+    assert cli.returncode == 0 and "bob-jobs" in cli.stdout and "alice-jobs" in cli.stdout, cli.stderr
+
+
+def user_config(broker: BrokerThread, user: str) -> ClientConfig:
+    return ClientConfig(f"127.0.0.1:{broker.running.native.port}", user, f"{user}-pw", request_timeout=5)
+
+
+async def consume_one(broker: BrokerThread, user: str, group: str, topic: str) -> str:
+    """Receive one message of ``topic`` as ``user`` and ack it; the consumer's client id."""
+    async with SimpleConsumer(user_config(broker, user), group, {topic: "*"},
+                              invisible_duration=30, await_duration=1) as consumer:
+        deadline = time.monotonic() + TIMEOUT
+        while not (received := await consumer.receive(1)):
+            assert time.monotonic() < deadline, f"nothing arrived in {topic}"
+        await consumer.ack(received[0])
+        return consumer.client_id
+
+
+def send_with_id(broker: BrokerThread, user: str, topic: str, body: bytes, msg_id: str) -> None:
+    """Send one message with the id ``msg_id``, as a raw native client may (the SDK draws ids)."""
+    stub = Stub(f"127.0.0.1:{broker.running.native.port}", user, f"{user}-pw")
+    try:
+        sent = message(topic, body)
+        sent.system_properties.message_id = msg_id
+        answer = stub.SendMessage(rpc.SendMessageRequest(messages=[sent]))
+        assert answer.status.code == pb.Code.OK, answer.status
+    finally:
+        stub.close()

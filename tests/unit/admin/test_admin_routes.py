@@ -33,12 +33,12 @@ def test_every_schema_a_route_names_exists():
 
 
 def test_routes_returning_message_bodies_need_the_subscribe_right():
-    bodies = {r.path for r in ROUTES if r.response in ("[Message]", "Message", "ndjson")}
+    bodies = {r.path for r in ROUTES if r.response in ("[Message]", "Message", "MessageById", "ndjson")}
     assert bodies == {"/topics/{topic}/messages", "/topics/{topic}/tail", "/messages/{msg_id}"}
     for route in ROUTES:
         if route.path in bodies and "{topic}" in route.path:
             assert route.access is Access.SUBSCRIBE, route.path
-    # /messages/{msg_id} learns its topic from the store: core checks subscribe there
+    # /messages/{msg_id} searches only the topics the caller may subscribe to (core checks)
 
 
 def test_writes_need_an_admin_and_only_probes_and_the_dashboard_page_are_public():

@@ -87,7 +87,7 @@ def check_acknowledged(directory: str, acked: dict) -> None:
             assert [m.phys_offset for m in store.read("t", 0, result.queue_offset, 1)] == [result.phys_offset]
             for topic, queue_id, offset in result.extra:
                 assert [m.phys_offset for m in store.read(topic, queue_id, offset, 1)] == [result.phys_offset]
-            assert store.lookup_id(f"m{i}").phys_offset == result.phys_offset
+            assert [m.phys_offset for m in store.lookup_id(f"m{i}", ["t"])] == [result.phys_offset]
     reader = StoreReader(directory)
     try:
         assert reader.verify() == []

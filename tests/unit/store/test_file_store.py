@@ -50,6 +50,45 @@ def test_clean_reopen_scans_nothing_and_continues_offsets(config, data_dir):
         assert store.lookup_key("t", "k7")[0].phys_offset == before[7].phys_offset
 
 
+def make_index_files_of_version_1(data_dir):
+    """What an older version left: key index files of format version 1."""
+    index = os.path.join(data_dir, "index")
+    for name in os.listdir(index):
+        with open(os.path.join(index, name), "r+b") as file:
+            file.seek(4)
+            file.write((1).to_bytes(2, "little"))
+
+
+def test_an_index_of_an_older_format_is_rebuilt_from_the_log_at_open(config, data_dir):
+    with FileStore(data_dir, config) as store:
+        results = fill(store, 60)
+    make_index_files_of_version_1(data_dir)
+    with FileStore(data_dir, config) as store:
+        assert not store.recovery.clean and store.recovery.replayed_records == 60
+        found = store.lookup_id(results[42].msg_id, ["t"])
+        assert [m.phys_offset for m in found] == [results[42].phys_offset]
+        assert [m.phys_offset for m in store.lookup_key("t", "k7")] == [results[7].phys_offset]
+    with FileStore(data_dir, config) as store:
+        assert store.recovery.clean
+
+
+def test_an_open_killed_while_rebuilding_the_index_rebuilds_it_next_time(config, data_dir, monkeypatch):
+    with FileStore(data_dir, config) as store:
+        results = fill(store, 60)
+    make_index_files_of_version_1(data_dir)  # discarded at the next open, to be rebuilt
+
+    def dies(*args, **kwargs):
+        raise KeyboardInterrupt("killed while replaying the log")
+    with monkeypatch.context() as patched:
+        patched.setattr("store.file_store.recover", dies)
+        with pytest.raises(KeyboardInterrupt):
+            FileStore(data_dir, config)
+    with FileStore(data_dir, config) as store:
+        assert not store.recovery.clean
+        assert all([m.phys_offset for m in store.lookup_key("t", f"k{i}")] == [r.phys_offset]
+                   for i, r in enumerate(results))
+
+
 def test_lost_queues_and_index_are_rebuilt_from_the_log(config, data_dir):
     with FileStore(data_dir, config) as store:
         results = fill(store, 60)
@@ -60,7 +99,8 @@ def test_lost_queues_and_index_are_rebuilt_from_the_log(config, data_dir):
     with FileStore(data_dir, config) as store:
         assert not store.recovery.clean and store.recovery.replayed_records == 60
         assert [bodies(store, "t", q) for q in (0, 1)] == expected
-        assert store.lookup_id(results[42].msg_id).phys_offset == results[42].phys_offset
+        found = store.lookup_id(results[42].msg_id, ["t"])
+        assert [m.phys_offset for m in found] == [results[42].phys_offset]
         assert store.lookup_key("t", "k42")[0].queue_offset == 21
 
 

@@ -11,15 +11,23 @@ from crc32c import crc32c
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from store.key_index import ENTRY_SIZE, HEADER_SIZE, SLOT_SIZE, KeyIndex
+import store.key_index
+from store.api import KeyCursor
+from store.errors import InvalidCursorError
+from store.key_index import ENTRY_SIZE, HEADER_SIZE, SLOT_SIZE, KeyIndex, key_hasher
 
-# Two keys with the same crc32c: the index cannot tell them apart.
+# Two keys with the same crc32c: an index hashing with CRC32C alone could not tell them apart.
 COLLIDING = (b"key-1371838", b"key-2000402")
 
 
 def index_files(directory: Path) -> list[str]:
     """Names of the index files in `directory`, oldest first."""
     return sorted(n for n in os.listdir(directory) if n.isdigit())
+
+
+def file_secret(path: Path) -> bytes:
+    """The hash secret in an index file's header."""
+    return path.read_bytes()[16:32]
 
 
 def fill(idx: KeyIndex, count: int, start: int = 0, step: int = 10) -> None:
@@ -44,7 +52,7 @@ def test_file_layout(tmp_path: Path) -> None:
         idx.add(b"a", 1234, 1)
     assert index_files(tmp_path) == ["00000000000000001234"]
     size = (tmp_path / "00000000000000001234").stat().st_size
-    assert size == HEADER_SIZE + 7 * SLOT_SIZE + 5 * ENTRY_SIZE == 56 + 28 + 120
+    assert size == HEADER_SIZE + 7 * SLOT_SIZE + 5 * ENTRY_SIZE == 72 + 28 + 140
 
 
 def test_slot_collisions_keep_separate_chains(tmp_path: Path) -> None:
@@ -56,14 +64,83 @@ def test_slot_collisions_keep_separate_chains(tmp_path: Path) -> None:
             assert idx.lookup(b"key%d" % k) == expected
 
 
-def test_hash_collisions_are_returned_as_candidates(tmp_path: Path) -> None:
+def test_crc32c_collisions_are_not_candidates_of_each_other(tmp_path: Path) -> None:
     a, b = COLLIDING
     assert a != b and crc32c(a) == crc32c(b)
     with KeyIndex(str(tmp_path), slot_count=11, max_entries=100) as idx:
         idx.add(a, 10, 1)
         idx.add(b, 20, 2)
+        assert idx.lookup(a) == [10]
+        assert idx.lookup(b) == [20]
+
+
+def test_hash_collisions_are_returned_as_candidates(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setattr(store.key_index, "key_hasher", lambda secret: crc32c)  # a weak hash
+    a, b = COLLIDING
+    with KeyIndex(str(tmp_path), slot_count=11, max_entries=100) as idx:
+        idx.add(a, 10, 1)
+        idx.add(b, 20, 2)
         assert idx.lookup(a) == [20, 10]
         assert idx.lookup(b) == [20, 10]
+
+
+def test_every_file_hashes_with_a_secret_of_its_own(tmp_path: Path) -> None:
+    with KeyIndex(str(tmp_path), slot_count=3, max_entries=4) as idx:
+        fill(idx, 10)  # files 0, 40, 80
+    secrets = {file_secret(tmp_path / name) for name in index_files(tmp_path)}
+    assert len(secrets) == 3 and all(len(s) == 16 for s in secrets)
+    hashes = {key_hasher(s)(b"k1") for s in secrets}
+    assert len(hashes) == 3 and all(h.bit_length() <= 64 for h in hashes)
+
+
+def test_candidates_go_on_from_a_cursor(tmp_path: Path) -> None:
+    with KeyIndex(str(tmp_path), slot_count=3, max_entries=4) as idx:
+        for i in range(10):
+            idx.add_many([b"k", b"k", b"own%d" % i], i * 100, i)  # a key twice: one candidate
+        everything = list(idx.candidates(b"k", page=3))
+        assert [c.offset for c in everything] == [i * 100 for i in reversed(range(10))]
+        for at in range(10):
+            rest = list(idx.candidates(b"k", after=everything[at], page=2))
+            assert rest == everything[at + 1:]
+        assert list(idx.candidates(b"k", begin_ts_ms=3, end_ts_ms=6, after=everything[4])) == everything[5:7]
+
+
+def test_a_cursor_must_name_an_entry_of_the_key(tmp_path: Path) -> None:
+    with KeyIndex(str(tmp_path), slot_count=3, max_entries=4) as idx:
+        fill(idx, 10)
+        [k3] = idx.candidates(b"k3")
+        for forged in (KeyCursor(k3.offset, k3.entry + 1), KeyCursor(k3.offset + 1, k3.entry),
+                       KeyCursor(35, 1), KeyCursor(10**9, 1)):
+            with pytest.raises(InvalidCursorError):
+                list(idx.candidates(b"k3", after=forged))
+        with pytest.raises(InvalidCursorError):
+            list(idx.candidates(b"k4", after=k3))
+        assert list(idx.candidates(b"k3", after=k3)) == []
+
+
+def test_a_cursor_into_a_file_retention_removed_ends_the_walk(tmp_path: Path) -> None:
+    with KeyIndex(str(tmp_path), slot_count=3, max_entries=4) as idx:
+        for i in range(10):
+            idx.add(b"k", i * 10, i)  # files 0, 40, 80
+        walk = idx.candidates(b"k", page=1)
+        assert [next(walk).offset for _ in range(5)] == [90, 80, 70, 60, 50]
+        old = next(idx.candidates(b"k", begin_ts_ms=0, end_ts_ms=1))
+        idx.delete_before(40)
+        assert [c.offset for c in walk] == [40]
+        assert list(idx.candidates(b"k", after=old)) == []
+
+
+def test_a_version_1_file_is_discarded_for_a_rebuild(tmp_path: Path) -> None:
+    with KeyIndex(str(tmp_path), slot_count=3, max_entries=4) as idx:
+        fill(idx, 10)  # files 0, 40, 80
+    for name in index_files(tmp_path):
+        with open(tmp_path / name, "r+b") as f:
+            f.seek(4)
+            f.write((1).to_bytes(2, "little"))
+    with KeyIndex(str(tmp_path), slot_count=3, max_entries=4) as idx:
+        assert idx.needs_rebuild_from == 0 and index_files(tmp_path) == [] and idx.max_offset == 0
+        fill(idx, 10)
+        assert all(idx.lookup(b"k%d" % i) == [i * 10] for i in range(10))
 
 
 def test_newest_first_limit_and_dedup(tmp_path: Path) -> None:
@@ -242,7 +319,7 @@ def test_other_invalid_files_are_discarded(tmp_path: Path, damage: str) -> None:
         os.truncate(path, 100)
     elif damage == "torn_header":
         with open(path, "r+b") as f:
-            f.seek(16)
+            f.seek(32)
             f.write((3).to_bytes(4, "little"))  # entry_count 3, but end_offset says 51
     elif damage == "empty":
         path.write_bytes(b"")
@@ -268,7 +345,7 @@ def test_corrupt_chain_cannot_loop(tmp_path: Path) -> None:
         idx.add(b"k", 0, 0)
         idx.add(b"k", 1, 0)
     with open(tmp_path / ("%020d" % 0), "r+b") as f:
-        f.seek(HEADER_SIZE + 3 * SLOT_SIZE + 20)  # prev_entry of entry 1
+        f.seek(HEADER_SIZE + 3 * SLOT_SIZE + 24)  # prev_entry of entry 1
         f.write((2).to_bytes(4, "little"))  # points forward, to entry 2
     with KeyIndex(str(tmp_path), slot_count=3, max_entries=4) as idx:
         assert idx.lookup(b"k") == [1, 0]
@@ -317,10 +394,10 @@ operations = st.lists(st.one_of(add_op, add_op, add_op, lookup_op, lookup_op,
 
 
 class Model:
-    """The index as a plain list of (hash, offset, ts) entries in insertion order."""
+    """The index as a plain list of (key, offset, ts) entries in insertion order."""
 
     def __init__(self) -> None:
-        self.entries: list[tuple[int, int, int]] = []
+        self.entries: list[tuple[bytes, int, int]] = []
 
     @property
     def max_offset(self) -> int:
@@ -328,12 +405,12 @@ class Model:
 
     def add_many(self, keys: list[bytes], offset: int, ts: int) -> None:
         if keys and offset >= self.max_offset:
-            self.entries += [(crc32c(k), offset, ts) for k in keys]
+            self.entries += [(k, offset, ts) for k in keys]
 
     def lookup(self, key: bytes, limit: int, lo: int | None, hi: int | None) -> list[int]:
         out: list[int] = []
-        for h, offset, ts in reversed(self.entries):
-            ok = h == crc32c(key) and (lo is None or ts >= lo) and (hi is None or ts <= hi)
+        for k, offset, ts in reversed(self.entries):
+            ok = k == key and (lo is None or ts >= lo) and (hi is None or ts <= hi)
             if ok and offset not in out and len(out) < limit:
                 out.append(offset)
         return out
@@ -380,15 +457,16 @@ def interrupt_an_add(directory: Path, keys: list[bytes], offset: int) -> None:
     import struct
 
     path = directory / index_files(directory)[-1]
+    key_hash = key_hasher(file_secret(path))
     with open(path, "r+b") as file, mmap.mmap(file.fileno(), 0) as mm:
         slot_count, = struct.unpack_from("<I", mm, 8)
-        count, = struct.unpack_from("<I", mm, 16)
+        count, = struct.unpack_from("<I", mm, 32)
         entries_at = HEADER_SIZE + slot_count * SLOT_SIZE
         for key in keys:
-            h = crc32c(key)
+            h = key_hash(key)
             slot_at = HEADER_SIZE + (h % slot_count) * SLOT_SIZE
             head, = struct.unpack_from("<I", mm, slot_at)
-            struct.pack_into("<IQqI", mm, entries_at + count * ENTRY_SIZE, h, offset, offset, head)
+            struct.pack_into("<QQqI", mm, entries_at + count * ENTRY_SIZE, h, offset, offset, head)
             count += 1
             struct.pack_into("<I", mm, slot_at, count)
 

@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 from store.api import Message
 WAIT = 120  # seconds: only guards against hanging; a busy disk may stall one fsync for long
 
-from store.errors import InvalidRecordError, OffsetOutOfRangeError, RecordTooLargeError
+from store.errors import InvalidCursorError, InvalidRecordError, OffsetOutOfRangeError, RecordTooLargeError
 
 
 def visible(store, result):
@@ -52,7 +52,8 @@ def test_generated_message_ids_are_unique_and_found(store):
     results = [store.append("t", b"x") for _ in range(20)]
     visible(store, results[-1])
     assert len({r.msg_id for r in results}) == 20
-    assert store.lookup_id(results[7].msg_id).phys_offset == results[7].phys_offset
+    assert [m.phys_offset for m in store.lookup_id(results[7].msg_id, ["t"])] == [results[7].phys_offset]
+    assert store.lookup_id(results[7].msg_id, ["other"]) == []
 
 
 def test_batch_append_lands_contiguously_in_order(store):
@@ -93,7 +94,7 @@ def test_lookup_by_business_key_is_scoped_to_the_topic_and_newest_first(store):
     assert [m.phys_offset for m in store.lookup_key("orders", "k")] == [second.phys_offset, first.phys_offset]
     assert [m.body for m in store.lookup_key("other", "k")] == [b"x"]
     assert store.lookup_key("orders", "absent") == []
-    assert store.lookup_id("absent") is None
+    assert store.lookup_id("absent", ["orders"]) == []
 
 
 def test_offset_for_time_finds_the_first_record_stored_at_or_after(store):
@@ -148,7 +149,7 @@ def test_retention_by_size_deletes_whole_oldest_segments(open_store):
         store.read("bulk", 0, 0)
     assert error.value.min_offset == low
     assert [m.body for m in store.compacted("state")] == [b"kept"], "compacted state outlives its segment"
-    assert store.lookup_id(results[0].msg_id) is None
+    assert store.lookup_id(results[0].msg_id, ["bulk"]) == []
 
 
 def test_retention_by_age_spares_recent_segments(open_store):
@@ -209,10 +210,45 @@ def check_round_trip(store, batch):
         assert [m.body for m in got] == bodies
 
 
-def test_a_producer_id_shaped_like_a_generated_one_is_still_found(store):
+def test_a_producer_id_shaped_like_a_generated_one_finds_both_messages(store):
     store.append("t", b"first")
-    chosen = visible(store, store.append("t", b"second", msg_id="0000000000000000"))
-    assert store.lookup_id("0000000000000000").phys_offset == chosen.phys_offset
+    visible(store, store.append("t", b"second", msg_id="0000000000000000"))
+    assert [m.body for m in store.lookup_id("0000000000000000", ["t"])] == [b"second", b"first"]
+
+
+def test_lookup_by_id_is_scoped_to_the_topics_asked_and_finds_every_copy(store):
+    mine = store.append("mine", b"mine", msg_id="order-7")
+    theirs = [store.append("theirs", b"theirs", msg_id="order-7") for _ in range(40)]
+    visible(store, theirs[-1])
+    assert [m.phys_offset for m in store.lookup_id("order-7", ["mine"])] == [mine.phys_offset]
+    both = store.lookup_id("order-7", ["mine", "theirs"], limit=2)
+    assert [m.topic for m in both] == ["theirs", "theirs", "mine"]
+    assert len(store.lookup_id("order-7", ["theirs"], limit=100)) == 40
+    assert store.lookup_id("order-7", []) == [] and store.lookup_id("order-7", ["nobody"]) == []
+
+
+def test_lookup_by_key_pages_newest_first(store):
+    results = [store.append("orders", b"%d" % i, keys=["k", "k"] if i % 2 else ["k"]) for i in range(7)]
+    store.append("orders", b"other", keys=["k2"])
+    visible(store, store.append("other", b"x", keys=["k"]))
+    pages, after = [], None
+    while True:
+        page = store.lookup_key_page("orders", "k", 3, after)
+        pages.append([m.body for m in page.messages])
+        if page.next is None:
+            break
+        assert page.next.offset == page.messages[-1].phys_offset
+        after = page.next
+    assert pages == [[b"6", b"5", b"4"], [b"3", b"2", b"1"], [b"0"]]
+    assert store.lookup_key_page("orders", "k", 7).next is None
+    assert [m.phys_offset for m in store.lookup_key_page("orders", "k", 7).messages] == \
+        [r.phys_offset for r in reversed(results)]
+    first = store.lookup_key_page("orders", "k", 1).next
+    for forged in (first._replace(entry=first.entry + 9), first._replace(offset=first.offset + 1)):
+        with pytest.raises(InvalidCursorError):
+            store.lookup_key_page("orders", "k", 3, forged)
+    with pytest.raises(InvalidCursorError):
+        store.lookup_key_page("orders", "k2", 3, first)
 
 
 def test_a_refused_message_in_a_batch_keeps_those_before_it(store):
