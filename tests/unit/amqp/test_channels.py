@@ -24,9 +24,26 @@ def test_open_and_client_close() -> None:
     assert names(conn.data_to_send()) == ["Channel.OpenOk"]
     assert feed(conn, method(1, Channel.Close(200, "bye", 0, 0))) == [
         ChannelClosed(1, 200, "bye", True)]
+    assert conn.channel_state(1) is ChannelState.CLOSE_RECEIVED
+    conn.finish_channel_close(1)
     assert names(conn.data_to_send()) == ["Channel.CloseOk"]
     assert conn.channel_state(1) is ChannelState.CLOSED
     assert feed(conn, method(1, Channel.Open())) == [ChannelOpened(1)]  # a number is reusable
+
+
+def test_a_client_close_is_answered_once_the_adapter_carried_out_what_came_before() -> None:
+    """close-ok waits for `finish_channel_close`; the publish read before the close is still
+    to be carried out (`accepts`), and nothing the client sends after its close is read."""
+    conn = opened(channels=(1, 2))
+    got = feed(conn, publish(1, b"before") + method(1, Channel.Close(200, "bye", 0, 0))
+               + publish(1, b"after") + publish(2, b"other channel"))
+    assert [(type(e), getattr(e, "body", None)) for e in got] == [
+        (PublishReceived, b"before"), (ChannelClosed, None), (PublishReceived, b"other channel")]
+    assert conn.data_to_send() == b"" and conn.accepts(1) and conn.open_channels == 2
+    assert conn.send_method(1, Queue.DeclareOk("q")) is False  # the client discards answers
+    conn.finish_channel_close(1)
+    assert [(c, f.name) for c, f in decode(conn.data_to_send())] == [(1, "Channel.CloseOk")]
+    assert conn.open_channels == 1
 
 
 def test_our_close_ignores_everything_until_close_ok() -> None:
@@ -34,11 +51,15 @@ def test_our_close_ignores_everything_until_close_ok() -> None:
     conn.close_channel(1, ReplyCode.NOT_FOUND, "NOT_FOUND - no queue 'q'", 50, 10)
     [(channel, close)] = decode(conn.data_to_send())
     assert channel == 1 and (close.reply_code, close.class_id, close.method_id) == (404, 50, 10)
+    assert not conn.accepts(1)  # what was read on it before the close is discarded too
     assert feed(conn, method(1, Queue.Declare(queue="q")) + publish(1, b"late")) == []
     assert conn.send_method(1, Queue.DeclareOk("q")) is False
     assert feed(conn, method(1, Channel.CloseOk())) == [
         ChannelClosed(1, 404, "NOT_FOUND - no queue 'q'", False)]
     assert conn.data_to_send() == b"" and conn.state is State.OPEN
+    assert not conn.accepts(1)  # until the adapter carried out the ChannelClosed
+    conn.finish_channel_close(1)
+    assert conn.accepts(1) and conn.data_to_send() == b""
 
 
 def test_a_close_crossing_ours_gets_close_ok() -> None:
