@@ -321,6 +321,27 @@ def test_sender_selected(amqp_broker):
     }
 
 
+def test_tutorial_send(amqp_broker):
+    """RabbitMQ's tutorial send.py, run as written five times: each message published right
+    before connection.close() is stored and reaches the consumer."""
+    assert observe(s.tutorial_send, amqp_broker) == {
+        "send.py": [(0, " [x] Sent 'Hello World!'\n", "")] * 5,
+        "consumed": [b"Hello World!"] * 5, "left": 0,
+    }
+
+
+def test_publishes_then_close(amqp_broker):
+    """Every publish sent before a channel.close() or connection.close() is kept, in order,
+    whatever channel follows; a transaction's uncommitted publishes are rolled back."""
+    def sent(label: str, runs: int = 1) -> tuple[list[bytes], int]:
+        return [f"{label} {run}.{i}".encode() for run in range(runs) for i in range(5)], 0
+    assert observe(s.publishes_then_close, amqp_broker) == {
+        "channel.close": sent("channel.close", 3), "connection.close": sent("connection.close", 3),
+        "closed channel": sent("closed channel"), "other channel": sent("other channel"),
+        "committed": sent("committed"), "uncommitted": ([], 0),
+    }
+
+
 def without_known(scenario: str, observed: Any) -> Any:
     """``observed`` with the keys ``KNOWN`` lists for ``scenario`` left out."""
     if (scenario, "") in KNOWN:
