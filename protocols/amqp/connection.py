@@ -301,10 +301,11 @@ class ServerConnection:
             self._channels[channel] = state
 
     def _on_channel_open(self, channel: int, frame: Channel.Open, before: ChannelState) -> None:
-        if channel > self.channel_max:
+        if len(self._channels) > self.channel_max:  # counted, not numbered, as RabbitMQ does
             self._set_channel(channel, ChannelState.CLOSED)
-            raise AmqpError(ReplyCode.CHANNEL_ERROR, f"channel {channel} exceeds channel_max "
-                            f"{self.channel_max}", *_ids(frame))
+            raise AmqpError(ReplyCode.NOT_ALLOWED, f"number of channels opened "
+                            f"({len(self._channels)}) has reached the negotiated channel_max "
+                            f"({self.channel_max})")
         self._send(encode_method(channel, Channel.OpenOk()))
         self._events.append(ChannelOpened(channel))
 

@@ -154,7 +154,6 @@ def test_a_whole_message_above_max_message_size_in_one_body_frame_is_406_too() -
 
 @pytest.mark.parametrize(("frames", "code"), [
     (method(1, Channel.Open()), ReplyCode.CHANNEL_ERROR),  # re-opening an open channel
-    (method(17, Channel.Open()), ReplyCode.CHANNEL_ERROR),  # above channel_max (16)
     (method(5, Queue.Declare(queue="q")), ReplyCode.CHANNEL_ERROR),  # never opened
     (publish(5, b"x"), ReplyCode.CHANNEL_ERROR),  # a whole publish on a channel never opened
     (method(1, Basic.Publish()) + b"\x02\x00\x01\x00\x00\x00\x05\x00\x3c\x00\x00\x00\xce",
@@ -176,6 +175,21 @@ def test_hard_errors_close_the_connection(frames: bytes, code: int) -> None:
     assert close_of(conn.data_to_send()) == (0, code) and conn.state is State.CLOSING
     [closed] = feed(conn, method(0, Connection.CloseOk()))
     assert closed.reply_code == code and not closed.by_client
+
+
+def test_channel_max_counts_open_channels_as_rabbitmq_does() -> None:
+    """A channel numbered above channel_max (16) opens while fewer are open; one more than
+    channel_max open is 530 NOT_ALLOWED, the connection closed, in RabbitMQ's words."""
+    conn = opened()
+    for channel in [*range(2, 16), 300]:
+        assert feed(conn, method(channel, Channel.Open())) == [ChannelOpened(channel)]
+    conn.data_to_send()
+    assert conn.open_channels == 16
+    assert feed(conn, method(17, Channel.Open())) == []
+    [(channel, close)] = decode(conn.data_to_send())
+    assert (channel, close.reply_code, close.reply_text) == (0, 530, (
+        "NOT_ALLOWED - number of channels opened (16) has reached the negotiated channel_max "
+        "(16)"))
 
 
 def test_a_body_longer_than_its_header_says_is_505() -> None:
