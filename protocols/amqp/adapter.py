@@ -36,7 +36,7 @@ from core.vhosts import VirtualHosts
 
 from .access import EXCHANGE, VhostAccess
 from .alarms import Alarms
-from .connection import ServerConnection
+from .connection import Options, ServerConnection
 from .direct_reply import DirectReplies
 from .errors import reply_code
 from .events import (ChannelClosed, CloseRequested, ConnectionClosed, Event, FlowChanged,
@@ -92,6 +92,7 @@ class Host(QueueWatch, Protocol):
     consumers: Consumers
     replies: DirectReplies
     options: AmqpOptions
+    connection_options: Options
     denials: DenialLog
     alarms: Alarms
 
@@ -110,7 +111,7 @@ class AmqpAdapter:
         self.wire = wire
         self.id = f"amqp-{uuid.uuid4().hex[:16]}"
         """The client id in `sluice client list`; owner of its exclusive queues."""
-        self.conn = ServerConnection(host.options.connection_options(), time.monotonic())
+        self.conn = ServerConnection(host.connection_options, time.monotonic())
         self.flow = FlowControl(wire, MAX_PENDING_METHODS)
         self.gate = WriteGate()
         self.publishing = PublishPipeline(MAX_PENDING_METHODS, lambda error: self.kick(

@@ -335,8 +335,9 @@ class ServerConnection:
                             f"{frame.class_id}, expected {Basic.frame_id}")
         if frame.body_size > self.options.max_message_size:
             self.close_channel(channel, ReplyCode.PRECONDITION_FAILED,
-                               f"message size {frame.body_size} is larger than configured max "
-                               f"size {self.options.max_message_size}", *_ids(content.method))
+                               f"PRECONDITION_FAILED - message size {frame.body_size} is larger "
+                               f"than configured max size {self.options.max_message_size}",
+                               *_ids(content.method))
             return
         content.properties, content.size = frame.properties, frame.body_size
         if not frame.body_size:
