@@ -76,8 +76,9 @@ def connect(broker: Any, **more: Any) -> pika.BlockingConnection:
 
 
 def attempt(connection: pika.BlockingConnection, action: Callable[[Any], Any]) -> Any:
-    """Run ``action(channel)`` on a new channel: "ok" (or what it returned), or the channel or
-    connection close it caused as ("channel" | "connection", reply code, reply text)."""
+    """Run ``action(channel)`` on a new channel: "ok" (or what it returned), "nacked" for a
+    publish the broker nacked, or the channel or connection close it caused as ("channel" |
+    "connection", reply code, reply text)."""
     channel = connection.channel()
     try:
         result = action(channel)
@@ -85,6 +86,8 @@ def attempt(connection: pika.BlockingConnection, action: Callable[[Any], Any]) -
         return ("channel", closed.reply_code, closed.reply_text)
     except pika_errors.ConnectionClosedByBroker as closed:
         return ("connection", closed.reply_code, closed.reply_text)
+    except pika_errors.NackError:
+        return "nacked"
     if channel.is_open:
         channel.close()
     return "ok" if result is None else result
@@ -921,8 +924,79 @@ def publishes_then_close(broker: Any) -> dict[str, Any]:
     return n.rel(seen)
 
 
+# ---------------------------------------------------------------------------------------------
+# what RabbitMQ's client suites check: exclusive consumers, reserved exchanges, limits (pika)
+
+def nothing(*delivery: Any) -> None:
+    """A consumer callback for consumers that only have to exist."""
+
+
+def conformance(broker: Any) -> dict[str, Any]:
+    """Exclusive consumers (a single-active-consumer queue takes none), the default exchange
+    (nothing but a publish may name it) and the ``amq.*`` ones (never deleted), channel_max
+    counting open channels, and RabbitMQ 4's largest message (16 MiB, configured on the
+    RabbitMQ node since Debian's 3.10 allows 128 MiB)."""
+    n = Names()
+    seen: dict[str, Any] = {}
+    connection = connect(broker)
+    setup = connection.channel()
+    setup.queue_declare(n("q"))
+    setup.queue_declare(n("single"), arguments={"x-single-active-consumer": True})
+    for label, first, second in [("exclusive consume where a consumer is", False, True),
+                                 ("exclusive consume where an exclusive one is", True, True),
+                                 ("consume where an exclusive one is", True, False)]:
+        seen[label] = attempt(connection, lambda ch, first=first, second=second: (
+            ch.basic_consume(n("q"), nothing, exclusive=first),
+            ch.basic_consume(n("q"), nothing, exclusive=second)) and None)
+    seen["exclusive consume of a single-active-consumer queue"] = attempt(
+        connection, lambda ch: ch.basic_consume(n("single"), nothing, exclusive=True))
+    seen["consume of a single-active-consumer queue"] = attempt(
+        connection, lambda ch: ch.basic_consume(n("single"), nothing) and None)
+    for label, action in [
+            ("passive declare of the default exchange",
+             lambda ch: ch.exchange_declare("", passive=True)),
+            ("declare of the default exchange",
+             lambda ch: ch.exchange_declare("", "direct", durable=True)),
+            ("delete of the default exchange", lambda ch: ch.exchange_delete("")),
+            ("delete of amq.direct", lambda ch: ch.exchange_delete("amq.direct")),
+            ("delete of a missing amq. exchange",
+             lambda ch: ch.exchange_delete("amq." + n("x"))),
+            ("queue bound to the default exchange", lambda ch: ch.queue_bind(n("q"), "", "k")),
+            ("queue unbound from the default exchange",
+             lambda ch: ch.queue_unbind(n("q"), "", "k")),
+            ("default exchange bound to amq.direct",
+             lambda ch: ch.exchange_bind("", "amq.direct", "k"))]:
+        seen[label] = attempt(connection, lambda ch, action=action: action(ch) and None)
+    for label, size in [("16 MiB message", 16 << 20), ("22 MB message", 22_000_000)]:
+        seen[label] = attempt(connection, lambda ch, size=size: (
+            ch.confirm_delivery(), ch.basic_publish("", n("q"), b"x" * size)) and "confirmed")
+    connection.channel().queue_delete(n("q"))
+    connection.channel().queue_delete(n("single"))
+    connection.close()
+    seen.update(channel_limit(broker))
+    return n.rel(seen)
+
+
+def channel_limit(broker: Any) -> dict[str, Any]:
+    """channel_max 8: a channel numbered 30 opens while fewer are open; a ninth open channel
+    closes the connection."""
+    seen: dict[str, Any] = {}
+    connection = connect(broker, channel_max=8)
+    seen["channel_max"] = connection._impl.params.channel_max
+    seen["channel numbered above channel_max"] = connection.channel(channel_number=30).is_open
+    try:
+        for number in range(1, 9):
+            connection.channel(channel_number=number)
+        seen["one channel more than channel_max"] = "opened"
+    except pika_errors.ConnectionClosedByBroker as closed:
+        seen["one channel more than channel_max"] = (closed.reply_code, closed.reply_text)
+    if connection.is_open:
+        connection.close()
+    return seen
+
+
 SCENARIOS = [declare_answers, unknown_exchange_type, properties_round_trip, confirms_and_returns,
              requeue_on_close_and_recover, routing, refusals, auto_delete_and_exclusive,
              consume_with_prefetch, kombu_simple_queue, request_reply, handshake,
              transactions_and_purge, direct_reply_to, celery, aio_pika_patterns,
-             prefetch_scopes, sender_selected, tutorial_send, publishes_then_close]
+             prefetch_scopes, sender_selected, tutorial_send, publishes_then_close, conformance]
