@@ -199,6 +199,16 @@ def test_a_body_longer_than_its_header_says_is_505() -> None:
     assert close_of(conn.data_to_send()) == (0, ReplyCode.UNEXPECTED_FRAME)
 
 
+def test_a_connection_error_discards_what_was_read_on_its_channel_only() -> None:
+    conn = opened(channels=(1, 2))
+    conn.close_connection(530, "NOT_ALLOWED - attempt to reuse consumer tag 'c'", 60, 20,
+                          channel=1)
+    assert close_of(conn.data_to_send()) == (0, 530)
+    assert not conn.accepts(1) and conn.accepts(2)
+    conn.close_connection(541, "INTERNAL_ERROR - a second error")  # closing already: nothing
+    assert conn.data_to_send() == b"" and conn.state is State.CLOSING
+
+
 def test_adapter_may_not_close_a_channel_that_is_not_open() -> None:
     conn = opened()
     with pytest.raises(ConnectionStateError):
