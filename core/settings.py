@@ -9,7 +9,10 @@ from dataclasses import dataclass
 class CoreConfig:
     """Broker-wide behaviour of core. Durations in milliseconds."""
 
-    max_message_bytes: int = 4 << 20
+    max_message_bytes: int = 16 << 20
+    """The largest message body a send may carry, on every protocol (RabbitMQ 4's default
+    ``max_message_size``): AMQP refuses a larger one at its content header, native producers
+    are told the limit, MQTT packets stay within their own ``max_packet_size``."""
     auto_create_groups: bool = True
     auto_create_topics: bool = True
     """A publish (MQTT) to a topic that does not exist creates it with ``auto_topic_queues``."""

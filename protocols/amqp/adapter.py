@@ -3,8 +3,15 @@ events onto core, and the answers back to the wire.
 
 Writes are collected and handed to the wire once per event-loop iteration. The login runs as
 a task (reading pauses meanwhile); channel methods run in order, one at a time, on a task that
-lives while any wait, because core's declares await metadata writes. Runs on the event loop;
-not thread-safe.
+lives while any wait, because core's declares await metadata writes.
+
+Whatever ends a channel or the connection (the client's close, a dropped socket, our close),
+what was read before it is carried out first, in order, as RabbitMQ's channel processes work
+through their mailboxes: a client's close is answered once its publishes are stored, and the
+connection is torn down (consumers released, exclusive queues deleted) only after that. Only
+what was read on a channel the broker closed with an error is discarded (`ServerConnection.
+accepts`), and what an open transaction holds is rolled back. Runs on the event loop; not
+thread-safe.
 """
 
 from __future__ import annotations
@@ -29,11 +36,11 @@ from core.vhosts import VirtualHosts
 
 from .access import EXCHANGE, VhostAccess
 from .alarms import Alarms
-from .connection import ServerConnection
+from .connection import Options, ServerConnection
 from .direct_reply import DirectReplies
 from .errors import reply_code
-from .events import (ChannelClosed, ConnectionClosed, Event, FlowChanged, LoginRequested,
-                     MethodReceived, PublishReceived, VhostRequested)
+from .events import (ChannelClosed, CloseRequested, ConnectionClosed, Event, FlowChanged,
+                     LoginRequested, MethodReceived, PublishReceived, VhostRequested)
 from .flow_control import FlowControl, WriteGate
 from .login import Refused, log_in, peer_host
 from .consumers import Consumers
@@ -55,6 +62,8 @@ MAX_PENDING_METHODS = 256
 """Methods read but not yet carried out before reading pauses."""
 MAX_UNFLUSHED = 64 << 10
 """Bytes collected for the wire before they are handed to it within the same iteration."""
+_WORK = (MethodReceived, PublishReceived, ChannelClosed, FlowChanged, CloseRequested)
+"""Events carried out in order on the adapter's task."""
 
 
 class Wire(Protocol):
@@ -83,6 +92,7 @@ class Host(QueueWatch, Protocol):
     consumers: Consumers
     replies: DirectReplies
     options: AmqpOptions
+    connection_options: Options
     denials: DenialLog
     alarms: Alarms
 
@@ -101,7 +111,7 @@ class AmqpAdapter:
         self.wire = wire
         self.id = f"amqp-{uuid.uuid4().hex[:16]}"
         """The client id in `sluice client list`; owner of its exclusive queues."""
-        self.conn = ServerConnection(host.options.connection_options(), time.monotonic())
+        self.conn = ServerConnection(host.connection_options, time.monotonic())
         self.flow = FlowControl(wire, MAX_PENDING_METHODS)
         self.gate = WriteGate()
         self.publishing = PublishPipeline(MAX_PENDING_METHODS, lambda error: self.kick(
@@ -122,6 +132,9 @@ class AmqpAdapter:
         self._work: deque[Event] = deque()
         self._working = False
         self._done = False
+        """The wire is finished: nothing more is read from it or written to it."""
+        self._ended: ConnectionClosed | None = None
+        """How the connection ended; it is torn down once the work read before is done."""
         self._refusal_logged = False
         self._out: list[bytes] = []
         """What goes to the wire at the end of this iteration, joined once there."""
@@ -168,7 +181,7 @@ class AmqpAdapter:
 
     def kick(self, code: ReplyCode, text: str) -> bool:
         """Close from the broker's side with connection.close; False if already closing."""
-        if self._done or self.conn.state in (State.CLOSING, State.CLOSED):
+        if self._done or self.conn.state in (State.CLOSE_RECEIVED, State.CLOSING, State.CLOSED):
             return False
         if self.conn.state is State.AWAITING_HEADER:  # nothing may be sent before the header
             self.refuse_at_once()
@@ -245,7 +258,7 @@ class AmqpAdapter:
         conn = self.conn
         while (event := conn.next_event()) is not None:
             kind = type(event)
-            if kind in (MethodReceived, PublishReceived, ChannelClosed, FlowChanged):
+            if kind in _WORK:
                 if kind is MethodReceived and not self._working and not self._work \
                         and self._acked_now(event):
                     continue
@@ -260,13 +273,16 @@ class AmqpAdapter:
             elif kind is VhostRequested:
                 self._open(event.vhost)
             elif kind is ConnectionClosed:
-                self._closed(event)
-                return
+                self._wire_ended(event)
         self._write_all(conn.chunks_to_send())
         self.flow.pending(len(self._work))
-        if self._work and not self._working:
+        if self._working:
+            return
+        if self._work or (self._ended is not None and not self.publishing.idle()):
             self._working = True
             self.host.spawn(self._run())
+        elif self._ended is not None:
+            self._tear_down(self._ended)
 
     async def _login(self, event: LoginRequested) -> None:
         try:
@@ -320,12 +336,12 @@ class AmqpAdapter:
 
     async def _run(self) -> None:
         """Carry out queued channel events in order; publishes read one after another are
-        stored together."""
+        stored together. Goes on after the wire ended: what was read is carried out."""
         work = self._work
         try:
-            while work and not self._done:
+            while work:
                 event = work.popleft()
-                if self._acked_now(event) or self._held(event):
+                if self._discarded(event) or self._acked_now(event) or self._held(event):
                     pass
                 elif isinstance(event, PublishReceived):
                     batch = [event]
@@ -339,9 +355,17 @@ class AmqpAdapter:
                     await self._carry_out(event)
                 self._write_all(self.conn.chunks_to_send())
                 self.flow.pending(len(self._work))
+            if self._ended is not None:
+                await self.publishing.drain()  # stored before the teardown releases channels
         finally:
             self._working = False
-        self._drain()  # a close decided above, or bytes read meanwhile
+        self._drain()  # a close decided above, bytes read meanwhile, or the teardown
+
+    def _discarded(self, event: Event) -> bool:
+        """Whether ``event`` was read on a channel the broker has closed with an error (a
+        channel's own `ChannelClosed` is always carried out)."""
+        return isinstance(event, (MethodReceived, PublishReceived, FlowChanged)) \
+            and not self.conn.accepts(event.channel)
 
     def _acked_now(self, event: Event) -> bool:
         """Carry out a basic.ack at once, without a coroutine, when nothing read before it
@@ -349,10 +373,7 @@ class AmqpAdapter:
         if type(event) is not MethodReceived or type(event.method) is not Basic.Ack \
                 or self.messages is None or not self.publishing.idle():
             return False
-        if self._held(event):  # a transaction's, for its commit
-            return True
-        if not self.conn.can_send(event.channel):  # read before its channel closed
-            self.messages.settle_read(event.channel, event.method)
+        if self._discarded(event) or self._held(event):  # a transaction's, for its commit
             return True
         try:
             self.messages.ack(event.channel, event.method)
@@ -380,21 +401,22 @@ class AmqpAdapter:
         topology, messages, conn = self.topology, self.messages, self.conn
         transactions = self.transactions
         assert topology is not None and messages is not None and transactions is not None
+        if isinstance(event, CloseRequested):
+            conn.finish_close()  # everything read before it is done (and stored)
+            return
         if isinstance(event, ChannelClosed):
             topology.channel_closed(event.channel)
             messages.channel_closed(event.channel)
             transactions.channel_closed(event.channel)
+            conn.finish_channel_close(event.channel)
+            return
+        if self._discarded(event):  # its channel was closed by an error while it waited
             return
         if isinstance(event, FlowChanged):
             messages.flow(event.channel, event.active)
             return
         assert isinstance(event, MethodReceived)
         method = event.method
-        if not conn.can_send(event.channel):
-            # read before a close of its channel or connection: dropped, as RabbitMQ, except
-            # acks, which count as they did for RabbitMQ, read in order
-            messages.settle_read(event.channel, method)
-            return
         if isinstance(method, Basic.Get) and not self.gate.open:
             await self._writable()  # its answer carries a message: not while the wire is full
             if self._done:
@@ -404,7 +426,8 @@ class AmqpAdapter:
             else messages if messages.handles(method) else topology)
         if not handler.handles(method):
             conn.close_connection(ReplyCode.NOT_IMPLEMENTED, f"NOT_IMPLEMENTED - {method.name} "
-                                  "is not supported by Sluice yet", *ids(method))
+                                  "is not supported by Sluice yet", *ids(method),
+                                  channel=event.channel)
             return
         try:
             answer = await handler.answer(event.channel, method)
@@ -420,28 +443,31 @@ class AmqpAdapter:
         code = reply_code(error)
         text = f"{code.name} - {error}"
         if self.conn.state is not State.OPEN:
-            return
+            return  # the client is closing: nobody to tell
         if code.hard:
-            self.conn.close_connection(code, text, *ids(method))
+            self.conn.close_connection(code, text, *ids(method), channel=channel)
         elif self.conn.can_send(channel):
             self.conn.close_channel(channel, code, text, *ids(method))
 
-    def _closed(self, event: ConnectionClosed) -> None:
+    def _wire_ended(self, event: ConnectionClosed) -> None:
+        """The connection is over on the wire: send the last frames (a close-ok, a close) and
+        close it. The teardown waits for what was read before."""
         self._write_all(self.conn.chunks_to_send())
         self._flush()
         self._done = True
-        read, self._work = self._work, deque()
+        self._ended = event
         self.wire.close()
         self.gate.reopen()  # whatever waits for the wire to drain stops waiting
+
+    def _tear_down(self, event: ConnectionClosed) -> None:
+        """Everything read is carried out: release what the connection held (once)."""
+        self._ended = None
         if not event.by_client and not self._refusal_logged:
             self._log_closed(event)
         if self.connected_at_ms is not None and self.principal is not None:
             log_disconnected(PROTOCOL, self.id, self.principal.user, self.peer,
                              _close_reason(event))
         if self.messages is not None:
-            for unread in read:  # acks read before the close count, as RabbitMQ
-                if isinstance(unread, MethodReceived) and not self._transactional(unread.channel):
-                    self.messages.settle_read(unread.channel, unread.method)
             self.messages.closed()
         if self.transactions is not None:
             self.transactions.closed()

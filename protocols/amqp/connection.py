@@ -5,8 +5,13 @@ means EOF), then `next_event()` until None, then writes `data_to_send()`. Its de
 methods (`accept_login`, `open_vhost`, `send_method`, `close_channel`, ...) whose bytes also
 go to `data_to_send()`. A timer calls `check_timeouts(now)`: the handshake timeout, heartbeats
 both ways, and the wait for close-ok. The handshake (header, start, tune, open), channel
-open/close/flow, content assembly and heartbeats are answered here; everything else is an
-event. Nothing here imports asyncio or core. Not thread-safe: one task drives one connection.
+open/flow, content assembly and heartbeats are answered here; everything else is an event.
+
+A close from the client (channel or connection) is answered only when the adapter says that
+what was read before it is carried out (`finish_channel_close`, `finish_close`). What was read
+on a channel the broker closed with an error is discarded until the client's close-ok is carried
+out (`accepts`), as the spec and RabbitMQ do. Nothing here imports asyncio or core. Not
+thread-safe: one task drives one connection.
 """
 
 from __future__ import annotations
@@ -23,8 +28,8 @@ from pamqp.header import ContentHeader, ProtocolHeader
 from pamqp.heartbeat import Heartbeat
 
 from .codec import Decoder
-from .events import (ChannelClosed, ChannelOpened, ConnectionClosed, Event, FlowChanged,
-                     LoginRequested, MethodReceived, PublishReceived, VhostRequested)
+from .events import (ChannelClosed, ChannelOpened, CloseRequested, ConnectionClosed, Event,
+                     FlowChanged, LoginRequested, MethodReceived, PublishReceived, VhostRequested)
 from .frames import (FRAME_MIN_SIZE, HEARTBEAT_FRAME, PROTOCOL_HEADER, encode_content,
                      encode_delivery, encode_method)
 from .methods import credentials, ids, start
@@ -97,6 +102,9 @@ class ServerConnection:
         self._channels: dict[int, ChannelState] = {}
         self._contents: dict[int, _Content] = {}
         self._channel_close: dict[int, tuple[int, str]] = {}
+        self._discarding: set[int] = set()
+        """Channels the broker closed with an error, until the adapter has carried out their
+        `ChannelClosed`: what was read on them is no longer carried out."""
         self._close: tuple[int, str] = (ReplyCode.REPLY_SUCCESS, "")
         self._opened_at = opened_at
         self._now = opened_at
@@ -111,6 +119,10 @@ class ServerConnection:
         """Feed bytes read from the socket; `b""` means the peer closed it."""
         self._now = now
         if self.state is State.CLOSED:
+            return
+        if self.state is State.CLOSE_RECEIVED:  # the client may send nothing after its close
+            if not data:
+                self._closed(*self._close, True)
             return
         if not data:
             self._closed(ReplyCode.CONNECTION_FORCED, "connection closed by the client", True)
@@ -137,6 +149,12 @@ class ServerConnection:
         """Channels open (or closing) now."""
         return len(self._channels)
 
+    def accepts(self, channel: int) -> bool:
+        """Whether what was read on ``channel`` is still to be carried out: everything is, in
+        order, whatever ends the channel or the connection afterwards, except on a channel the
+        broker closed with an error (until the adapter carried out its `ChannelClosed`)."""
+        return channel not in self._discarding
+
     @property
     def channel_numbers(self) -> list[int]:
         """The channels open (or closing) now, in order."""
@@ -148,7 +166,7 @@ class ServerConnection:
 
     def _process(self) -> None:
         # LOGIN_REQUESTED and VHOST_REQUESTED wait for the adapter; the bytes stay buffered.
-        while self.state not in (State.LOGIN_REQUESTED, State.VHOST_REQUESTED, State.CLOSED):
+        while self.state not in _NOT_READING:
             try:
                 if self.state is State.OPEN and self._whole_publish():
                     continue
@@ -237,6 +255,11 @@ class ServerConnection:
         self._events.append(VhostRequested(frame.virtual_host))
 
     def _on_close(self, frame: Connection.Close, before: State) -> None:
+        if self.state is State.CLOSE_RECEIVED:  # close-ok once what came before is carried out
+            self._close = (frame.reply_code, frame.reply_text)
+            self._contents.clear()
+            self._events.append(CloseRequested(frame.reply_code, frame.reply_text))
+            return
         self._send(encode_method(0, Connection.CloseOk()))
         if before is State.CLOSING:
             self._closed(*self._close, False)
@@ -278,17 +301,19 @@ class ServerConnection:
             self._channels[channel] = state
 
     def _on_channel_open(self, channel: int, frame: Channel.Open, before: ChannelState) -> None:
-        if channel > self.channel_max:
+        if len(self._channels) > self.channel_max:  # counted, not numbered, as RabbitMQ does
             self._set_channel(channel, ChannelState.CLOSED)
-            raise AmqpError(ReplyCode.CHANNEL_ERROR, f"channel {channel} exceeds channel_max "
-                            f"{self.channel_max}", *_ids(frame))
+            raise AmqpError(ReplyCode.NOT_ALLOWED, f"number of channels opened "
+                            f"({len(self._channels)}) has reached the negotiated channel_max "
+                            f"({self.channel_max})")
         self._send(encode_method(channel, Channel.OpenOk()))
         self._events.append(ChannelOpened(channel))
 
     def _on_channel_close(self, channel: int, frame: Channel.Close,
                           before: ChannelState) -> None:
-        self._send(encode_method(channel, Channel.CloseOk()))
-        if before is not ChannelState.CLOSING:
+        if before is ChannelState.CLOSING:  # crossing ours: what it sent is discarded anyway
+            self._send(encode_method(channel, Channel.CloseOk()))
+        else:  # close-ok once what it sent before is carried out (finish_channel_close)
             self._events.append(ChannelClosed(channel, frame.reply_code, frame.reply_text, True))
 
     def _on_channel_close_ok(self, channel: int, frame: Channel.CloseOk,
@@ -310,8 +335,9 @@ class ServerConnection:
                             f"{frame.class_id}, expected {Basic.frame_id}")
         if frame.body_size > self.options.max_message_size:
             self.close_channel(channel, ReplyCode.PRECONDITION_FAILED,
-                               f"message size {frame.body_size} is larger than configured max "
-                               f"size {self.options.max_message_size}", *_ids(content.method))
+                               f"PRECONDITION_FAILED - message size {frame.body_size} is larger "
+                               f"than configured max size {self.options.max_message_size}",
+                               *_ids(content.method))
             return
         content.properties, content.size = frame.properties, frame.body_size
         if not frame.body_size:
@@ -386,15 +412,23 @@ class ServerConnection:
                           *ids(Connection.Open()))
 
     def close_connection(self, code: int = ReplyCode.REPLY_SUCCESS, text: str = "",
-                         class_id: int = 0, method_id: int = 0) -> None:
+                         class_id: int = 0, method_id: int = 0, channel: int = 0) -> None:
         """Send connection.close (shutdown, a hard error) and wait for close-ok; then, or after
-        ``close_timeout``, `ConnectionClosed` follows. Nothing else is read meanwhile."""
+        ``close_timeout``, `ConnectionClosed` follows. Nothing else is read meanwhile.
+        ``channel``: the channel whose method caused it; what was read on it after that is
+        discarded (`accepts`). Does nothing once the connection is closing or closed (a
+        method read before a close may fail after it)."""
+        if self.state in (State.CLOSE_RECEIVED, State.CLOSING, State.CLOSED):
+            return
+        if channel:
+            self._discarding.add(channel)
         self._start_close(code, text, class_id, method_id)
 
     def close_channel(self, channel: int, code: int, text: str, class_id: int = 0,
                       method_id: int = 0) -> None:
         """Send channel.close for a soft error (403, 404, 405, 406) and wait for close-ok; the
-        channel ignores everything else meanwhile. `ChannelClosed` follows the close-ok."""
+        channel ignores everything else meanwhile, and what was read on it before is discarded
+        (`accepts`). `ChannelClosed` follows the close-ok."""
         if ReplyCode(code).hard:
             raise ValueError(f"{code} is a connection error: use close_connection")
         state = self.channel_state(channel)
@@ -404,8 +438,30 @@ class ServerConnection:
         self._set_channel(channel, after)
         self._contents.pop(channel, None)
         self._channel_close[channel] = (code, text)
+        self._discarding.add(channel)
         self._send(encode_method(channel, Channel.Close(code, text[:MAX_TEXT], class_id,
                                                         method_id)))
+
+    def finish_channel_close(self, channel: int) -> None:
+        """What was read on ``channel`` before its `ChannelClosed` is carried out: answer the
+        client's close with close-ok, or (after our close) carry out what it sends on the
+        channel from now on. Nothing to send once the connection is closing or closed."""
+        self._discarding.discard(channel)
+        if self.channel_state(channel) is ChannelState.CLOSE_RECEIVED:
+            self._set_channel(channel, CHANNEL_TRANSITIONS[ChannelState.CLOSE_RECEIVED,
+                                                           Action.FINISH_CLOSE])
+            if self.state is State.OPEN:
+                self._send(encode_method(channel, Channel.CloseOk()))
+
+    def finish_close(self) -> None:
+        """What was read before `CloseRequested` is carried out: send close-ok; then
+        `ConnectionClosed` follows. Does nothing once the connection is closed (the client
+        did not wait for close-ok)."""
+        if self.state is State.CLOSED:
+            return
+        self._transition(Action.FINISH_CLOSE)
+        self._send(encode_method(0, Connection.CloseOk()))
+        self._closed(*self._close, True)
 
     def can_send(self, channel: int) -> bool:
         """Whether `send_method` / `send_content` on ``channel`` would send anything."""
@@ -522,6 +578,10 @@ _HANDSHAKE: Final = frozenset({State.AWAITING_HEADER, State.AWAITING_START_OK,
                                State.AWAITING_OPEN, State.VHOST_REQUESTED})
 _HEARTBEATING: Final = frozenset({State.AWAITING_OPEN, State.VHOST_REQUESTED, State.OPEN})
 """Heartbeats run from tune-ok on (RabbitMQ starts its heartbeater there)."""
+_NOT_READING: Final = frozenset({State.LOGIN_REQUESTED, State.VHOST_REQUESTED,
+                                 State.CLOSE_RECEIVED, State.CLOSED})
+"""States in which buffered frames are not decoded: the adapter must answer first, or the
+client may send nothing more."""
 
 
 def _ids(frame: Any) -> tuple[int, int]:

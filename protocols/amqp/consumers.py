@@ -1,6 +1,7 @@
 """Every AMQP consumer of every connection, by queue, and who of them may take messages now.
 
 - exclusive consumers (basic.consume exclusive=true) keep a queue to themselves (403 else);
+  a queue with a single active consumer takes none (403, as RabbitMQ);
 - in a queue declared with ``x-single-active-consumer``, only the active consumer takes
   messages; when it goes, the first of the rest (highest ``x-priority``, then the earliest
   registered) takes over;
@@ -62,11 +63,14 @@ class Consumers:
         """The single active consumer of each queue declared with x-single-active-consumer."""
 
     def add(self, consumer: Member) -> None:
-        """Register ``consumer``; AccessDenied (403) if it or one there is exclusive."""
-        present = self._by_queue.setdefault(consumer.queue, [])
-        if present and (consumer.exclusive or any(c.exclusive for c in present)):
+        """Register ``consumer``; AccessDenied (403) if it or one there is exclusive, or if it
+        is exclusive on a queue with a single active consumer."""
+        present = self._by_queue.get(consumer.queue, [])
+        if (consumer.exclusive and consumer.single_active) or (
+                present and (consumer.exclusive or any(c.exclusive for c in present))):
             raise AccessDenied(f"queue {clip(consumer.queue_name)} in vhost "
                                f"{clip(consumer.vhost)} in exclusive use")
+        present = self._by_queue.setdefault(consumer.queue, present)
         present.append(consumer)
         present.sort(key=lambda c: -c.priority)  # stable: the earliest first among equals
         if consumer.single_active:

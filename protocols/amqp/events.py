@@ -39,8 +39,10 @@ class ChannelOpened:
 
 @dataclass(frozen=True)
 class ChannelClosed:
-    """A channel is gone: the client closed it (answered with close-ok; ``by_client``) or
-    confirmed the close we sent (`close_channel`). Its consumers and unacked deliveries go."""
+    """A channel is closing: the client closed it (``by_client``) or confirmed the close we
+    sent (`close_channel`). Carry out what was read before it, release its consumers and
+    unacked deliveries, then call `finish_channel_close`: that answers the client's close with
+    close-ok, and ends the discarding of what was read on a channel we closed."""
 
     channel: int
     reply_code: int
@@ -76,9 +78,20 @@ class PublishReceived:
 
 
 @dataclass(frozen=True)
+class CloseRequested:
+    """connection.close from the client: carry out what was read before it (publishes stored),
+    then call `finish_close`, which sends close-ok; `ConnectionClosed` follows. Nothing after
+    it is read."""
+
+    reply_code: int
+    reply_text: str
+
+
+@dataclass(frozen=True)
 class ConnectionClosed:
-    """The connection is over: write out `data_to_send()` and close the socket.
-    ``by_client`` is True when the client closed it (connection.close, EOF)."""
+    """The connection is over on the wire: write out `data_to_send()` and close the socket.
+    ``by_client`` is True when the client closed it (connection.close, EOF). What was read
+    before it and not carried out yet still is, as after `CloseRequested`."""
 
     reply_code: int
     reply_text: str
@@ -86,5 +99,5 @@ class ConnectionClosed:
 
 
 Event = (LoginRequested | VhostRequested | ChannelOpened | ChannelClosed | FlowChanged
-         | MethodReceived | PublishReceived | ConnectionClosed)
+         | MethodReceived | PublishReceived | CloseRequested | ConnectionClosed)
 """Anything `ServerConnection.next_event()` returns."""

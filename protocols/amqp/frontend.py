@@ -63,6 +63,9 @@ class AmqpFrontend:
                                   self.consumers.count, self.spawn, self.deleted)
         """Core's named queues with each AMQP queue's TTL, limits and dead-lettering."""
         self.options = options
+        self.connection_options = options.connection_options(broker.config.max_message_bytes)
+        """What each connection is built with: a body core would refuse is refused at its
+        content header (406, as RabbitMQ refuses one above its max_message_size)."""
         self.denials = DenialLog(log)
         self.alarms = Alarms()
         self.max_connections = options.connection_limit()

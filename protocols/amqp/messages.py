@@ -17,7 +17,7 @@ from pamqp.base import Frame
 from pamqp.commands import Basic, Confirm
 
 from core.acl import Withheld
-from core.errors import NotSupported, PreconditionFailed, SluiceError
+from core.errors import NotSupported, PreconditionFailed
 from core.model import Delivery, Principal
 from core.queue_features import features, levels
 from core.service import MAX_INVISIBLE_MS, Broker
@@ -95,15 +95,6 @@ class Messages:
         """Carry out ``method``; its answer, or None (nowait, acks)."""
         return _HANDLERS[type(method)](self, channel, method)
 
-    def settle_read(self, channel: int, method: Frame) -> None:
-        """Carry out an ack, nack or reject read before its channel or connection closed (no
-        answer can go out any more); other methods are dropped."""
-        if type(method) in _SETTLING and channel in self._channels:
-            try:
-                _HANDLERS[type(method)](self, channel, method)
-            except SluiceError:
-                pass  # an unknown tag: the channel is closing anyway
-
     def _select(self, channel: int, m: Confirm.Select) -> Frame | None:
         self._channels.of(channel).confirming = True
         return None if m.nowait else Confirm.SelectOk()
@@ -134,6 +125,8 @@ class Messages:
         return queue, named
 
     def _get(self, channel: int, m: Basic.Get) -> Frame | None:
+        if not self.conn.can_send(channel):  # read before a close: nothing could go out
+            return None
         queue, named = self._queue(channel, m.queue)
         kind = features(queue.arguments)
         if kind.stream:
@@ -230,7 +223,8 @@ class Messages:
         tag = m.consumer_tag or f"amq.ctag-{uuid.uuid4().hex}"
         if tag in state.consumers or tag == state.reply_tag:  # a connection error in RabbitMQ
             self.conn.close_connection(ReplyCode.NOT_ALLOWED, "NOT_ALLOWED - attempt to reuse "
-                                       f"consumer tag {clip(tag)}", *ids(m))
+                                       f"consumer tag {clip(tag)}", *ids(m),
+                                       channel=channel)
             return None
         consumer = Consumer(self, channel, state, tag, self.topology.vhost, queue, named,
                             m)
@@ -256,7 +250,8 @@ class Messages:
         tag = m.consumer_tag or f"amq.ctag-{uuid.uuid4().hex}"
         if tag in state.consumers:
             self.conn.close_connection(ReplyCode.NOT_ALLOWED, "NOT_ALLOWED - attempt to reuse "
-                                       f"consumer tag {clip(tag)}", *ids(m))
+                                       f"consumer tag {clip(tag)}", *ids(m),
+                                       channel=channel)
             return None
         state.reply_address = self.replies.add(ReplyConsumer(channel, tag, self.deliver_reply,
                                                              self.topology.vhost))
@@ -379,5 +374,3 @@ _HANDLERS: dict[type, Callable[[Messages, int, Any], Frame | None]] = {
     Basic.Consume: Messages._consume,
     Basic.Cancel: Messages._cancel,
 }
-_SETTLING = (Basic.Ack, Basic.Nack, Basic.Reject)
-"""Methods that still count when read before their channel or connection closed."""

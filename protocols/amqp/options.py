@@ -34,16 +34,20 @@ class AmqpOptions:
     """A connection that has not finished its handshake within this many seconds is closed."""
     max_connections: int = 0
     """Open AMQP connections at once; 0: the process's descriptor limit less a reserve."""
-    max_message_size: int = 128 << 20
-    """Largest message body accepted (RabbitMQ's default); a larger publish is a 406."""
+    max_message_size: int = 16 << 20
+    """Largest message body accepted (RabbitMQ 4's default); a larger publish is a 406. Core's
+    ``max_message_bytes`` applies too: the smaller of the two is what clients are held to."""
     guest_from_loopback: bool = True
     """As RabbitMQ: user ``guest`` (password ``guest``) exists and may log in only from a
     loopback address. False: no guest user is created and ``guest`` is like any user."""
 
-    def connection_options(self) -> Options:
-        """What each sans-IO `ServerConnection` is built with."""
+    def connection_options(self, max_body: int | None = None) -> Options:
+        """What each sans-IO `ServerConnection` is built with; ``max_body``: the largest body
+        the broker stores (core's ``max_message_bytes``), when smaller than ours."""
+        largest = self.max_message_size if max_body is None else min(max_body,
+                                                                        self.max_message_size)
         return Options(channel_max=self.channel_max, frame_max=self.frame_max,
-                       heartbeat=self.heartbeat_s, max_message_size=self.max_message_size,
+                       heartbeat=self.heartbeat_s, max_message_size=largest,
                        handshake_timeout=self.connect_timeout_s)
 
     def connection_limit(self) -> int:

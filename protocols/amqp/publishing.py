@@ -1,11 +1,13 @@
 """One AMQP connection's publishes: checked as RabbitMQ checks them, routed through the virtual
 host, admitted by the queues' limits, stored once with one core send per batch, and confirmed
 once durable (nacked when they cannot be stored); direct replies go straight to their consumer.
-Runs on the event loop.
+A publish read before its channel or connection closed is stored all the same: only its confirm
+or return cannot go out any more. Runs on the event loop.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -31,6 +33,8 @@ from .mapping import TOPIC_EXCHANGE, exchange_topic, subject_of_key, to_outgoing
 from .queue_limits import QueueLimits, parse_expiration
 from .reason_codes import ReplyCode
 from .topology import Topology
+
+log = logging.getLogger(__name__)
 
 Fail = Callable[[int, Frame, Exception], None]
 CC, BCC = "CC", "BCC"
@@ -79,8 +83,8 @@ class Publisher:
         """(channel, tag) of publishes a full reject-publish queue refused: nacked."""
         pending: dict[str, tuple[int, int]] = {}
         for event in events:
-            if not self.conn.can_send(event.channel):
-                continue  # its channel or connection is closing: dropped, as RabbitMQ does
+            if not self.conn.accepts(event.channel):
+                continue  # the broker closed its channel with an error: discarded (spec)
             try:
                 replied = self._direct_reply(event)
                 message = None if replied else self._prepare(event)
@@ -195,6 +199,8 @@ class Publisher:
             ok, error = False, failed
         if ok:
             self.queues.stored(messages)
+        else:
+            self._log_untold(batch, error)
         tags: dict[int, list[int]] = {}
         for channel, tag, _ in batch:
             if tag and (channel, tag) in refused:
@@ -210,3 +216,13 @@ class Publisher:
             if state is not None:
                 for answer in state.confirmed(channel_tags, ok):
                     self.conn.send_method(channel, answer)
+
+    def _log_untold(self, batch: list[tuple[int, int, OutgoingMessage]],
+                    error: SluiceError | None) -> None:
+        """One line for publishes that were not stored and whose publisher can no longer be
+        told (no nack, no channel close), because it closed after sending them."""
+        untold = sum(1 for channel, _, _ in batch if not self.conn.can_send(channel))
+        if untold:
+            log.warning("AMQP connection %s of user %s closed before %d of its publishes could "
+                        "be stored; they were not stored: %s", self.topology.connection_id,
+                        clip(self.principal.user), untold, clip(str(error), 300))

@@ -4,8 +4,9 @@ declare/delete/purge, exchange-to-exchange and queue bindings.
 Each handler returns the method that answers (None under ``nowait``) or raises a core error,
 which the adapter turns into a reply code (``errors.reply_code``). Rights are RabbitMQ's
 (``access.VhostAccess``): configure to declare or delete, write on the destination and read on
-the source to bind, read to purge; passive declares need only the virtual host. Runs on the
-event loop.
+the source to bind, read to purge; passive declares need only the virtual host. As in RabbitMQ,
+no method may name the default exchange ("") but a publish (403), and the ``amq.*`` exchanges
+cannot be deleted (403). Runs on the event loop.
 """
 
 from __future__ import annotations
@@ -16,8 +17,8 @@ from typing import Any, Protocol
 from pamqp.base import Frame
 from pamqp.commands import Exchange, Queue
 
-from core.errors import NotFound, PreconditionFailed, ResourceLocked
-from core.exchanges import Destination
+from core.errors import AccessDenied, NotFound, PreconditionFailed, ResourceLocked
+from core.exchanges import DEFAULT_EXCHANGE, Destination
 from core.model import Principal
 from core.untrusted import clip
 from core.queue_features import features, levels
@@ -108,6 +109,7 @@ class Topology:
     # ---------------------------------------------------------------- exchanges
 
     async def _exchange_declare(self, channel: int, m: Exchange.Declare) -> Frame | None:
+        _not_default(m.exchange)
         if not m.passive:
             self.access.check(Right.CONFIGURE, EXCHANGE, m.exchange)
         await self.vhosts.declare_exchange(
@@ -117,6 +119,10 @@ class Topology:
         return None if m.nowait else Exchange.DeclareOk()
 
     async def _exchange_delete(self, channel: int, m: Exchange.Delete) -> Frame | None:
+        _not_default(m.exchange)
+        if m.exchange.startswith("amq."):  # whether it exists or not, as RabbitMQ
+            raise AccessDenied(f"deletion of system exchange {clip(m.exchange)} in vhost "
+                               f"{clip(self.vhost)} not allowed")
         self.access.check(Right.CONFIGURE, EXCHANGE, m.exchange)
         await self.vhosts.delete_exchange(self.vhost, m.exchange, if_unused=m.if_unused)
         return None if m.nowait else Exchange.DeleteOk()
@@ -207,8 +213,12 @@ class Topology:
         return None if m.nowait else Queue.PurgeOk(count)
 
     def _check_bind(self, source: str, destination: str, kind: str) -> None:
-        """RabbitMQ's rule for (un)binding: write on the destination, read on the source."""
+        """RabbitMQ's rule for (un)binding: write on the destination, read on the source; the
+        default exchange is neither (checked in RabbitMQ's order)."""
         self.access.check(Right.WRITE, kind, destination)
+        if kind == EXCHANGE:
+            _not_default(destination)
+        _not_default(source)
         self.access.check(Right.READ, EXCHANGE, source)
 
     def _check_declare(self, name: str, arguments: dict[str, Any]) -> None:
@@ -228,6 +238,12 @@ class Topology:
             except NotFound:
                 pass
         self.exclusive.clear()
+
+
+def _not_default(exchange: str) -> None:
+    """AccessDenied (403) for the default exchange, in RabbitMQ's words."""
+    if exchange == DEFAULT_EXCHANGE:
+        raise AccessDenied("operation not permitted on the default exchange")
 
 
 _HANDLERS: dict[type, Handler] = {

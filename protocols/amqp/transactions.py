@@ -123,7 +123,7 @@ class Transactions:
         if held.publishes:
             await self.messages.publish(held.publishes)
         for ack in held.acks:
-            if not self.messages.conn.can_send(channel):
+            if not self.messages.conn.accepts(channel):
                 return  # the publishes failed and closed the channel: its deliveries go back
             await self.messages.answer(channel, ack)
 

@@ -37,7 +37,7 @@ from store.errors import StoreError, StoreLockedError
 from store.file_store import FileStore
 
 from protocols.admin import AdminDeps, AdminServer, start_admin_server
-from .config import Config, env_name, topic_rules
+from .config import Config, core_settings, env_name, topic_rules
 from .logs import configure_logging
 from protocols.amqp.frontend import AmqpFrontend
 from protocols.amqp.listener import AmqpListener, start_amqp_listener
@@ -189,7 +189,13 @@ async def start(config: Config) -> RunningBroker:
     running: RunningBroker | None = None
     try:
         metadata = await asyncio.to_thread(_open_metadata, config)
-        core = Core(store, metadata, config.data_dir, config.core, flush=config.store.flush,
+        settings = core_settings(config)
+        if settings.max_message_bytes < config.core.max_message_bytes:
+            log.warning("core.max_message_bytes = %d does not fit store.segment_size = %d: "
+                        "message bodies are limited to half a segment, %d bytes; raise "
+                        "segment_size to allow more", config.core.max_message_bytes,
+                        config.store.segment_size, settings.max_message_bytes)
+        core = Core(store, metadata, config.data_dir, settings, flush=config.store.flush,
                     subject_syntax=MQTT_TOPIC_SYNTAX, topic_rules=topic_rules(config))
         running = RunningBroker(config, store, metadata, core)
         await core.start()

@@ -125,6 +125,16 @@ def topic_rules(config: Config) -> tuple[tuple[str, str], ...]:
     return rules
 
 
+def core_settings(config: Config) -> CoreConfig:
+    """``config.core`` with ``max_message_bytes`` at most half a store segment: a record holds
+    its properties, keys and fan-out besides the body, and must fit in one segment, so a
+    larger body could never be stored (the default segment, 128 MiB, leaves 16 MiB alone)."""
+    most = config.store.segment_size // 2
+    if config.core.max_message_bytes <= most:
+        return config.core
+    return dataclasses.replace(config.core, max_message_bytes=most)
+
+
 def env_name(dotted: str) -> str:
     """The environment variable for a dotted path: ``native.port`` -> ``SLUICE_NATIVE_PORT``."""
     return ENV_PREFIX + dotted.replace(".", "_").upper()

@@ -21,7 +21,7 @@ from protocols.amqp.codec import Decoder as AmqpDecoder
 from protocols.amqp.connection import Options as AmqpOptions
 from protocols.amqp.connection import ServerConnection as AmqpConnection
 from protocols.amqp.events import ConnectionClosed as AmqpClosed
-from protocols.amqp.events import LoginRequested, VhostRequested
+from protocols.amqp.events import ChannelClosed, CloseRequested, LoginRequested, VhostRequested
 from protocols.amqp.frames import HEARTBEAT_FRAME, PROTOCOL_HEADER, encode_content, encode_method
 from protocols.amqp.reason_codes import AmqpError, BadProtocolHeader
 from protocols.mqtt.codec import Decoder, encode
@@ -182,7 +182,8 @@ def test_amqp_mutated_streams_give_frames_or_amqp_errors_however_split(seed, lie
 
 
 def run_amqp_connection(chunks: list[bytes]) -> tuple[list[object], bytes]:
-    """An AMQP server connection that accepts every login and vhost, fed ``chunks``."""
+    """An AMQP server connection that accepts every login and vhost and finishes every close
+    at once (as an adapter with nothing left to carry out), fed ``chunks``."""
     conn = AmqpConnection(AmqpOptions(frame_max=1 << 16, channel_max=16, heartbeat=10,
                                       max_message_size=1 << 15))
     events, written = [], bytearray()
@@ -195,6 +196,10 @@ def run_amqp_connection(chunks: list[bytes]) -> tuple[list[object], bytes]:
                 conn.accept_login()
             elif isinstance(event, VhostRequested):
                 conn.open_vhost()
+            elif isinstance(event, ChannelClosed):
+                conn.finish_channel_close(event.channel)
+            elif isinstance(event, CloseRequested):
+                conn.finish_close()
             elif isinstance(event, AmqpClosed):
                 assert isinstance(event.reply_code, int) and event.reply_code
         written += conn.data_to_send()

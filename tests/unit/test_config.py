@@ -5,7 +5,8 @@ import dataclasses
 
 import pytest
 
-from sluice.server.config import Config, ConfigError, describe_sources, env_name, leaf_paths, load_config
+from sluice.server.config import (Config, ConfigError, core_settings, describe_sources, env_name,
+                                  leaf_paths, load_config)
 
 
 def write(tmp_path, text: str):
@@ -23,6 +24,14 @@ def test_defaults_bind_loopback_on_the_documented_ports():
     assert config.auth.allow_anonymous is False
     assert (config.auth.default_user, config.auth.default_password) == ("sluice", "sluice")
     assert config.metadata_url is None
+
+
+def test_a_message_body_is_at_most_rabbitmq_4s_default_and_half_a_store_segment():
+    assert core_settings(load_config()).max_message_bytes == 16 << 20
+    small = load_config(overrides={"store.segment_size": 4 << 20})
+    assert core_settings(small).max_message_bytes == 2 << 20  # a record must fit a segment
+    lowered = load_config(overrides={"core.max_message_bytes": 1024})
+    assert core_settings(lowered).max_message_bytes == 1024
 
 
 def test_the_tree_is_frozen():
@@ -107,7 +116,7 @@ def test_amqp_is_configured_in_its_own_section(tmp_path):
                          env={"SLUICE_AMQP_FRAME_MAX": "65536"}, overrides={"host": "0.0.0.0"})
     amqp = config.amqp
     assert (amqp.port, amqp.heartbeat_s, amqp.frame_max, amqp.host) == (5673, 30, 65536, "0.0.0.0")
-    assert not amqp.guest_from_loopback and amqp.max_message_size == 128 << 20
+    assert not amqp.guest_from_loopback and amqp.max_message_size == 16 << 20
     assert load_config(overrides={"amqp.port": -1}).amqp.port == -1
     with pytest.raises(ConfigError, match="amqp.port = -2 is out of range"):
         load_config(overrides={"amqp.port": -2})

@@ -14,10 +14,13 @@ prefetch window full), it asks the broker for counts instead of waiting for sile
 from __future__ import annotations
 
 import asyncio
+import subprocess
+import sys
 import time
 import uuid
 from collections.abc import Callable
 from decimal import Decimal
+from pathlib import Path
 from typing import Any
 
 import aio_pika
@@ -73,8 +76,9 @@ def connect(broker: Any, **more: Any) -> pika.BlockingConnection:
 
 
 def attempt(connection: pika.BlockingConnection, action: Callable[[Any], Any]) -> Any:
-    """Run ``action(channel)`` on a new channel: "ok" (or what it returned), or the channel or
-    connection close it caused as ("channel" | "connection", reply code, reply text)."""
+    """Run ``action(channel)`` on a new channel: "ok" (or what it returned), "nacked" for a
+    publish the broker nacked, or the channel or connection close it caused as ("channel" |
+    "connection", reply code, reply text)."""
     channel = connection.channel()
     try:
         result = action(channel)
@@ -82,6 +86,8 @@ def attempt(connection: pika.BlockingConnection, action: Callable[[Any], Any]) -
         return ("channel", closed.reply_code, closed.reply_text)
     except pika_errors.ConnectionClosedByBroker as closed:
         return ("connection", closed.reply_code, closed.reply_text)
+    except pika_errors.NackError:
+        return "nacked"
     if channel.is_open:
         channel.close()
     return "ok" if result is None else result
@@ -825,8 +831,172 @@ def sender_selected(broker: Any) -> dict[str, Any]:
     return n.rel(seen)
 
 
+# ---------------------------------------------------------------------------------------------
+# publishes just before a close (pika blocking, and RabbitMQ's tutorial send.py as written)
+
+TUTORIAL = Path(__file__).parent / "tutorial"
+AS_WRITTEN = ("import runpy, sys, pika.connection; "
+              "pika.connection.Parameters.DEFAULT_PORT = int(sys.argv[2]); "
+              "runpy.run_path(sys.argv[1], run_name='__main__')")
+"""Runs a tutorial script unchanged, with pika's default port (5672) pointed at the broker."""
+
+
+def consumed(channel: Any, queue: str, count: int) -> tuple[list[bytes], int]:
+    """Consume ``count`` messages of ``queue`` (each awaited up to ``WAIT_S``) and ack them;
+    (their bodies in order, messages left in the queue after them)."""
+    bodies: list[bytes] = []
+    for method, _, body in channel.consume(queue, inactivity_timeout=WAIT_S) if count else ():
+        if method is None:
+            break
+        channel.basic_ack(method.delivery_tag)
+        bodies.append(body)
+        if len(bodies) == count:
+            break
+    if count:
+        channel.cancel()
+    return bodies, channel.queue_declare(queue, passive=True).method.message_count
+
+
+def tutorial_send(broker: Any) -> dict[str, Any]:
+    """RabbitMQ's tutorial send.py run five times, each a process of its own (publish one
+    message without confirms, then connection.close()); then a consumer gets every message."""
+    setup = connect(broker)
+    channel = setup.channel()
+    channel.queue_declare("hello")
+    channel.queue_purge("hello")
+    printed = []
+    for _ in range(5):
+        run = subprocess.run([sys.executable, "-c", AS_WRITTEN, str(TUTORIAL / "send.py"),
+                              str(broker.port)], capture_output=True, text=True, timeout=60)
+        printed.append((run.returncode, run.stdout, run.stderr))
+    bodies, left = consumed(channel, "hello", 5)
+    channel.queue_delete("hello")
+    setup.close()
+    return {"send.py": printed, "consumed": bodies, "left": left}
+
+
+CLOSE_VARIANTS = {"channel.close": 15, "connection.close": 15, "closed channel": 5,
+                  "other channel": 5, "committed": 5, "uncommitted": 0}
+"""Queue of each variant of ``publishes_then_close`` -> the messages RabbitMQ keeps in it."""
+
+
+def publishes_then_close(broker: Any) -> dict[str, Any]:
+    """Publishes without confirms right before a close: five then channel.close(), five then
+    connection.close() (three connections each); five on a channel, its close, five on another
+    channel, connection.close(); a transaction committed, then five publishes left uncommitted
+    at the channel's close. What a consumer gets afterwards, in order."""
+    n = Names()
+    setup = connect(broker)
+    reader = setup.channel()
+    for label in CLOSE_VARIANTS:
+        reader.queue_declare(n(label))
+
+    def five(channel: Any, label: str, run: int = 0) -> None:
+        for i in range(5):
+            channel.basic_publish("", n(label), f"{label} {run}.{i}".encode())
+    for run in range(3):
+        connection = connect(broker)
+        channel = connection.channel()
+        five(channel, "channel.close", run)
+        channel.close()
+        connection.close()
+        connection = connect(broker)
+        five(connection.channel(), "connection.close", run)
+        connection.close()
+    connection = connect(broker)
+    channel = connection.channel()
+    five(channel, "closed channel")
+    channel.close()
+    five(connection.channel(), "other channel")
+    connection.close()
+    connection = connect(broker)
+    channel = connection.channel()
+    channel.tx_select()
+    five(channel, "committed")
+    channel.tx_commit()
+    five(channel, "uncommitted")
+    channel.close()
+    connection.close()
+    seen = {label: consumed(reader, n(label), count) for label, count in CLOSE_VARIANTS.items()}
+    for label in CLOSE_VARIANTS:
+        reader.queue_delete(n(label))
+    setup.close()
+    return n.rel(seen)
+
+
+# ---------------------------------------------------------------------------------------------
+# what RabbitMQ's client suites check: exclusive consumers, reserved exchanges, limits (pika)
+
+def nothing(*delivery: Any) -> None:
+    """A consumer callback for consumers that only have to exist."""
+
+
+def conformance(broker: Any) -> dict[str, Any]:
+    """Exclusive consumers (a single-active-consumer queue takes none), the default exchange
+    (nothing but a publish may name it) and the ``amq.*`` ones (never deleted), channel_max
+    counting open channels, and RabbitMQ 4's largest message (16 MiB, configured on the
+    RabbitMQ node since Debian's 3.10 allows 128 MiB)."""
+    n = Names()
+    seen: dict[str, Any] = {}
+    connection = connect(broker)
+    setup = connection.channel()
+    setup.queue_declare(n("q"))
+    setup.queue_declare(n("single"), arguments={"x-single-active-consumer": True})
+    for label, first, second in [("exclusive consume where a consumer is", False, True),
+                                 ("exclusive consume where an exclusive one is", True, True),
+                                 ("consume where an exclusive one is", True, False)]:
+        seen[label] = attempt(connection, lambda ch, first=first, second=second: (
+            ch.basic_consume(n("q"), nothing, exclusive=first),
+            ch.basic_consume(n("q"), nothing, exclusive=second)) and None)
+    seen["exclusive consume of a single-active-consumer queue"] = attempt(
+        connection, lambda ch: ch.basic_consume(n("single"), nothing, exclusive=True))
+    seen["consume of a single-active-consumer queue"] = attempt(
+        connection, lambda ch: ch.basic_consume(n("single"), nothing) and None)
+    for label, action in [
+            ("passive declare of the default exchange",
+             lambda ch: ch.exchange_declare("", passive=True)),
+            ("declare of the default exchange",
+             lambda ch: ch.exchange_declare("", "direct", durable=True)),
+            ("delete of the default exchange", lambda ch: ch.exchange_delete("")),
+            ("delete of amq.direct", lambda ch: ch.exchange_delete("amq.direct")),
+            ("delete of a missing amq. exchange",
+             lambda ch: ch.exchange_delete("amq." + n("x"))),
+            ("queue bound to the default exchange", lambda ch: ch.queue_bind(n("q"), "", "k")),
+            ("queue unbound from the default exchange",
+             lambda ch: ch.queue_unbind(n("q"), "", "k")),
+            ("default exchange bound to amq.direct",
+             lambda ch: ch.exchange_bind("", "amq.direct", "k"))]:
+        seen[label] = attempt(connection, lambda ch, action=action: action(ch) and None)
+    for label, size in [("16 MiB message", 16 << 20), ("22 MB message", 22_000_000)]:
+        seen[label] = attempt(connection, lambda ch, size=size: (
+            ch.confirm_delivery(), ch.basic_publish("", n("q"), b"x" * size)) and "confirmed")
+    connection.channel().queue_delete(n("q"))
+    connection.channel().queue_delete(n("single"))
+    connection.close()
+    seen.update(channel_limit(broker))
+    return n.rel(seen)
+
+
+def channel_limit(broker: Any) -> dict[str, Any]:
+    """channel_max 8: a channel numbered 30 opens while fewer are open; a ninth open channel
+    closes the connection."""
+    seen: dict[str, Any] = {}
+    connection = connect(broker, channel_max=8)
+    seen["channel_max"] = connection._impl.params.channel_max
+    seen["channel numbered above channel_max"] = connection.channel(channel_number=30).is_open
+    try:
+        for number in range(1, 9):
+            connection.channel(channel_number=number)
+        seen["one channel more than channel_max"] = "opened"
+    except pika_errors.ConnectionClosedByBroker as closed:
+        seen["one channel more than channel_max"] = (closed.reply_code, closed.reply_text)
+    if connection.is_open:
+        connection.close()
+    return seen
+
+
 SCENARIOS = [declare_answers, unknown_exchange_type, properties_round_trip, confirms_and_returns,
              requeue_on_close_and_recover, routing, refusals, auto_delete_and_exclusive,
              consume_with_prefetch, kombu_simple_queue, request_reply, handshake,
              transactions_and_purge, direct_reply_to, celery, aio_pika_patterns,
-             prefetch_scopes, sender_selected]
+             prefetch_scopes, sender_selected, tutorial_send, publishes_then_close, conformance]

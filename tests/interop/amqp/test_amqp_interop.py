@@ -321,6 +321,62 @@ def test_sender_selected(amqp_broker):
     }
 
 
+def test_tutorial_send(amqp_broker):
+    """RabbitMQ's tutorial send.py, run as written five times: each message published right
+    before connection.close() is stored and reaches the consumer."""
+    assert observe(s.tutorial_send, amqp_broker) == {
+        "send.py": [(0, " [x] Sent 'Hello World!'\n", "")] * 5,
+        "consumed": [b"Hello World!"] * 5, "left": 0,
+    }
+
+
+def test_publishes_then_close(amqp_broker):
+    """Every publish sent before a channel.close() or connection.close() is kept, in order,
+    whatever channel follows; a transaction's uncommitted publishes are rolled back."""
+    def sent(label: str, runs: int = 1) -> tuple[list[bytes], int]:
+        return [f"{label} {run}.{i}".encode() for run in range(runs) for i in range(5)], 0
+    assert observe(s.publishes_then_close, amqp_broker) == {
+        "channel.close": sent("channel.close", 3), "connection.close": sent("connection.close", 3),
+        "closed channel": sent("closed channel"), "other channel": sent("other channel"),
+        "committed": sent("committed"), "uncommitted": ([], 0),
+    }
+
+
+DEFAULT_EXCHANGE_REFUSED = closed(403, "operation not permitted on the default exchange")
+
+
+def test_conformance(amqp_broker):
+    """What RabbitMQ's client suites check: a second exclusive consumer, or any on a queue with
+    a single active consumer, is 403; nothing but a publish may name the default exchange
+    (403), `amq.*` exchanges are never deleted (403); channel_max counts open channels (530);
+    a message above RabbitMQ 4's 16 MiB is 406 on its channel."""
+    in_exclusive_use = closed(403, "queue '<q>' in vhost '/' in exclusive use")
+    assert observe(s.conformance, amqp_broker) == {
+        "exclusive consume where a consumer is": in_exclusive_use,
+        "exclusive consume where an exclusive one is": in_exclusive_use,
+        "consume where an exclusive one is": in_exclusive_use,
+        "exclusive consume of a single-active-consumer queue": closed(
+            403, "queue '<single>' in vhost '/' in exclusive use"),
+        "consume of a single-active-consumer queue": "ok",
+        "passive declare of the default exchange": DEFAULT_EXCHANGE_REFUSED,
+        "declare of the default exchange": DEFAULT_EXCHANGE_REFUSED,
+        "delete of the default exchange": DEFAULT_EXCHANGE_REFUSED,
+        "delete of amq.direct": closed(403, "deletion of system exchange 'amq.direct' in vhost "
+                                            "'/' not allowed"),
+        "delete of a missing amq. exchange": closed(403, "deletion of system exchange "
+                                                         "'amq.<x>' in vhost '/' not allowed"),
+        "queue bound to the default exchange": DEFAULT_EXCHANGE_REFUSED,
+        "queue unbound from the default exchange": DEFAULT_EXCHANGE_REFUSED,
+        "default exchange bound to amq.direct": DEFAULT_EXCHANGE_REFUSED,
+        "16 MiB message": "confirmed",
+        "22 MB message": closed(406, "message size 22000000 is larger than configured max "
+                                     "size 16777216"),
+        "channel_max": 8, "channel numbered above channel_max": True,
+        "one channel more than channel_max": (530, "NOT_ALLOWED - number of channels opened (8) "
+                                                   "has reached the negotiated channel_max (8)"),
+    }
+
+
 def without_known(scenario: str, observed: Any) -> Any:
     """``observed`` with the keys ``KNOWN`` lists for ``scenario`` left out."""
     if (scenario, "") in KNOWN:

@@ -114,14 +114,14 @@ class Client:
 Scenario = Callable[[AmqpFrontend, Core], Awaitable[None]]
 
 
-def run(tmp_path, scenario: Scenario, options: AmqpOptions = AmqpOptions()) -> None:
+def run(tmp_path, scenario: Scenario, options: AmqpOptions = AmqpOptions(),
+        config: CoreConfig = CoreConfig(offset_commit_interval_ms=50)) -> None:
     """Run ``scenario`` against a started AMQP front end over a core on `MemoryStore` with an
     admin ``ADMIN`` and a plain ``USER`` (both with ``PASSWORD``); stop both afterwards."""
     async def main() -> None:
         store = MemoryStore()
         metadata = MetadataRepository.for_data_dir(str(tmp_path))
-        core = Core(store, metadata, str(tmp_path), CoreConfig(offset_commit_interval_ms=50),
-                    subject_syntax=SYNTAX)
+        core = Core(store, metadata, str(tmp_path), config, subject_syntax=SYNTAX)
         await core.start()
         core.broker.users.create_user(ADMIN, PASSWORD, admin=True)
         core.broker.users.create_user(USER, PASSWORD)

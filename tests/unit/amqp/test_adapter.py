@@ -156,6 +156,29 @@ def test_refusals_close_the_channel_with_rabbitmqs_codes(tmp_path):
     run(tmp_path, scenario)
 
 
+def test_only_a_publish_names_the_default_exchange_and_amq_exchanges_stay(tmp_path):
+    """RabbitMQ's answers: a declare (passive too), delete or binding naming the default
+    exchange is 403, and so is deleting any `amq.` exchange, there or not."""
+    async def scenario(frontend, core):
+        client = Client(frontend)
+        await client.open()
+        await client.call(1, Queue.Declare(queue="q"))
+        for method in (Exchange.Declare(exchange="", passive=True),
+                       Exchange.Declare(exchange="", exchange_type="direct", durable=True),
+                       Exchange.Delete(exchange=""), Queue.Bind(queue="q", exchange=""),
+                       Queue.Unbind(queue="q", exchange=""),
+                       Exchange.Bind(destination="", source="amq.direct")):
+            close = await refused(client, 1, method)
+            assert (close.reply_code, close.reply_text) == (
+                403, "ACCESS_REFUSED - operation not permitted on the default exchange"), method
+        for name in ("amq.direct", "amq.nothing"):
+            close = await refused(client, 1, Exchange.Delete(exchange=name))
+            assert (close.reply_code, close.reply_text) == (
+                403, f"ACCESS_REFUSED - deletion of system exchange '{name}' in vhost '/' not "
+                     "allowed")
+    run(tmp_path, scenario)
+
+
 def test_a_user_without_a_permission_on_the_vhost_is_refused_at_connection_open(tmp_path):
     async def scenario(frontend, core):
         client = Client(frontend)

@@ -24,9 +24,26 @@ def test_open_and_client_close() -> None:
     assert names(conn.data_to_send()) == ["Channel.OpenOk"]
     assert feed(conn, method(1, Channel.Close(200, "bye", 0, 0))) == [
         ChannelClosed(1, 200, "bye", True)]
+    assert conn.channel_state(1) is ChannelState.CLOSE_RECEIVED
+    conn.finish_channel_close(1)
     assert names(conn.data_to_send()) == ["Channel.CloseOk"]
     assert conn.channel_state(1) is ChannelState.CLOSED
     assert feed(conn, method(1, Channel.Open())) == [ChannelOpened(1)]  # a number is reusable
+
+
+def test_a_client_close_is_answered_once_the_adapter_carried_out_what_came_before() -> None:
+    """close-ok waits for `finish_channel_close`; the publish read before the close is still
+    to be carried out (`accepts`), and nothing the client sends after its close is read."""
+    conn = opened(channels=(1, 2))
+    got = feed(conn, publish(1, b"before") + method(1, Channel.Close(200, "bye", 0, 0))
+               + publish(1, b"after") + publish(2, b"other channel"))
+    assert [(type(e), getattr(e, "body", None)) for e in got] == [
+        (PublishReceived, b"before"), (ChannelClosed, None), (PublishReceived, b"other channel")]
+    assert conn.data_to_send() == b"" and conn.accepts(1) and conn.open_channels == 2
+    assert conn.send_method(1, Queue.DeclareOk("q")) is False  # the client discards answers
+    conn.finish_channel_close(1)
+    assert [(c, f.name) for c, f in decode(conn.data_to_send())] == [(1, "Channel.CloseOk")]
+    assert conn.open_channels == 1
 
 
 def test_our_close_ignores_everything_until_close_ok() -> None:
@@ -34,11 +51,15 @@ def test_our_close_ignores_everything_until_close_ok() -> None:
     conn.close_channel(1, ReplyCode.NOT_FOUND, "NOT_FOUND - no queue 'q'", 50, 10)
     [(channel, close)] = decode(conn.data_to_send())
     assert channel == 1 and (close.reply_code, close.class_id, close.method_id) == (404, 50, 10)
+    assert not conn.accepts(1)  # what was read on it before the close is discarded too
     assert feed(conn, method(1, Queue.Declare(queue="q")) + publish(1, b"late")) == []
     assert conn.send_method(1, Queue.DeclareOk("q")) is False
     assert feed(conn, method(1, Channel.CloseOk())) == [
         ChannelClosed(1, 404, "NOT_FOUND - no queue 'q'", False)]
     assert conn.data_to_send() == b"" and conn.state is State.OPEN
+    assert not conn.accepts(1)  # until the adapter carried out the ChannelClosed
+    conn.finish_channel_close(1)
+    assert conn.accepts(1) and conn.data_to_send() == b""
 
 
 def test_a_close_crossing_ours_gets_close_ok() -> None:
@@ -133,7 +154,6 @@ def test_a_whole_message_above_max_message_size_in_one_body_frame_is_406_too() -
 
 @pytest.mark.parametrize(("frames", "code"), [
     (method(1, Channel.Open()), ReplyCode.CHANNEL_ERROR),  # re-opening an open channel
-    (method(17, Channel.Open()), ReplyCode.CHANNEL_ERROR),  # above channel_max (16)
     (method(5, Queue.Declare(queue="q")), ReplyCode.CHANNEL_ERROR),  # never opened
     (publish(5, b"x"), ReplyCode.CHANNEL_ERROR),  # a whole publish on a channel never opened
     (method(1, Basic.Publish()) + b"\x02\x00\x01\x00\x00\x00\x05\x00\x3c\x00\x00\x00\xce",
@@ -157,11 +177,36 @@ def test_hard_errors_close_the_connection(frames: bytes, code: int) -> None:
     assert closed.reply_code == code and not closed.by_client
 
 
+def test_channel_max_counts_open_channels_as_rabbitmq_does() -> None:
+    """A channel numbered above channel_max (16) opens while fewer are open; one more than
+    channel_max open is 530 NOT_ALLOWED, the connection closed, in RabbitMQ's words."""
+    conn = opened()
+    for channel in [*range(2, 16), 300]:
+        assert feed(conn, method(channel, Channel.Open())) == [ChannelOpened(channel)]
+    conn.data_to_send()
+    assert conn.open_channels == 16
+    assert feed(conn, method(17, Channel.Open())) == []
+    [(channel, close)] = decode(conn.data_to_send())
+    assert (channel, close.reply_code, close.reply_text) == (0, 530, (
+        "NOT_ALLOWED - number of channels opened (16) has reached the negotiated channel_max "
+        "(16)"))
+
+
 def test_a_body_longer_than_its_header_says_is_505() -> None:
     conn = opened()
     feed(conn, method(1, Basic.Publish()) + frame.marshal(ContentHeader(0, 3), 1)
          + frame.marshal(ContentBody(b"toolong"), 1))
     assert close_of(conn.data_to_send()) == (0, ReplyCode.UNEXPECTED_FRAME)
+
+
+def test_a_connection_error_discards_what_was_read_on_its_channel_only() -> None:
+    conn = opened(channels=(1, 2))
+    conn.close_connection(530, "NOT_ALLOWED - attempt to reuse consumer tag 'c'", 60, 20,
+                          channel=1)
+    assert close_of(conn.data_to_send()) == (0, 530)
+    assert not conn.accepts(1) and conn.accepts(2)
+    conn.close_connection(541, "INTERNAL_ERROR - a second error")  # closing already: nothing
+    assert conn.data_to_send() == b"" and conn.state is State.CLOSING
 
 
 def test_adapter_may_not_close_a_channel_that_is_not_open() -> None:

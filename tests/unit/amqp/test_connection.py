@@ -7,12 +7,14 @@ import pytest
 from pamqp.commands import Channel, Connection
 
 from protocols.amqp.connection import ConnectionStateError, Options, ServerConnection
-from protocols.amqp.events import ConnectionClosed, LoginRequested, VhostRequested
+from protocols.amqp.events import (CloseRequested, ConnectionClosed, LoginRequested,
+                                   PublishReceived, VhostRequested)
 from protocols.amqp.frames import HEARTBEAT_FRAME, PROTOCOL_HEADER
 from protocols.amqp.reason_codes import ReplyCode
 from protocols.amqp.state_table import State
 from tests.unit.amqp.client import (CAPABILITIES, amqplain_start_ok, close_of, decode, events,
-                                    feed, handshake, method, names, opened, plain_start_ok)
+                                    feed, handshake, method, names, opened, plain_start_ok,
+                                    publish)
 
 OPTIONS = Options(frame_max=4096, channel_max=16, heartbeat=0)
 
@@ -182,11 +184,42 @@ def test_a_heartbeat_on_a_channel_is_505() -> None:
 # ----------------------------------------------------------------------------- closing
 
 
-def test_client_close_is_answered_and_reported() -> None:
+def test_client_close_is_answered_once_what_came_before_is_carried_out() -> None:
     conn = opened()
-    [closed] = feed(conn, method(0, Connection.Close(200, "bye", 0, 0)))
-    assert closed == ConnectionClosed(200, "bye", True)
+    got = feed(conn, publish(1, b"before") + method(0, Connection.Close(200, "bye", 0, 0))
+               + publish(1, b"after"))
+    assert [type(e) for e in got] == [PublishReceived, CloseRequested]
+    assert got[1] == CloseRequested(200, "bye") and conn.state is State.CLOSE_RECEIVED
+    assert conn.data_to_send() == b"" and not conn.can_send(1) and conn.accepts(1)
+    assert feed(conn, method(1, Channel.Open())) == []  # nothing after the close is read
+    conn.finish_close()
+    assert events(conn) == [ConnectionClosed(200, "bye", True)]
     assert names(conn.data_to_send()) == ["Connection.CloseOk"] and conn.state is State.CLOSED
+
+
+def test_client_close_during_the_handshake_is_answered_at_once() -> None:
+    conn = ServerConnection(OPTIONS)
+    feed(conn, PROTOCOL_HEADER + plain_start_ok())
+    conn.accept_login()
+    conn.data_to_send()
+    assert feed(conn, method(0, Connection.Close(200, "bye", 0, 0))) == [
+        ConnectionClosed(200, "bye", True)]
+    assert names(conn.data_to_send()) == ["Connection.CloseOk"]
+
+
+def test_eof_after_a_client_close_ends_the_connection_without_close_ok() -> None:
+    conn = opened()
+    feed(conn, method(0, Connection.Close(200, "bye", 0, 0)))
+    assert feed(conn, b"") == [ConnectionClosed(200, "bye", True)]
+    conn.finish_close()  # the adapter carried out what came before: nothing left to answer
+    assert conn.data_to_send() == b"" and conn.state is State.CLOSED
+
+
+def test_a_close_of_ours_after_the_clients_does_nothing() -> None:
+    conn = opened()
+    feed(conn, method(0, Connection.Close(200, "bye", 0, 0)))
+    conn.close_connection(541, "INTERNAL_ERROR - a method read before the close failed")
+    assert conn.data_to_send() == b"" and conn.state is State.CLOSE_RECEIVED
 
 
 def test_our_close_waits_for_close_ok_then_times_out() -> None:

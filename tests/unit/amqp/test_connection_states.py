@@ -1,6 +1,7 @@
 """ServerConnection as a state machine (h2 `test_state_machines` style): every channel state ×
 every client method agrees with the table in `state_table.py`, and random runs of client
-frames, garbage, EOF, time and adapter actions never raise and close at most once."""
+frames, garbage, EOF, time and adapter actions (the closes it finishes included) never raise and
+close at most once."""
 
 from __future__ import annotations
 
@@ -14,7 +15,8 @@ from pamqp.base import Frame
 from pamqp.commands import Basic, Channel, Connection, Queue
 
 from protocols.amqp.connection import Options, ServerConnection
-from protocols.amqp.events import ConnectionClosed, LoginRequested, VhostRequested
+from protocols.amqp.events import (ChannelClosed, CloseRequested, ConnectionClosed,
+                                   LoginRequested, VhostRequested)
 from protocols.amqp.frames import HEARTBEAT_FRAME
 from protocols.amqp.state_table import CHANNEL_TRANSITIONS, ChannelState, State, refusal
 from tests.unit.amqp.client import close_of, decode, events, feed, handshake, method, opened, publish
@@ -40,13 +42,16 @@ def _sample(cls: type[Frame]) -> Frame:
 
 
 @pytest.mark.parametrize("cls", CLIENT_SENDABLE, ids=lambda cls: cls.name)
-@pytest.mark.parametrize("state", [ChannelState.CLOSED, ChannelState.OPEN, ChannelState.CLOSING])
+@pytest.mark.parametrize("state", [ChannelState.CLOSED, ChannelState.OPEN, ChannelState.CLOSING,
+                                   ChannelState.CLOSE_RECEIVED])
 def test_every_channel_state_and_method_agrees_with_the_table(state: ChannelState,
                                                               cls: type[Frame]) -> None:
     conn = opened(channels=() if state is ChannelState.CLOSED else (1,))
     if state is ChannelState.CLOSING:
         conn.close_channel(1, 406, "x")
         conn.data_to_send()
+    elif state is ChannelState.CLOSE_RECEIVED:
+        feed(conn, method(1, Channel.Close(200, "bye", 0, 0)))
     feed(conn, method(1, _sample(cls)))
     after = CHANNEL_TRANSITIONS.get((state, cls))
     if after is not None:
@@ -81,12 +86,14 @@ def steps() -> st.SearchStrategy[list[tuple[str, Any]]]:
         st.tuples(st.just("send"), st.integers(1, 3)),
         st.tuples(st.just("close_channel"), st.integers(1, 3)),
         st.just(("close", None)), st.just(("block", None)), st.just(("eof", None)),
+        st.just(("finish", None)),
     )
     return st.lists(step, max_size=30)
 
 
 class Driver:
-    """Plays the adapter: accepts the login and the vhost, checks every output decodes."""
+    """Plays the adapter: accepts the login and the vhost, finishes the client's closes when
+    told to (as if what came before were carried out), checks every output decodes."""
 
     def __init__(self, one_byte: bool, refuse: bool) -> None:
         self.conn = ServerConnection(Options(frame_max=4096, channel_max=8, heartbeat=5,
@@ -94,6 +101,8 @@ class Driver:
         self.one_byte, self.refuse = one_byte, refuse
         self.now = 0.0
         self.closed = 0
+        self.closing: list[ChannelClosed | CloseRequested] = []
+        """The client's closes reported and not finished yet, in order."""
 
     def feed(self, data: bytes) -> None:
         for chunk in [data[i:i + 1] for i in range(len(data))] if self.one_byte else [data]:
@@ -110,6 +119,8 @@ class Driver:
                 self.conn.refuse_login() if self.refuse else self.conn.accept_login()
             elif isinstance(e, VhostRequested):
                 self.conn.open_vhost()
+            elif isinstance(e, (ChannelClosed, CloseRequested)):
+                self.closing.append(e)
         decode(self.conn.data_to_send())  # whatever the server writes, a client can read
 
     def step(self, kind: str, arg: Any) -> None:
@@ -130,7 +141,17 @@ class Driver:
             conn.close_connection(320, "shutdown")
         elif kind == "block":
             conn.block("disk")
+        elif kind == "finish":
+            self.finish()
         self.drain()
+
+    def finish(self) -> None:
+        for close in self.closing:
+            if isinstance(close, ChannelClosed):
+                self.conn.finish_channel_close(close.channel)
+            else:
+                self.conn.finish_close()
+        self.closing.clear()
 
 
 @settings(max_examples=300, deadline=None)
@@ -143,7 +164,10 @@ def test_random_runs_never_raise_and_close_at_most_once(one_byte: bool, refuse: 
     for kind, arg in script:
         driver.step(kind, arg)  # any exception, ConnectionStateError included, fails the test
         assert driver.closed == 0 or driver.conn.state is State.CLOSED
+    driver.finish()
+    driver.drain()
     assert driver.closed <= 1
+    assert driver.conn.state is not State.CLOSE_RECEIVED  # finishing a client's close ends it
 
 
 def test_the_random_runs_reach_an_open_channel() -> None:

@@ -65,6 +65,16 @@ def test_exclusive_use_and_deleted_queues():
     assert other.cancelled and registry.count("r") == 0
 
 
+def test_a_queue_with_a_single_active_consumer_takes_no_exclusive_one():
+    """As RabbitMQ: refused even as the queue's first consumer (403, "in exclusive use")."""
+    registry = Consumers()
+    with pytest.raises(AccessDenied, match="in exclusive use"):
+        registry.add(Member(single_active=True, exclusive=True))
+    assert registry.count("q") == 0
+    registry.add(Member(single_active=True))
+    assert registry.count("q") == 1
+
+
 def test_consumer_priority_must_be_an_integer():
     assert consumer_priority(None) == 0 and consumer_priority({"x-priority": -3}) == -3
     with pytest.raises(PreconditionFailed):

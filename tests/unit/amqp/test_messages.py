@@ -9,6 +9,7 @@ from decimal import Decimal
 from pamqp.commands import Basic, Channel, Confirm, Exchange, Queue
 
 from core.model import SUBJECT_PROPERTY
+from core.settings import CoreConfig
 from protocols.amqp.frames import encode_content
 from protocols.amqp.mapping import exchange_topic, subject_of_key
 from tests.unit.amqp.fake_wire import USER, Client, run
@@ -148,6 +149,25 @@ def test_a_store_that_fails_is_nacked(tmp_path, monkeypatch):
         nack = await client.expect(Basic.Nack)
         assert nack.delivery_tag == 1
     run(tmp_path, scenario)
+
+
+def test_a_body_larger_than_core_stores_is_refused_at_its_header_as_rabbitmq_does(tmp_path):
+    """core.max_message_bytes below amqp.max_message_size: the smaller holds, with RabbitMQ's
+    406 channel close naming it, rather than a nack once the body was read."""
+    async def scenario(frontend, core):
+        client = Client(frontend)
+        await client.open(channels=(1, 2))
+        await declared(client, "q")
+        await client.call(1, Confirm.Select())
+        publish(client, b"x" * 1000)
+        assert (await client.expect(Basic.Ack, 1)).delivery_tag == 1
+        publish(client, b"x" * 1001, channel=2)
+        close = await client.expect(Channel.Close, 2)
+        assert (close.reply_code, close.reply_text) == (406, "PRECONDITION_FAILED - message "
+                                                        "size 1001 is larger than configured "
+                                                        "max size 1000")
+    run(tmp_path, scenario, config=CoreConfig(offset_commit_interval_ms=50,
+                                              max_message_bytes=1000))
 
 
 def test_user_id_must_be_the_logged_in_user(tmp_path):
