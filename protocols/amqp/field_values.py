@@ -1,0 +1,202 @@
+"""AMQP field tables from untrusted values: only what pamqp encodes, in bounded work.
+
+pamqp's table encoder raises on what a field table cannot carry (a decimal NaN or Infinity, an
+integer past 64 bits, a float past single precision, a string with a lone surrogate, a decimal
+mantissa past 32 bits) and spends time without bound on a decimal with a large positive
+exponent (``1E+400000`` becomes ten to the 400,000th as an integer first). Nested tables cost
+a few stack frames per level in the encoder. ``field_table`` takes a table as stored
+(``protocols.amqp.mapping``'s tagged JSON, already parsed) or as another protocol's properties
+made it, and keeps what pamqp encodes within the bounds below; whatever else is dropped, entry
+by entry, and counted in a ``Conversion`` the caller may log. Never raises.
+
+The bounds are the ones an inbound table decoder can hold publishers to, so that whatever the
+broker accepts it can also deliver. Pure functions; safe anywhere.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import struct
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from decimal import Decimal, InvalidOperation
+from typing import Any, Final
+
+MAX_DEPTH: Final = 32
+"""Tables and arrays nested in a table, the table itself counting as one."""
+MAX_ENTRIES: Final = 4096
+"""Values in a table, counting those of nested tables and arrays."""
+MAX_NAME_BYTES: Final = 128
+"""The longest field name pamqp writes (it cuts longer ones, which could merge two names)."""
+MAX_DECIMAL_SCALE: Final = 255
+"""Digits after the point of a decimal (AMQP's octet scale)."""
+MAX_DECIMAL_TEXT: Final = 64
+"""Characters of a stored decimal: far more than any encodable one needs."""
+TAGS: Final = ("$bytes", "$decimal", "$time", "$table")
+"""One-entry objects standing for field values JSON has no type for (and for a table that
+looks like one of them), as ``protocols.amqp.mapping`` stores them."""
+
+_INT32: Final = range(-(1 << 31), 1 << 31)
+_INT64: Final = range(-(1 << 63), 1 << 63)
+_TIME: Final = range(0, 1 << 32)
+"""Timestamps pamqp writes as seconds and clients read back as seconds (later ones: as ms)."""
+_SINGLE: Final = struct.Struct(">f")
+_SKIP: Final = object()
+
+
+@dataclass(slots=True)
+class Conversion:
+    """What converting one table did: values looked at, and what was dropped."""
+
+    visited: int = 0
+    dropped: int = 0
+    first_drop: tuple[str, str] | None = None
+    """(top-level field name, why) of the first value dropped."""
+
+    @property
+    def exhausted(self) -> bool:
+        return self.visited >= MAX_ENTRIES
+
+    def drop(self, name: str, why: str) -> object:
+        self.dropped += 1
+        if self.first_drop is None:
+            self.first_drop = (name, why)
+        return _SKIP
+
+
+def field_table(value: object, conversion: Conversion | None = None) -> dict[str, Any]:
+    """``value`` as a field table pamqp encodes without raising, within the bounds above;
+    empty when ``value`` is not a mapping. A table stored as ``{"$table": {...}}`` (one whose
+    only name is a tag) is unwrapped."""
+    conversion = Conversion() if conversion is None else conversion
+    if not isinstance(value, Mapping):
+        conversion.drop("", "not a table")
+        return {}
+    inner = value.get("$table") if len(value) == 1 else None
+    return _table(inner if isinstance(inner, Mapping) else value, 1, None, conversion)
+
+
+def _table(value: Mapping[Any, Any], depth: int, top: str | None,
+           conversion: Conversion) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for name, item in value.items():
+        if conversion.exhausted:
+            conversion.drop(top or str(name)[:MAX_NAME_BYTES], f"more than {MAX_ENTRIES} values")
+            break
+        if not (isinstance(name, str) and _utf8_within(name, MAX_NAME_BYTES)):
+            conversion.drop(top or "", f"a field name that is not UTF-8 of at most "
+                            f"{MAX_NAME_BYTES} bytes")
+            continue
+        converted = _value(item, depth, top or name, conversion)
+        if converted is not _SKIP:
+            out[name] = converted
+    return out
+
+
+def _array(value: list[Any], depth: int, top: str, conversion: Conversion) -> list[Any]:
+    out = []
+    for item in value:
+        if conversion.exhausted:
+            conversion.drop(top, f"more than {MAX_ENTRIES} values")
+            break
+        converted = _value(item, depth, top, conversion)
+        if converted is not _SKIP:
+            out.append(converted)
+    return out
+
+
+def _value(item: Any, depth: int, top: str, conversion: Conversion) -> Any:
+    """``item`` as a field value, or ``_SKIP`` (counted as dropped)."""
+    conversion.visited += 1
+    if item is None or isinstance(item, bool):
+        return item
+    if isinstance(item, int):
+        return item if item in _INT64 else conversion.drop(top, "an integer past 64 bits")
+    if isinstance(item, float):
+        return item if _single(item) else conversion.drop(top, "a float past single precision")
+    if isinstance(item, str):
+        return item if _utf8_within(item, None) else conversion.drop(top, "text that is not UTF-8")
+    if isinstance(item, (bytes, bytearray)):
+        return bytearray(item)
+    if isinstance(item, Decimal):
+        return item if _decimal_fits(item) else conversion.drop(top, "a decimal AMQP cannot carry")
+    if isinstance(item, datetime):
+        aware = item if item.tzinfo is not None else item.replace(tzinfo=UTC)  # as pamqp reads it
+        return item if int(aware.timestamp()) in _TIME else conversion.drop(
+            top, "a time AMQP cannot carry")
+    if not isinstance(item, (list, Mapping)):
+        return conversion.drop(top, "not a field value")
+    if depth >= MAX_DEPTH:
+        return conversion.drop(top, f"tables or arrays nested deeper than {MAX_DEPTH}")
+    if isinstance(item, list):
+        return _array(item, depth + 1, top, conversion)
+    if len(item) == 1:
+        (tag, inner), = item.items()
+        if tag in TAGS:
+            return _tagged(tag, inner, depth, top, conversion)
+    return _table(item, depth + 1, top, conversion)
+
+
+def _tagged(tag: str, inner: Any, depth: int, top: str, conversion: Conversion) -> Any:
+    """The value a one-entry ``{tag: inner}`` object stands for."""
+    if tag == "$table" and isinstance(inner, Mapping):
+        return _table(inner, depth + 1, top, conversion)
+    if tag == "$bytes" and isinstance(inner, str):
+        try:
+            return bytearray(base64.b64decode(inner, validate=True))
+        except (binascii.Error, ValueError):
+            return conversion.drop(top, "bytes that are not base64")
+    if tag == "$decimal" and isinstance(inner, str):
+        number = _decimal(inner)
+        return number if number is not None else conversion.drop(
+            top, "a decimal AMQP cannot carry")
+    if tag == "$time" and isinstance(inner, int) and not isinstance(inner, bool) \
+            and inner in _TIME:
+        return datetime.fromtimestamp(inner, UTC)
+    return conversion.drop(top, f"a malformed {tag} value")
+
+
+def _decimal(text: str) -> Decimal | None:
+    """The decimal ``text`` stands for if AMQP can carry it (see ``_decimal_fits``)."""
+    if len(text) > MAX_DECIMAL_TEXT:
+        return None
+    try:
+        number = Decimal(text)
+    except (InvalidOperation, ValueError):
+        return None
+    return number if _decimal_fits(number) else None
+
+
+def _decimal_fits(number: Decimal) -> bool:
+    """Whether pamqp encodes ``number`` (a scale of 0-255 digits and a signed 32-bit
+    mantissa) in constant work: it is checked here on its digits and exponent, before any
+    large power of ten could be built."""
+    sign, digits, exponent = number.as_tuple()
+    if not isinstance(exponent, int) or len(digits) > 10 or exponent > 9:  # NaN, Infinity
+        return False
+    if exponent < -MAX_DECIMAL_SCALE:
+        return False
+    mantissa = int("".join(map(str, digits)) or "0") * 10 ** max(exponent, 0)
+    return (-mantissa if sign else mantissa) in _INT32
+
+
+def _single(value: float) -> bool:
+    """Whether pamqp can write ``value`` as the single-precision float it writes floats as."""
+    try:
+        _SINGLE.pack(value)
+    except OverflowError:
+        return False
+    return True
+
+
+def _utf8_within(text: str, limit: int | None) -> bool:
+    """Whether ``text`` encodes as UTF-8 (no lone surrogates) in at most ``limit`` bytes."""
+    if text.isascii():
+        return limit is None or len(text) <= limit
+    try:
+        size = len(text.encode())
+    except UnicodeEncodeError:
+        return False
+    return limit is None or size <= limit
