@@ -6,8 +6,8 @@ mantissa past 32 bits) and spends time without bound on a decimal with a large p
 exponent (``1E+400000`` becomes ten to the 400,000th as an integer first). Nested tables cost
 a few stack frames per level in the encoder. ``field_table`` takes a table as stored
 (``protocols.amqp.mapping``'s tagged JSON, already parsed) or as another protocol's properties
-made it, and keeps what pamqp encodes within the bounds below; whatever else is dropped, entry
-by entry, and counted in a ``Conversion`` the caller may log. Never raises.
+made it, and keeps what pamqp encodes within the bounds below; a field holding anything else is
+dropped whole, and counted in a ``Conversion`` the caller may log. Never raises.
 
 The bounds are the ones an inbound table decoder can hold publishers to, so that whatever the
 broker accepts it can also deliver. Pure functions; safe anywhere.
@@ -44,6 +44,7 @@ _TIME: Final = range(0, 1 << 32)
 """Timestamps pamqp writes as seconds and clients read back as seconds (later ones: as ms)."""
 _SINGLE: Final = struct.Struct(">f")
 _SKIP: Final = object()
+_BAD_NAME: Final = f"a field name that is not UTF-8 of at most {MAX_NAME_BYTES} bytes"
 
 
 @dataclass(slots=True)
@@ -52,8 +53,9 @@ class Conversion:
 
     visited: int = 0
     dropped: int = 0
+    """Fields dropped."""
     first_drop: tuple[str, str] | None = None
-    """(top-level field name, why) of the first value dropped."""
+    """(field name, why) of the first field dropped."""
 
     @property
     def exhausted(self) -> bool:
@@ -68,47 +70,56 @@ class Conversion:
 
 def field_table(value: object, conversion: Conversion | None = None) -> dict[str, Any]:
     """``value`` as a field table pamqp encodes without raising, within the bounds above;
-    empty when ``value`` is not a mapping. A table stored as ``{"$table": {...}}`` (one whose
-    only name is a tag) is unwrapped."""
+    empty when ``value`` is not a mapping. A field any part of which cannot be carried is
+    dropped whole, never cut into a value the sender did not write. A table stored as
+    ``{"$table": {...}}`` (one whose only name is a tag) is unwrapped."""
     conversion = Conversion() if conversion is None else conversion
     if not isinstance(value, Mapping):
         conversion.drop("", "not a table")
         return {}
     inner = value.get("$table") if len(value) == 1 else None
-    return _table(inner if isinstance(inner, Mapping) else value, 1, None, conversion)
-
-
-def _table(value: Mapping[Any, Any], depth: int, top: str | None,
-           conversion: Conversion) -> dict[str, Any]:
     out: dict[str, Any] = {}
-    for name, item in value.items():
+    for name, item in (inner if isinstance(inner, Mapping) else value).items():
         if conversion.exhausted:
-            conversion.drop(top or str(name)[:MAX_NAME_BYTES], f"more than {MAX_ENTRIES} values")
+            conversion.drop(str(name)[:MAX_NAME_BYTES], f"more than {MAX_ENTRIES} values")
             break
-        if not (isinstance(name, str) and _utf8_within(name, MAX_NAME_BYTES)):
-            conversion.drop(top or "", f"a field name that is not UTF-8 of at most "
-                            f"{MAX_NAME_BYTES} bytes")
+        if not _name_fits(name):
+            conversion.drop(str(name)[:MAX_NAME_BYTES], _BAD_NAME)
             continue
-        converted = _value(item, depth, top or name, conversion)
+        converted = _value(item, 1, name, conversion)
         if converted is not _SKIP:
             out[name] = converted
     return out
 
 
-def _array(value: list[Any], depth: int, top: str, conversion: Conversion) -> list[Any]:
+def _table(value: Mapping[Any, Any], depth: int, top: str, conversion: Conversion) -> Any:
+    """A nested table, or ``_SKIP`` if any of it cannot be carried."""
+    out: dict[str, Any] = {}
+    for name, item in value.items():
+        if not _name_fits(name):
+            return conversion.drop(top, _BAD_NAME)
+        converted = _value(item, depth, top, conversion)
+        if converted is _SKIP:
+            return _SKIP
+        out[name] = converted
+    return out
+
+
+def _array(value: list[Any], depth: int, top: str, conversion: Conversion) -> Any:
+    """An array, or ``_SKIP`` if any of it cannot be carried."""
     out = []
     for item in value:
-        if conversion.exhausted:
-            conversion.drop(top, f"more than {MAX_ENTRIES} values")
-            break
         converted = _value(item, depth, top, conversion)
-        if converted is not _SKIP:
-            out.append(converted)
+        if converted is _SKIP:
+            return _SKIP
+        out.append(converted)
     return out
 
 
 def _value(item: Any, depth: int, top: str, conversion: Conversion) -> Any:
     """``item`` as a field value, or ``_SKIP`` (counted as dropped)."""
+    if conversion.exhausted:
+        return conversion.drop(top, f"more than {MAX_ENTRIES} values")
     conversion.visited += 1
     if item is None or isinstance(item, bool):
         return item
@@ -189,6 +200,10 @@ def _single(value: float) -> bool:
     except OverflowError:
         return False
     return True
+
+
+def _name_fits(name: object) -> bool:
+    return isinstance(name, str) and _utf8_within(name, MAX_NAME_BYTES)
 
 
 def _utf8_within(text: str, limit: int | None) -> bool:

@@ -223,8 +223,8 @@ def _checked_headers(headers: object) -> dict[str, Any]:
     table = field_table(headers, conversion)
     if conversion.first_drop is not None:
         name, why = conversion.first_drop
-        _dropped.denied(name, why, "a delivery leaves out %d AMQP header value(s) it cannot "
-                        "carry, the first in header %s: %s", conversion.dropped, clip(name), why)
+        _dropped.denied(name, why, "a delivery leaves out %d AMQP header(s) it cannot carry, "
+                        "the first %s: %s", conversion.dropped, clip(name), why)
     return table
 
 
