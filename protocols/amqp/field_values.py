@@ -2,7 +2,7 @@
 
 pamqp's table encoder raises on what a field table cannot carry (a decimal NaN or Infinity, an
 integer past 64 bits, a float past single precision, a string with a lone surrogate, a decimal
-mantissa past 32 bits) and spends time without bound on a decimal with a large positive
+mantissa past 32 bits; clients such as pika cannot read a float NaN or Infinity either) and spends time without bound on a decimal with a large positive
 exponent (``1E+400000`` becomes ten to the 400,000th as an integer first). Nested tables cost
 a few stack frames per level in the encoder. ``field_table`` takes a table as stored
 (``protocols.amqp.mapping``'s tagged JSON, already parsed) or as another protocol's properties
@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import math
 import struct
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -126,7 +127,8 @@ def _value(item: Any, depth: int, top: str, conversion: Conversion) -> Any:
     if isinstance(item, int):
         return item if item in _INT64 else conversion.drop(top, "an integer past 64 bits")
     if isinstance(item, float):
-        return item if _single(item) else conversion.drop(top, "a float past single precision")
+        return item if _single(item) else conversion.drop(
+            top, "a float that is not finite or past single precision")
     if isinstance(item, str):
         return item if _utf8_within(item, None) else conversion.drop(top, "text that is not UTF-8")
     if isinstance(item, (bytes, bytearray)):
@@ -194,7 +196,11 @@ def _decimal_fits(number: Decimal) -> bool:
 
 
 def _single(value: float) -> bool:
-    """Whether pamqp can write ``value`` as the single-precision float it writes floats as."""
+    """Whether ``value`` is finite (pika, for one, reads a float as an integer and drops the
+    connection on NaN or Infinity) and pamqp can write it as the single-precision float it
+    writes floats as."""
+    if not math.isfinite(value):
+        return False
     try:
         _SINGLE.pack(value)
     except OverflowError:

@@ -58,6 +58,8 @@ POISON_HEADERS = {
     "decimal digits": {"x": {"$decimal": "1" * 5000}},
     "decimal not a number": {"x": {"$decimal": "one"}},
     "float past single precision": {"x": 1e300},
+    "float NaN (pika reads floats as integers)": {"x": float("nan")},
+    "float Infinity": {"x": float("-inf")},
     "integer past 64 bits": {"x": 1 << 64},
     "lone surrogate value": {"x": "\ud800"},
     "lone surrogate name": {"\udfff": "v"},
@@ -78,11 +80,6 @@ def test_a_header_amqp_cannot_carry_is_dropped_and_the_rest_delivered(poison):
     assert got.headers is not None and got.headers["ok"] == "kept"
     for name in poison:
         assert name not in got.headers or name == "x" and got.headers["x"] != poison["x"]
-
-
-def test_nan_and_infinite_floats_travel_as_pamqp_writes_floats():
-    got = delivered_headers(with_headers('{"n": NaN, "i": Infinity, "ok": 1}'))
-    assert got.headers["ok"] == 1 and got.headers["i"] == float("inf")
 
 
 @pytest.mark.parametrize("raw", ["not json", "[1, 2]", '"text"', "{" * 5000, "[" * 50_000,
