@@ -34,9 +34,10 @@ def now_ms() -> int:
 
 
 def timestamp(ms: int) -> Timestamp:
-    """A protobuf Timestamp for ``ms`` milliseconds since the epoch."""
+    """A protobuf Timestamp for ``ms`` milliseconds since the epoch, held to the years 1-9999
+    a Timestamp can name (a time stored by an older version may lie outside them)."""
     result = Timestamp()
-    result.FromMilliseconds(ms)
+    result.FromMilliseconds(min(max(ms, _FIRST_MS), _LAST_MS))
     return result
 
 
@@ -113,6 +114,9 @@ def outgoing(message: pb.Message) -> OutgoingMessage:
 
 MAX_TIMESTAMP_SECONDS = 253_402_300_799
 """The last second of year 9999, the largest valid protobuf Timestamp."""
+_FIRST_MS = -62_135_596_800_000
+"""The first millisecond of year 1, the smallest valid protobuf Timestamp."""
+_LAST_MS = MAX_TIMESTAMP_SECONDS * 1000 + 999
 
 
 def _millis(timestamp: Timestamp, field: str) -> int:

@@ -103,8 +103,8 @@ def test_any_stored_properties_become_an_mqtt_publish(stored, topic_name, born_m
 
 
 @SETTINGS
-@given(AMQP_STORED | STORED)
-def test_any_stored_properties_become_a_native_message(stored):
-    message = Delivery("t", 0, 0, "id", b"body", "", (), stored, 0, 0)
+@given(AMQP_STORED | STORED, BORN)
+def test_any_stored_message_becomes_a_native_message(stored, born_ms):
+    message = Delivery("t", 0, 0, "id", b"body", "", (), stored, born_ms, born_ms)
     got = delivered(message, pb.Resource(name="t"), MessageType.NORMAL, "host", 0)
-    assert dict(got.user_properties).items() <= stored.items()
+    assert got.SerializeToString() and dict(got.user_properties).items() <= stored.items()
