@@ -2,9 +2,10 @@
 
 pamqp's table encoder raises on what a field table cannot carry (a decimal NaN or Infinity, an
 integer past 64 bits, a float past single precision, a string with a lone surrogate, a decimal
-mantissa past 32 bits; clients such as pika cannot read a float NaN or Infinity either) and spends time without bound on a decimal with a large positive
-exponent (``1E+400000`` becomes ten to the 400,000th as an integer first). Nested tables cost
-a few stack frames per level in the encoder. ``field_table`` takes a table as stored
+mantissa past 32 bits, which pamqp writes signed) and spends time without bound on a decimal
+with a large positive exponent (``1E+400000`` becomes ten to the 400,000th as an integer
+first); clients such as pika cannot read a float NaN or Infinity. Nested tables cost a few
+stack frames per level in the encoder. ``field_table`` takes a table as stored
 (``protocols.amqp.mapping``'s tagged JSON, already parsed) or as another protocol's properties
 made it, and keeps what pamqp encodes within the bounds below; a field holding anything else is
 dropped whole, and counted in a ``Conversion`` the caller may log. Never raises.
