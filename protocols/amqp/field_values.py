@@ -10,8 +10,10 @@ stack frames per level in the encoder. ``field_table`` takes a table as stored
 made it, and keeps what pamqp encodes within the bounds below; a field holding anything else is
 dropped whole, and counted in a ``Conversion`` the caller may log. Never raises.
 
-The bounds are the ones an inbound table decoder can hold publishers to, so that whatever the
-broker accepts it can also deliver. Pure functions; safe anywhere.
+The bounds on nesting and values are the inbound decoder's (``protocols.amqp.properties``:
+values at most ``MAX_DEPTH`` levels deep, the top table's own at depth 1, and ``MAX_ENTRIES``
+of them), so that whatever the broker accepts from a publisher it can also deliver. Pure
+functions; safe anywhere.
 """
 
 from __future__ import annotations
@@ -26,10 +28,8 @@ from datetime import UTC, datetime
 from decimal import Decimal, InvalidOperation
 from typing import Any, Final
 
-MAX_DEPTH: Final = 32
-"""Tables and arrays nested in a table, the table itself counting as one."""
-MAX_ENTRIES: Final = 4096
-"""Values in a table, counting those of nested tables and arrays."""
+from .properties import MAX_DEPTH, MAX_ENTRIES
+
 MAX_NAME_BYTES: Final = 128
 """The longest field name pamqp writes (it cuts longer ones, which could merge two names)."""
 MAX_DECIMAL_SCALE: Final = 255
@@ -122,6 +122,8 @@ def _value(item: Any, depth: int, top: str, conversion: Conversion) -> Any:
     """``item`` as a field value, or ``_SKIP`` (counted as dropped)."""
     if conversion.exhausted:
         return conversion.drop(top, f"more than {MAX_ENTRIES} values")
+    if depth > MAX_DEPTH:
+        return conversion.drop(top, f"tables or arrays nested deeper than {MAX_DEPTH}")
     conversion.visited += 1
     if item is None or isinstance(item, bool):
         return item
@@ -142,8 +144,6 @@ def _value(item: Any, depth: int, top: str, conversion: Conversion) -> Any:
             top, "a time AMQP cannot carry")
     if not isinstance(item, (list, Mapping)):
         return conversion.drop(top, "not a field value")
-    if depth >= MAX_DEPTH:
-        return conversion.drop(top, f"tables or arrays nested deeper than {MAX_DEPTH}")
     if isinstance(item, list):
         return _array(item, depth + 1, top, conversion)
     if len(item) == 1:

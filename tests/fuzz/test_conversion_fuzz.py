@@ -39,7 +39,7 @@ LEAVES = st.one_of(
     st.builds(lambda t: {"$decimal": t}, DECIMAL_TEXT),
     st.builds(lambda t: {"$bytes": t}, ANY_TEXT),
     st.builds(lambda t: {"$time": t}, st.integers(-(1 << 70), 1 << 70) | ANY_TEXT),
-    st.integers(1, 60).map(lambda n: json.loads("[" * n + "]" * n)))  # past MAX_DEPTH
+    st.integers(1, 80).map(lambda n: json.loads("[" * n + "]" * n)))  # past MAX_DEPTH
 JSON_VALUES = st.recursive(
     LEAVES, lambda inner: st.one_of(
         st.lists(inner, max_size=5), st.dictionaries(ANY_TEXT, inner, max_size=5),

@@ -24,6 +24,8 @@ from protocols.amqp import mapping
 from protocols.amqp.field_values import (MAX_DECIMAL_SCALE, MAX_DEPTH, MAX_ENTRIES, Conversion,
                                          field_table)
 from protocols.amqp.mapping import origin, properties_payload, to_properties
+from protocols.amqp.mapping import to_outgoing as amqp_outgoing
+from protocols.amqp.properties import FieldError, FieldReader
 
 AMQP = {"amqp.exchange": "amq.topic", "amqp.routing_key": "devices.d1"}
 
@@ -179,3 +181,22 @@ def test_the_deepest_allowed_table_is_kept_whole_and_one_level_more_is_dropped()
     cut = field_table({"x": nested(MAX_DEPTH)}, conversion)
     assert conversion.first_drop == ("x", f"tables or arrays nested deeper than {MAX_DEPTH}")
     assert "leaf" not in json.dumps(cut)
+
+
+def test_the_largest_table_a_publisher_may_send_is_delivered_whole():
+    """What the inbound decoder accepts (``protocols.amqp.properties``: depth and values) the
+    delivery keeps, so the two bounds are one."""
+    table = {"x": nested(MAX_DEPTH - 1), "wide": list(range(MAX_ENTRIES - MAX_DEPTH - 1))}
+    raw = pamqp.encode.field_table(table)
+    accepted, _ = FieldReader(raw).table(0, len(raw))
+    with pytest.raises(FieldError):  # one more value, or one more level, is refused
+        wider = pamqp.encode.field_table({**table, "one more": 1})
+        FieldReader(wider).table(0, len(wider))
+    with pytest.raises(FieldError):
+        deeper = pamqp.encode.field_table({**table, "x": nested(MAX_DEPTH)})
+        FieldReader(deeper).table(0, len(deeper))
+    stored = dict(amqp_outgoing("devices", "devices/d1", "amq.topic", "devices.d1",
+                                Basic.Properties(headers=accepted), b"p", ()).properties)
+    conversion = Conversion()
+    assert field_table(json.loads(stored["amqp.headers"]), conversion) == accepted
+    assert conversion.dropped == 0 and delivered_headers(stored).headers == accepted
