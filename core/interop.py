@@ -17,6 +17,14 @@ defined here because both adapters read them; each adapter's mapping writes its 
 Routing keys and subjects swap ``.`` and ``/`` (``key_of_subject``), a bijection, so a ``.``
 inside an MQTT level and a ``/`` inside an AMQP word travel without merging levels.
 Nothing here raises on hostile stored values: what does not parse is left out.
+
+Namespaces belong to their writer: ``amqp.*`` properties are written only by the AMQP adapter,
+``mqtt.*`` only by the MQTT one, ``sluice.*`` only by core, since consumers rely on them (RabbitMQ
+guarantees ``user_id`` and the exchange; MQTT the QoS; core reads its timers' and transactions'
+destinations back). A producer that names its properties itself (a native send) may set none of
+them but ``SENDER_PROPERTIES`` (``check_sender_properties``). Users' own names travel inside
+their protocol's property (MQTT user properties in ``mqtt.user_properties``, AMQP headers in
+``amqp.headers``), so a user property called ``amqp.headers`` stays a user property.
 """
 
 from __future__ import annotations
@@ -24,9 +32,13 @@ from __future__ import annotations
 import base64
 import binascii
 import json
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final
+
+from .errors import InvalidArgument
+from .model import SUBJECT_PROPERTY
+from .untrusted import clip
 
 MQTT_QOS: Final = "mqtt.qos"
 MQTT_RETAIN: Final = "mqtt.retain"
@@ -52,8 +64,39 @@ AMQP_EXTRA: Final = ("amqp.message_id", "amqp.type", "amqp.app_id", "amqp.user_i
 MQTT_EXTRA: Final = (MQTT_RETAIN, MQTT_PAYLOAD_FORMAT)
 """MQTT properties AMQP has no field for, passed on by name."""
 
+OWN_NAMESPACES: Final = {"amqp": "the AMQP adapter", "mqtt": "the MQTT adapter",
+                         "sluice": "the broker"}
+"""The first dotted level of property names the broker writes, and who writes them."""
+BATCH_PROPERTY: Final = "sluice.batch"
+"""The SDK's packed-batch count (``sluice.client.packing``), read by consumers only."""
+SENDER_PROPERTIES: Final = frozenset({SUBJECT_PROPERTY, BATCH_PROPERTY})
+"""Names in ``sluice.*`` a producer may set: the subject (core checks that it lies in the
+topic sent to) and the SDK's packed-batch count."""
+
+MAX_STORED_JSON: Final = 1 << 16
+"""Characters of a JSON property value parsed back (four times all of a message's properties
+may hold): a longer one, which no adapter writes, is left out unparsed."""
+
 _SWAP: Final = str.maketrans("./", "/.")
 _MAX_EXPIRY_MS: Final = 1 << 53
+
+
+def namespace_of(name: str) -> str | None:
+    """The own namespace (``amqp``, ``mqtt``, ``sluice``) property ``name`` is in, or None."""
+    head, dot, _ = name.partition(".")
+    return head if dot and head in OWN_NAMESPACES else None
+
+
+def check_sender_properties(names: Iterable[str]) -> None:
+    """InvalidArgument naming the first of a producer's property ``names`` that lies in a
+    namespace the broker writes (``OWN_NAMESPACES``), ``SENDER_PROPERTIES`` excepted."""
+    for name in names:
+        namespace = namespace_of(name)
+        if namespace is not None and name not in SENDER_PROPERTIES:
+            raise InvalidArgument(
+                f"property {clip(name)} is in the {namespace}.* namespace, which only "
+                f"{OWN_NAMESPACES[namespace]} writes; give it another name (of sluice.*, a "
+                f"producer may set {' and '.join(sorted(SENDER_PROPERTIES))})")
 
 
 def subject_of_key(routing_key: str) -> str:
@@ -137,6 +180,8 @@ def _user_properties(raw: str | None) -> tuple[tuple[str, str], ...]:
 def _headers(raw: str | None) -> tuple[tuple[str, str], ...]:
     """AMQP headers (stored as tagged JSON by the AMQP mapping) as text pairs, in order."""
     table = _json(raw)
+    if isinstance(table, dict) and len(table) == 1 and isinstance(table.get("$table"), dict):
+        table = table["$table"]  # a table whose only name is a tag
     if not isinstance(table, dict):
         return ()
     return tuple((str(name), _text(value)) for name, value in table.items())
@@ -155,11 +200,14 @@ def _text(value: Any) -> str:
                 return inner
         if tag in ("$decimal", "$time") and isinstance(inner, (str, int)):
             return str(inner)
-    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+    try:
+        return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+    except (ValueError, RecursionError):  # nested deeper than the stack allows
+        return ""
 
 
 def _json(raw: str | None) -> Any:
-    if raw is None:
+    if raw is None or len(raw) > MAX_STORED_JSON:
         return None
     try:
         return json.loads(raw)

@@ -11,8 +11,10 @@ bijection, so nothing is merged and every key and topic comes back as it was (pe
 cannot be: an MQTT topic may hold ``%2F`` itself). Binding keys map ``*`` to ``+`` and ``#`` to
 ``#``. Any other exchange stores into ``amqp.<exchange>`` (virtual host ``/``) or
 ``amqp.<vhost>.<exchange>``, names escaped.
-Converting stored properties back never raises on hostile values: what does not parse is left
-out.
+Converting stored properties back never raises on hostile values and does bounded work: what
+does not parse, or that AMQP cannot carry, is left out, and a header table keeps only what
+pamqp encodes within the bounds of ``field_values`` (values it drops are logged, once per
+header and reason per interval).
 
 A message another protocol stored (MQTT, native) is delivered with the AMQP properties of what
 it has (``core.interop``): delivery_mode 2 when persistent (QoS 1/2, native) else 1, its
@@ -31,9 +33,10 @@ import base64
 import functools
 import hashlib
 import json
+import logging
 from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
-from decimal import Decimal, InvalidOperation
+from decimal import Decimal
 from typing import Any, Final
 
 from pamqp.commands import Basic
@@ -42,6 +45,11 @@ from core import interop
 from core.clock import now_ms
 from core.interop import key_of_subject, subject_of_key  # noqa: F401 - re-exported
 from core.model import SUBJECT_PROPERTY, OutgoingMessage
+from core.untrusted import DenialLog, clip
+
+from .field_values import MAX_NAME_BYTES, TAGS, Conversion, field_table
+
+log = logging.getLogger(__name__)
 
 TOPIC_EXCHANGE: Final = "amq.topic"
 DEFAULT_EXCHANGE_NAME: Final = "amq.default"
@@ -51,9 +59,7 @@ ROUTING_KEY_PROPERTY: Final = "amqp.routing_key"
 HEADERS_PROPERTY: Final = interop.AMQP_HEADERS
 CLIENT_ID_HEADER: Final = "mqtt.client_id"
 QOS_HEADER: Final = "x-mqtt-publish-qos"
-_OWN_NAMESPACES: Final = frozenset({"mqtt", "amqp", "sluice"})
 _SHORTSTR: Final = 255
-_MAX_HEADER_NAME: Final = 128
 TIMESTAMP_PROPERTY: Final = "amqp.timestamp"
 _TEXT_FIELDS: Final = ("content_type", "content_encoding", "correlation_id", "reply_to",
                        "expiration", "message_id", "user_id", "app_id")
@@ -61,9 +67,10 @@ _INT_FIELDS: Final = ("delivery_mode", "priority")
 _TYPE_PROPERTY: Final = "amqp.type"
 _SAFE: Final = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_|")
 _MAX_TOPIC: Final = 127
-_TAGS: Final = ("$bytes", "$decimal", "$time", "$table")
-"""One-entry objects standing for field values JSON has no type for (and for a table that
-looks like one of them)."""
+_MAX_SECONDS: Final = 253_402_300_799
+"""The last second of year 9999, the last a timestamp property can name."""
+_dropped = DenialLog(log, interval_s=300.0, max_keys=1024)
+"""Header values left out of deliveries, logged once per (header, reason) per interval."""
 
 
 def _escape(name: str) -> str:
@@ -141,14 +148,17 @@ def origin(topic: str, stored: Mapping[str, str]) -> tuple[str, str]:
     reached the queue through a binding of ``amq.topic``)."""
     exchange = stored.get(EXCHANGE_PROPERTY)
     if exchange is not None:
-        return exchange, stored.get(ROUTING_KEY_PROPERTY, "")
+        return _shortstr(exchange), _shortstr(stored.get(ROUTING_KEY_PROPERTY, ""))
     return TOPIC_EXCHANGE, _shortstr(key_of_subject(stored.get(SUBJECT_PROPERTY) or topic))
 
 
 def _shortstr(text: str) -> str:
-    """``text`` cut to AMQP's 255-byte short string (an MQTT topic may be longer)."""
-    raw = text.encode()
-    return text if len(raw) <= 255 else raw[:255].decode(errors="ignore")
+    """``text`` cut to AMQP's 255-byte short string (an MQTT topic may be longer); a lone
+    surrogate, which UTF-8 cannot carry, becomes ``?``."""
+    if text.isascii():
+        return text[:_SHORTSTR]
+    raw = text.encode(errors="replace")
+    return raw[:_SHORTSTR].decode(errors="ignore")
 
 
 def to_outgoing(topic: str, subject: str | None, exchange: str, routing_key: str,
@@ -177,28 +187,59 @@ def to_outgoing(topic: str, subject: str | None, exchange: str, routing_key: str
 
 
 def to_properties(stored: Mapping[str, str], born_ms: int = 0) -> Basic.Properties:
-    """The AMQP properties of a stored message published at ``born_ms``; values that do not
-    parse are left out."""
+    """The AMQP properties of a stored message published at ``born_ms``: they marshal
+    without raising, whatever was stored (values that do not parse or that AMQP cannot carry
+    are left out)."""
     if EXCHANGE_PROPERTY not in stored:
         return _from_other(stored, born_ms)
     fields: dict[str, Any] = {}
     for name in _TEXT_FIELDS:
         value = stored.get(f"amqp.{name}")
         if value is not None:
-            fields[name] = value[:255]
-    for name in _INT_FIELDS:
-        value = _parsed(stored.get(f"amqp.{name}"), int)
-        if value is not None and 0 <= value <= 255:
-            fields[name] = value
+            fields[name] = _shortstr(value)
+    mode = stored.get(interop.AMQP_DELIVERY_MODE)
+    if mode in ("1", "2"):
+        fields["delivery_mode"] = int(mode)
+    priority = _number(stored.get("amqp.priority"))
+    if priority is not None and 0 <= priority <= 255:
+        fields["priority"] = priority
     if _TYPE_PROPERTY in stored:
-        fields["message_type"] = stored[_TYPE_PROPERTY][:255]
-    seconds = _parsed(stored.get(TIMESTAMP_PROPERTY), int)
-    if seconds is not None and 0 <= seconds < 1 << 32:
-        fields["timestamp"] = datetime.fromtimestamp(seconds, UTC)
-    headers = _parsed(stored.get(HEADERS_PROPERTY), json.loads)
-    if isinstance(headers, dict):
-        fields["headers"] = _from_json(headers)
+        fields["message_type"] = _shortstr(stored[_TYPE_PROPERTY])
+    timestamp = _timestamp(_number(stored.get(TIMESTAMP_PROPERTY)))
+    if timestamp is not None:
+        fields["timestamp"] = timestamp
+    raw = stored.get(HEADERS_PROPERTY)
+    if raw is not None:
+        headers = _parsed(raw, json.loads) if len(raw) <= interop.MAX_STORED_JSON else None
+        table = _checked_headers(headers)
+        if isinstance(headers, dict):
+            fields["headers"] = table
     return Basic.Properties(**fields)
+
+
+def _checked_headers(headers: object) -> dict[str, Any]:
+    """``headers`` as a field table pamqp encodes (``field_values``), logging what is left out."""
+    conversion = Conversion()
+    table = field_table(headers, conversion)
+    if conversion.first_drop is not None:
+        name, why = conversion.first_drop
+        _dropped.denied(name, why, "a delivery leaves out %d AMQP header(s) it cannot carry, "
+                        "the first %s: %s", conversion.dropped, clip(name), why)
+    return table
+
+
+def _number(raw: str | None) -> int | None:
+    """A decimal integer of at most 20 digits as stored, else None."""
+    if raw is None or len(raw) > 20:
+        return None
+    return _parsed(raw, int)
+
+
+def _timestamp(seconds: int | None) -> datetime | None:
+    """The time ``seconds`` after the epoch, if a timestamp property can name it."""
+    if seconds is None or not 0 <= seconds <= _MAX_SECONDS:
+        return None
+    return datetime.fromtimestamp(seconds, UTC)
 
 
 def properties_payload(stored: Mapping[str, str], born_ms: int = 0) -> bytes:
@@ -228,11 +269,12 @@ def _from_other(stored: Mapping[str, str], born_ms: int) -> Basic.Properties:
         headers[CLIENT_ID_HEADER] = stored[interop.MQTT_CLIENT]
     headers.update(common.extra)
     for name, value in stored.items():  # a native producer's own properties
-        if name.partition(".")[0] not in _OWN_NAMESPACES:
+        if interop.namespace_of(name) is None:
             _add_header(headers, name, value)
     fields: dict[str, Any] = {"delivery_mode": 2 if common.persistent else 1}
-    if born_ms > 0:
-        fields["timestamp"] = datetime.fromtimestamp(born_ms // 1000, UTC)
+    timestamp = _timestamp(born_ms // 1000) if born_ms > 0 else None
+    if timestamp is not None:
+        fields["timestamp"] = timestamp
     if common.expiry_at_ms is not None:
         fields["expiration"] = str(max(0, common.expiry_at_ms - now_ms()))
     _short(fields, headers, "content_type", common.content_type, interop.MQTT_CONTENT_TYPE)
@@ -246,14 +288,14 @@ def _from_other(stored: Mapping[str, str], born_ms: int) -> Basic.Properties:
         _short(fields, headers, "reply_to", key_of_subject(common.reply_subject),
                interop.MQTT_RESPONSE_TOPIC)
     if headers:
-        fields["headers"] = headers
+        fields["headers"] = _checked_headers(headers)
     return Basic.Properties(**fields)
 
 
 def _add_header(headers: dict[str, Any], name: str, value: str) -> None:
     """Add a header; a repeated name's values become an array, in order (names longer than
     pamqp writes, 128 bytes, are left out rather than cut into another name)."""
-    if len(name.encode(errors="replace")) > _MAX_HEADER_NAME:
+    if len(name.encode(errors="replace")) > MAX_NAME_BYTES:
         return
     if name not in headers:
         headers[name] = value
@@ -268,7 +310,7 @@ def _short(fields: dict[str, Any], headers: dict[str, Any], field: str, value: s
     """``value`` as property ``field`` if it fits a short string, else as header ``header``."""
     if value is None:
         return
-    if len(value.encode(errors="replace")) <= _SHORTSTR:
+    if _shortstr(value) == value:
         fields[field] = value
     else:
         headers[header] = value
@@ -295,32 +337,10 @@ def _to_json(value: Any) -> Any:
         return {"$time": int(value.timestamp())}
     if isinstance(value, Mapping):
         table = {str(key): _to_json(item) for key, item in value.items()}
-        return {"$table": table} if len(table) == 1 and next(iter(table)) in _TAGS else table
+        return {"$table": table} if len(table) == 1 and next(iter(table)) in TAGS else table
     if isinstance(value, (list, tuple)):
         return [_to_json(item) for item in value]
     return str(value)
-
-
-def _from_json(value: Any) -> Any:
-    """The field value ``_to_json`` made; anything malformed stays as JSON gave it."""
-    if isinstance(value, list):
-        return [_from_json(item) for item in value]
-    if not isinstance(value, dict):
-        return value
-    if len(value) == 1:
-        (tag, inner), = value.items()
-        try:
-            if tag == "$bytes" and isinstance(inner, str):
-                return bytearray(base64.b64decode(inner, validate=True))
-            if tag == "$decimal" and isinstance(inner, str):
-                return Decimal(inner)
-            if tag == "$time" and isinstance(inner, int) and 0 <= inner < 1 << 32:
-                return datetime.fromtimestamp(inner, UTC)
-            if tag == "$table" and isinstance(inner, dict):
-                return {key: _from_json(item) for key, item in inner.items()}
-        except (ValueError, InvalidOperation):
-            return {}
-    return {key: _from_json(item) for key, item in value.items()}
 
 
 def with_header(stored: Mapping[str, str], name: str, value: int | str) -> dict[str, str]:
@@ -330,5 +350,8 @@ def with_header(stored: Mapping[str, str], name: str, value: int | str) -> dict[
     headers = headers if isinstance(headers, dict) else {}
     headers[name] = value
     changed = dict(stored)
-    changed[HEADERS_PROPERTY] = json.dumps(headers, ensure_ascii=False, separators=(",", ":"))
+    try:
+        changed[HEADERS_PROPERTY] = json.dumps(headers, ensure_ascii=False, separators=(",", ":"))
+    except (ValueError, RecursionError):  # nested deeper than the stack allows: replaced
+        changed[HEADERS_PROPERTY] = json.dumps({name: value}, separators=(",", ":"))
     return changed

@@ -11,6 +11,7 @@ from google.protobuf.timestamp_pb2 import Timestamp
 from rocketmq.grpc_protocol import definition_pb2 as pb
 
 from core.errors import InvalidArgument, NotSupported
+from core.interop import check_sender_properties
 from core.model import Delivery, MessageType, OutgoingMessage, Subscription, TopicConfig
 from core.model import MESSAGE_GROUP_PROPERTY
 
@@ -33,9 +34,10 @@ def now_ms() -> int:
 
 
 def timestamp(ms: int) -> Timestamp:
-    """A protobuf Timestamp for ``ms`` milliseconds since the epoch."""
+    """A protobuf Timestamp for ``ms`` milliseconds since the epoch, held to the years 1-9999
+    a Timestamp can name (a time stored by an older version may lie outside them)."""
     result = Timestamp()
-    result.FromMilliseconds(ms)
+    result.FromMilliseconds(min(max(ms, _FIRST_MS), _LAST_MS))
     return result
 
 
@@ -89,11 +91,13 @@ def subscription(group: str, entry: pb.SubscriptionEntry) -> Subscription:
 def outgoing(message: pb.Message) -> OutgoingMessage:
     """A core OutgoingMessage from a SendMessage entry (a delivery time in the future makes
     it a delayed message, message type TRANSACTION a half message, a lite topic a message of
-    one); GZIP bodies are refused."""
+    one); GZIP bodies are refused, and so are user properties in a namespace the broker
+    writes (``amqp.*``, ``mqtt.*``, ``sluice.*`` but the subject: ``core.interop``)."""
     props = message.system_properties
     if props.body_encoding == pb.Encoding.GZIP:
         raise NotSupported("GZIP-encoded bodies are not supported in this version of Sluice; "
                            "send the body uncompressed")
+    check_sender_properties(message.user_properties)
     return OutgoingMessage(
         topic=name_of(message.topic, "topic"), body=message.body,
         tag=props.tag if props.HasField("tag") else "", keys=tuple(props.keys),
@@ -110,6 +114,9 @@ def outgoing(message: pb.Message) -> OutgoingMessage:
 
 MAX_TIMESTAMP_SECONDS = 253_402_300_799
 """The last second of year 9999, the largest valid protobuf Timestamp."""
+_FIRST_MS = -62_135_596_800_000
+"""The first millisecond of year 1, the smallest valid protobuf Timestamp."""
+_LAST_MS = MAX_TIMESTAMP_SECONDS * 1000 + 999
 
 
 def _millis(timestamp: Timestamp, field: str) -> int:

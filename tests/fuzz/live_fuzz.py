@@ -10,8 +10,11 @@ client that makes QoS 1 round trips and a healthy pika client that makes confirm
 consume round trips the whole time, and from other connections sends mutated valid packets
 (`tests/fuzz/mutations.py`: bit flips, truncations, length-field lies, splices, huge counts),
 slow drips, hostile WebSocket upgrades and frames, mutated AMQP handshakes and channel frames
-(`tests/fuzz/amqp_frames.py`), and mutated serialized requests to every native gRPC method. Case ``i`` of seed ``s`` is the same bytes on every run
-(``--case i`` replays one). It fails (exit 1) if the broker dies, a healthy round trip takes
+(`tests/fuzz/amqp_frames.py`), mutated serialized requests to every native gRPC method, and
+forged ``amqp.*``/``mqtt.*``/``sluice.*`` properties with poison values from every protocol
+(`tests/fuzz/forged_properties.py`: a native send of them must be refused; an MQTT user property
+or AMQP header of such a name is the sender's own, read by the healthy consumers of the other
+protocols). Case ``i`` of seed ``s`` is the same bytes on every run (``--case i`` replays one). It fails (exit 1) if the broker dies, a healthy round trip takes
 longer than ``--round-trip-bound``, ``/health`` stops answering, the broker's memory or open
 descriptors grow beyond their bounds, sockets are not given back once the hostile connections
 are gone, or the broker logs an error or a traceback (hostile input is an expected condition);
@@ -49,12 +52,16 @@ from paho.mqtt.enums import CallbackAPIVersion
 from protocols.mqtt.codec import MQTT_5, MQTT_311, encode
 from protocols.mqtt.packets import PingReq, Publish, Subscribe, Subscription
 from protocols.mqtt.properties import varint
+from rocketmq.grpc_protocol import definition_pb2 as pb
+from rocketmq.grpc_protocol import service_pb2 as rpc
+
 from sluice.client.auth import request_metadata
 from sluice.client.config import ClientConfig
 from tests.conftest import CONFIG, Server
 from tests.fuzz.amqp_frames import handshake as amqp_handshake, session_frames as amqp_frames
 from tests.fuzz.mutations import connects, hostile_websocket, mutate, session_packets
-from tests.fuzz.native_requests import NativeRequest, valid_requests
+from tests.fuzz.forged_properties import amqp_publish, mqtt_publish
+from tests.fuzz.native_requests import SERVICE, NativeRequest, send_request, valid_requests
 
 FUZZ_CONFIG = CONFIG + """
 [mqtt]
@@ -69,11 +76,16 @@ login_max_failures_per_peer_user = 1_000_000
 """
 KINDS: dict[str, int] = {"tcp-connect": 2, "tcp-session": 3, "ws-session": 1, "ws-raw": 1,
                          "slow-drip": 1, "huge-count": 1, "grpc": 3, "amqp-connect": 2,
-                         "amqp-session": 3}
+                         "amqp-session": 3, "forged": 2}
 """Case kinds and their weights."""
 READ_WINDOW = 1.5
 """How long a case reads what the broker answers before it closes the connection itself."""
 CASE_TIMEOUT = 15.0
+ACCEPTED_FORGED = "native: forged properties stored"
+"""The outcome of a native send with forged namespaced properties that was not refused."""
+FORGED_KEYS = ("fuzz.forged.#", "fuzz")
+"""What the healthy consumers read of the forged cases' messages (as AMQP binding keys; MQTT
+filters ``fuzz/forged/#`` and ``fuzz``)."""
 
 
 @dataclass
@@ -130,7 +142,7 @@ class HealthyClient(threading.Thread):
             raise RuntimeError("the healthy client could not connect")
         subscribed = threading.Event()
         self.client.on_subscribe = lambda *args: subscribed.set()
-        self.client.subscribe("fuzz-healthy/#", qos=1)
+        self.client.subscribe([("fuzz-healthy/#", 1), ("fuzz/forged/#", 0), ("fuzz", 0)])
         if not subscribed.wait(10):
             raise RuntimeError("the healthy client could not subscribe")
 
@@ -162,12 +174,15 @@ class HealthyClient(threading.Thread):
 
 class HealthyAmqpClient(threading.Thread):
     """A pika client publishing with confirms to its own queue and consuming each message back,
-    back to back."""
+    back to back; on the same connection it consumes what the forged cases of every protocol
+    store (a queue bound to ``amq.topic``), so a delivery AMQP cannot encode ends its round
+    trips."""
 
     def __init__(self, address: str, tally: Tally, bound: float) -> None:
         super().__init__(daemon=True, name="healthy-amqp-client")
         self.tally, self.bound = tally, bound
         self.latencies: list[float] = []
+        self.forged_received = 0
         self.stop = threading.Event()
         self._address = address
 
@@ -182,6 +197,10 @@ class HealthyAmqpClient(threading.Thread):
         received: list[bytes] = []
         channel.basic_consume(queue, lambda _ch, _m, _p, body: received.append(body),
                               auto_ack=True)
+        forged = channel.queue_declare("", exclusive=True).method.queue
+        for key in FORGED_KEYS:
+            channel.queue_bind(forged, "amq.topic", key)
+        channel.basic_consume(forged, self._count_forged, auto_ack=True)
         number = 0
         try:
             while not self.stop.is_set():
@@ -202,6 +221,9 @@ class HealthyAmqpClient(threading.Thread):
         finally:
             if connection.is_open:
                 connection.close()
+
+    def _count_forged(self, *_delivery: object) -> None:
+        self.forged_received += 1
 
     def close(self) -> None:
         self.stop.set()
@@ -474,6 +496,36 @@ async def native_call(target: Target, rng: random.Random, seed: int) -> str:
         return f"{request.method}: {refused.code().name}"
 
 
+async def forged(target: Target, rng: random.Random, seed: int) -> str:
+    """Forged namespaced properties and poison values from one protocol, unmutated: a native
+    send of them must be refused (BAD_REQUEST); native sends of poison under the sender's own
+    names, MQTT 5 user properties and AMQP headers named ``amqp.*``/``mqtt.*`` are stored, and
+    the healthy consumers of the other protocols receive them."""
+    protocol = rng.choice(("native", "native-own", "mqtt", "amqp"))
+    if protocol.startswith("native"):
+        call = target.grpc.unary_unary(f"/{SERVICE.full_name}/SendMessage")
+        metadata = request_metadata(target.config, f"fuzz-{rng.randrange(64)}")
+        try:
+            raw = await call(send_request(rng, forged=protocol == "native"), metadata=metadata,
+                             timeout=3)
+        except grpc.aio.AioRpcError as refused:
+            return f"{protocol}: {refused.code().name}"
+        code = rpc.SendMessageResponse.FromString(raw).status.code
+        if protocol == "native" and code == pb.Code.OK:
+            return ACCEPTED_FORGED
+        return f"{protocol}: {pb.Code.Name(code)}"
+    if protocol == "mqtt":
+        reader, writer = await _open(target)
+        writer.write(mqtt_publish(rng, f"fuzz/forged/{rng.randrange(16)}"))
+    else:
+        reader, writer = await asyncio.open_connection(*target.amqp)
+        writer.write(amqp_publish(rng, f"fuzz.forged.{rng.randrange(16)}"))
+    try:
+        return f"{protocol}: {await read_answers(reader, 0.5)}"
+    finally:
+        await _finish(writer)
+
+
 def _printable(data: bytes) -> str:
     return "".join(chr(b) for b in data if 0x20 <= b < 0x7F)
 
@@ -517,7 +569,7 @@ async def amqp_session(target: Target, rng: random.Random, seed: int) -> str:
 CASES: dict[str, Callable[[Target, random.Random, int], Awaitable[str]]] = {
     "tcp-connect": tcp_connect, "tcp-session": tcp_session, "ws-session": ws_session,
     "ws-raw": ws_raw, "slow-drip": slow_drip, "huge-count": huge_count, "grpc": native_call,
-    "amqp-connect": amqp_connect, "amqp-session": amqp_session,
+    "amqp-connect": amqp_connect, "amqp-session": amqp_session, "forged": forged,
 }
 
 
@@ -619,6 +671,9 @@ def main(argv: list[str] | None = None) -> int:
                   f" | rss {watch.rss >> 20} MB | fds {watch.fds}", flush=True)
 
         asyncio.run(fuzz(server, settings, tally, progress))
+        if tally.outcomes["forged"][ACCEPTED_FORGED]:
+            tally.fail(f"{tally.outcomes['forged'][ACCEPTED_FORGED]} native sends with forged "
+                       "namespaced properties were stored")
         _check_sockets_return(watch, tally)
         healthy.close()
         healthy_amqp.close()
@@ -670,6 +725,8 @@ def print_summary(settings: Settings, tally: Tally, healthy: HealthyClient,
     if latencies:
         print(f"  healthy AMQP round trips: {len(latencies)}, median "
               f"{latencies[len(latencies) // 2] * 1000:.1f} ms, worst {latencies[-1] * 1000:.0f} ms")
+    print(f"  forged and poison messages the healthy AMQP consumer received: "
+          f"{healthy_amqp.forged_received}")
     print(f"  broker memory: {watch.baseline_rss >> 20} MB at the start, peak {watch.peak_rss >> 20} MB;"
           f" descriptors: {watch.baseline_fds} at the start, peak {watch.peak_fds}, "
           f"{watch.fds} at the end ({watch.sockets} sockets, {watch.baseline_sockets} at the start)")

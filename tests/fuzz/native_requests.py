@@ -1,7 +1,10 @@
 """Valid serialized requests for every method of the native gRPC API (RocketMQ 5's
-MessagingService), for the live fuzzer to mutate, and how to call a method with raw bytes."""
+MessagingService), for the live fuzzer to mutate, and how to call a method with raw bytes; and
+sends whose properties are forged in the namespaces the broker writes (refused) or carry poison
+values under the sender's own names (stored, and delivered to every protocol)."""
 from __future__ import annotations
 
+import random
 from dataclasses import dataclass
 from typing import Literal
 
@@ -12,6 +15,7 @@ from sluice.client.config import ClientConfig
 from sluice.client.convert import (duration, endpoints, message_to_proto, new_message_id,
                                           resource, tag_filter)
 from sluice.client.model import Message
+from tests.fuzz.forged_properties import forged_properties, own_properties
 
 SERVICE = rpc.DESCRIPTOR.services_by_name["MessagingService"]
 TOPIC, GROUP = "fuzz", "fuzz-group"
@@ -37,7 +41,7 @@ def valid_requests(config: ClientConfig) -> list[NativeRequest]:
     topic, group = resource("", TOPIC), resource("", GROUP)
     queue = pb.MessageQueue(topic=topic, id=0, permission=pb.READ_WRITE, broker=pb.Broker(
         name="sluice", id=0, endpoints=endpoints(config)))
-    message = message_to_proto(Message(TOPIC, b"fuzz body", "tag", ("key",), {"mqtt.qos": "1"}),
+    message = message_to_proto(Message(TOPIC, b"fuzz body", "tag", ("key",), {"site": "fuzz"}),
                                "", 0, new_message_id(), 1_700_000_000_000)
     handle = "0:fuzz:0:0:0"
     requests: dict[str, object] = {
@@ -84,4 +88,17 @@ def valid_requests(config: ClientConfig) -> list[NativeRequest]:
         shape: Shape = ("bidi" if method.client_streaming else
                         "server-stream" if method.server_streaming else "unary")
         out.append(NativeRequest(method.name, shape, request.SerializeToString()))
+    rng = random.Random(0)  # the same requests on every run
+    out += [NativeRequest("SendMessage", "unary", send_request(rng, forged=True)),
+            NativeRequest("SendMessage", "unary", send_request(rng, forged=False))]
     return out
+
+
+def send_request(rng: random.Random, forged: bool) -> bytes:
+    """A SendMessage of one message to ``fuzz`` (subject ``fuzz/forged``) with poison values,
+    under forged namespaced names (``forged``: to be refused) or the sender's own."""
+    properties = forged_properties(rng) if forged else own_properties(rng)
+    properties["sluice.subject"] = f"{TOPIC}/forged"
+    message = message_to_proto(Message(TOPIC, b"forged", "tag", (), properties), "", 0,
+                               new_message_id(), 1_700_000_000_000)
+    return rpc.SendMessageRequest(messages=[message]).SerializeToString()

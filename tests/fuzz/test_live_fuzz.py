@@ -18,7 +18,7 @@ def test_a_short_live_fuzz_pass_keeps_the_broker_up_healthy_and_bounded():
     assert done.returncode == 0, f"{out[-6000:]}\n{done.stderr[-3000:]}"
     assert f"live fuzz summary (seed {SEED})" in out, out[-3000:]
     for kind in ("tcp-connect", "tcp-session", "ws-session", "ws-raw", "slow-drip", "huge-count",
-                 "grpc", "amqp-connect", "amqp-session"):
+                 "grpc", "amqp-connect", "amqp-session", "forged"):
         assert f"  {kind} " in out, f"no {kind} cases were sent:\n{out[-3000:]}"
     assert "healthy QoS 1 round trips:" in out and "passed:" in out, out[-3000:]
     assert "healthy AMQP round trips:" in out, out[-3000:]

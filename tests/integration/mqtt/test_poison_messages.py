@@ -1,21 +1,25 @@
-"""Poison messages: native sends whose ``mqtt.*`` properties MQTT cannot take never stop MQTT
-delivery, on a real `sluice serve` with real paho clients and the native SDK.
+"""Poison messages: stored ``mqtt.*`` properties MQTT cannot take never stop MQTT delivery, on
+a real `sluice serve` with real paho clients and the native SDK.
 
-A native sender may set any property, including the ``mqtt.*`` ones the MQTT front end writes
-(``mqtt.qos=x``, a bad ``mqtt.expiry_at``, ``mqtt.user_properties`` that is not a JSON list of
-string pairs, bad base64 in ``mqtt.correlation_data``, a bad payload format). Each such message,
-and every message after it, reaches live subscribers (3.1.1 and 5), persistent sessions (also
-after they reconnect and after a broker restart) and a shared group; MQTT 5 subscribers get
-the bad values as user properties; the sender's sends are all answered. A send without a
-subject reaches them all on the topic name (persistent sessions and shared groups too).
+A native sender may not set ``mqtt.*`` properties (the MQTT front end writes them): such a send
+is refused with BAD_REQUEST naming the property, and what follows reaches live subscribers
+(3.1.1 and 5), persistent sessions and a shared group. A subject MQTT cannot take (wildcards)
+is the sender's to set and is delivered on the topic name. Messages an older version stored with
+bad ``mqtt.*`` values (``mqtt.qos=x``, a bad ``mqtt.expiry_at``, ``mqtt.user_properties`` that
+is not a JSON list of string pairs, bad base64 in ``mqtt.correlation_data``, a bad payload
+format) reach persistent sessions after a restart, with every message after them; MQTT 5
+subscribers get the bad values as user properties. A send without a subject reaches every
+kind of subscriber on the topic name.
 """
 from __future__ import annotations
 
 import asyncio
+import re
 import socket
 import threading
 
 import paho.mqtt.client as mqtt
+import pytest
 from paho.mqtt.enums import CallbackAPIVersion
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties as PahoProperties
@@ -24,7 +28,10 @@ from core.model import SUBJECT_PROPERTY
 from protocols.mqtt.mapping import (CORRELATION_PROPERTY, EXPIRY_PROPERTY,
                                     PAYLOAD_FORMAT_PROPERTY, QOS_PROPERTY, RETAIN_PROPERTY,
                                     USER_PROPERTIES_PROPERTY)
-from sluice.client import ClientConfig, Message, Producer
+from protocols.mqtt.topics import session_queue
+from sluice.client import BadRequestError, ClientConfig, Message, Producer
+from store.api import Message as StoredMessage
+from tests.integration import older_version
 from tests.integration.mqtt.test_robustness import PASSWORD, USER, host_port
 
 WAIT_S = 20
@@ -111,8 +118,8 @@ class Subscriber:
 
 
 def send_round(native: str, label: str) -> set[bytes]:
-    """Each poison message followed by a good one, then one without a subject; every send
-    must be answered."""
+    """Each poison send (refused, but for the subject MQTT cannot take) followed by a good one,
+    then one without a subject; every send must be answered. Returns what was stored."""
     async def send() -> set[bytes]:
         config = ClientConfig(native, USER, PASSWORD, request_timeout=10)
         sent: set[bytes] = set()
@@ -120,9 +127,14 @@ def send_round(native: str, label: str) -> set[bytes]:
             for i, bad in enumerate(POISON):
                 for kind, extra in (("bad", bad), ("good", {})):
                     body = f"{label}-{kind}-{i}".encode()
-                    properties = {SUBJECT_PROPERTY: f"poison/{i}/{kind}", **extra}
-                    receipt = await asyncio.wait_for(
-                        producer.send(Message("poison", body, properties=properties)), WAIT_S)
+                    message = Message("poison", body,
+                                      properties={SUBJECT_PROPERTY: f"poison/{i}/{kind}", **extra})
+                    if extra and SUBJECT_PROPERTY not in extra:
+                        named = "|".join(map(re.escape, bad))  # any: a map has no order
+                        with pytest.raises(BadRequestError, match=f"property '({named})'"):
+                            await asyncio.wait_for(producer.send(message), WAIT_S)
+                        continue
+                    receipt = await asyncio.wait_for(producer.send(message), WAIT_S)
                     assert receipt.message_id
                     sent.add(body)
             plain = f"{label}-no-subject".encode()  # delivered on the topic name, "poison"
@@ -130,6 +142,21 @@ def send_round(native: str, label: str) -> set[bytes]:
             sent.add(plain)
         return sent
     return asyncio.run(send())
+
+
+def store_as_older_version(data_dir, label: str, client_ids: list[str]) -> set[bytes]:
+    """Each poison message followed by a good one, written into the persistent sessions of
+    ``client_ids`` while the broker is stopped, as a version that let native senders set
+    ``mqtt.*`` properties could have stored them."""
+    queues = [(session_queue(client_id), 0) for client_id in client_ids]
+    messages = []
+    for i, bad in enumerate(POISON):
+        for kind, extra in (("bad", bad), ("good", {})):
+            properties = {SUBJECT_PROPERTY: f"poison/{i}/{kind}", **extra}
+            messages.append(StoredMessage("poison", f"{label}-{kind}-{i}".encode(),
+                                          properties=properties, extra_queues=queues))
+    older_version.append(data_dir, messages)
+    return {m.body for m in messages}
 
 
 def test_poison_messages_reach_every_kind_of_subscriber(sluice_server, tmp_path):
@@ -151,12 +178,9 @@ def test_poison_messages_reach_every_kind_of_subscriber(sluice_server, tmp_path)
     for who, subscriber in [("live5", live5), ("live3", live3), ("shared", shared),
                             ("stored5", stored5), ("stored3", stored3)]:
         subscriber.wait_for_all(first, who)
-    assert live5.user_properties[b"r1-bad-0"] == [("mqtt.qos", "x")]
-    assert ("mqtt.correlation_data", "!!! not base64 !!!") in stored5.user_properties[b"r1-bad-4"]
     assert ("sluice.subject", "poison/+/wildcard") in live5.user_properties[b"r1-bad-8"]
 
-    # offline persistent sessions keep their queue: stored5 reconnects at once, stored3 only
-    # after a restart, when the poison is read back from its queue on disk
+    # offline persistent sessions keep their queue: stored5 reconnects at once
     stored5.stop()
     stored3.stop()
     second = send_round(server.native, "r2")
@@ -166,12 +190,17 @@ def test_poison_messages_reach_every_kind_of_subscriber(sluice_server, tmp_path)
     for subscriber in (live5, live3, shared, stored5):
         subscriber.stop()
 
+    # poison an older version stored reaches the sessions after a restart, read from disk
     assert server.stop() == 0
+    old = store_as_older_version(tmp_path / "data", "old", ["stored5", "stored3"])
     server = sluice_server(tmp_path / "data", "--mqtt-port", str(port))
     server.wait_ready()
     stored3 = Subscriber(server.mqtt, "stored3", "poison/#", version=mqtt.MQTTv311, persistent=True)
-    stored3.wait_for_all(second, "stored3 after a restart")
+    stored3.wait_for_all(second | old, "stored3 after a restart")
     stored5 = Subscriber(server.mqtt, "stored5", "poison/#", version=mqtt.MQTTv5, persistent=True)
+    stored5.wait_for_all(old, "stored5 after a restart")
+    assert stored5.user_properties[b"old-bad-0"] == [("mqtt.qos", "x")]
+    assert ("mqtt.correlation_data", "!!! not base64 !!!") in stored5.user_properties[b"old-bad-4"]
     third = send_round(server.native, "r3")
     stored5.wait_for_all(third, "stored5 after a restart")
     stored3.wait_for_all(third, "stored3 after a restart")

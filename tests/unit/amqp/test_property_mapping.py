@@ -11,7 +11,7 @@ from pamqp.commands import Basic
 
 from core.clock import now_ms
 from protocols.amqp.mapping import to_outgoing as amqp_outgoing
-from protocols.amqp.mapping import to_properties
+from protocols.amqp.mapping import origin, to_properties
 from protocols.mqtt.mapping import from_stored
 from protocols.mqtt.mapping import to_outgoing as mqtt_outgoing
 from protocols.mqtt.properties import NO_PROPERTIES, Properties
@@ -107,3 +107,29 @@ def test_user_properties_become_headers_with_repeated_names_in_order(pairs):
 def test_string_headers_become_user_properties_in_order(headers):
     inbound = from_stored("devices", b"p", amqp_stored(Basic.Properties(headers=headers)), BORN)
     assert list(inbound.properties.user_properties) == list(headers.items())
+
+
+BOMB = '{"x": {"$decimal": "1e400000"}}'
+
+
+def test_an_mqtt_user_property_named_like_an_amqp_property_stays_a_header():
+    """User properties travel inside ``mqtt.user_properties``: one named ``amqp.headers`` or
+    ``amqp.user_id`` is a plain header to AMQP consumers, never the AMQP property."""
+    stored = mqtt_stored(1, Properties(user_properties=(
+        ("amqp.headers", BOMB), ("amqp.user_id", "admin"), ("amqp.exchange", "billing"))))
+    assert "amqp.headers" not in stored and "amqp.user_id" not in stored
+    got = to_properties(stored, BORN)
+    assert got.user_id is None
+    assert got.headers["amqp.headers"] == BOMB and got.headers["amqp.user_id"] == "admin"
+    assert origin("devices", stored) == ("amq.topic", "devices.d1.telemetry")
+    got.marshal()
+
+
+def test_an_amqp_header_named_like_an_mqtt_property_stays_a_user_property():
+    stored = amqp_stored(Basic.Properties(delivery_mode=1, headers={
+        "mqtt.qos": "2", "mqtt.retain": "1", "sluice.subject": "secret/x"}))
+    assert stored["sluice.subject"] == "devices/d1/telemetry"
+    inbound = from_stored("devices", b"p", stored, BORN)
+    assert (inbound.topic, inbound.qos, inbound.retain) == ("devices/d1/telemetry", 0, False)
+    assert inbound.properties.user_properties == (
+        ("mqtt.qos", "2"), ("mqtt.retain", "1"), ("sluice.subject", "secret/x"))
