@@ -84,6 +84,11 @@ def table(rows: Sequence[Sequence[Any]], headers: Sequence[str]) -> str:
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in cells)
 
 
+def plural(count: int, noun: str) -> str:
+    """``1 message``, ``2 messages``: a count with its noun."""
+    return f"{count} {noun}{'' if count == 1 else 's'}"
+
+
 def show(args: argparse.Namespace, data: Any, render: Callable[[Any], str]) -> int:
     print(json.dumps(data, indent=2, ensure_ascii=False) if args.json else render(data))
     return 0
@@ -94,7 +99,12 @@ def show(args: argparse.Namespace, data: Any, render: Callable[[Any], str]) -> i
 def topic_create(client: AdminClient, args: argparse.Namespace) -> int:
     body = {"name": args.name, "queue_count": args.queues, "message_type": args.type,
             "retention_ms": args.retention_ms, "compacted": args.compacted}
-    created = client.call("POST", "/topics", body)
+    try:
+        created = client.call("POST", "/topics", body)
+    except CliError as error:
+        if str(error).startswith("409:"):  # name the command that deletes it
+            raise CliError(f"{error} (`sluice topic delete {args.name}`)") from None
+        raise
     print(f"created topic {created['name']} ({created['queue_count']} queues, "
           f"{created['message_type']})")
     return 0
@@ -129,8 +139,13 @@ def group_create(client: AdminClient, args: argparse.Namespace) -> int:
     body = {"name": args.name, "consume_mode": "broadcast" if args.broadcast else "clustering",
             "fifo": args.fifo, "retry": {"max_attempts": args.max_attempts}}
     created = client.call("POST", "/groups", body)
-    print(f"created group {created['name']} ({created['consume_mode']})")
+    print(f"created group {created['name']} ({group_mode(created)})")
     return 0
+
+
+def group_mode(group: dict[str, Any]) -> str:
+    """How a group consumes: ``clustering`` or ``broadcast``, and ``FIFO`` when it is one."""
+    return group["consume_mode"] + (", FIFO" if group["fifo"] else "")
 
 
 def group_list(client: AdminClient, args: argparse.Namespace) -> int:
@@ -141,7 +156,7 @@ def group_list(client: AdminClient, args: argparse.Namespace) -> int:
 
 def group_describe(client: AdminClient, args: argparse.Namespace) -> int:
     def render(g: dict[str, Any]) -> str:
-        parts = [f"group {g['name']}: {g['consume_mode']}, {len(g['members'])} live members, "
+        parts = [f"group {g['name']}: {group_mode(g)}, {plural(len(g['members']), 'live member')}, "
                  f"total lag {g['total_lag']}"]
         if g["members"]:
             parts.append(table([(m["client_id"], " ".join(f"{t}/{q}" for t, q in m["queues"]))
