@@ -239,7 +239,25 @@ def message_find(client: AdminClient, args: argparse.Namespace) -> int:
 
 
 def message_trace(client: AdminClient, args: argparse.Namespace) -> int:
-    return show(args, client.call("GET", f"/messages/{args.msg_id}/trace"), render_trace)
+    """The trace of a message by id, or of each message of ``--topic`` with ``--key``."""
+    if args.key:
+        if not args.topic or args.msg_id:
+            raise CliError("pass a message id, or --topic T --key K", 2)
+        found = client.call("GET", f"/topics/{args.topic}/messages", query={"key": args.key,
+                                                                            "limit": args.limit})
+        if not found:
+            raise CliError(f"no message on topic {args.topic} has key {args.key!r}")
+        ids = [message["msg_id"] for message in found]
+    elif args.msg_id:
+        ids = [args.msg_id]
+    else:
+        raise CliError("pass a message id, or --topic T --key K", 2)
+    traces = [client.call("GET", f"/messages/{msg_id}/trace") for msg_id in ids]
+    if args.json:
+        print(json.dumps(traces if args.key else traces[0], indent=2, ensure_ascii=False))
+    else:
+        print("\n\n".join(render_trace(trace) for trace in traces))
+    return 0
 
 
 def render_trace(trace: dict[str, Any]) -> str:
@@ -452,7 +470,10 @@ def _message_commands(c: Commands) -> None:
     sub = c.add(message, "trace", "Show a message's path as a timeline: stored, delivered to "
                 "which group and client, retried, acked, dead-lettered (the broker needs "
                 "core.message_trace = true).", message_trace)
-    sub.add_argument("msg_id", metavar="MSG_ID")
+    sub.add_argument("msg_id", nargs="?", metavar="MSG_ID")
+    sub.add_argument("--topic", help="topic to search by key")
+    sub.add_argument("--key", help="trace the messages with this business key (needs --topic)")
+    sub.add_argument("--limit", type=int, default=32, help="at most this many (default: %(default)s)")
     sub = c.add(message, "find", "Show the messages of a topic stored in a time range, oldest first.",
                 message_find)
     sub.add_argument("topic", metavar="TOPIC")
