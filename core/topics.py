@@ -71,8 +71,7 @@ class Topics:
                 f"topic with {existing.queue_count} queues")
         if self._config.auto_create_topics \
                 and existing == TopicConfig(existing.name, self._config.auto_topic_queues):
-            text += (" (the settings a topic gets when something is sent to it, or an MQTT "
-                     "client publishes to it, before it is created)")
+            text += " (what a send or an MQTT publish to a topic that does not exist creates)"
         return (text + "; its type and queues cannot change: delete it and create it again "
                 "(its messages are deleted with it), or choose another name")
 

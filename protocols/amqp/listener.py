@@ -1,6 +1,7 @@
 """The AMQP listeners, plain TCP and TLS (`tls.TlsListener`) over asyncio: each accepted socket
 (for TLS, once its handshake is done) a `Wire` to the front end. A client of another protocol
-(MQTT, HTTP, TLS on the plain port) is named in the log and closed."""
+(MQTT, HTTP, TLS on the plain port) is named in the log and gets the AMQP protocol header and a
+close, as the spec answers any header it does not speak."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from collections.abc import Callable, Mapping
 from core.wrong_protocol import AMQP, WrongProtocol
 
 from .adapter import AmqpAdapter, Wire
+from .frames import PROTOCOL_HEADER
 from .frontend import AmqpFrontend
 from .options import AmqpOptions
 from .tls import TlsListener, listen
@@ -48,7 +50,8 @@ class AmqpWire(asyncio.Protocol):
         if self._wrong_protocol is not None:
             checking, self._wrong_protocol = self._wrong_protocol, None  # the first bytes only
             if checking.caught(data, self.peer, self._transport.get_extra_info("sockname")[1]):
-                self._transport.close()
+                self._transport.write(PROTOCOL_HEADER)  # the spec's answer to a header it
+                self._transport.close()                 # does not speak, then the close
                 return
         self._adapter.data_received(data)
 
