@@ -31,13 +31,14 @@ from .errors import (AccessDenied, CorruptMessage, InvalidArgument, MessageNotFo
                      PreconditionFailed, Unavailable)
 from .filters import parse_filter
 from .memory_alarm import MemoryAlarm
-from .model import (INTERNAL_PREFIX, SUBJECT_PROPERTY, Action, Delivery, GroupConfig, GroupStats,
+from .model import (SUBJECT_PROPERTY, Action, Delivery, GroupConfig, GroupStats,
                     MessageType, OutgoingMessage, Principal, PullResult, QueueLag, QueueStats, ResourceKind,
                     SendResult, Subscription, TopicConfig, TopicStats)
 from .lite_receive import LiteReceiver, is_lite_handle
 from .logins import Logins
 from .receive import Receiver
 from .settings import CoreConfig
+from .topics import TopicRoute
 from .trace import MessageTrace
 from .transactions import Checker, check_transactional
 
@@ -198,15 +199,16 @@ class Broker:
         """The topic's settings; TopicNotFound if there is none."""
         return self._topics.get(name)
 
-    async def route_topic(self, principal: Principal, name: str) -> TopicConfig:
-        """The settings of a topic a client looks up to use (a route lookup). A topic that does
-        not exist is created with default settings when ``auto_create_topics`` is on and
-        ``principal`` may publish to it, the rule an MQTT publish follows (RocketMQ's
-        ``autoCreateTopicEnable``); TopicNotFound otherwise."""
-        if name in self._topics or name.startswith(INTERNAL_PREFIX) \
-                or not self.allowed(principal, Action.PUBLISH, name):
-            return self._topics.get(name)
-        return await self._topics.auto_create(name)
+    async def route_topic(self, principal: Principal, name: str) -> TopicRoute:
+        """A topic a client looks up to use (a route lookup): its settings, and whether it
+        exists. A missing topic that ``principal`` may publish to is answered, when
+        ``auto_create_topics`` is on, with the settings its first send will create it with
+        (RocketMQ's ``autoCreateTopicEnable``, the rule an MQTT publish follows), but not
+        created: a lookup does not say whether a producer or a consumer asks, and reading a
+        mistyped name must not make a topic of it. TopicNotFound otherwise."""
+        if name in self._topics or not self.allowed(principal, Action.PUBLISH, name):
+            return TopicRoute(self._topics.get(name), exists=True)
+        return TopicRoute(self._topics.prospective(name), exists=False)
 
     def list_topics(self) -> list[TopicConfig]:
         """Every topic, by name."""
@@ -303,7 +305,7 @@ class Broker:
 
         Each message is authorized once, on its subject when it has one (which must lie in its
         topic) and else on its topic. ``create_topics``: topics that do not exist are created
-        with default settings when ``auto_create_topics`` is on (MQTT wills)."""
+        with default settings when ``auto_create_topics`` is on (MQTT wills, native sends)."""
         self._check_sendable(messages)
         for message in messages:
             self._authorize_send(principal, message)

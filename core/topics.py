@@ -8,15 +8,24 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from typing import NamedTuple
 
 from store.api import Store
 
 from .errors import AlreadyExists, TopicNotFound
 from .metadata import MetadataRepository
-from .model import TopicConfig
+from .model import INTERNAL_PREFIX, TopicConfig
 from .settings import CoreConfig
 
 log = logging.getLogger(__name__)
+
+
+class TopicRoute(NamedTuple):
+    """What a route lookup answers: the topic's settings, and whether it exists yet (a topic
+    that does not is one a first send would create, with these settings)."""
+
+    config: TopicConfig
+    exists: bool
 
 
 class Topics:
@@ -48,13 +57,23 @@ class Topics:
 
     async def create(self, config: TopicConfig) -> TopicConfig:
         """Create a topic; AlreadyExists if the name is taken."""
-        if config.name in self._topics:
-            raise AlreadyExists(f"topic {config.name!r} exists already")
+        if (existing := self._topics.get(config.name)) is not None:
+            raise AlreadyExists(self._exists_already(existing))
         await asyncio.to_thread(self._metadata.create_topic, config)
         self._topics[config.name] = config
         if config.compacted:
             self._store.enable_compaction(config.name)
         return config
+
+    def _exists_already(self, existing: TopicConfig) -> str:
+        """Why a topic cannot be created again: what it is, and how to change that."""
+        text = (f"topic {existing.name!r} exists already, as a {existing.message_type.value} "
+                f"topic with {existing.queue_count} queues")
+        if self._config.auto_create_topics \
+                and existing == TopicConfig(existing.name, self._config.auto_topic_queues):
+            text += " (what a send or an MQTT publish to a topic that does not exist creates)"
+        return (text + "; its type and queues cannot change: delete it and create it again "
+                "(its messages are deleted with it), or choose another name")
 
     async def ensure(self, config: TopicConfig) -> TopicConfig:
         """Topic ``config.name``, created with ``config`` unless it exists (the broker's own
@@ -73,9 +92,15 @@ class Topics:
     async def auto_create(self, name: str) -> TopicConfig:
         """Topic ``name`` for a publish already authorized, created with default settings if
         ``auto_create_topics`` is on; TopicNotFound otherwise."""
-        if not self._config.auto_create_topics:
+        return await self.ensure(self.prospective(name))
+
+    def prospective(self, name: str) -> TopicConfig:
+        """The settings ``auto_create`` would create topic ``name`` with; TopicNotFound if
+        ``auto_create_topics`` is off or the name is an internal one (the broker's own state,
+        made only by the broker). Creates nothing."""
+        if not self._config.auto_create_topics or name.startswith(INTERNAL_PREFIX):
             raise TopicNotFound(name)
-        return await self.ensure(TopicConfig(name, self._config.auto_topic_queues))
+        return TopicConfig(name, self._config.auto_topic_queues)
 
     async def delete(self, name: str) -> None:
         """Delete a topic's metadata; TopicNotFound if there is none."""

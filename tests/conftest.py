@@ -40,8 +40,11 @@ default_password = "sluice"
 class Server:
     """A `sluice serve` child process and the endpoints it printed."""
 
-    def __init__(self, data_dir: Path, *extra: str, config: str = CONFIG) -> None:
-        """Start `sluice serve` on ``data_dir``; ports are 0 unless ``extra`` names them."""
+    def __init__(self, data_dir: Path, *extra: str, config: str = CONFIG,
+                 env: dict[str, str] | None = None) -> None:
+        """Start `sluice serve` on ``data_dir``; ports are 0 unless ``extra`` names them.
+        ``env``: variables to set besides the test's own environment (whose SLUICE_* are
+        left out)."""
         config_file = data_dir.parent / "sluice.toml"
         config_file.write_text(config)
         ports = [] if "--native-port" in extra else ["--native-port", "0", "--admin-port", "0"]
@@ -51,7 +54,8 @@ class Server:
         ports += [] if "--amqp-tls-port" in extra else ["--amqp-tls-port", "0"]
         self.process = subprocess.Popen(
             [*SLUICE, "serve", "--config", str(config_file), "--data-dir", str(data_dir), *ports, *extra],
-            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=clean_env())
+            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            env={**clean_env(), **(env or {})})
         self.lines: queue.Queue[str | None] = queue.Queue()
         self.output: list[str] = []
         self._log: list[str] = []
@@ -150,11 +154,13 @@ def clean_env() -> dict[str, str]:
 
 @pytest.fixture
 def sluice_server() -> Iterator[Callable[..., Server]]:
-    """``start(data_dir, *flags, config=TOML)`` runs `sluice serve`; all are killed at the end."""
+    """``start(data_dir, *flags, config=TOML, env=VARIABLES)`` runs `sluice serve`; all are
+    killed at the end."""
     started: list[Server] = []
 
-    def start(data_dir: Path, *extra: str, config: str = CONFIG) -> Server:
-        server = Server(data_dir, *extra, config=config)
+    def start(data_dir: Path, *extra: str, config: str = CONFIG,
+              env: dict[str, str] | None = None) -> Server:
+        server = Server(data_dir, *extra, config=config, env=env)
         started.append(server)
         return server
     yield start

@@ -1,14 +1,19 @@
 """The AMQP listeners, plain TCP and TLS (`tls.TlsListener`) over asyncio: each accepted socket
-(for TLS, once its handshake is done) a `Wire` to the front end."""
+(for TLS, once its handshake is done) a `Wire` to the front end. A client of another protocol
+(MQTT, HTTP, TLS on the plain port) is named in the log and gets the AMQP protocol header and a
+close, as the spec answers any header it does not speak."""
 
 from __future__ import annotations
 
 import asyncio
 import socket
 import ssl
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+
+from core.wrong_protocol import AMQP, WrongProtocol
 
 from .adapter import AmqpAdapter, Wire
+from .frames import PROTOCOL_HEADER
 from .frontend import AmqpFrontend
 from .options import AmqpOptions
 from .tls import TlsListener, listen
@@ -21,8 +26,10 @@ BACKLOG = 4096
 class AmqpWire(asyncio.Protocol):
     """A `Wire` over an asyncio transport. Runs on the event loop."""
 
-    def __init__(self, new_connection: Callable[[Wire], AmqpAdapter]) -> None:
+    def __init__(self, new_connection: Callable[[Wire], AmqpAdapter],
+                 wrong_protocol: WrongProtocol | None = None) -> None:
         self._new_connection = new_connection
+        self._wrong_protocol = wrong_protocol
         self._transport: asyncio.Transport | None = None
         self._adapter: AmqpAdapter | None = None
         self.peer = "?"
@@ -39,7 +46,13 @@ class AmqpWire(asyncio.Protocol):
         self._adapter = self._new_connection(self)
 
     def data_received(self, data: bytes) -> None:
-        assert self._adapter is not None
+        assert self._adapter is not None and self._transport is not None
+        if self._wrong_protocol is not None:
+            checking, self._wrong_protocol = self._wrong_protocol, None  # the first bytes only
+            if checking.caught(data, self.peer, self._transport.get_extra_info("sockname")[1]):
+                self._transport.write(PROTOCOL_HEADER)  # the spec's answer to a header it
+                self._transport.close()                 # does not speak, then the close
+                return
         self._adapter.data_received(data)
 
     def eof_received(self) -> bool:
@@ -97,17 +110,21 @@ class AmqpListener:
 
 
 async def start_amqp_listener(frontend: AmqpFrontend, options: AmqpOptions,
-                              tls: ssl.SSLContext | None = None) -> AmqpListener:
+                              tls: ssl.SSLContext | None = None,
+                              advice: Mapping[str, str] | None = None) -> AmqpListener:
     """Open the TCP listener of ``options``, and its TLS listener with ``tls`` unless
-    ``tls_port`` is -1. Raises OSError when a port is taken."""
+    ``tls_port`` is -1. A client of another protocol is logged with the ``advice`` for its
+    protocol (see ``WrongProtocol``). Raises OSError when a port is taken."""
     loop = asyncio.get_running_loop()
-    server = await loop.create_server(lambda: AmqpWire(frontend.new_connection), options.host,
-                                      options.port, backlog=BACKLOG, reuse_address=True)
+    wrong_protocol = WrongProtocol(AMQP, frontend.denials, {} if advice is None else advice)
+    server = await loop.create_server(lambda: AmqpWire(frontend.new_connection, wrong_protocol),
+                                      options.host, options.port, backlog=BACKLOG,
+                                      reuse_address=True)
     secure = None
     if tls is not None and options.tls_port >= 0:
         try:
             secure = listen(options.host, options.tls_port, tls,
-                            lambda: AmqpWire(frontend.new_connection),
+                            lambda: AmqpWire(frontend.new_connection, wrong_protocol),
                             timeout=options.connect_timeout_s, backlog=BACKLOG,
                             denials=frontend.denials)
         except BaseException:

@@ -6,10 +6,11 @@ import asyncio
 import logging
 import socket
 import ssl
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from core.untrusted import DenialLog, clip
+from core.wrong_protocol import MQTT, WrongProtocol
 
 from .frontend import MqttFrontend
 from .options import MqttOptions
@@ -34,10 +35,13 @@ DEFAULT_TLS_TIMEOUT = 60.0
 
 class TcpWire(asyncio.Protocol):
     """A `Wire` over an asyncio transport (plain TCP, or TLS once its handshake is done).
-    Runs on the event loop."""
+    A connection whose first bytes are another protocol's greeting (``wrong_protocol``) is
+    logged as such and closed. Runs on the event loop."""
 
-    def __init__(self, new_connection: Callable[[Wire], ConnectionHandler]) -> None:
+    def __init__(self, new_connection: Callable[[Wire], ConnectionHandler],
+                 wrong_protocol: WrongProtocol | None = None) -> None:
         self._new_connection = new_connection
+        self._wrong_protocol = wrong_protocol
         self._transport: asyncio.Transport | None = None
         self._handler: ConnectionHandler | None = None
         self._lingering: asyncio.TimerHandle | None = None
@@ -61,7 +65,12 @@ class TcpWire(asyncio.Protocol):
             if self._drained > LINGER_BYTES:
                 self.abort()
             return
-        assert self._handler is not None
+        assert self._handler is not None and self._transport is not None
+        if self._wrong_protocol is not None:
+            checking, self._wrong_protocol = self._wrong_protocol, None  # the first bytes only
+            if checking.caught(data, self.peer, self._transport.get_extra_info("sockname")[1]):
+                self.close()
+                return
         self._handler.data_received(data)
 
     def eof_received(self) -> bool:
@@ -118,7 +127,8 @@ class TlsListener:
 
     def __init__(self, sock: socket.socket, context: ssl.SSLContext,
                  new_connection: Callable[[Wire], ConnectionHandler], *, timeout: float,
-                 max_handshakes: int, denials: DenialLog) -> None:
+                 max_handshakes: int, denials: DenialLog,
+                 wrong_protocol: WrongProtocol | None = None) -> None:
         self.port: int = sock.getsockname()[1]
         self._sock = sock
         self._context = context
@@ -126,6 +136,7 @@ class TlsListener:
         self._timeout = timeout
         self._max_handshakes = max_handshakes
         self._denials = denials
+        self._wrong_protocol = wrong_protocol
         self._handshakes: set[asyncio.Task] = set()
         self._accepting = asyncio.get_running_loop().create_task(self._accept())
 
@@ -152,7 +163,8 @@ class TlsListener:
     async def _handshake(self, sock: socket.socket, peer: str) -> None:
         try:
             await asyncio.get_running_loop().connect_accepted_socket(
-                lambda: TcpWire(self._new_connection), sock, ssl=self._context,
+                lambda: TcpWire(self._new_connection, self._wrong_protocol), sock,
+                ssl=self._context,
                 ssl_handshake_timeout=self._timeout)
         except (OSError, EOFError) as failed:  # ssl.SSLError, resets and timeouts are OSErrors
             self._denials.denied(peer.rpartition(":")[0], "tls", "TLS handshake from %s failed: %s",
@@ -183,11 +195,15 @@ class MqttListeners:
             await websocket.stop()
 
 
-async def start_mqtt_listeners(frontend: MqttFrontend, options: MqttOptions) -> MqttListeners:
+async def start_mqtt_listeners(frontend: MqttFrontend, options: MqttOptions,
+                               advice: Mapping[str, str] | None = None) -> MqttListeners:
     """Open TCP and WebSocket listeners, plus TLS and WSS when a certificate is configured.
+    A client of another protocol on the TCP or TLS port is logged with the ``advice`` for its
+    protocol (see ``WrongProtocol``).
 
     A port of -1 is not opened. Raises OSError (port in use) or ValueError (bad certificate)."""
     listeners = MqttListeners()
+    wrong_protocol = WrongProtocol(MQTT, frontend.denials, {} if advice is None else advice)
     loop = asyncio.get_running_loop()
     tls: ssl.SSLContext | None = None
     if options.tls_cert or options.tls_key:
@@ -196,7 +212,8 @@ async def start_mqtt_listeners(frontend: MqttFrontend, options: MqttOptions) -> 
         tls = server_ssl_context(options.tls_cert, options.tls_key)
     try:
         if options.port >= 0:
-            server = await loop.create_server(lambda: TcpWire(frontend.new_connection),
+            server = await loop.create_server(lambda: TcpWire(frontend.new_connection,
+                                                              wrong_protocol),
                                               options.host, options.port, backlog=BACKLOG,
                                               reuse_address=True)
             listeners._servers.append(server)
@@ -208,7 +225,7 @@ async def start_mqtt_listeners(frontend: MqttFrontend, options: MqttOptions) -> 
             secure = TlsListener(sock, tls, frontend.new_connection,
                                  timeout=options.connect_timeout_s or DEFAULT_TLS_TIMEOUT,
                                  max_handshakes=options.max_pending_connections,
-                                 denials=frontend.denials)
+                                 denials=frontend.denials, wrong_protocol=wrong_protocol)
             listeners._servers.append(secure)
             listeners.ports["tls"] = secure.port
         for name, port, context in (("ws", options.ws_port, None), ("wss", options.wss_port, tls)):

@@ -66,11 +66,13 @@ def endpoints_for(host: str, port: int) -> pb.Endpoints:
 
 
 def message_queue(topic: pb.Resource, config: TopicConfig, queue_id: int,
-                  endpoints: pb.Endpoints) -> pb.MessageQueue:
-    """The MessageQueue for one queue of a topic on this broker, readable and writable."""
+                  endpoints: pb.Endpoints,
+                  permission: pb.Permission = pb.Permission.READ_WRITE) -> pb.MessageQueue:
+    """The MessageQueue for one queue of a topic on this broker, readable and writable unless
+    ``permission`` says otherwise."""
     return pb.MessageQueue(
         topic=pb.Resource(name=config.name, resource_namespace=topic.resource_namespace),
-        id=queue_id, permission=pb.Permission.READ_WRITE,
+        id=queue_id, permission=permission,
         broker=pb.Broker(name=BROKER_NAME, id=0, endpoints=endpoints),
         accept_message_types=[MESSAGE_TYPES[config.message_type]])
 

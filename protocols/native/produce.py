@@ -53,7 +53,10 @@ async def send_message(edge: Edge, call: Call, request: rpc.SendMessageRequest) 
             for i, item in enumerate(converted)]
     else:
         try:
-            results = await edge.broker.send(call.principal, converted)  # type: ignore[arg-type]
+            # A send creates a missing topic (RocketMQ's autoCreateTopicEnable); a route
+            # lookup only answers one a send would create (routes.query_route).
+            results = await edge.broker.send(call.principal, converted,  # type: ignore[arg-type]
+                                             create_topics=True)
         except Exception as error:  # noqa: BLE001 - the whole batch failed alike
             status = status_of(error)
             entries = [_failed(msg_id, status) for msg_id in ids]

@@ -24,7 +24,9 @@ from .membership import refresh
 async def query_route(edge: Edge, call: Call, request: rpc.QueryRouteRequest) -> rpc.QueryRouteResponse:
     """Every queue of the topic, on this broker, for a caller that may publish or subscribe
     there (producers and consumers both ask). A missing topic the caller may publish to is
-    created when ``auto_create_topics`` is on."""
+    answered, when ``auto_create_topics`` is on, with write-only queues: the first send
+    creates it (RocketMQ's ``autoCreateTopicEnable``), and a consumer that looked up a
+    mistyped name finds nothing to read rather than a new topic."""
     topic = name_of(request.topic, "topic")
     allowed = edge.broker.allowed
     if not (allowed(call.principal, Action.PUBLISH, topic)
@@ -32,9 +34,10 @@ async def query_route(edge: Edge, call: Call, request: rpc.QueryRouteRequest) ->
         raise AccessDenied(f"user {call.principal.user!r} may neither publish nor subscribe on "
                            f"topic {topic!r}; ask an administrator to grant one of them on a "
                            "topic pattern matching it")
-    config = await edge.broker.route_topic(call.principal, topic)
+    config, exists = await edge.broker.route_topic(call.principal, topic)
     endpoints = edge.endpoints(request.endpoints)
-    queues = [message_queue(request.topic, config, queue_id, endpoints)
+    permission = pb.Permission.READ_WRITE if exists else pb.Permission.WRITE
+    queues = [message_queue(request.topic, config, queue_id, endpoints, permission)
               for queue_id in range(config.queue_count)]
     return rpc.QueryRouteResponse(status=ok(), message_queues=queues)
 

@@ -98,6 +98,11 @@ def table(rows: Sequence[Sequence[Any]], headers: Sequence[str]) -> str:
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in cells)
 
 
+def plural(count: int, noun: str) -> str:
+    """``1 message``, ``2 messages``: a count with its noun."""
+    return f"{count} {noun}{'' if count == 1 else 's'}"
+
+
 def show(args: argparse.Namespace, data: Any, render: Callable[[Any], str]) -> int:
     print(json.dumps(data, indent=2, ensure_ascii=False) if args.json else render(data))
     return 0
@@ -108,7 +113,12 @@ def show(args: argparse.Namespace, data: Any, render: Callable[[Any], str]) -> i
 def topic_create(client: AdminClient, args: argparse.Namespace) -> int:
     body = {"name": args.name, "queue_count": args.queues, "message_type": args.type,
             "retention_ms": args.retention_ms, "compacted": args.compacted}
-    created = client.call("POST", "/topics", body)
+    try:
+        created = client.call("POST", "/topics", body)
+    except CliError as error:
+        if str(error).startswith("409:"):  # name the command that deletes it
+            raise CliError(f"{error} (`sluice topic delete {args.name}`)") from None
+        raise
     print(f"created topic {created['name']} ({created['queue_count']} queues, "
           f"{created['message_type']})")
     return 0
@@ -143,8 +153,13 @@ def group_create(client: AdminClient, args: argparse.Namespace) -> int:
     body = {"name": args.name, "consume_mode": "broadcast" if args.broadcast else "clustering",
             "fifo": args.fifo, "retry": {"max_attempts": args.max_attempts}}
     created = client.call("POST", "/groups", body)
-    print(f"created group {created['name']} ({created['consume_mode']})")
+    print(f"created group {created['name']} ({group_mode(created)})")
     return 0
+
+
+def group_mode(group: dict[str, Any]) -> str:
+    """How a group consumes: ``clustering`` or ``broadcast``, and ``FIFO`` when it is one."""
+    return group["consume_mode"] + (", FIFO" if group["fifo"] else "")
 
 
 def group_list(client: AdminClient, args: argparse.Namespace) -> int:
@@ -155,7 +170,7 @@ def group_list(client: AdminClient, args: argparse.Namespace) -> int:
 
 def group_describe(client: AdminClient, args: argparse.Namespace) -> int:
     def render(g: dict[str, Any]) -> str:
-        parts = [f"group {g['name']}: {g['consume_mode']}, {len(g['members'])} live members, "
+        parts = [f"group {g['name']}: {group_mode(g)}, {plural(len(g['members']), 'live member')}, "
                  f"total lag {g['total_lag']}"]
         if g["members"]:
             parts.append(table([(m["client_id"], " ".join(f"{t}/{q}" for t, q in m["queues"]))
@@ -254,8 +269,26 @@ def message_find(client: AdminClient, args: argparse.Namespace) -> int:
 
 
 def message_trace(client: AdminClient, args: argparse.Namespace) -> int:
-    return show(args, client.call("GET", f"/messages/{args.msg_id}/trace", query={"topic": args.topic}),
-                render_trace)
+    """The trace of a message by id, or of each message of ``--topic`` with ``--key``."""
+    if args.key:
+        if not args.topic or args.msg_id:
+            raise CliError("pass a message id, or --topic T --key K", 2)
+        found = client.call("GET", f"/topics/{args.topic}/messages", query={"key": args.key,
+                                                                            "limit": args.limit})
+        if not found:
+            raise CliError(f"no message on topic {args.topic} has key {args.key!r}")
+        ids = [message["msg_id"] for message in found]
+    elif args.msg_id:
+        ids = [args.msg_id]
+    else:
+        raise CliError("pass a message id, or --topic T --key K", 2)
+    traces = [client.call("GET", f"/messages/{msg_id}/trace", query={"topic": args.topic})
+              for msg_id in ids]
+    if args.json:
+        print(json.dumps(traces if args.key else traces[0], indent=2, ensure_ascii=False))
+    else:
+        print("\n\n".join(render_trace(trace) for trace in traces))
+    return 0
 
 
 def render_trace(trace: dict[str, Any]) -> str:
@@ -475,8 +508,11 @@ def _message_commands(c: Commands) -> None:
     sub = c.add(message, "trace", "Show a message's path as a timeline: stored, delivered to "
                 "which group and client, retried, acked, dead-lettered (the broker needs "
                 "core.message_trace = true).", message_trace)
-    sub.add_argument("msg_id", metavar="MSG_ID")
-    sub.add_argument("--topic", help="the topic of the message (when several topics hold its id)")
+    sub.add_argument("msg_id", nargs="?", metavar="MSG_ID")
+    sub.add_argument("--topic", help="the topic of the message (when several topics hold its "
+                     "id), or to search by key")
+    sub.add_argument("--key", help="trace the messages with this business key (needs --topic)")
+    sub.add_argument("--limit", type=int, default=32, help="at most this many (default: %(default)s)")
     sub = c.add(message, "find", "Show the messages of a topic stored in a time range, oldest first.",
                 message_find)
     sub.add_argument("topic", metavar="TOPIC")

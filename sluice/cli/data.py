@@ -19,9 +19,11 @@ import time
 from collections.abc import AsyncGenerator, Awaitable, Callable
 from typing import Any, TextIO
 
-from .admin import START_HINT, CliError, add_credentials
+from .admin import START_HINT, CliError, add_credentials, plural
 
 DEFAULT_SERVER = "127.0.0.1:8081"
+SUBJECT_PROPERTY = "sluice.subject"
+"""The full MQTT topic (or AMQP routing key as a subject) a message was published on."""
 
 
 # --- send ---
@@ -106,7 +108,7 @@ async def send(args: argparse.Namespace) -> int:
         finally:  # an interrupted run (Ctrl+C cancels it) says how far it got
             progress.end()
             seconds = time.monotonic() - progress.started
-            what = (f"{args.count} messages" if progress.done == args.count else
+            what = (plural(args.count, "message") if progress.done == args.count else
                     f"{progress.done} of {args.count} messages before it was interrupted (a batch "
                     "in flight then may have been stored too)")
             print(f"sent {what} ({sizes} body bytes) to {args.topic} in {seconds:.2f} s "
@@ -135,9 +137,11 @@ async def consume(args: argparse.Namespace) -> int:
                        "--from-offset N to read by offset without one", 2)
     source = PopSource(args) if args.group else OffsetSource(args)
     received = 0
+    opened = False  # a consumer that could not start has nothing to count
     try:
         async with connected(source.client, args, source.open), \
                 contextlib.aclosing(source.messages()) as stream:
+            opened = True
             async for message in stream:
                 print(render(message, args.json), flush=True)
                 await source.done(message)
@@ -146,7 +150,8 @@ async def consume(args: argparse.Namespace) -> int:
                     break
                 source.budget = args.count - received if args.count else 32
     finally:
-        print(f"received {received} messages from {args.topic}", file=sys.stderr)
+        if opened:
+            print(f"received {plural(received, 'message')} from {args.topic}", file=sys.stderr)
     return 0
 
 
@@ -164,7 +169,7 @@ class PopSource:
     async def open(self) -> None:
         """Join the group, once the topic is known to exist: joining creates the group, which
         a mistyped topic name must not leave behind."""
-        await self.client.route(self.args.topic)
+        await readable_queues(self.client, self.args.topic)
         await self.client.start()
 
     async def messages(self) -> AsyncGenerator[Any, None]:
@@ -204,9 +209,7 @@ class OffsetSource:
                                    await_duration=min(args.wait, 5.0) if args.wait else 5.0)
 
     async def open(self) -> None:
-        from sluice.client.client import readable
-
-        queues = readable(await self.client.route(self.args.topic))
+        queues = await readable_queues(self.client, self.args.topic)
         self.queues = [q for q in queues if self.args.queue in (None, q.id)]
         if not self.queues:
             raise CliError(f"topic {self.args.topic} has no queue {self.args.queue}; "
@@ -250,6 +253,19 @@ class OffsetSource:
         """Nothing to settle: reading by offset commits nothing."""
 
 
+async def readable_queues(client: Any, topic: str) -> list[Any]:
+    """The queues of ``topic`` a consumer may read; a CliError if the topic does not exist
+    (the broker answers a missing topic's lookup with write-only queues: reading creates no
+    topic)."""
+    from sluice.client.client import readable
+
+    queues = readable(await client.route(topic))
+    if not queues:
+        raise CliError(f"topic {topic} does not exist; create it with `sluice topic create "
+                       f"{topic}` (or send to it)")
+    return queues
+
+
 def render(message: Any, as_json: bool) -> str:
     try:
         text: str | None = message.body.decode()
@@ -261,11 +277,14 @@ def render(message: Any, as_json: bool) -> str:
         return json.dumps({"topic": message.topic, "queue_id": message.queue_id,
                            "offset": message.offset, "msg_id": message.message_id,
                            "tag": message.tag, "keys": list(message.keys),
+                           "subject": message.properties.get(SUBJECT_PROPERTY),
                            "properties": dict(message.properties),
                            "store_ts": message.store_timestamp, "attempt": message.delivery_attempt,
                            "body_base64": base64.b64encode(message.body).decode(),
                            "body_text": text}, ensure_ascii=False)
-    extras = "".join([f" tag={message.tag}" if message.tag else "",
+    subject = message.properties.get(SUBJECT_PROPERTY)
+    extras = "".join([f" subject={subject}" if subject else "",
+                      f" tag={message.tag}" if message.tag else "",
                       f" keys={','.join(message.keys)}" if message.keys else ""])
     body = text if text is not None else f"<{len(message.body)} binary bytes>"
     return f"[{message.queue_id}:{message.offset}]{extras} {body}"

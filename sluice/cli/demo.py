@@ -24,7 +24,6 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from ..server.app import READY_LINE
 
 RESULTS_TOPIC = "telemetry.results"
 TELEMETRY_TOPIC = "devices"
@@ -149,6 +148,9 @@ def _interrupt(signum: int, frame: object) -> None:
 
 
 def _wait_ready(events: queue.Queue) -> bool:
+    # Imported here: the broker's modules would slow every other `sluice` command's start.
+    from ..server.app import READY_LINE
+
     while True:
         try:
             name, line = events.get(timeout=START_TIMEOUT_S)

@@ -38,7 +38,7 @@ SERVE_FLAGS = {  # flag destination -> config path it overrides
 def _serve(args: argparse.Namespace) -> int:
     """Run the broker until SIGTERM/SIGINT with the configuration from file, environment and flags."""
     from ..server.app import serve
-    from ..server.config import ConfigError, describe_sources, load_config
+    from ..server.config import ConfigError, describe_sources, load_config, unknown_variables
 
     if args.settings:
         print(f"{'config file key':<40} {'environment variable':<44} default")
@@ -51,7 +51,7 @@ def _serve(args: argparse.Namespace) -> int:
     except ConfigError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
-    return serve(config)
+    return serve(config, unknown_variables(os.environ))
 
 
 def _add_serve(commands: argparse._SubParsersAction) -> None:

@@ -206,7 +206,9 @@ class Client:
     # --- routes ---
 
     async def route(self, topic: str) -> list[MessageQueue]:
-        """The queues of ``topic`` (QueryRoute), cached for ROUTE_TTL seconds."""
+        """The queues of ``topic`` (QueryRoute), cached for ROUTE_TTL seconds. A topic that
+        does not exist yet (write-only queues: its first send creates it) is not cached, so
+        its consumers see it as soon as it is created."""
         now = asyncio.get_running_loop().time()
         cached = self._routes.get(topic)
         if cached is not None and now - cached[0] < ROUTE_TTL:
@@ -215,7 +217,8 @@ class Client:
         response = await self._transport.unary("QueryRoute", request)
         raise_for_status(response.status)
         queues = list(response.message_queues)
-        self._routes[topic] = (now, queues)
+        if readable(queues):
+            self._routes[topic] = (now, queues)
         return queues
 
     async def rebalance_loop(self, rebalance: Callable[[], Awaitable[None]], interval: float,

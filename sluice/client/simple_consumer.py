@@ -46,7 +46,7 @@ class SimpleConsumer(PopConsumer):
         topic = topics[self._turn % len(topics)]
         queues = readable(await self.route(topic))
         if not queues:
-            raise NotFoundError(f"topic {topic!r} has no readable queue")
+            raise NotFoundError(f"topic {topic!r} does not exist (or has no readable queue)")
         queue = queues[(self._turn // len(topics)) % len(queues)]
         self._turn += 1
         return queue

@@ -20,10 +20,12 @@ import gc
 import logging
 import os
 import re
+import shutil
 import signal
 import socket
 import ssl
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
@@ -39,6 +41,7 @@ from store.file_store import FileStore
 from protocols.admin import AdminDeps, AdminServer, start_admin_server
 from .config import Config, core_settings, env_name, topic_rules
 from .logs import configure_logging
+from .port_advice import wrong_port_advice
 from protocols.amqp.frontend import AmqpFrontend
 from protocols.amqp.listener import AmqpListener, start_amqp_listener
 from protocols.amqp.login import GUEST
@@ -121,6 +124,9 @@ class RunningBroker:
              else "SQLite in the data dir"),
             ("anonymous", f"allowed, with the rights of user {ANONYMOUS_USER!r}" if auth.allow_anonymous
              else "refused (log in with a user)"),
+            ("message trace", "on" if self.config.core.message_trace else
+             f"off (restart with {env_name('core.message_trace')}=true or [core] message_trace "
+             "= true for `sluice message trace`)"),
             ("default user", user),
         ]
 
@@ -177,8 +183,30 @@ async def start(config: Config) -> RunningBroker:
     """Open store, metadata and broker, ensure the default user, start the listeners.
 
     Runs on the event loop that will serve. Raises StartupError with a message for the operator
-    (a port in use, a data dir locked by another broker); everything opened so far is closed.
+    (a port in use, a data dir locked by another broker); everything opened so far is closed,
+    and a data directory this start created is removed again (with any parent it created), so
+    a failed first start leaves no empty store behind to be mistaken for a broker's.
     """
+    created = _first_missing(config.data_dir)
+    try:
+        return await _start(config)
+    except BaseException:
+        if created is not None:
+            await asyncio.to_thread(shutil.rmtree, created, True)
+        raise
+
+
+def _first_missing(path: str) -> str | None:
+    """The outermost directory of ``path`` that does not exist yet (``path`` itself, or a
+    parent that creating it would create too); None when ``path`` exists."""
+    missing = None
+    current = os.path.abspath(path)
+    while not os.path.exists(current):
+        missing, current = current, os.path.dirname(current)
+    return missing
+
+
+async def _start(config: Config) -> RunningBroker:
     store = await asyncio.to_thread(_open_store, config)  # a broker already on it says so first
     try:
         for dotted, host, port in _listening_ports(config):
@@ -223,11 +251,19 @@ async def start(config: Config) -> RunningBroker:
         running.admin = await _listen(config, "admin",
                                       start_admin_server(_admin_deps(running), config.admin.host,
                                                          config.admin.port))
-        running.mqtt_listeners = await _listen(config, "mqtt",
-                                               start_mqtt_listeners(running.mqtt, config.mqtt))
+        mqtt_advice: dict[str, str] = {}  # filled below, once every port is known
+        amqp_advice: dict[str, str] = {}
+        running.mqtt_listeners = await _listen(config, "mqtt", start_mqtt_listeners(
+            running.mqtt, config.mqtt, mqtt_advice))
         if config.amqp.port >= 0:
             running.amqp_listener = await _listen(config, "amqp", start_amqp_listener(
-                running.amqp, config.amqp, _tls_context(config)))
+                running.amqp, config.amqp, _tls_context(config), amqp_advice))
+        amqp = running.amqp_listener
+        advice = wrong_port_advice(running.native.port, running.admin_url,
+                                   running.mqtt_listeners.ports, amqp and amqp.port,
+                                   amqp and amqp.tls_port)
+        mqtt_advice.update(advice[0])
+        amqp_advice.update(advice[1])
         return running
     except BaseException:
         if running is not None:
@@ -419,15 +455,18 @@ def freeze_startup_objects() -> None:
     gc.freeze()
 
 
-def serve(config: Config) -> int:
+def serve(config: Config, warnings: Sequence[str] = ()) -> int:
     """`sluice serve`: run until signalled on uvloop; 0 after a clean stop, 1 if it cannot start.
-    SIGUSR1 prints every thread's stack to stderr and SIGUSR2 logs where every asyncio task
-    waits, for a broker that seems stuck."""
+    ``warnings`` (about the configuration) are logged first. SIGUSR1 prints every thread's
+    stack to stderr and SIGUSR2 logs where every asyncio task waits, for a broker that seems
+    stuck."""
     import uvloop
 
     tune_interpreter()
     faulthandler.register(signal.SIGUSR1, all_threads=True)
     configure_logging(config.log)
+    for warning in warnings:
+        log.warning(warning)
     try:
         uvloop.run(run_until_signalled(config))
     except (StartupError, SluiceError, StoreError, OSError) as error:

@@ -4,17 +4,19 @@ Every leaf has a dotted path (``store.flush``, ``native.port``). The same path n
 key (``[store]`` ``flush = "sync"``), its environment variable (``SLUICE_STORE_FLUSH``: the
 path upper-cased with ``.`` as ``_``) and the override a CLI flag sets. Later sources win:
 defaults < file < environment < flags. ``SLUICE_HOST`` (and ``--host``) sets the host of every
-listener; a listener's own ``SLUICE_<NAME>_HOST`` wins over it. Other ``SLUICE_*`` variables
-(``SLUICE_USER``, ``SLUICE_PASSWORD``, ``SLUICE_CONFIG``) belong to the command line tools and
-are ignored here.
+listener; a listener's own ``SLUICE_<NAME>_HOST`` wins over it. The ``SLUICE_*`` variables in
+``TOOL_VARIABLES`` belong to the command line tools and the tests and are ignored here.
 
 An unknown key in the file is an error that names the key and lists the known ones, so a typo
-never silently falls back to a default.
+never silently falls back to a default. An unknown ``SLUICE_*`` variable cannot be an error (the
+shell may hold variables for other Sluice versions), so ``unknown_variables`` names each one and
+the closest setting for `sluice serve` to warn about.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import tomllib
 import types
 import typing
@@ -37,6 +39,17 @@ from .logs import LogConfig
 ENV_PREFIX = "SLUICE_"
 HOST_ALIAS = "host"
 """Override path that sets the host of every listener."""
+TOOL_VARIABLES = {
+    "SLUICE_CONFIG": "the config file of `sluice serve` (--config)",
+    "SLUICE_USER": "the user the `sluice` commands log in as (--user)",
+    "SLUICE_PASSWORD": "its password (--password)",
+    "SLUICE_SERVER": "the native endpoint of `sluice send/consume` (--server)",
+    "SLUICE_ADMIN_URL": "the admin API of the `sluice` admin commands (--admin)",
+    "SLUICE_TEST_POSTGRES_URL": "the PostgreSQL database of the metadata tests",
+    "SLUICE_CRASH_SEED": "the seed of the store's SIGKILL test",
+    "SLUICE_BENCH_PROGRESS": "progress lines from the latency benchmark",
+}
+"""``SLUICE_*`` variables that are not broker settings, and what reads them."""
 
 
 class ConfigError(ValueError):
@@ -198,6 +211,26 @@ def _from_env(env: Mapping[str, str]) -> dict[str, Any]:
         if name in env:
             found[dotted] = (_parse_text(env[name], hint, name), name)
     return found
+
+
+def unknown_variables(env: Mapping[str, str]) -> list[str]:
+    """A warning for each ``SLUICE_*`` variable in ``env`` that is neither a setting nor one of
+    ``TOOL_VARIABLES``, naming the closest known name (a typo would otherwise be ignored)."""
+    settings = [env_name(dotted) for dotted in leaf_paths()] + [env_name(HOST_ALIAS)]
+    known = set(settings) | set(TOOL_VARIABLES)
+    warnings = []
+    for name in sorted(env):
+        if not name.startswith(ENV_PREFIX) or name in known:
+            continue
+        # Compared without the prefix every name shares, which would make any two look alike.
+        close = difflib.get_close_matches(name.removeprefix(ENV_PREFIX),
+                                          sorted(k.removeprefix(ENV_PREFIX) for k in known),
+                                          n=1, cutoff=0.6)
+        hint = (f"did you mean {ENV_PREFIX}{close[0]}?" if close else
+                "`sluice serve --settings` lists every setting's variable")
+        warnings.append(f"environment variable {name} is not a Sluice setting and is ignored; "
+                        f"{hint}")
+    return warnings
 
 
 def _expand(key: str) -> list[str]:

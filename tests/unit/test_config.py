@@ -2,11 +2,14 @@
 from __future__ import annotations
 
 import dataclasses
+import re
+from pathlib import Path
 
 import pytest
 
-from sluice.server.config import (Config, ConfigError, core_settings, describe_sources, env_name,
-                                  leaf_paths, load_config)
+from sluice.server.config import (TOOL_VARIABLES, Config, ConfigError, core_settings,
+                                  describe_sources, env_name, leaf_paths, load_config,
+                                  unknown_variables)
 
 
 def write(tmp_path, text: str):
@@ -174,3 +177,36 @@ def test_every_leaf_has_an_environment_variable_and_a_default():
     assert [r[0] for r in rows] == list(leaf_paths())
     assert ("native.port", "SLUICE_NATIVE_PORT", "8081") in rows
     assert env_name("store.flush_interval_ms") == "SLUICE_STORE_FLUSH_INTERVAL_MS"
+
+
+def test_a_misspelled_variable_is_named_with_the_closest_known_one():
+    warnings = unknown_variables({"SLUICE_CORE_MESAGE_TRACE": "true", "SLUICE_FLUSH": "async",
+                                  "SLUICE_ADMIN_URLS": "x", "SLUICE_ZZZ": "1", "HOME": "/root"})
+    assert warnings == [
+        "environment variable SLUICE_ADMIN_URLS is not a Sluice setting and is ignored; did you "
+        "mean SLUICE_ADMIN_URL?",
+        "environment variable SLUICE_CORE_MESAGE_TRACE is not a Sluice setting and is ignored; "
+        "did you mean SLUICE_CORE_MESSAGE_TRACE?",
+        "environment variable SLUICE_FLUSH is not a Sluice setting and is ignored; did you mean "
+        "SLUICE_STORE_FLUSH?",
+        "environment variable SLUICE_ZZZ is not a Sluice setting and is ignored; `sluice serve "
+        "--settings` lists every setting's variable"]
+
+
+def test_settings_and_the_tools_own_variables_are_not_warned_about():
+    known = {env_name(dotted): "1" for dotted in leaf_paths()}
+    assert unknown_variables({**known, **dict.fromkeys(TOOL_VARIABLES, "x"), "SLUICE_HOST": "::"}) == []
+
+
+def test_every_sluice_variable_the_repository_reads_is_known():
+    """A new SLUICE_* variable (a test's, a tool's) must be a setting or listed in
+    TOOL_VARIABLES, or `sluice serve` would warn about it."""
+    root = Path(__file__).resolve().parents[2]
+    sources = [p for folder in ("sluice", "core", "store", "protocols", "analytics", "bench",
+                                "tests", ".ci") for p in (root / folder).rglob("*")
+               if p.is_file() and p.suffix in (".py", ".sh", "") and "__pycache__" not in p.parts]
+    named = {name for path in sources
+             for name in re.findall(r"\bSLUICE_[A-Z0-9_]*[A-Z0-9]\b", path.read_text(errors="replace"))}
+    named -= {"SLUICE_CORE_MESAGE_TRACE", "SLUICE_ADMIN_URLS", "SLUICE_ZZZ", "SLUICE_FLUSH"}  # typos above
+    settings = {env_name(dotted) for dotted in leaf_paths()} | {"SLUICE_HOST"}
+    assert named - settings - set(TOOL_VARIABLES) == set()

@@ -157,7 +157,7 @@ def test_query_route_without_a_right_is_refused_alike_whether_the_topic_exists_o
 
     native_broker.create_topic("mine-1", queues=2)
     assert [q.id for q in outsider.route("mine-1").message_queues] == [0, 1]  # publish suffices
-    created = outsider.route("mine-2")  # its own name space: created on first lookup
+    created = outsider.route("mine-2")  # its own name space: answered, created by a first send
     assert created.status.code == Code.OK and len(created.message_queues) == 4
     grant(native_broker, "outsider", "secret-orders", Action.SUBSCRIBE)   # and so does subscribe
     assert outsider.route("secret-orders").status.code == Code.OK

@@ -592,13 +592,27 @@ def test_unknown_topic_is_an_error_when_topics_are_not_created_on_first_use(nati
             producer.send(new_message("no-such-topic", b"x"))
 
 
-def test_a_topic_is_created_on_its_first_route_lookup_by_a_user_who_may_publish(native_broker):
-    with started(Producer(config(native_broker))) as producer:
+def test_a_topic_is_created_by_its_first_send_from_a_user_who_may_publish(native_broker):
+    with started(Producer(config(native_broker), ("fresh",))) as producer:  # looks up its route
+        assert "fresh" not in topic_names(native_broker)
         receipt = producer.send(new_message("fresh", b"first"))
     assert native_broker.run(lambda b: b.get_topic("fresh")).queue_count == 4
     with started(SimpleConsumer(config(native_broker), "g", {"fresh": FilterExpression()},
                                 await_duration=2)) as consumer:
         assert [m.message_id for m in receive_until(consumer, 1)] == [receipt.message_id]
+
+
+def test_a_consumer_of_a_missing_topic_creates_no_topic(native_broker):
+    consumer = SimpleConsumer(config(native_broker), "g", {"typo": FilterExpression()},
+                              await_duration=1)
+    with started(consumer):
+        with pytest.raises(Exception):
+            consumer.receive(1, 30)
+    assert "typo" not in topic_names(native_broker)
+
+
+def topic_names(nb) -> set[str]:
+    return {topic.name for topic in nb.run(lambda b: b.list_topics())}
 
 
 def test_oversized_message_is_refused(native_broker_factory):

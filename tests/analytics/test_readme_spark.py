@@ -1,0 +1,83 @@
+"""README.md's Spark examples (``<!-- test: spark NAME -->``), run as written in the session's
+Spark, in a directory whose ``./data`` is a broker's data directory holding MQTT telemetry: the
+batch read shows every queue's messages, bodies as text and parsed JSON; the stream reads them
+all and stops. ``SparkSession.builder...getOrCreate()`` in a block returns the session Spark.
+
+Spark resolves a relative path in its own processes, which a script's Spark starts in the
+script's directory but the session Spark started in the test's: the blocks' ``"./..."`` paths
+are made absolute in that directory, the one change to their text."""
+from __future__ import annotations
+
+import contextlib
+import io
+import re
+from collections.abc import Iterator
+from pathlib import Path
+
+import paho.mqtt.client as mqtt
+import pytest
+
+from tests.readme import blocks
+
+READINGS = {f"devices/d{n}/telemetry": f'{{"t": {20 + n}.5}}' for n in range(8)}
+"""Enough devices that every one of the topic's four queues holds some."""
+
+
+def spark_block(name: str) -> str:
+    found = [block.code for block in blocks() if block.action == "spark" and block.argument == name]
+    assert len(found) == 1, f"README has no Spark block {name!r}"
+    return found[0]
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """A directory whose ``data`` a broker wrote READINGS into (over MQTT) and stopped."""
+    from tests.conftest import Server
+
+    work = tmp_path_factory.mktemp("readme-spark")
+    server = Server(work / "data")
+    try:
+        server.wait_ready()
+        client = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id="readme-spark")
+        client.username_pw_set("sluice", "sluice")
+        host, port = server.mqtt.rsplit(":", 1)
+        client.connect(host, int(port))
+        client.loop_start()
+        try:
+            for topic, payload in READINGS.items():
+                client.publish(topic, payload, qos=1).wait_for_publish(30)
+        finally:
+            client.disconnect()
+            client.loop_stop()
+        assert server.stop() == 0  # queue entries are on disk for the store reader
+    finally:
+        server.kill()
+    yield work
+
+
+def run(code: str, workdir: Path) -> tuple[dict, str]:
+    """Run a block as a script in ``workdir`` would (``__main__``); its globals and what it
+    printed."""
+    code = re.sub(r'"\./([^"]*)"', lambda m: repr(str(workdir / m.group(1))), code)
+    scope = {"__name__": "__main__"}
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        exec(compile(code, "README.md", "exec"), scope)
+    return scope, printed.getvalue()
+
+
+def test_the_batch_example_reads_every_queue_and_shows_bodies_as_text(spark, workdir):
+    scope, printed = run(spark_block("spark-batch"), workdir)
+    queues = [row.queue for row in scope["df"].select("queue").collect()]
+    assert len(queues) == len(READINGS) and set(queues) == {0, 1, 2, 3}
+    for topic, payload in READINGS.items():
+        assert topic in printed and payload in printed, f"{topic} {payload} not shown as text"
+    assert "{t -> 20.5}" in printed, "the JSON body parsed"
+
+
+def test_the_streaming_example_reads_what_is_stored_and_stops(spark, workdir):
+    scope, _ = run(spark_block("spark-stream"), workdir)
+    query = scope["query"]
+    assert not query.isActive
+    assert sum(progress["numInputRows"] for progress in query.recentProgress) == len(READINGS)
+    assert (workdir / "devices-checkpoint" / "offsets").is_dir(), "a restart would resume"
