@@ -22,6 +22,8 @@ from pamqp import commands, frame
 from pamqp.base import Frame
 from pamqp.heartbeat import Heartbeat
 
+from .field_values import field_table
+
 PROTOCOL_HEADER: Final = b"AMQP\x00\x00\x09\x01"
 """What an AMQP 0-9-1 client sends first, and what a client with another header gets back."""
 HEADER_SIZE: Final = 7
@@ -82,7 +84,21 @@ def encode_content(channel: int, method: Frame, properties: commands.Basic.Prope
     its body cut into frames of at most ``frame_max - 8`` bytes."""
     fast = _deliver_payload(method) if isinstance(method, commands.Basic.Deliver) else None
     method_frame = frame.marshal(method, channel) if fast is None else _framed(METHOD, channel, fast)
-    return b"".join(content_frames(channel, method_frame, properties.marshal(), body, frame_max))
+    return b"".join(content_frames(channel, method_frame, marshal_properties(properties), body,
+                                   frame_max))
+
+
+def marshal_properties(properties: commands.Basic.Properties) -> bytes:
+    """``properties`` as a content header's property flags and values. Properties read from a
+    publisher go back out as they came (basic.return, direct reply-to), but headers pamqp
+    decodes and cannot encode (a long string that is not UTF-8 goes back as a byte array, a
+    double past single precision is dropped) never fail the answer."""
+    try:
+        return properties.marshal()
+    except (TypeError, ValueError, OverflowError, struct.error):
+        kept = dict(properties)
+        kept["headers"] = field_table(kept.get("headers") or {}) or None
+        return commands.Basic.Properties(**kept).marshal()
 
 
 def encode_delivery(channel: int, consumer_tag: str, delivery_tag: int, redelivered: bool,

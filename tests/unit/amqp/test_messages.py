@@ -116,6 +116,24 @@ def test_unroutable_mandatory_is_returned_then_confirmed_and_nothing_is_stored(t
     run(tmp_path, scenario)
 
 
+def test_a_returned_publish_whose_headers_pamqp_cannot_encode_is_returned_all_the_same(tmp_path):
+    """A long-string header that is not UTF-8 decodes as bytes, which pamqp's encoder refuses:
+    the return carries it as a byte array instead of failing the publisher's connection."""
+    async def scenario(frontend, core):
+        client = Client(frontend)
+        await client.open()
+        await client.call(1, Confirm.Select())
+        wire = encode_content(1, Basic.Publish(exchange="amq.direct", routing_key="nobody",
+                                               mandatory=True),
+                              Basic.Properties(headers={"k": "AB", "n": 1}), b"lost", 4096)
+        client.send(wire.replace(b"S\x00\x00\x00\x02AB", b"S\x00\x00\x00\x02\xff\xfe"))
+        returned, properties, body = await content(client, Basic.Return)
+        assert (returned.reply_code, body) == (312, b"lost")
+        assert properties.headers == {"k": bytearray(b"\xff\xfe"), "n": 1}
+        assert (await client.expect(Basic.Ack)).delivery_tag == 1
+    run(tmp_path, scenario)
+
+
 def test_confirms_ack_consecutive_publishes_with_multiple(tmp_path):
     async def scenario(frontend, core):
         client = Client(frontend)
