@@ -24,6 +24,7 @@ from store.api import Message, StoreConfig
 from store.errors import StoreDegradedError
 from store.faults import Fault
 from store.file_store import FileStore
+from store.key_index import KeyIndex
 from store.reader import StoreReader
 
 WAIT = 60  # seconds: only guards against hanging
@@ -439,3 +440,30 @@ def test_a_torn_tail_that_cannot_be_cut_is_overwritten(tmp_path, faults, kind, c
         following, refused = append_until_refused(store, acked, following, 40)
         assert refused is None
     check_acknowledged(directory, acked)
+
+
+def test_a_reopened_key_index_adds_into_blocks_reserved_before_on_a_full_disk(mount_tmpfs):
+    """Blocks are reserved a chunk ahead of the entries in use; after a restart on a full disk
+    the index adds entries into them (reserving them again needs no space) instead of failing
+    for want of the next chunk. A real small tmpfs: the fault layer cannot tell reserved blocks."""
+    disk = mount_tmpfs("4m")
+    directory = str(disk / "index")
+    with KeyIndex(directory, slot_count=97, max_entries=100_000) as index:
+        for offset in range(2000):  # the first add reserved a chunk ahead for the rest
+            index.add(b"k%d" % offset, offset, 1)
+    fill_disk(disk / "filler")
+    with KeyIndex(directory, slot_count=97, max_entries=100_000) as index:
+        for offset in range(2000, 3000):
+            index.add(b"k%d" % offset, offset, 1)
+        assert index.lookup(b"k2999") == [2999] and index.lookup(b"k0") == [0]
+
+
+def fill_disk(path) -> None:
+    """Write ``path`` until its file system has no room left."""
+    with open(path, "wb", buffering=0) as filler:
+        for chunk in (1 << 20, 4096):
+            try:
+                while True:
+                    filler.write(bytes(chunk))
+            except OSError as error:
+                assert error.errno == errno.ENOSPC, error
