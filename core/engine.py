@@ -94,6 +94,8 @@ class Engine:
                              self._retention_floors)
         self.timer = DelayTimer(self.producer, self.reader, self.topics.get, self._data_dir,
                                 self.config.max_delay_ms)
+        waiters.health_watchers.append(self.timer.store_health)
+        self.timer.store_health(waiters.store_failure)
         metadata = self.metadata
         topics, groups, subscriptions = await asyncio.to_thread(
             lambda: (metadata.list_topics(), metadata.list_groups(), metadata.list_subscriptions()))
