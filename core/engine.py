@@ -130,7 +130,11 @@ class Engine:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         self.signals.notify_all()
-        self.cursors.write(self.cursors.snapshot())
+        try:
+            self.cursors.write(self.cursors.snapshot())
+        except OSError as error:  # a full disk: consumers resume from the offsets saved last
+            log.error("could not save consumer offsets at shutdown (%s); consumers resume from "
+                      "the offsets saved last and get some messages again", error)
 
     def count_out(self, topic: str, deliveries: list[Delivery]) -> None:
         """Count messages handed to consumers of ``topic``."""
