@@ -234,15 +234,13 @@ class FileStore(StoreView):
 
     def _mark_unclean(self) -> OSError | None:
         """At open: record that the store is in use, so a crash is never taken for a clean
-        shutdown; return the error if the disk refused. Then the old checkpoint is removed,
-        which says the same (recovery then rescans the whole log)."""
+        shutdown; return the error if the disk refused. Then the old checkpoint is removed if it
+        can be, which says the same (recovery then rescans the whole log); if it cannot, it
+        still holds, since the store appends nothing before it writes a new one."""
         try:
             self._write_checkpoint(clean=False)
         except OSError as error:
-            try:
-                fileops.unlink(self._checkpoint_path, site="checkpoint")
-            except FileNotFoundError:
-                pass
+            fileops.remove_quietly(self._checkpoint_path, site="checkpoint")
             self._checkpointed = (-1, -1)
             return error
         return None

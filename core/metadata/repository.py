@@ -86,7 +86,10 @@ class MetadataRepository:
 
     def _open_snapshot(self, error: DBAPIError) -> Engine:
         """Serve reads from memory: the disk refused to open the database for writing."""
-        engine = open_snapshot(self._url)
+        try:
+            engine = open_snapshot(self._url)
+        except Exception:  # noqa: BLE001 - it cannot be read either: the first error stands
+            raise error from None
         with engine.connect() as conn:
             version = current_version(conn)
         if version != LATEST_VERSION:  # migrating needs the disk
