@@ -144,12 +144,14 @@ class _IndexFile:
         fd = fileops.open_file(self.path, os.O_RDWR, site=_SITE)
         try:
             try:
-                fileops.allocate(fd, self.allocated, target - self.allocated, site=_SITE, path=self.path)
+                fileops.allocate(fd, self.allocated, target - self.allocated, site=_SITE,
+                                 path=self.path)
             except OSError as error:
                 if error.errno != errno.ENOSPC:
                     raise
-                target = needed
-                fileops.allocate(fd, self.allocated, target - self.allocated, site=_SITE, path=self.path)
+                target = needed  # no room for the chunk beyond: what is needed may be reserved
+                fileops.allocate(fd, self.allocated, target - self.allocated, site=_SITE,
+                                 path=self.path)
         finally:
             os.close(fd)
         self.allocated = target

@@ -91,11 +91,15 @@ def store_verify(directory: str) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, cwd=REPO, timeout=60)
 
 
+def segment_names(directory: str) -> list[str]:
+    return sorted(name for name in os.listdir(os.path.join(directory, "commitlog")) if name.isdigit())
+
+
 def tear_the_tail(directory: str) -> tuple[str, int, int]:
     """What a crash in the middle of a write leaves: the first part of a record after the last
     one (no queue entry points at it), cut in its body, and no clean checkpoint. Returns the
     segment's name, the offset and the size of the part."""
-    segments = sorted(name for name in os.listdir(os.path.join(directory, "commitlog")) if name.isdigit())
+    segments = segment_names(directory)
     reader = StoreReader(directory)
     try:
         end = reader.log.end_offset
@@ -125,7 +129,7 @@ def test_a_torn_tail_is_reported_as_such_and_is_no_problem(data_dir):
 
 def test_corruption_in_the_middle_is_a_problem_beside_a_torn_tail(data_dir):
     _, _, size = tear_the_tail(data_dir)
-    segment = sorted(name for name in os.listdir(os.path.join(data_dir, "commitlog")) if name.isdigit())[0]
+    segment = segment_names(data_dir)[0]
     with open(os.path.join(data_dir, "commitlog", segment), "r+b") as file:
         file.seek(300)
         file.write(b"\xff" * 8)
