@@ -94,6 +94,8 @@ class Engine:
                              self._retention_floors)
         self.timer = DelayTimer(self.producer, self.reader, self.topics.get, self._data_dir,
                                 self.config.max_delay_ms)
+        waiters.health_watchers.append(self.timer.store_health)
+        self.timer.store_health(waiters.store_failure)
         metadata = self.metadata
         topics, groups, subscriptions = await asyncio.to_thread(
             lambda: (metadata.list_topics(), metadata.list_groups(), metadata.list_subscriptions()))
@@ -128,7 +130,11 @@ class Engine:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         self.signals.notify_all()
-        self.cursors.write(self.cursors.snapshot())
+        try:
+            self.cursors.write(self.cursors.snapshot())
+        except OSError as error:  # a full disk: consumers resume from the offsets saved last
+            log.error("could not save consumer offsets at shutdown (%s); consumers resume from "
+                      "the offsets saved last and get some messages again", error)
 
     def count_out(self, topic: str, deliveries: list[Delivery]) -> None:
         """Count messages handed to consumers of ``topic``."""

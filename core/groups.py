@@ -12,7 +12,7 @@ import logging
 
 from .clock import now_ms
 from .cursors import CursorBook
-from .errors import AlreadyExists, GroupNotFound
+from .errors import AlreadyExists, GroupNotFound, QuotaExceeded
 from .membership import Membership
 from .metadata import MetadataRepository
 from .model import ConsumeMode, GroupConfig, Member, Subscription
@@ -89,10 +89,17 @@ class Groups:
         self._cursors.drop_consumer(name)
 
     async def record_subscription(self, subscription: Subscription) -> None:
-        """Save ``subscription`` of its group unless it is recorded as it is."""
+        """Save ``subscription`` of its group unless it is recorded as it is. While the disk
+        refuses writes it is not recorded (the next heartbeat tries again) and the member
+        consumes all the same."""
         key = (subscription.group, subscription.topic)
         if self._subscriptions.get(key) != subscription:
-            await asyncio.to_thread(self._metadata.put_subscription, subscription)
+            try:
+                await asyncio.to_thread(self._metadata.put_subscription, subscription)
+            except QuotaExceeded as error:
+                log.info("subscription of group %s to topic %s not recorded yet: %s",
+                         subscription.group, subscription.topic, error)
+                return
             self._subscriptions[key] = subscription
 
     def heartbeat(self, group: str, client_id: str, topics: set[str] | None) -> None:

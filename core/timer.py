@@ -18,6 +18,10 @@ again (at least once, as every send).
 A recall appends a tombstone naming the entry's offset to the same minute's topic before it
 is answered, so a recalled message never fires, also after a restart.
 
+A batch the store refuses (a full disk) is sent again as soon as the store writes again
+(``store_health``), and at the latest after ``RETRY_S``: what fell due meanwhile is not held
+back by a wait of its own.
+
 Runs on the event loop; not thread-safe.
 """
 
@@ -35,7 +39,7 @@ from store.api import Message
 
 from . import clock
 from .consume import Reader
-from .errors import InvalidArgument, NotRecallable, NotFound, SluiceError
+from .errors import InvalidArgument, NotRecallable, NotFound, QuotaExceeded, SluiceError
 from .model import (INTERNAL_PREFIX, MESSAGE_GROUP_PROPERTY, OutgoingMessage, SendResult,
                     TopicConfig)
 from .produce import Producer
@@ -52,6 +56,9 @@ FIRE_BATCH = 512
 READ_CHUNK = 1024
 FILE_NAME = "timer.json"
 CLOSE_WAIT_S = 5.0
+RETRY_S = 1.0
+"""A batch that could not be sent is tried again after this long (sooner if the store was the
+cause and writes again)."""
 
 DUE = "sluice.timer.due"
 TOPIC = "sluice.timer.topic"
@@ -115,6 +122,9 @@ class DelayTimer:
         self._firing: set[tuple[int, int]] = set()
         """(bucket, offset) of entries being sent now."""
         self._wake = asyncio.Event()
+        self._store_writes = asyncio.Event()
+        """Set while the store takes writes (see `store_health`)."""
+        self._store_writes.set()
         self._task: asyncio.Task | None = None
         self._closing = False
         self._loading: int | None = None
@@ -142,6 +152,15 @@ class DelayTimer:
                              and int(name[len(TIMER_PREFIX):]) >= floor}
         self._pending = sorted(self._pending_set)
         self._task = asyncio.create_task(self._run())
+
+    def store_health(self, reason: str | None) -> None:
+        """The store stopped taking writes (``reason``) or takes them again (None): then a
+        batch it refused is sent again at once. Runs on the event loop."""
+        if reason is None:
+            self._store_writes.set()
+            self._wake.set()
+        else:
+            self._store_writes.clear()
 
     async def close(self) -> None:
         """Stop firing, after the batch being sent (if any) is sent and the mark recorded."""
@@ -265,15 +284,29 @@ class DelayTimer:
                 pass
 
     async def _fire_due(self, now: int) -> None:
-        """Fire one batch of what is due; a failure is logged and retried after a second."""
+        """Fire one batch of what is due; a failure is logged and retried after ``RETRY_S``,
+        or as soon as the store writes again if it was the cause."""
         try:
             await self._fire(now)
+        except QuotaExceeded as error:
+            if self._store_writes.is_set():  # not the store: a limit, retried later
+                log.warning("delayed messages could not be sent (%s); retrying in %.0f s",
+                            error, RETRY_S)
+                await asyncio.sleep(RETRY_S)
+                return
+            log.warning("delayed messages could not be sent (%s); sending them again once the "
+                        "store writes", error)
+            try:
+                await asyncio.wait_for(self._store_writes.wait(), RETRY_S)
+            except TimeoutError:
+                pass
         except SluiceError as error:
-            log.warning("delayed messages could not be sent (%s); retrying in 1 s", error)
-            await asyncio.sleep(1)
+            log.warning("delayed messages could not be sent (%s); retrying in %.0f s", error,
+                        RETRY_S)
+            await asyncio.sleep(RETRY_S)
         except Exception:  # noqa: BLE001 - the timer must go on firing
-            log.exception("the timer failed to send delayed messages; retrying in 1 s")
-            await asyncio.sleep(1)
+            log.exception("the timer failed to send delayed messages; retrying in %.0f s", RETRY_S)
+            await asyncio.sleep(RETRY_S)
 
     def _forget_past(self, now: int) -> None:
         """Drop what the timer keeps of minutes that ended (nothing can be added to them; what

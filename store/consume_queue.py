@@ -115,10 +115,13 @@ class ConsumeQueue:
                 base = offset - offset % self.entries_per_file
                 count = min(len(data) // ENTRY_SIZE, base + self.entries_per_file - offset)
                 path = self._path(base)
+                starts_file = not self._bases or self._bases[-1] != base
+                if starts_file:  # recovery may have put off making the directory
+                    fileops.makedirs(self.directory, site=_SITE)
                 with self._files.use(path) as fd:
                     fileops.pwrite(fd, data[:count * ENTRY_SIZE], (offset - base) * ENTRY_SIZE,
                                    site=_SITE, path=path)
-                if not self._bases or self._bases[-1] != base:
+                if starts_file:
                     self._bases.append(base)
                 self._dirty.add(base)
                 data, offset = data[count * ENTRY_SIZE:], offset + count
@@ -146,8 +149,8 @@ class ConsumeQueue:
                         fileops.fdatasync(fd, site=_SITE, path=path)
 
     def truncate_from_phys(self, end: int) -> int:
-        """Drop tail entries whose record does not end before ``end``; return how many."""
-        self.write_pending(force=True)
+        """Drop tail entries whose record does not end before ``end``; return how many.
+        Entries still buffered (recovery on a full disk) are cut in memory."""
         dropped = 0
         while self.max_offset > self.min_offset:
             phys, size, _ = self.read(self.max_offset - 1, 1)[0]
@@ -160,6 +163,11 @@ class ConsumeQueue:
     def _set_max(self, offset: int) -> None:
         """Cut the queue to end at ``offset``; the oldest file always stays."""
         with self._lock:
+            if offset >= self._written:  # only buffered entries go
+                del self._pending[(offset - self._written) * ENTRY_SIZE:]
+                self.max_offset = offset
+                return
+            self._pending.clear()
             while len(self._bases) > 1 and self._bases[-1] >= offset:
                 self._remove(self._bases[-1])
                 self._bases.pop()
@@ -279,8 +287,11 @@ class ConsumeQueues:
                 if queue_dir.isdigit() and (topic, int(queue_dir)) not in self._queues:
                     self.get(topic, int(queue_dir), create=False)
 
-    def get(self, topic: str, queue_id: int, create: bool = True) -> ConsumeQueue | None:
-        """The queue, created if ``create`` (writer only), else None when it does not exist."""
+    def get(self, topic: str, queue_id: int, create: bool = True,
+            make_dir: bool = True) -> ConsumeQueue | None:
+        """The queue, created if ``create`` (writer only), else None when it does not exist.
+        A new queue's directory is made now, or with ``make_dir=False`` (recovery) when its
+        first entries are written."""
         key = (topic, queue_id)
         queue = self._queues.get(key)
         if queue is None:
@@ -288,7 +299,8 @@ class ConsumeQueues:
             if not os.path.isdir(path):
                 if not create or self.read_only:
                     return None
-                fileops.makedirs(path, site=_SITE)
+                if make_dir:
+                    fileops.makedirs(path, site=_SITE)
             with self._lock:
                 queue = self._queues.get(key) or self._queues.setdefault(
                     key, ConsumeQueue(path, topic, queue_id, self.entries_per_file, self.files, self.read_only))
@@ -298,9 +310,11 @@ class ConsumeQueues:
         with self._lock:
             return iter(list(self._queues.values()))
 
-    def touch(self, topic: str, queue_id: int, touched: dict[tuple[str, int], ConsumeQueue]) -> ConsumeQueue:
+    def touch(self, topic: str, queue_id: int, touched: dict[tuple[str, int], ConsumeQueue],
+              make_dir: bool = True) -> ConsumeQueue:
         """The queue (created if new), noted in ``touched`` and among those to write (flusher thread)."""
-        queue = touched[(topic, queue_id)] = self._queues.get((topic, queue_id)) or self.get(topic, queue_id)
+        queue = touched[(topic, queue_id)] = (self._queues.get((topic, queue_id))
+                                              or self.get(topic, queue_id, make_dir=make_dir))
         self._touched.add(queue)
         return queue
 

@@ -11,7 +11,9 @@
 Appends may come from any thread; they are encoded under one lock and handed to the flusher
 thread (flusher.py), which writes, fsyncs by the flush policy and dispatches. When the disk
 fails (full, out of descriptors, I/O errors) the store is degraded: ``degraded`` says why,
-appends raise StoreDegradedError and it resumes by itself once writes succeed again.
+appends raise StoreDegradedError and it resumes by itself once writes succeed again. That holds
+from the start: a store opened on a full disk recovers and serves reads, and is degraded until
+the flusher has written what opening could not (``_finish_open``).
 """
 from __future__ import annotations
 
@@ -80,15 +82,18 @@ class FileStore(StoreView):
             self._cycle_lock = threading.Lock()
             self._checkpoint_lock = threading.Lock()
             self._progress = Progress(commit_log.end_offset)
-            self._mark_unclean()
+            failure = self._mark_unclean() or self.dispatcher.deferred_error
             undo.pop_all()
+        if failure is not None:
+            self._open_degraded(failure)
         self._builder = RecordBuilder({(queue.topic, queue.queue_id): queue.max_offset for queue in queues},
                                       self.compaction.topics)
         self._buffer = AppendBuffer(config.segment_size, commit_log.end_offset, commit_log.segments()[-1].base)
         self._closed = False
         self._flusher = Flusher(self._buffer, commit_log, self.dispatcher, self._progress,
                                 config.flush == "sync", config.flush_interval_ms, self._cycle_lock,
-                                queues.files.release_idle)
+                                queues.files.release_idle,
+                                finish_open=None if failure is None else self._finish_open)
         self._checkpointer = Checkpointer(self._periodic_checkpoint, config.checkpoint_interval_ms)
         self._flusher.start()
         self._checkpointer.start()
@@ -198,7 +203,7 @@ class FileStore(StoreView):
 
     def _periodic_checkpoint(self) -> None:
         """Runs on the checkpointer thread; does nothing while the store is idle."""
-        if self._checkpointed != (self._progress.durable, self.dispatcher.dispatched_end):
+        if self._checkpointed != (self._progress.durable, self.dispatcher.derived_end):
             self._write_checkpoint(clean=False)
 
     def _write_checkpoint(self, clean: bool) -> None:
@@ -212,7 +217,7 @@ class FileStore(StoreView):
         with self._checkpoint_lock:
             with self._cycle_lock:
                 self.consume_queues.write_pending(force=True)
-                reached = (self._progress.durable, self.dispatcher.dispatched_end)
+                reached = (self._progress.durable, self.dispatcher.derived_end)
                 dirty = self.consume_queues.take_dirty()
             try:
                 if sum(len(bases) for _, bases in dirty) > SYNC_FILES_ONE_BY_ONE:
@@ -238,26 +243,46 @@ class FileStore(StoreView):
             checkpoint.save(self._checkpoint_path, checkpoint.Checkpoint(
                 found.log_end, min(found.derived_end, rebuild_from), clean=False))
         except OSError as error:
+            try:
+                fileops.unlink(self._checkpoint_path, site="checkpoint")
+            except OSError:
+                log.error("could not record that key index files were discarded, nor remove the "
+                          "checkpoint (%s): if the broker stops before its next checkpoint, "
+                          "delete %s before starting it again", describe_write_failure(error),
+                          self._checkpoint_path)
+                return
             log.warning("could not record that key index files were discarded (%s); removed the "
                         "checkpoint, so a crash before the next one rescans the whole log",
                         describe_write_failure(error))
-            fileops.unlink(self._checkpoint_path, site="checkpoint")
 
-    def _mark_unclean(self) -> None:
+    def _mark_unclean(self) -> OSError | None:
         """At open: record that the store is in use, so a crash is never taken for a clean
-        shutdown. If the disk has no room for a checkpoint, removing the old one says the same
-        (recovery then rescans the whole log)."""
+        shutdown; return the error if the disk refused. Then the old checkpoint is removed if it
+        can be, which says the same (recovery then rescans the whole log); if it cannot, it
+        still holds, since the store appends nothing before it writes a new one."""
         try:
             self._write_checkpoint(clean=False)
         except OSError as error:
-            log.warning("could not write a checkpoint at open (%s); removed the old one, so a "
-                        "crash before the next checkpoint rescans the whole log",
-                        describe_write_failure(error))
-            try:
-                fileops.unlink(self._checkpoint_path, site="checkpoint")
-            except FileNotFoundError:
-                pass
+            fileops.remove_quietly(self._checkpoint_path, site="checkpoint")
             self._checkpointed = (-1, -1)
+            return error
+        return None
+
+    def _open_degraded(self, failure: OSError) -> None:
+        """Opening could not write everything (a full disk): serve reads, refuse appends, and
+        let the flusher finish the job once the disk takes writes."""
+        reason = describe_write_failure(failure)
+        log.error("%s; the store opened all the same: reads are served, appends are refused "
+                  "until then", reason)
+        self._progress.degrade(StoreDegradedError(reason, failure.errno))
+
+    def _finish_open(self) -> None:
+        """Write what opening could not: the keys recovery put off, the queue entries it kept
+        in memory, a checkpoint. Runs on the flusher thread, retried until it succeeds, before
+        any new record is written (appends are refused until then)."""
+        with self._cycle_lock:
+            self.dispatcher.index_deferred()
+        self._write_checkpoint(clean=False)
 
     def close(self) -> None:
         """Drain and fsync everything, write a clean checkpoint, release the directory."""

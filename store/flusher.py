@@ -16,7 +16,9 @@ durable are failed at once, new appends are refused, health listeners hear why. 
 retries the same batch (the same bytes at the same offsets, then the same idempotent dispatch)
 with a short backoff until it goes through, then clears the degraded state and reports the batch
 as usual: the store resumes by itself once the disk has room again. Records of the stuck batch
-are then delivered although their producers were told of the failure (at least once).
+are then delivered although their producers were told of the failure (at least once). A store
+opened on a failing disk starts degraded, and the flusher's first job, retried the same way, is
+to write what opening could not (``finish_open``).
 """
 from __future__ import annotations
 
@@ -28,6 +30,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
+from typing import TypeVar
 
 from .commit_log import CommitLog, Segment
 from .dispatcher import DispatchRequest, Dispatcher
@@ -42,6 +45,8 @@ _HAND_OFF_BYTES = 256 << 10
 _FIRST_RETRY_S = 0.005
 _LAST_RETRY_S = 0.5  # backoff cap: how long a freed disk may wait before writes resume
 _OUT_OF_DESCRIPTORS = (errno.EMFILE, errno.ENFILE)
+
+T = TypeVar("T")
 
 HealthListener = Callable[[str | None], None]
 """Called with why the store cannot write when it becomes degraded, and with None once it can."""
@@ -263,8 +268,11 @@ class Flusher(threading.Thread):
 
     def __init__(self, buffer: AppendBuffer, commit_log: CommitLog, dispatcher: Dispatcher,
                  progress: Progress, sync: bool, flush_interval_ms: int, cycle_lock: threading.Lock,
-                 release_descriptors: Callable[[], None]) -> None:
+                 release_descriptors: Callable[[], None],
+                 finish_open: Callable[[], None] | None = None) -> None:
         super().__init__(name="sluice-store-flusher", daemon=True)
+        self.finish_open = finish_open
+        """Writes the store could not make at open (a full disk): done first, until it succeeds."""
         self.release_descriptors = release_descriptors
         """Closes idle queue files: called when a write finds the process out of descriptors."""
         self.buffer = buffer
@@ -278,7 +286,7 @@ class Flusher(threading.Thread):
         self._unsynced: set[Segment] = set()
         self._next_fsync = time.monotonic()
         self._fsync_failing = False
-        self._degraded_at = 0.0
+        self._degraded_at = time.monotonic()  # when the failures began (a store may open degraded)
 
     def stop(self) -> None:
         """Ask the thread to drain, fsync and exit; then join it. While the store is degraded it
@@ -290,6 +298,9 @@ class Flusher(threading.Thread):
 
     def run(self) -> None:
         try:
+            if self.finish_open is not None and self._retry(self._opened) is None:
+                self._give_up()
+                return
             while self._cycle():
                 pass
             if not self.sync_each_batch:
@@ -334,13 +345,25 @@ class Flusher(threading.Thread):
     def _store(self, batch: _Batch) -> bool:
         """Write, make durable (``sync`` policy) and dispatch ``batch``, then publish it; retry
         through disk errors until that succeeds. False if the store closed first."""
+        written = self._retry(lambda: self._write(batch))
+        if written is None:
+            return False
+        self.progress.publish(*written)
+        return True
+
+    def _opened(self) -> bool:
+        self.finish_open()
+        return True
+
+    def _retry(self, attempt: Callable[[], T]) -> T | None:
+        """``attempt()`` (which never returns None), again after a short backoff while it raises
+        OSError, the store degraded meanwhile; None if the store closed first."""
         delay = _FIRST_RETRY_S
         released = False
         while True:
             last_chance = self.stopping
             try:
-                with self.cycle_lock:
-                    visible, durable = self._write(batch)
+                result = attempt()
             except OSError as error:
                 if error.errno in _OUT_OF_DESCRIPTORS:
                     self.release_descriptors()  # then try once more before anyone hears of it
@@ -349,31 +372,32 @@ class Flusher(threading.Thread):
                         continue
                 self._degrade(error)
                 if last_chance:
-                    return False
+                    return None
                 self._pause(delay)
                 delay = min(2 * delay, _LAST_RETRY_S)
                 continue
             if not self._fsync_failing:
                 self._recover()
-            self.progress.publish(visible, durable)
-            return True
+            return result
 
     def _write(self, batch: _Batch) -> tuple[int, int]:
-        for base, at, views in batch.parts[batch.written:]:
-            batch.segments.add(self.log.write(base, views, at))
-            batch.written += 1
-        if self.sync_each_batch:
-            try:
-                self.log.sync(sorted(batch.segments, key=lambda segment: segment.base))
-            except OSError:
-                batch.written = 0  # after a failed fsync the pages may be lost: write them again
-                raise
-            durable = batch.end
-        else:
-            self._unsynced |= batch.segments
-            durable = self.progress.durable
-        self.dispatcher.dispatch(batch.requests)
-        return batch.end, durable
+        """Write, sync and dispatch ``batch`` under the cycle lock; (visible, durable) ends."""
+        with self.cycle_lock:
+            for base, at, views in batch.parts[batch.written:]:
+                batch.segments.add(self.log.write(base, views, at))
+                batch.written += 1
+            if self.sync_each_batch:
+                try:
+                    self.log.sync(sorted(batch.segments, key=lambda segment: segment.base))
+                except OSError:
+                    batch.written = 0  # after a failed fsync the pages may be lost: write them again
+                    raise
+                durable = batch.end
+            else:
+                self._unsynced |= batch.segments
+                durable = self.progress.durable
+            self.dispatcher.dispatch(batch.requests)
+            return batch.end, durable
 
     def _fsync(self) -> None:
         """Async policy: make everything written so far durable; on failure, degrade and retry

@@ -62,6 +62,7 @@ from __future__ import annotations
 
 import array
 import bisect
+import errno
 import hashlib
 import logging
 import mmap
@@ -173,15 +174,26 @@ class _IndexFile:
 
     def reserve(self, entries: int) -> None:
         """Make sure disk blocks are reserved for the first ``entries`` entries (and a chunk
-        beyond), from the start of the file: raises OSError (ENOSPC) rather than let a write
-        to the mapping fault."""
+        beyond, if the disk has room), from the start of the file: raises OSError (ENOSPC)
+        rather than let a write to the mapping fault.
+
+        A reopened file starts from ``allocated = 0``: reserving blocks it already has takes no
+        space, so on a full disk it still adds entries up to what was reserved before."""
         needed = self.entries_at + entries * ENTRY_SIZE
         if needed <= self.allocated:
             return
         target = min(len(self.mm), needed + _RESERVE_AHEAD)
         fd = fileops.open_file(self.path, os.O_RDWR, site=_SITE)
         try:
-            fileops.allocate(fd, self.allocated, target - self.allocated, site=_SITE, path=self.path)
+            try:
+                fileops.allocate(fd, self.allocated, target - self.allocated, site=_SITE,
+                                 path=self.path)
+            except OSError as error:
+                if error.errno != errno.ENOSPC:
+                    raise
+                target = needed  # no room for the chunk beyond: what is needed may be reserved
+                fileops.allocate(fd, self.allocated, target - self.allocated, site=_SITE,
+                                 path=self.path)
         finally:
             os.close(fd)
         self.allocated = target

@@ -17,7 +17,7 @@ from . import checkpoint, layout
 from .commit_log import CommitLog
 from .consume_queue import ConsumeQueues
 from .view import StoreView
-from .verify import verify
+from .verify import Verification, check, verify
 
 if TYPE_CHECKING:
     from .record_columns import RecordColumns
@@ -87,6 +87,11 @@ class StoreReader(StoreView):
         """Check every record of the log and every queue entry against the log (see verify.py);
         return one line per problem (empty: all good).
 
-        Zeros after the last record of the last segment are preallocated space, not damage.
+        Zeros after the last record of the last segment are preallocated space, and a torn
+        tail there is what a crash leaves: neither is damage (``check`` reports the torn tail).
         """
         return verify(self)
+
+    def check(self) -> Verification:
+        """``verify``'s problems, and the torn tail if there is one."""
+        return check(self)

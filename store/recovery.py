@@ -9,6 +9,10 @@ A record that fails validation is either a torn tail or corruption in the middle
   reported, and everything after them is kept (acknowledged records are never cut);
 - if nothing valid follows in the last segment, it is a torn tail and is truncated.
 Finally consume queues and key index drop entries that point past the truncated end.
+
+Recovery needs no free disk space: what it cannot write now (queue entries, keys, the cut of a
+torn tail) is kept in memory or put off (``Dispatcher.replay``), so a store opens and serves
+reads on a full disk, and the store writes the rest once it can.
 """
 from __future__ import annotations
 
@@ -66,8 +70,13 @@ def _end_log(commit_log: CommitLog, segment: Segment, report: RecoveryReport, en
     if not torn:
         commit_log.set_end(end)  # only preallocated zeros follow
         return
-    commit_log.truncate(end)
     report.truncated_bytes = torn
+    try:
+        commit_log.truncate(end)
+    except OSError as error:  # the log ends at ``end`` all the same: new records overwrite the rest
+        log.warning("could not cut a torn tail of %d bytes at offset %d in segment %s (%s); the "
+                    "log ends there and appends overwrite it", torn, end, segment.name, error)
+        return
     log.warning("truncated a torn tail of %d bytes at offset %d in segment %s", torn, end, segment.name)
 
 
@@ -100,6 +109,6 @@ def _scan_segment(segment: Segment, start: int, dispatcher: Dispatcher, report: 
 
 
 def _flush(dispatcher: Dispatcher, requests: list, report: RecoveryReport) -> None:
-    dispatcher.dispatch(requests)
+    dispatcher.replay(requests)
     report.replayed_records += len(requests)
     requests.clear()

@@ -2,7 +2,8 @@
 against the log.
 
 - every record of the commit log is whole and valid (size, magic, CRC32C, its own offset);
-  garbage after the last record of the last segment is a torn tail;
+  garbage after the last record of the last segment is a torn tail: a write a crash cut short,
+  which recovery cuts at the next start. It is reported, but it is not damage;
 - every consume-queue entry points at a valid record of that size whose home queue and offset
   are the entry's, or, for a fan-out entry, whose dispatch list names the entry's queue and
   offset; no entry points past the end of the log's records;
@@ -16,6 +17,7 @@ entry written during the check may point past the log end the check saw.
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass, field
 
 from . import record
 from .errors import CorruptRecordError
@@ -28,21 +30,50 @@ _REBUILD = ("stop the broker, delete the data directory's consumequeue/ and chec
 Target = tuple[str, int, int]
 
 
-def verify(reader: StoreView) -> list[str]:
-    """One line per problem found in the store ``reader`` reads; empty if there is none."""
-    problems, records_end, corrupt = _check_log(reader)
+@dataclass(frozen=True)
+class TornTail:
+    """Garbage after the last record of the last segment, where nothing valid follows."""
+
+    segment: str
+    offset: int
+    size: int
+
+    def __str__(self) -> str:
+        return (f"segment {self.segment}: torn tail of {self.size} bytes at offset {self.offset} "
+                "(a write cut short by a crash), cut at the next start")
+
+
+@dataclass
+class Verification:
+    """What ``check`` found: damage, and a torn tail, which is not."""
+
+    problems: list[str] = field(default_factory=list)
+    """One line per problem: corrupt records, queue entries that do not match the log."""
+    torn_tail: TornTail | None = None
+
+
+def check(reader: StoreView) -> Verification:
+    """Check the store ``reader`` reads (see the module's docstring)."""
+    found = Verification()
+    records_end, corrupt = _check_log(reader, found)
     lost: dict[Target, int] = {}
     for topic, queue_id in reader.queues():
-        problems += _check_queue(reader, topic, queue_id, records_end, corrupt, lost)
+        found.problems += _check_queue(reader, topic, queue_id, records_end, corrupt, lost)
     if lost:
-        problems += _lost_but_present(reader, lost)
-    return problems
+        found.problems += _lost_but_present(reader, lost)
+    return found
 
 
-def _check_log(reader: StoreView) -> tuple[list[str], int, list[tuple[int, int]]]:
-    """Problems of the log's records, the offset where its last record ends, and the corrupt
-    spans (entries pointing into them are that problem, not another)."""
-    problems: list[str] = []
+def verify(reader: StoreView) -> list[str]:
+    """One line per problem found in the store ``reader`` reads; empty if there is none (a
+    torn tail is none)."""
+    return check(reader).problems
+
+
+def _check_log(reader: StoreView, found: Verification) -> tuple[int, list[tuple[int, int]]]:
+    """Note the log's problems and torn tail in ``found``; return the offset where its last
+    record ends and the corrupt spans (entries pointing into them are that problem, not
+    another)."""
     corrupt: list[tuple[int, int]] = []
     segments = reader.log.segments()
     records_end = segments[-1].end if segments else 0
@@ -50,13 +81,13 @@ def _check_log(reader: StoreView) -> tuple[list[str], int, list[tuple[int, int]]
         data = os.pread(segment.fd, segment.size, 0)
         for kind, pos, extent in record.scan(data, segment.base, segment is segments[-1]):
             if kind == "corrupt":
-                problems.append(_span(segment.name, segment.base + pos, segment.base + extent))
+                found.problems.append(_span(segment.name, segment.base + pos, segment.base + extent))
                 corrupt.append((segment.base + pos, segment.base + extent))
             elif kind == "end":
                 records_end = segment.base + pos
-                if extent:  # garbage after the last record: a torn tail
-                    problems.append(_span(segment.name, segment.base + pos, segment.base + pos + extent))
-    return problems, records_end, corrupt
+                if extent:
+                    found.torn_tail = TornTail(segment.name, records_end, extent)
+    return records_end, corrupt
 
 
 def _span(segment: str, start: int, stop: int) -> str:

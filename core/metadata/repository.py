@@ -2,31 +2,39 @@
 
 Messages never live here; this is the small, slowly changing state the broker loads at start and
 the admin API edits.
+
+A broker restarted on a full disk must still start: when SQLite cannot be opened for writing
+because its disk refuses, the repository serves reads from an in-memory copy and refuses writes
+with ``QuotaExceeded``; each write (and ``try_writable``) tries to reopen the file for writing,
+so it writes again once space is back, without a restart.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
-from collections.abc import Mapping, Sequence
+import threading
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from cryptography.fernet import Fernet, InvalidToken
-from sqlalchemy import Connection, Row, Table, exists, select
+from sqlalchemy import Connection, Engine, Row, Table, exists, select
 from sqlalchemy.dialects import postgresql, sqlite
-from sqlalchemy.exc import IntegrityError
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import DBAPIError, IntegrityError
 from sqlalchemy.sql.dml import Insert
 
-from core.errors import (AlreadyExists, GroupNotFound, InvalidArgument, TopicNotFound,
-                         UserNotFound)
+from core.errors import (AlreadyExists, GroupNotFound, InvalidArgument, QuotaExceeded,
+                         TopicNotFound, UserNotFound)
 from core.model import (AclRule, Action, ConsumeMode, GroupConfig, MessageType, Permission,
                         ResourceKind, RetryPolicy, Subscription, TopicConfig, User)
 
 from . import master_key
-from .engine import WRITE_OPTION, open_engine
+from .engine import WRITE_OPTION, open_engine, open_snapshot, refused_by_disk
 from .passwords import check_password, hash_password, waste_check
-from .schema import (acl_rules, amqp_permissions, amqp_topology, consumer_groups, current_version, migrate, subscriptions, topics,
-                     users)
+from .schema import (LATEST_VERSION, acl_rules, amqp_permissions, amqp_topology, consumer_groups,
+                     current_version, migrate, subscriptions, topics, users)
 from .schema import permissions as permission_table
 
 log = logging.getLogger(__name__)
@@ -52,14 +60,79 @@ class MetadataRepository:
         except ValueError:
             raise master_key.BadMasterKey("the master key is not a Fernet key "
                                           "(32 url-safe base64-encoded bytes)") from None
-        self._engine = open_engine(url)
-        self._writer = self._engine.execution_options(**{WRITE_OPTION: True})
-        self._insert = postgresql.insert if self._engine.dialect.name == "postgresql" else sqlite.insert
+        self._url = url
+        self._reopening = threading.Lock()
+        self.read_only: str | None = None
+        """Why the database is served read-only from memory (its disk refused writes when it
+        was opened); None while it is writable."""
+        self._write_engine: Engine | None = None
         try:
-            with self._writer.begin() as conn:
-                migrate(conn, self._engine.url.render_as_string(hide_password=True))
+            self._engine = self._open_writable()
+        except DBAPIError as error:
+            if not (make_url(url).get_backend_name() == "sqlite" and refused_by_disk(error)):
+                raise
+            self._engine = self._open_snapshot(error)
+        self._insert = postgresql.insert if self._engine.dialect.name == "postgresql" else sqlite.insert
+
+    def _open_writable(self) -> Engine:
+        """Open the database for writing and migrate it; sets the write engine."""
+        engine = open_engine(self._url)
+        writer = engine.execution_options(**{WRITE_OPTION: True})
+        try:
+            with writer.begin() as conn:
+                migrate(conn, engine.url.render_as_string(hide_password=True))
         except BaseException:
-            self._engine.dispose()
+            engine.dispose()
+            raise
+        self._write_engine = writer
+        return engine
+
+    def _open_snapshot(self, error: DBAPIError) -> Engine:
+        """Serve reads from memory: the disk refused to open the database for writing."""
+        try:
+            engine = open_snapshot(self._url)
+        except Exception:  # noqa: BLE001 - it cannot be read either: the first error stands
+            raise error from None
+        with engine.connect() as conn:
+            version = current_version(conn)
+        if version != LATEST_VERSION:  # migrating needs the disk
+            engine.dispose()
+            raise error
+        self.read_only = (f"the metadata database cannot be written ({error.orig}): its disk is "
+                          "full or failing; free space on it, writes resume by themselves")
+        log.error("%s; it is served read-only until then", self.read_only)
+        return engine
+
+    def try_writable(self) -> bool:
+        """Reopen a database served read-only for writing if its disk allows it now; whether it
+        is writable. Blocks on database I/O."""
+        with self._reopening:
+            if self.read_only is None:
+                return True
+            try:
+                engine = self._open_writable()
+            except DBAPIError as error:
+                if not refused_by_disk(error):
+                    raise
+                return False
+            snapshot, self._engine, self.read_only = self._engine, engine, None
+        snapshot.dispose()
+        log.warning("the metadata database is writable again")
+        return True
+
+    @contextlib.contextmanager
+    def _writing(self) -> Iterator[Connection]:
+        """A write transaction; QuotaExceeded (nothing changed) while the disk refuses writes."""
+        if self.read_only is not None and not self.try_writable():
+            raise QuotaExceeded(f"{self.read_only}; nothing was changed")
+        assert self._write_engine is not None
+        try:
+            with self._write_engine.begin() as conn:
+                yield conn
+        except DBAPIError as error:
+            if self._engine.dialect.name == "sqlite" and refused_by_disk(error):
+                raise QuotaExceeded(f"the metadata database cannot be written ({error.orig}): its "
+                                    "disk is full or failing; nothing was changed") from None
             raise
 
     @classmethod
@@ -71,7 +144,8 @@ class MetadataRepository:
 
     def close(self) -> None:
         """Close every pooled connection."""
-        self._engine.dispose()
+        with self._reopening:
+            self._engine.dispose()
 
     def schema_version(self) -> int:
         """The schema version of the open database."""
@@ -131,7 +205,7 @@ class MetadataRepository:
                "expression": subscription.expression,
                "expression_type": subscription.expression_type}
         try:
-            with self._writer.begin() as conn:
+            with self._writing() as conn:
                 conn.execute(self._upsert(subscriptions, row, ("group_name", "topic")))
         except IntegrityError:
             raise GroupNotFound(subscription.group) from None
@@ -147,7 +221,7 @@ class MetadataRepository:
 
     def delete_subscription(self, group: str, topic: str) -> bool:
         """Delete the group's subscription to the topic; whether it existed."""
-        with self._writer.begin() as conn:
+        with self._writing() as conn:
             return conn.execute(subscriptions.delete().where(
                 subscriptions.c.group_name == group, subscriptions.c.topic == topic)).rowcount > 0
 
@@ -166,7 +240,7 @@ class MetadataRepository:
 
     def delete_user(self, name: str) -> bool:
         """Delete a user, its permissions and its rules; whether it existed."""
-        with self._writer.begin() as conn:
+        with self._writing() as conn:
             conn.execute(acl_rules.delete().where(acl_rules.c.user_name == name))
             return conn.execute(users.delete().where(users.c.name == name)).rowcount > 0
 
@@ -212,14 +286,14 @@ class MetadataRepository:
                "pattern": permission.pattern,
                "actions": ",".join(sorted(a.value for a in permission.actions))}
         try:
-            with self._writer.begin() as conn:
+            with self._writing() as conn:
                 conn.execute(self._upsert(permission_table, row, ("user_name", "kind", "pattern")))
         except IntegrityError:
             raise _user_not_found(permission.user) from None
 
     def revoke(self, user: str, kind: ResourceKind, pattern: str) -> bool:
         """Delete the user's permission on ``kind``/``pattern``; whether it existed."""
-        with self._writer.begin() as conn:
+        with self._writing() as conn:
             deleted = conn.execute(permission_table.delete().where(
                 permission_table.c.user_name == user, permission_table.c.kind == kind.value,
                 permission_table.c.pattern == pattern)).rowcount > 0
@@ -244,14 +318,14 @@ class MetadataRepository:
         row = {"user_name": rule.user, "pattern": rule.pattern,
                "effect": "allow" if rule.allow else "deny",
                "actions": ",".join(sorted(a.value for a in rule.actions))}
-        with self._writer.begin() as conn:
+        with self._writing() as conn:
             if rule.user != "*":
                 self._require_user(conn, rule.user)
             conn.execute(self._upsert(acl_rules, row, ("user_name", "pattern", "effect")))
 
     def delete_rule(self, user: str, pattern: str, allow: bool) -> bool:
         """Delete one rule; whether it existed."""
-        with self._writer.begin() as conn:
+        with self._writing() as conn:
             return conn.execute(acl_rules.delete().where(
                 acl_rules.c.user_name == user, acl_rules.c.pattern == pattern,
                 acl_rules.c.effect == ("allow" if allow else "deny"))).rowcount > 0
@@ -274,7 +348,7 @@ class MetadataRepository:
     def put_topology(self, vhost: str, kind: str, name: str, spec: str) -> None:
         """Store (or replace) one durable AMQP object; ``spec`` is its settings as JSON."""
         row = {"vhost": vhost, "kind": kind, "name": name, "spec": spec}
-        with self._writer.begin() as conn:
+        with self._writing() as conn:
             conn.execute(self._upsert(amqp_topology, row, ("vhost", "kind", "name")))
 
     def delete_topology(self, vhost: str, kind: str | None = None, name: str | None = None) -> int:
@@ -285,14 +359,14 @@ class MetadataRepository:
             query = query.where(amqp_topology.c.kind == kind)
         if name is not None:
             query = query.where(amqp_topology.c.name == name)
-        with self._writer.begin() as conn:
+        with self._writing() as conn:
             return conn.execute(query).rowcount
 
     def delete_topology_rows(self, vhost: str, kind: str, names: Sequence[str]) -> int:
         """Delete the objects of one kind named ``names``, in one transaction; how many rows
         went (a queue deleted with thousands of bindings is one write, not thousands)."""
         deleted = 0
-        with self._writer.begin() as conn:
+        with self._writing() as conn:
             for start in range(0, len(names), _ROWS_PER_STATEMENT):
                 chunk = names[start:start + _ROWS_PER_STATEMENT]
                 deleted += conn.execute(amqp_topology.delete().where(
@@ -315,7 +389,7 @@ class MetadataRepository:
         row = {"user_name": user, "vhost": vhost, "configure": configure, "write": write,
                "read": read}
         try:
-            with self._writer.begin() as conn:
+            with self._writing() as conn:
                 self._require_user(conn, user)
                 conn.execute(self._upsert(amqp_permissions, row, ("user_name", "vhost")))
         except IntegrityError:
@@ -329,7 +403,7 @@ class MetadataRepository:
             query = query.where(amqp_permissions.c.user_name == user)
         if vhost is not None:
             query = query.where(amqp_permissions.c.vhost == vhost)
-        with self._writer.begin() as conn:
+        with self._writing() as conn:
             return conn.execute(query).rowcount
 
     def vhost_permissions(self) -> list[tuple[str, str, str, str, str]]:
@@ -359,13 +433,13 @@ class MetadataRepository:
     def _insert_new(self, table: Table, row: Mapping[str, Any], what: str) -> None:
         # RETURNING, not rowcount: psycopg reports no rowcount for INSERT ... ON CONFLICT DO NOTHING.
         statement = self._insert(table).values(**row).on_conflict_do_nothing().returning(table.c.name)
-        with self._writer.begin() as conn:
+        with self._writing() as conn:
             inserted = conn.execute(statement).first()
         if inserted is None:
             raise AlreadyExists(f"{what} exists already; update or delete it, or choose another name")
 
     def _update(self, table: Table, name: str, values: Mapping[str, Any]) -> bool:
-        with self._writer.begin() as conn:
+        with self._writing() as conn:
             return conn.execute(table.update().where(table.c.name == name).values(**values)).rowcount > 0
 
     def _get(self, table: Table, name: str) -> Row | None:
@@ -377,7 +451,7 @@ class MetadataRepository:
             return list(conn.execute(select(table).order_by(table.c.name)))
 
     def _delete(self, table: Table, name: str) -> bool:
-        with self._writer.begin() as conn:
+        with self._writing() as conn:
             return conn.execute(table.delete().where(table.c.name == name)).rowcount > 0
 
 

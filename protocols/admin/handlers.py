@@ -148,13 +148,13 @@ def query_int(request: web.Request, name: str, default: int) -> int:
 
 async def health(request: web.Request, principal: Principal) -> web.Response:
     """Store, metadata and memory status; 503 when the store or metadata fails, and 503
-    ``degraded`` (with what is wrong) while the store cannot write or the memory alarm is on
-    (publishers are blocked then)."""
+    ``degraded`` (with what is wrong) while the store or the metadata database cannot write or
+    the memory alarm is on (publishers are blocked then)."""
     d = deps(request)
     metadata = await _check_metadata(d)
     memory = _check_memory(d.broker)
     degraded = getattr(d.store, "degraded", None)
-    if degraded or memory.get("alarm"):
+    if degraded or memory.get("alarm") or metadata["status"] == "degraded":
         return web.json_response({"status": "degraded", "store": degraded or _check_store(d.store),
                                   "metadata": metadata, "memory": memory}, status=503)
     checks = {"store": _check_store(d.store), "metadata": metadata}
@@ -185,6 +185,9 @@ async def _check_metadata(d: AdminDeps) -> dict[str, Any]:
     if d.metadata is None:
         return {"status": "unknown"}
     try:
+        read_only = getattr(d.metadata, "read_only", None)  # opened on a full disk
+        if read_only and not await blocking(d.metadata.try_writable):
+            return {"status": "degraded", "error": read_only}
         return {"status": "ok", "schema_version": await blocking(d.metadata.schema_version)}
     except Exception as error:  # same: the probe reports, never raises
         return {"status": "failing", "error": str(error)}

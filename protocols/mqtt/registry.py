@@ -251,10 +251,16 @@ class SessionRegistry:
                            clean_start: bool) -> tuple[Session, bool]:
         """The session for a new connection: take over an attached one, resume or start
         fresh. Returns (session, session present). `Refused` (logged) if the client id's
-        session belongs to another user (a session is its creator's, connected or not) or
-        core cannot keep the client id."""
+        session belongs to another user (a session is its creator's, connected or not), core
+        cannot keep the client id, or a new persistent session cannot be stored now (a full
+        disk: Server unavailable; a stored one is resumed all the same)."""
         try:
             return await self._open_session(link, login.client_id, clean_start, login.expiry_s)
+        except errors.QuotaExceeded as refused:
+            self._attached.pop(login.client_id, None)
+            log.info("MQTT client %s from %s refused: its session cannot be stored now (%s)",
+                     clip(login.client_id), link.peer, refused)
+            raise Refused(ReasonCode.ServerUnavailable, str(refused)) from None
         except AccessDenied as refused:
             user = login.principal.user
             self.denials.denied(user, "session", "MQTT client %s of user %s from %s refused: %s",
@@ -293,8 +299,23 @@ class SessionRegistry:
             self.wills.cancel(client_id)
         self._attached[client_id] = link
         if session.persistent:
-            await self._store.save(session)
+            await self._save_opened(session, present)
         return session, present
+
+    async def _save_opened(self, session: Session, present: bool) -> None:
+        """Save a persistent session as connected. While the store cannot write, a resumed
+        session goes on unsaved (its stored record restores it after a restart; the next change
+        is saved); a new one is dropped and QuotaExceeded raised, since a restart would lose it."""
+        try:
+            await self._store.save(session)
+        except errors.QuotaExceeded:
+            if not present:
+                if self.sessions.get(session.client_id) is session:
+                    del self.sessions[session.client_id]
+                session.end()
+                raise
+            log.info("client %s resumes its session while the store cannot write; the session "
+                     "is saved at its next change", session.client_id)
 
     def _change_expiry(self, session: Session, expiry_s: int) -> Session:
         """A new expiry for a resumed session. A session taken over from a connection that

@@ -135,13 +135,16 @@ def _store_inspect(args: argparse.Namespace) -> int:
 
 
 def _store_verify(args: argparse.Namespace) -> int:
-    """Print every problem the store reader finds; exit 1 if there is any."""
+    """Print every problem the store reader finds; exit 1 if there is any. A torn tail (what a
+    crash leaves, cut at the next start) is printed but is no problem."""
     if (reader := _open_reader(args.data_dir)) is None:
         return 2
-    problems: list[str] = reader.verify()
-    for problem in problems:
+    found = reader.check()
+    if found.torn_tail is not None:
+        print(found.torn_tail)
+    for problem in found.problems:
         print(problem)
-    if problems:
+    if found.problems:
         return 1
     print("ok")
     return 0

@@ -174,7 +174,11 @@ class RunningBroker:
         self.core.begin_shutdown()
         await stopping
         await self.core.close()  # persists the offsets, including acks that landed while draining
-        await asyncio.to_thread(self.store.checkpoint)
+        try:
+            await asyncio.to_thread(self.store.checkpoint)
+        except OSError as error:  # a full disk: the next start replays the log from the last one
+            log.error("could not checkpoint the store at shutdown (%s); the next start replays "
+                      "the log from the last checkpoint", error)
         await asyncio.to_thread(self.store.close)
         await asyncio.to_thread(self.metadata.close)
 

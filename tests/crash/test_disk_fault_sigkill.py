@@ -204,6 +204,12 @@ def test_a_real_disk_that_fills_up_then_sigkill_loses_nothing_acknowledged(tmp_p
     assert "ENOSPC" in run.degraded[0] and "the disk is full" in run.degraded[0], run.degraded
     assert len(run.acks) > 50, "the disk filled before the writer got going"
     collect(acked, run)
+    done = subprocess.run([sys.executable, "-m", "sluice.cli", "store", "verify", data_dir],
+                          capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr  # a torn tail is what a kill leaves
+    assert all(line == "ok" or "torn tail of" in line and line.endswith("cut at the next start")
+               for line in done.stdout.splitlines()), done.stdout
+    check_store(data_dir, acked)  # opened on the disk that is still full
     subprocess.run(["mount", "-o", "remount,size=64m", str(small_tmpfs)], check=True)
     check_store(data_dir, acked)
     writer = Writer(data_dir, SEED + 1, crash_writer.INDEX_SPAN, None, str(tmp_path / "writer-room.stderr"))

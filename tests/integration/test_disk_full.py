@@ -1,12 +1,14 @@
 """A full disk under `sluice serve`: publishes are refused with each protocol's code, nothing
 unstored is acknowledged, /health says degraded, other clients stay connected, and once space is
 freed the broker accepts messages again without a restart; a SIGKILL then loses nothing that was
-acknowledged.
+acknowledged. A broker stopped or killed on a full disk starts again on it, degraded: consumers
+of every protocol read what is stored, publishes are refused, and it writes again once space is
+freed, without another restart.
 
 The data directory is a small real tmpfs, filled by a filler file (the test is skipped where
 mounting is not permitted; tests/unit/store/test_disk_faults.py and
 tests/crash/test_disk_fault_sigkill.py inject the same failures everywhere). Clients are real:
-paho (MQTT 5 and 3.1.1) and the native SDK over gRPC, all on 127.0.0.1.
+paho (MQTT 5 and 3.1.1), pika and the native SDK over gRPC, all on 127.0.0.1.
 """
 from __future__ import annotations
 
@@ -22,12 +24,17 @@ import urllib.request
 from pathlib import Path
 
 import paho.mqtt.client as mqtt
+import pika
 import pytest
 from paho.mqtt.enums import CallbackAPIVersion
+from paho.mqtt.packettypes import PacketTypes
+from paho.mqtt.properties import Properties
 
-from sluice.client import ClientConfig, Message, SyncProducer, TooManyRequestsError
+from sluice.client import (ClientConfig, Message, SyncProducer, SyncSimpleConsumer,
+                           TooManyRequestsError)
 from store.reader import StoreReader
 from tests.conftest import ROOT, Server
+from tests.integration.amqp.conftest import connect
 
 USER, PASSWORD = "sluice", "sluice"
 CONFIG = """
@@ -50,22 +57,32 @@ def small_tmpfs(mount_tmpfs) -> Path:
 
 
 class Publisher:
-    """A paho client that reports each PUBACK's reason code and whether it was disconnected."""
+    """A paho client that reports each PUBACK's reason code and whether it was disconnected;
+    with ``persistent``, an MQTT 5 session kept for an hour (resumed if it exists)."""
 
-    def __init__(self, address: str, client_id: str, version: int) -> None:
+    def __init__(self, address: str, client_id: str, version: int,
+                 persistent: bool = False) -> None:
         self.client = mqtt.Client(CallbackAPIVersion.VERSION2, client_id=client_id, protocol=version,
                                   reconnect_on_failure=False)
         self.client.username_pw_set(USER, PASSWORD)
         self.acks: dict[int, int] = {}
         self.messages: list[bytes] = []
+        self.subscribed: list[int] = []
         self.changed = threading.Condition()
         self.connected = self.disconnected = False
         self.client.on_connect = self._on_connect
         self.client.on_disconnect = self._on_disconnect
         self.client.on_publish = self._on_publish
         self.client.on_message = self._on_message
+        self.client.on_subscribe = self._on_subscribe
         host, port = address.rsplit(":", 1)
-        self.client.connect(host, int(port), keepalive=60)
+        if persistent:
+            session = Properties(PacketTypes.CONNECT)
+            session.SessionExpiryInterval = 3600
+            self.client.connect(host, int(port), keepalive=60, clean_start=False,
+                                properties=session)
+        else:
+            self.client.connect(host, int(port), keepalive=60)
         self.client.loop_start()
         self.wait(lambda: self.connected, f"{client_id} did not connect")
 
@@ -85,6 +102,14 @@ class Publisher:
 
     def _on_message(self, client, userdata, message) -> None:
         self._notify(lambda: self.messages.append(message.payload))
+
+    def _on_subscribe(self, client, userdata, mid, reasons, properties) -> None:
+        self._notify(lambda: self.subscribed.append(mid))
+
+    def subscribe(self, topic_filter: str) -> None:
+        """Subscribe at QoS 1 and wait for the SUBACK."""
+        mid = self.client.subscribe(topic_filter, qos=1)[1]
+        self.wait(lambda: mid in self.subscribed, f"no SUBACK for {topic_filter}")
 
     def wait(self, predicate, failure: str, timeout: float = WAIT) -> None:
         with self.changed:
@@ -205,3 +230,102 @@ def test_a_full_disk_refuses_publishes_cleanly_and_the_broker_resumes_when_space
     done = subprocess.run([sys.executable, "-m", "sluice.cli", "store", "verify", str(data_dir)],
                           capture_output=True, text=True, cwd=ROOT, timeout=60)
     assert (done.returncode, done.stdout) == (0, "ok\n"), done.stdout + done.stderr
+
+
+def test_a_broker_restarted_on_a_full_disk_serves_reads_refuses_publishes_and_resumes(
+        sluice_server, small_tmpfs, how):
+    from tests.integration.amqp.test_blocked import Watched  # it imports this module
+    data_dir = small_tmpfs / "data"
+    server = sluice_server(data_dir, config=CONFIG)
+    server.wait_ready()
+    subscriber = Publisher(server.mqtt, "restart-subscriber", mqtt.MQTTv5, persistent=True)
+    subscriber.subscribe("restart/#")
+    subscriber.stop()
+    declaring = connect(server)
+    declaring.channel().queue_declare("restart-queue", durable=True)
+    declaring.channel().queue_bind("restart-queue", "amq.topic", "restart.#")
+    declaring.close()
+    native_config = ClientConfig(server.native, USER, PASSWORD, request_timeout=10)
+    with SyncSimpleConsumer(native_config, "restart-group", {"restart": "*"}, await_duration=1):
+        pass  # the group and its subscription exist before the disk fills
+    mqtt5 = Publisher(server.mqtt, "restart-publisher", mqtt.MQTTv5)
+    acked = set()
+    for number in range(5):
+        assert mqtt5.publish("restart/a", payload(f"stored {number}")) == 0
+        acked.add(payload(f"stored {number}"))
+    fill(small_tmpfs / "filler")
+    for number in range(400):  # until the store itself fails
+        reason = mqtt5.publish("restart/a", payload(f"while full {number}"))
+        if reason == QUOTA_EXCEEDED:
+            break
+        assert reason == 0, f"PUBACK {reason:#x}: expected success or Quota exceeded"
+        acked.add(payload(f"while full {number}"))
+    mqtt5.stop()
+    if how == "stopped":
+        assert server.stop() == 0, server.log()[-3000:]
+    else:
+        server.kill()
+
+    restarted = sluice_server(data_dir, config=CONFIG)
+    restarted.wait_ready()
+    status, body = health(restarted)
+    assert status == 503 and body["status"] == "degraded", body
+    assert "ENOSPC" in body["store"] and "free space" in body["store"], body
+
+    subscriber = Publisher(restarted.mqtt, "restart-subscriber", mqtt.MQTTv5, persistent=True)
+    subscriber.wait(lambda: acked <= set(subscriber.messages), "the MQTT session lost messages")
+    reading = connect(restarted)
+    queued = set()
+    while (got := reading.channel().basic_get("restart-queue", auto_ack=True))[2] is not None:
+        queued.add(got[2])
+    assert acked <= queued, "the AMQP queue lost messages"
+    native_config = ClientConfig(restarted.native, USER, PASSWORD, request_timeout=10)
+    with SyncSimpleConsumer(native_config, "restart-group", {"restart": "*"},
+                            await_duration=1) as consumer:
+        received: set[bytes] = set()
+        deadline = time.monotonic() + WAIT
+        while not acked <= received and time.monotonic() < deadline:
+            for message in consumer.receive(32):
+                received.add(message.body)
+                consumer.ack(message)
+        assert acked <= received, "the native consumer lost messages"
+
+    mqtt5 = Publisher(restarted.mqtt, "restart-publisher", mqtt.MQTTv5)
+    assert mqtt5.publish("restart/a", payload("refused")) == QUOTA_EXCEEDED
+    native = SyncProducer(native_config)
+    native.start()
+    with pytest.raises(TooManyRequestsError, match="ENOSPC"):
+        native.send(Message("restart", payload("native refused")))
+    amqp = Watched(restarted)
+    confirming = amqp.connection.channel()
+    confirming.confirm_delivery()
+    persistent = pika.BasicProperties(delivery_mode=2)
+    with pytest.raises(pika.exceptions.NackError):
+        confirming.basic_publish("amq.topic", "restart.amqp", payload("amqp refused"), persistent)
+    assert amqp.wait_for(1) == ["blocked: low on disk"]
+
+    os.remove(small_tmpfs / "filler")
+    deadline = time.monotonic() + WAIT  # the store retries within half a second
+    while (status := health(restarted)[0]) != 200 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert status == 200, health(restarted)
+    assert amqp.wait_for(2)[1] == "unblocked"
+    assert mqtt5.publish("restart/a", payload("after")) == 0
+    native.send(Message("restart", payload("native after")))
+    confirming.basic_publish("amq.topic", "restart.amqp", payload("amqp after"), persistent)
+    subscriber.wait(lambda: {payload("after"), payload("native after"),
+                             payload("amqp after")} <= set(subscriber.messages),
+                    "the resumed broker did not deliver what was published after the disk had room")
+    native.close()
+    amqp.connection.close()
+    reading.close()
+    for client in (mqtt5, subscriber):
+        client.stop()
+    assert restarted.stop() == 0
+
+
+@pytest.fixture(params=["stopped", "killed"])
+def how(request) -> str:
+    """How the broker on the full disk ends before its restart: SIGTERM or SIGKILL."""
+    return request.param
+

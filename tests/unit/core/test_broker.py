@@ -25,8 +25,9 @@ Scenario = Callable[[Broker], Awaitable[None]]
 
 
 def run_core(tmp_path, scenario: Callable[[Core], Awaitable[None]], *, store: str = "memory",
-             config: CoreConfig = CONFIG) -> None:
-    """Run ``scenario`` against a started core, then close it."""
+             config: CoreConfig = CONFIG,
+             loop_factory: Callable[[], asyncio.AbstractEventLoop] | None = None) -> None:
+    """Run ``scenario`` against a started core, then close it (on a loop of ``loop_factory``)."""
     async def main() -> None:
         opened = (MemoryStore() if store == "memory"
                   else FileStore(str(tmp_path / "store"), StoreConfig(segment_size=1 << 20)))
@@ -39,7 +40,8 @@ def run_core(tmp_path, scenario: Callable[[Core], Awaitable[None]], *, store: st
             await core.close()
             opened.close()
             metadata.close()
-    asyncio.run(main())
+    with asyncio.Runner(loop_factory=loop_factory) as runner:
+        runner.run(main())
 
 
 def run(tmp_path, scenario: Scenario, *, store: str = "memory", config: CoreConfig = CONFIG) -> None:

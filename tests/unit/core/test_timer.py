@@ -2,15 +2,26 @@
 recallable until then, and kept across a restart without firing twice."""
 from __future__ import annotations
 
+import asyncio
+import errno
+import logging
+import threading
 import time
+from collections.abc import Awaitable
+from typing import TypeVar
 
 import pytest
 
-from core import timer
-from core.errors import InvalidArgument, NotRecallable
+from core import clock, timer
+from core.errors import InvalidArgument, NotRecallable, QuotaExceeded
 from core.model import SYSTEM, OutgoingMessage
 from core.settings import CoreConfig
+from store.faults import Fault
 from tests.unit.core.test_broker import CONFIG, run, run_core, topic
+
+T = TypeVar("T")
+WAIT_S = 60
+"""Only guards against hanging."""
 
 
 @pytest.fixture(autouse=True)
@@ -156,3 +167,89 @@ def test_an_unreadable_mark_is_logged_and_pending_messages_still_fire(tmp_path, 
     (tmp_path / timer.FILE_NAME).write_text("{not json")
     run_core(tmp_path, after, store="file")
     assert "timer.json is unreadable" in caplog.text
+
+
+class StoppableClock(asyncio.SelectorEventLoop):
+    """An event loop whose clock can be stopped: from then on no sleep or timeout ends, and
+    only events make progress (callbacks from the store's threads, tasks that finish)."""
+
+    stopped_at: float | None = None
+
+    def time(self) -> float:
+        return super().time() if self.stopped_at is None else self.stopped_at
+
+    def stop_clock(self) -> None:
+        self.stopped_at = super().time()
+
+    def start_clock(self) -> None:
+        self.stopped_at = None
+
+
+async def within(awaitable: Awaitable[T], what: str) -> T:
+    """``await awaitable``, failing after ``WAIT_S`` real seconds even with the loop's clock
+    stopped (a thread cancels it)."""
+    loop = asyncio.get_running_loop()
+    task = asyncio.ensure_future(awaitable)
+    guard = threading.Timer(WAIT_S, lambda: loop.call_soon_threadsafe(task.cancel))
+    guard.start()
+    try:
+        return await task
+    except asyncio.CancelledError:
+        raise AssertionError(f"{what} within {WAIT_S} s") from None
+    finally:
+        guard.cancel()
+
+
+class StopClockOnLog(logging.Handler):
+    """Stops the loop's clock when a record starting with ``prefix`` is logged: at once, in
+    the logging call, so that whatever the logger does next waits on a stopped clock."""
+
+    def __init__(self, loop: StoppableClock, prefix: str) -> None:
+        super().__init__()
+        self.loop, self.prefix = loop, prefix
+        self.stopped = asyncio.Event()
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if not self.stopped.is_set() and record.getMessage().startswith(self.prefix):
+            self.loop.stop_clock()
+            self.stopped.set()
+
+
+def test_messages_due_while_the_disk_is_full_are_sent_as_soon_as_the_store_writes_again(
+        tmp_path, faults, monkeypatch):
+    """Messages fall due while the store refuses writes. From the timer's failed attempt on,
+    neither the wall clock core reads nor the event loop's clock moves: no retry delay can end
+    and the minute never changes, so only the store's resume can send them."""
+    wall_ms = [int(time.time() * 1000)]
+    monkeypatch.setattr(clock, "now_ms", lambda: wall_ms[0])
+
+    async def scenario(core) -> None:
+        broker = core.broker
+        await topic(broker, queues=1)
+        await topic(broker, "other", queues=1)
+        wall_ms[0] = int(time.time() * 1000)
+        due = wall_ms[0] + 30_000
+        await broker.send(SYSTEM, [OutgoingMessage("orders", b"due %d" % i, delivery_ts=due)
+                                   for i in range(3)])
+        faults.add(Fault("commitlog", "write", errno.ENOSPC))
+        with pytest.raises(QuotaExceeded):  # the store fails and the broker knows it
+            await broker.send(SYSTEM, [OutgoingMessage("other", b"not stored")])
+        failed = StopClockOnLog(asyncio.get_running_loop(), "delayed messages could not be sent")
+        logging.getLogger(timer.__name__).addHandler(failed)
+        try:
+            wall_ms[0] = due  # they fall due, within the same minute
+            await within(failed.stopped.wait(), "the timer did not try to send what fell due")
+        finally:
+            logging.getLogger(timer.__name__).removeHandler(failed)
+        faults.lift()
+        got: list = []
+        try:
+            while len(got) < 3:
+                got += await within(broker.receive(SYSTEM, "g", "orders", "c1", max_messages=32,
+                                                   wait_ms=3_600_000),
+                                    "what fell due was not sent once the store wrote again")
+        finally:
+            failed.loop.start_clock()  # closing the core waits on timeouts
+        assert sorted(delivery.body for delivery in got) == [b"due 0", b"due 1", b"due 2"]
+
+    run_core(tmp_path, scenario, store="file", loop_factory=StoppableClock)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import errno
 import logging
 import os
+import shutil
 import threading
 import time
 from dataclasses import replace
@@ -23,6 +24,7 @@ from store.api import Message, StoreConfig
 from store.errors import StoreDegradedError
 from store.faults import Fault
 from store.file_store import FileStore
+from store.key_index import KeyIndex
 from store.reader import StoreReader
 
 WAIT = 60  # seconds: only guards against hanging
@@ -342,3 +344,126 @@ def test_a_dispatch_writes_only_the_queues_it_touched(tmp_path, monkeypatch):
         [appended] = store.append_batch([Message("q7", b"y")])
         assert store.wait_durable(appended.end_offset, WAIT)
         assert looked_at == ["q7"]
+
+
+# -- opening on a disk that refuses writes -------------------------------------------------------
+
+def lose_derived_data(directory: str) -> None:
+    """What a crash leaves at worst: queue entries and keys not yet written, no checkpoint."""
+    for derived in ("consumequeue", "index", "checkpoint"):
+        path = os.path.join(directory, derived)
+        shutil.rmtree(path) if os.path.isdir(path) else os.remove(path)
+
+
+START_UP = [  # (site, op, errno, what the crash or stop left)
+    ("checkpoint", "write", "ENOSPC", "a clean stop"),
+    ("checkpoint", "rename", "EIO", "a clean stop"),
+    ("consumequeue", "write", "ENOSPC", "lost derived data"),
+    ("consumequeue", "mkdir", "ENOSPC", "lost derived data"),
+    ("index", "allocate", "ENOSPC", "lost derived data"),
+    ("index", "open", "EMFILE", "lost derived data"),
+]
+
+
+@pytest.mark.parametrize("site,op,kind,left", START_UP, ids=["-".join(case[:3]) for case in START_UP])
+def test_a_store_opened_on_a_disk_that_refuses_writes_serves_reads_and_resumes(
+        tmp_path, faults, site, op, kind, left):
+    """Every write opening makes (the checkpoint, queue entries and keys that recovery replays,
+    a queue directory) is put off: the store opens degraded, serves every acknowledged record,
+    refuses appends, and writes what it put off once the disk takes writes, without reopening."""
+    directory = str(tmp_path / "data")
+    acked: dict = {}
+    with FileStore(directory, CONFIG) as store:
+        following, refused = append_until_refused(store, acked, 0, 120)
+        assert refused is None
+    if left == "lost derived data":
+        lose_derived_data(directory)
+    fault = faults.add(Fault(site, op, KINDS[kind]))
+    with FileStore(directory, CONFIG) as store:
+        health = Health()
+        store.add_health_listener(health)
+        assert fault.failed, f"opening made no {site} {op}"
+        assert store.degraded is not None and kind in store.degraded
+        with pytest.raises(StoreDegradedError, match=kind):
+            store.append("t", b"refused while degraded")
+        for i, result in acked.items():  # from memory where the files could not be written
+            assert [m.body for m in store.read("t", 0, result.queue_offset, 1)] == [message(i).body]
+        faults.lift()
+        health.wait_for(lambda reasons: reasons == [None])
+        assert checkpoint.load(os.path.join(directory, "checkpoint")) is not None
+        following, refused = append_until_refused(store, acked, following, 40)
+        assert refused is None, f"the store did not resume: {refused}"
+    check_acknowledged(directory, acked)
+
+
+def test_keys_put_off_at_open_are_indexed_before_any_newer_one(tmp_path, faults):
+    """Keys recovery could not index wait, in order; a checkpoint taken meanwhile does not claim
+    them, so a crash before they are indexed replays them again."""
+    directory = str(tmp_path / "data")
+    acked: dict = {}
+    with FileStore(directory, CONFIG) as store:
+        following, _ = append_until_refused(store, acked, 0, 40)
+    lose_derived_data(directory)
+    faults.add(Fault("index", "allocate", errno.ENOSPC))
+    with FileStore(directory, CONFIG) as store:
+        first = min(result.phys_offset for result in acked.values())
+        assert store.dispatcher.derived_end == first
+        assert checkpoint.load(os.path.join(directory, "checkpoint")).derived_end == first
+    with FileStore(directory, CONFIG) as store:  # "crashed" (closed while degraded): replayed again
+        health = Health()
+        store.add_health_listener(health)
+        assert store.recovery.replayed_records == len(acked) and store.degraded is not None
+        faults.lift()
+        health.wait_for(lambda reasons: reasons == [None])
+        assert store.wait_durable(store.append("t", b"next", msg_id="next").end_offset, WAIT)
+        assert store.lookup_id("next") is not None
+    check_acknowledged(directory, acked)
+
+
+@pytest.mark.parametrize("kind", ["EIO", "ENOSPC"])
+def test_a_torn_tail_that_cannot_be_cut_is_overwritten(tmp_path, faults, kind, caplog):
+    directory = str(tmp_path / "data")
+    acked: dict = {}
+    with FileStore(directory, CONFIG) as store:
+        following, _ = append_until_refused(store, acked, 0, 40)
+        end = store.log.end_offset
+        segment = store.log.segments()[-1].path
+    with open(segment, "r+b") as file:  # a crash in the middle of the next write
+        file.seek(end - int(os.path.basename(segment)))
+        file.write(b"\xff" * 300)
+    os.remove(os.path.join(directory, "checkpoint"))
+    faults.add(Fault("commitlog", "truncate", KINDS[kind]))
+    with caplog.at_level(logging.WARNING), FileStore(directory, CONFIG) as store:
+        assert store.recovery.truncated_bytes == 300 and store.log.end_offset == end
+        assert any("could not cut a torn tail of 300 bytes" in r.getMessage() for r in caplog.records)
+        faults.lift()
+        following, refused = append_until_refused(store, acked, following, 40)
+        assert refused is None
+    check_acknowledged(directory, acked)
+
+
+def test_a_reopened_key_index_adds_into_blocks_reserved_before_on_a_full_disk(mount_tmpfs):
+    """Blocks are reserved a chunk ahead of the entries in use; after a restart on a full disk
+    the index adds entries into them (reserving them again needs no space) instead of failing
+    for want of the next chunk. A real small tmpfs: the fault layer cannot tell reserved blocks."""
+    disk = mount_tmpfs("4m")
+    directory = str(disk / "index")
+    with KeyIndex(directory, slot_count=97, max_entries=100_000) as index:
+        for offset in range(2000):  # the first add reserved a chunk ahead for the rest
+            index.add(b"k%d" % offset, offset, 1)
+    fill_disk(disk / "filler")
+    with KeyIndex(directory, slot_count=97, max_entries=100_000) as index:
+        for offset in range(2000, 3000):
+            index.add(b"k%d" % offset, offset, 1)
+        assert index.lookup(b"k2999") == [2999] and index.lookup(b"k0") == [0]
+
+
+def fill_disk(path) -> None:
+    """Write ``path`` until its file system has no room left."""
+    with open(path, "wb", buffering=0) as filler:
+        for chunk in (1 << 20, 4096):
+            try:
+                while True:
+                    filler.write(bytes(chunk))
+            except OSError as error:
+                assert error.errno == errno.ENOSPC, error

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from store import record
 from store.api import StoreConfig
 from store.consume_queue import ENTRY, ENTRY_SIZE
 from store.file_store import FileStore
@@ -83,3 +84,58 @@ def test_an_entry_with_the_wrong_size_or_offset_is_reported(data_dir):
     assert len(found) == 2
     assert "'fan'/0 offset 2" in found[0] and f"says {size + 1} bytes" in found[0]
     assert "'fan'/0 offset 4" in found[1] and "no valid record" in found[1]
+
+
+def store_verify(directory: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "sluice.cli", "store", "verify", directory],
+                          capture_output=True, text=True, cwd=REPO, timeout=60)
+
+
+def segment_names(directory: str) -> list[str]:
+    return sorted(name for name in os.listdir(os.path.join(directory, "commitlog")) if name.isdigit())
+
+
+def tear_the_tail(directory: str) -> tuple[str, int, int]:
+    """What a crash in the middle of a write leaves: the first part of a record after the last
+    one (no queue entry points at it), cut in its body, and no clean checkpoint. Returns the
+    segment's name, the offset and the size of the part."""
+    segments = segment_names(directory)
+    reader = StoreReader(directory)
+    try:
+        end = reader.log.end_offset
+    finally:
+        reader.close()
+    whole = record.encode(end, 0, 99, 0, 0, b"t", b"id", b"", b"", b"", b"", b"z" * 200)
+    torn = whole[:len(whole) - 100]
+    with open(os.path.join(directory, "commitlog", segments[-1]), "r+b") as file:
+        file.seek(end - int(segments[-1]))
+        file.write(torn)
+    os.remove(os.path.join(directory, "checkpoint"))
+    return segments[-1], end, len(torn)
+
+
+def test_a_torn_tail_is_reported_as_such_and_is_no_problem(data_dir):
+    segment, offset, size = tear_the_tail(data_dir)
+    assert problems(data_dir) == []
+    done = store_verify(data_dir)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stdout.splitlines() == [
+        f"segment {segment}: torn tail of {size} bytes at offset {offset} (a write cut short by a "
+        "crash), cut at the next start", "ok"]
+    with FileStore(data_dir, CONFIG) as store:  # the next start cuts it
+        assert store.recovery.truncated_bytes == size
+    assert store_verify(data_dir).stdout == "ok\n"
+
+
+def test_corruption_in_the_middle_is_a_problem_beside_a_torn_tail(data_dir):
+    _, _, size = tear_the_tail(data_dir)
+    segment = segment_names(data_dir)[0]
+    with open(os.path.join(data_dir, "commitlog", segment), "r+b") as file:
+        file.seek(300)
+        file.write(b"\xff" * 8)
+    done = store_verify(data_dir)
+    assert done.returncode == 1, done.stdout
+    lines = done.stdout.splitlines()
+    assert f"torn tail of {size} bytes" in lines[0] and "cut at the next start" in lines[0]
+    assert any(f"segment {segment}: corrupt bytes" in line for line in lines[1:])
+    assert "ok" not in lines
