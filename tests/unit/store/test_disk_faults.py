@@ -416,7 +416,7 @@ def test_keys_put_off_at_open_are_indexed_before_any_newer_one(tmp_path, faults)
         faults.lift()
         health.wait_for(lambda reasons: reasons == [None])
         assert store.wait_durable(store.append("t", b"next", msg_id="next").end_offset, WAIT)
-        assert store.lookup_id("next") is not None
+        assert [m.msg_id for m in store.lookup_id("next", ["t"])] == ["next"]
     check_acknowledged(directory, acked)
 
 
