@@ -121,6 +121,11 @@ class Users:
             return principal
         return None
 
+    def login_key(self, username: str, password: str) -> tuple[str, bytes]:
+        """What identifies one set of credentials without holding the password (a keyed
+        digest): logins with the same key share one check. Runs on the event loop."""
+        return username, self._digest(password)
+
     def authenticate(self, username: str, password: str) -> Principal:
         """The principal of ``username`` if ``password`` is theirs; Unauthenticated otherwise.
 

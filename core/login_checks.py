@@ -25,7 +25,7 @@ from .errors import LoginBusy
 
 T = TypeVar("T")
 
-MAX_PENDING_PER_PEER = 8
+MAX_PENDING_PER_PEER = 32
 """Checks one peer address may have waiting or running at once."""
 THREAD_NAME = "sluice-login"
 """The name prefix of the pool's threads (tests check that checks run on them)."""

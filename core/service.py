@@ -109,7 +109,8 @@ class Broker:
         users = self.users
         return await self.logins.decide(
             peer_host, username, functools.partial(users.cached_login, username, password),
-            functools.partial(users.authenticate, username, password))
+            functools.partial(users.authenticate, username, password),
+            shared=users.login_key(username, password))
 
     async def authenticate_signature(self, access_key: str, signed: bytes, signature_hex: str,
                                      peer_host: str = "") -> Principal:

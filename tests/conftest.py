@@ -4,6 +4,7 @@ small real file system that fills up; ``faults`` injects disk faults under the s
 from __future__ import annotations
 
 import datetime
+import errno
 import ipaddress
 import os
 import queue
@@ -229,6 +230,17 @@ def mount_tmpfs(tmp_path: Path) -> Iterator[Callable[[str], Path]]:
     yield mount
     for mountpoint in mounted:
         subprocess.run(["umount", "-l", str(mountpoint)], check=False)
+
+
+def fill_disk(path: Path) -> None:
+    """Write ``path`` until its file system (a ``mount_tmpfs`` disk) has no room left."""
+    with open(path, "wb", buffering=0) as filler:
+        for chunk in (1 << 20, 4096):
+            try:
+                while True:
+                    filler.write(bytes(chunk))
+            except OSError as error:
+                assert error.errno == errno.ENOSPC, error
 
 
 @pytest.fixture

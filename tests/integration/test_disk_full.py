@@ -12,7 +12,6 @@ paho (MQTT 5 and 3.1.1), pika and the native SDK over gRPC, all on 127.0.0.1.
 """
 from __future__ import annotations
 
-import errno
 import json
 import os
 import subprocess
@@ -33,7 +32,7 @@ from paho.mqtt.properties import Properties
 from sluice.client import (ClientConfig, Message, SyncProducer, SyncSimpleConsumer,
                            TooManyRequestsError)
 from store.reader import StoreReader
-from tests.conftest import ROOT, Server
+from tests.conftest import ROOT, Server, fill_disk
 from tests.integration.amqp.conftest import connect
 
 USER, PASSWORD = "sluice", "sluice"
@@ -134,17 +133,6 @@ def health(server: Server) -> tuple[int, dict]:
         return error.code, json.loads(error.read())
 
 
-def fill(path: Path) -> None:
-    """Write ``path`` until the file system has no room left."""
-    with open(path, "wb", buffering=0) as filler:
-        for chunk in (1 << 20, 4096):
-            try:
-                while True:
-                    filler.write(bytes(chunk))
-            except OSError as error:
-                assert error.errno == errno.ENOSPC, error
-
-
 def payload(label: str) -> bytes:
     head = f"{label} ".encode()
     return head + b"x" * (PAYLOAD - len(head))
@@ -182,7 +170,7 @@ def test_a_full_disk_refuses_publishes_cleanly_and_the_broker_resumes_when_space
         acked.add(payload("native before"))
         watcher.wait(lambda: payload("before") in watcher.messages, "the subscriber got nothing")
 
-        fill(small_tmpfs / "filler")
+        fill_disk(small_tmpfs / "filler")
         refused = None
         for number in range(400):  # the segments prepared beforehand fill first
             reason = mqtt5.publish("disk/a", payload(f"while full {number}"))
@@ -253,7 +241,7 @@ def test_a_broker_restarted_on_a_full_disk_serves_reads_refuses_publishes_and_re
     for number in range(5):
         assert mqtt5.publish("restart/a", payload(f"stored {number}")) == 0
         acked.add(payload(f"stored {number}"))
-    fill(small_tmpfs / "filler")
+    fill_disk(small_tmpfs / "filler")
     for number in range(400):  # until the store itself fails
         reason = mqtt5.publish("restart/a", payload(f"while full {number}"))
         if reason == QUOTA_EXCEEDED:

@@ -13,8 +13,9 @@ import pika
 import pika.exceptions as errors
 import pytest
 
+from tests.conftest import fill_disk
 from tests.integration.amqp.conftest import connect
-from tests.integration.test_disk_full import CONFIG, fill, payload
+from tests.integration.test_disk_full import CONFIG, payload
 
 WAIT_S = 30
 
@@ -51,7 +52,7 @@ def test_a_full_disk_blocks_publishers_until_space_returns(sluice_server, mount_
     persistent = pika.BasicProperties(delivery_mode=2)
     confirming.basic_publish("", "disk", payload("before"), persistent)
 
-    fill(disk / "filler")
+    fill_disk(disk / "filler")
     nacked = None
     for number in range(400):  # the segments prepared beforehand fill first
         try:

@@ -132,6 +132,25 @@ def test_after_n_failures_an_address_costs_no_scrypt_and_another_address_gets_in
     run_core(tmp_path, scenario, config=quick(failure_delay_ms=0, max_failures_per_peer_user=4))
 
 
+def test_a_fleet_sharing_credentials_logging_in_at_once_costs_one_scrypt(tmp_path, monkeypatch):
+    """A reconnect storm from one gateway: more logins at once than an address may have checks
+    waiting, all with one user and password, share one check and all get in; a wrong password
+    among them is checked on its own."""
+    async def scenario(core: Core) -> None:
+        broker = core.broker
+        broker.users.create_user("fleet", "shared")
+        with counting_kdf(monkeypatch) as kdf:
+            storm = [broker.authenticate("fleet", "shared", "10.0.0.9")
+                     for _ in range(3 * MAX_PENDING_PER_PEER)]
+            wrong = broker.authenticate("fleet", "guess", "10.0.0.9")
+            *principals, failure = await asyncio.gather(*storm, wrong, return_exceptions=True)
+            assert [p.user for p in principals] == ["fleet"] * len(storm)
+            assert isinstance(failure, Unauthenticated) and not isinstance(failure, LoginBusy)
+            assert kdf.runs == 2 and kdf.on_loop == 0
+
+    run_core(tmp_path, scenario, config=quick(failure_delay_ms=0))
+
+
 def test_a_wrong_signature_costs_the_same_for_known_and_unknown_access_keys(tmp_path):
     async def scenario(core: Core) -> None:
         broker, users = core.broker, core.broker.users
@@ -369,7 +388,7 @@ def test_an_address_with_too_many_checks_pending_is_refused_without_one():
                                                   gate.check(f"c{n}", n == 0)))
                    for n in range(MAX_PENDING_PER_PEER)]
         await asyncio.to_thread(gate.started.wait, 30)
-        with pytest.raises(LoginBusy, match="10.0.0.1 has 8 logins being checked"):
+        with pytest.raises(LoginBusy, match=f"10.0.0.1 has {MAX_PENDING_PER_PEER} logins being checked"):
             await pool.run("10.0.0.1", False, gate.check("one too many"))
         other = asyncio.ensure_future(pool.run("10.0.0.2", False, gate.check("other")))
         gate.opened.set()

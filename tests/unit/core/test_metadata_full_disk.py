@@ -3,7 +3,6 @@ permitted): a broker restarted there opens it read-only from memory, every write
 QuotaExceeded (never a driver error), and writes resume by themselves once space is back."""
 from __future__ import annotations
 
-import errno
 import os
 from pathlib import Path
 
@@ -12,17 +11,7 @@ import pytest
 from core.errors import QuotaExceeded
 from core.metadata import MetadataRepository
 from core.model import TopicConfig, User
-
-
-def fill(path: Path) -> None:
-    """Write ``path`` until its file system has no room left."""
-    with open(path, "wb", buffering=0) as filler:
-        for chunk in (1 << 20, 4096):
-            try:
-                while True:
-                    filler.write(bytes(chunk))
-            except OSError as error:
-                assert error.errno == errno.ENOSPC, error
+from tests.conftest import fill_disk
 
 
 @pytest.fixture
@@ -37,7 +26,7 @@ def test_a_database_reopened_on_a_full_disk_serves_reads_and_writes_again_once_s
     repo.create_user("alice", "secret")
     repo.create_topic(TopicConfig("orders"))
     repo.close()  # a clean close removes the WAL index, which a writable opener must grow again
-    fill(disk / "filler")
+    fill_disk(disk / "filler")
 
     repo = MetadataRepository(url, master_key)
     try:
@@ -64,7 +53,7 @@ def test_a_database_reopened_on_a_full_disk_serves_reads_and_writes_again_once_s
 def test_a_write_the_disk_refuses_while_running_is_quota_exceeded(disk, master_key):
     repo = MetadataRepository(f"sqlite:///{disk}/metadata.db", master_key)
     try:
-        fill(disk / "filler")
+        fill_disk(disk / "filler")
         with pytest.raises(QuotaExceeded, match="metadata database cannot be written"):
             for number in range(10_000):  # until the WAL must grow
                 repo.create_topic(TopicConfig(f"topic-{number}-" + "x" * 100))

@@ -26,6 +26,7 @@ from store.faults import Fault
 from store.file_store import FileStore
 from store.key_index import KeyIndex
 from store.reader import StoreReader
+from tests.conftest import fill_disk
 
 WAIT = 60  # seconds: only guards against hanging
 CONFIG = StoreConfig(segment_size=8192, queue_entries_per_file=16, index_slot_count=97,
@@ -458,12 +459,3 @@ def test_a_reopened_key_index_adds_into_blocks_reserved_before_on_a_full_disk(mo
         assert index.lookup(b"k2999") == [2999] and index.lookup(b"k0") == [0]
 
 
-def fill_disk(path) -> None:
-    """Write ``path`` until its file system has no room left."""
-    with open(path, "wb", buffering=0) as filler:
-        for chunk in (1 << 20, 4096):
-            try:
-                while True:
-                    filler.write(bytes(chunk))
-            except OSError as error:
-                assert error.errno == errno.ENOSPC, error
