@@ -50,6 +50,16 @@ class InvalidRecordError(StoreError):
     """An append was refused because a field is out of bounds (too long, missing key, ...)."""
 
 
+class ReplicaGapError(StoreError):
+    """Replicated bytes that do not start where this log ends: ``expected`` is where they must."""
+
+    def __init__(self, offset: int, expected: int) -> None:
+        super().__init__(f"replicated bytes start at offset {offset}, but this log ends at {expected}; "
+                         f"fetch from {expected}")
+        self.offset = offset
+        self.expected = expected
+
+
 class InvalidCursorError(StoreError):
     """A lookup was asked to go on from a cursor this store did not hand out for that key (or
     no longer knows: its key index was rebuilt since)."""

@@ -32,8 +32,9 @@ from .commit_log import CommitLog
 from .compaction import CompactedTopics
 from .consume_queue import ConsumeQueues
 from .record_builder import RecordBuilder
-from .dispatcher import Dispatcher
-from .errors import StoreClosedError, StoreDegradedError, StoreError, StoreLockedError, describe_write_failure
+from .dispatcher import Dispatcher, request_for
+from .errors import (InvalidRecordError, ReplicaGapError, StoreClosedError, StoreDegradedError, StoreError,
+                     StoreLockedError, describe_write_failure)
 from .flusher import AppendBuffer, Checkpointer, Flusher, Progress
 from .key_index import KeyIndex
 from .view import StoreView
@@ -138,6 +139,60 @@ class FileStore(StoreView):
                 if requests:
                     self._buffer.added_many(requests)
         return results
+
+    @property
+    def appended_end(self) -> int:
+        """Offset just past the last record accepted (written to the files or not yet)."""
+        return self._buffer.next_offset
+
+    def append_replicated(self, offset: int, data: bytes) -> int:
+        """Append records copied verbatim from the leader's log, at the offsets they have there
+        (a follower): each must be whole and valid for its offset, and the first must start
+        where this log ends. Nothing is appended unless all are. Returns the new end; the
+        bytes are durable once ``durable_offset`` reaches it."""
+        view = memoryview(data)
+        sizes = []
+        pos = 0
+        while pos < len(view):
+            size = record.check(view, pos, len(view), offset + pos)
+            if not size:
+                raise InvalidRecordError(f"replicated bytes at offset {offset + pos} are not a whole, "
+                                         "valid record for that offset")
+            sizes.append(size)
+            pos += size
+        with self._buffer.lock:
+            self._check_writable()
+            if offset != self._buffer.next_offset:
+                raise ReplicaGapError(offset, self._buffer.next_offset)
+            requests = []
+            pos = 0
+            for size in sizes:
+                placed, array, at = self._buffer.place(size)
+                array[at:at + size] = view[pos:pos + size]
+                requests.append(request_for(record.decode(data, pos, placed)))
+                pos += size
+            if requests:
+                self._buffer.added_many(requests)
+            return self._buffer.next_offset
+
+    def read_log(self, offset: int, max_bytes: int, end: int) -> bytes:
+        """Whole records of the log from ``offset``, before ``end`` and the durable end, from one
+        segment, at most ``max_bytes`` of them unless the first record alone is larger: what a
+        leader ships to a follower. Empty once ``offset`` reaches the end."""
+        end = min(end, self._progress.durable)
+        if offset >= end:
+            return b""
+        data = self.log.read(offset, min(end - offset, max_bytes))[0]
+        pos = 0
+        while pos + record.HEADER_SIZE <= len(data):
+            size = record.HEADER.unpack_from(data, pos)[0]
+            if pos + size > len(data):
+                break
+            pos += size
+        if pos:
+            return data[:pos]
+        size = record.HEADER.unpack_from(self.log.read(offset, record.HEADER_SIZE)[0])[0]
+        return self.log.read(offset, size)[0]
 
     def _check_writable(self) -> None:
         if self._closed:
