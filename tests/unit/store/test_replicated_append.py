@@ -95,3 +95,40 @@ def test_reading_the_log_stops_at_the_end_asked_for_and_returns_a_large_record_w
     big = leader.read_log(results[0].end_offset, 100, leader.durable_offset)
     assert len(big) == results[1].end_offset - results[0].end_offset
     assert leader.read_log(leader.durable_offset, 1 << 20, 1 << 40) == b""
+
+
+def test_a_rejoining_follower_cut_back_to_the_leaders_history_matches_it_again(pair, tmp_path):
+    from store.epochs import EpochFile
+    from store.truncation import truncate_log
+
+    leader, follower = pair
+    shared = [leader.append("t", f"shared {i}".encode(), keys=[f"s{i}"]) for i in range(50)]
+    assert leader.wait_durable(shared[-1].end_offset, timeout=WAIT)
+    copy(leader, follower, 1 << 20)
+    cut = follower.appended_end
+    EpochFile(str(tmp_path / "follower")).begin(1, 0)
+    EpochFile(str(tmp_path / "follower")).begin(2, cut)
+    # the follower led briefly in epoch 2 and wrote records nobody else has, over a segment roll
+    own = [follower.append("t", b"diverged" * 100, keys=["mine"]) for _ in range(300)]
+    assert follower.wait_durable(own[-1].end_offset, timeout=WAIT)
+    later = [leader.append("t", f"later {i}".encode()) for i in range(20)]
+    assert leader.wait_durable(later[-1].end_offset, timeout=WAIT)
+    follower.close()
+    truncate_log(str(tmp_path / "follower"), cut, SEGMENT)
+    assert EpochFile(str(tmp_path / "follower")).history.entries[-1].epoch == 1
+    rejoined = FileStore(str(tmp_path / "follower"), StoreConfig(segment_size=SEGMENT))
+    try:
+        assert rejoined.appended_end == cut
+        assert rejoined.lookup_key("t", "mine") == []
+        copy(leader, rejoined, 4096)
+        assert rejoined.wait_visible(leader.durable_offset, timeout=WAIT)
+        assert contents(rejoined, "t", 0) == contents(leader, "t", 0)
+    finally:
+        rejoined.close()
+
+
+def test_a_cut_below_what_was_confirmed_is_refused(tmp_path):
+    from store.truncation import TruncationRefused, truncate_log
+
+    with pytest.raises(TruncationRefused, match="already confirmed"):
+        truncate_log(str(tmp_path), 100, SEGMENT, confirmed=200)
