@@ -131,8 +131,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                              "20,000 with --quick)")
     parser.add_argument("--seconds", type=float, default=None,
                         help="store: time bound of each timed run (default 3; 0.25 with --quick); "
-                             "latency: seconds measured after warm-up (default 60; 10 with --quick); "
-                             "mqtt: seconds measured in each run after its warm-up (default 4; 0.5 with --quick)")
+                             "latency: seconds measured after warm-up (default 60; 5 with --quick); "
+                             "mqtt: seconds measured in each run after its warm-up (default 4; 0.3 with --quick)")
     parser.add_argument("--repeats", type=_positive_int, default=None,
                         help="runs of each measurement, medians reported; the native, mqtt and amqp sections' rounds "
                              "(default 3; 1 with --quick)")

@@ -53,7 +53,7 @@ class Settings:
     @classmethod
     def smoke(cls) -> Settings:
         """A short run: measured from the first result on (the smoke checks that it reports)."""
-        return cls(rate=200, devices=50, seconds=10, warmup_s=0, first_result_timeout_s=600)
+        return cls(rate=200, devices=50, seconds=5, warmup_s=0, first_result_timeout_s=600)
 
 
 @dataclass

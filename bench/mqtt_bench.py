@@ -87,7 +87,7 @@ class Settings:
 
     @classmethod
     def smoke(cls) -> Settings:
-        return cls(rounds=1, warmup=0.2, measured=0.5, timeout=30.0, quick=True)
+        return cls(rounds=1, warmup=0.1, measured=0.3, timeout=30.0, quick=True)
 
     @property
     def schedule(self) -> Schedule:

@@ -117,45 +117,46 @@ def test_aggregates_are_published_back_into_a_sluice_topic(spark, telemetry, tmp
                                           if (r["device"], r["ts"] - r["ts"] % 60_000) == key)
 
 
-def test_the_cli_runs_the_job_on_a_data_directory(telemetry, tmp_path):
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    done = subprocess.run(
-        [sys.executable, "-m", "sluice.cli", "analytics", "telemetry", "--data-dir", telemetry["path"],
-         "--output", str(tmp_path / "out"), "--checkpoint", str(tmp_path / "cp"), "--available-now"],
-        cwd=Path(__file__).resolve().parents[2], capture_output=True, text=True, timeout=300)
-    causes = [line for line in done.stderr.splitlines() if "ERROR" in line or "Caused by" in line]
-    assert done.returncode == 0, "\n".join(causes)[-3000:] or done.stderr[-3000:]
-    assert "telemetry job running: 2 queries" in done.stdout
-    assert list((tmp_path / "out" / "aggregates").glob("date=*/*.parquet"))
-    assert list((tmp_path / "out" / "quarantine").glob("*.parquet"))
-
-
-def test_ctrl_c_stops_the_job_with_one_line(telemetry, tmp_path):
-    """SIGINT to the job's process group, as Ctrl+C in a terminal sends it: no tracebacks
-    from Python or the JVM, one line, exit status 0."""
+def test_the_cli_job_writes_parquet_and_ctrl_c_stops_it_with_one_line(telemetry, tmp_path):
+    """The job the CLI starts on a data directory writes closed windows and the quarantine as
+    Parquet; SIGINT to its process group, as Ctrl+C in a terminal sends it, stops it: no
+    tracebacks from Python or the JVM, one line, exit status 0."""
     import os
     import signal
     import subprocess
     import sys
+    import threading
+    import time
 
+    out = tmp_path / "out"
     job = subprocess.Popen(
         [sys.executable, "-m", "sluice.cli", "analytics", "telemetry", "--data-dir",
-         telemetry["path"], "--output", str(tmp_path / "out"), "--checkpoint", str(tmp_path / "cp")],
+         telemetry["path"], "--output", str(out), "--checkpoint", str(tmp_path / "cp")],
         cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         start_new_session=True, env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"})
-    try:
+    lines: list[str] = []
+    running = threading.Event()
+
+    def read_output() -> None:
         for line in job.stdout:
-            if line.startswith("telemetry job running"):
-                break
-        else:
-            raise AssertionError(f"the job ended before running: {job.wait()}")
+            lines.append(line.rstrip("\n"))
+            if line.startswith("telemetry job running: 2 queries"):
+                running.set()
+        running.set()
+
+    reader = threading.Thread(target=read_output, daemon=True)
+    reader.start()
+    try:
+        assert running.wait(300) and job.poll() is None, "\n".join(lines)[-3000:]
+        started = len(lines)
+        deadline = time.monotonic() + 300
+        while not (list((out / "aggregates").glob("date=*/*.parquet")) and list((out / "quarantine").glob("*.parquet"))):
+            assert time.monotonic() < deadline and job.poll() is None, "\n".join(lines)[-3000:]
+            time.sleep(0.2)
         os.killpg(job.pid, signal.SIGINT)
-        rest = job.stdout.read()
-        assert job.wait(timeout=120) == 0, rest[-3000:]
+        assert job.wait(timeout=120) == 0, "\n".join(lines)[-3000:]
+        reader.join(30)
     finally:
         if job.poll() is None:
             job.kill()
-    assert rest.splitlines() == ["stopping the telemetry job"], rest[-3000:]
+    assert lines[started:] == ["stopping the telemetry job"], "\n".join(lines)[-3000:]
