@@ -67,6 +67,19 @@ class EpochHistory:
         following = self.entries[found + 1] if found + 1 < len(self.entries) else None
         return self.entries[found].epoch, following.start if following is not None else log_end
 
+    def epoch_at(self, offset: int) -> int:
+        """The epoch the record at ``offset`` was written in (0 before the first epoch)."""
+        current = 0
+        for entry in self.entries:
+            if entry.start > offset:
+                break
+            current = entry.epoch
+        return current
+
+    def next_start(self, offset: int) -> int | None:
+        """Where the first epoch starting after ``offset`` starts (None: no later epoch)."""
+        return next((entry.start for entry in self.entries if entry.start > offset), None)
+
     def with_epoch(self, epoch: int, start: int) -> EpochHistory:
         """This history with ``epoch`` beginning at ``start``; a stale epoch is refused."""
         latest = self.latest

@@ -107,3 +107,10 @@ def test_a_damaged_epochs_file_is_an_error_that_says_what_to_do(tmp_path):
         file.write("5 0\n3 40\n")
     with pytest.raises(EpochFileError, match="out of order"):
         EpochFile(str(tmp_path))
+
+
+@pytest.mark.parametrize("offset, epoch, following", [(0, 1, 100), (99, 1, 100), (100, 3, 250), (300, 5, None)])
+def test_which_epoch_holds_an_offset_and_where_the_next_begins(offset, epoch, following):
+    entries = history((1, 0), (3, 100), (5, 250))
+    assert entries.epoch_at(offset) == epoch
+    assert entries.next_start(offset) == following

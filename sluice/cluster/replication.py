@@ -1,0 +1,324 @@
+"""Shipping the commit log from the leader to its followers, and the confirm offset.
+
+The leader (``LogShipper``) serves the replication port. A follower proves it knows the cluster
+secret, names its epochs and log end, and is told where to start: the consistent point of the
+two histories (``store.epochs``). From there the leader streams durable records in batches that
+never span epochs, and the follower (``LogFollower``) appends them verbatim, fsyncs them by its
+own group commit and acknowledges its durable end. The confirm offset is the smallest durable
+end over the in-sync set, the leader's own included (DESIGN.md I1): nothing above it is
+acknowledged to a client or shown to a reader. Each batch carries it, so followers know it too.
+"""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+from store.epochs import Epoch, EpochFile, EpochFileError, EpochHistory, consistent_point
+from store.file_store import FileStore
+
+from . import wire
+from .wire import Kind, ProtocolError
+
+log = logging.getLogger(__name__)
+
+HANDSHAKE_TIMEOUT_S = 10.0
+HEARTBEAT_S = 0.5
+"""How often an idle leader tells its followers the confirm offset (an empty batch)."""
+BATCH_BYTES = 1 << 20
+
+
+class Refused(Exception):
+    """The leader refused this follower; the message says why and what to do."""
+
+
+class MustTruncate(Exception):
+    """The follower's log goes past the leader's history: cut it at ``offset``, then rejoin."""
+
+    def __init__(self, offset: int) -> None:
+        super().__init__(f"the log parts from the leader's at offset {offset}")
+        self.offset = offset
+
+
+@dataclass
+class Replica:
+    """What the leader knows of one follower."""
+
+    node: str
+    address: str
+    durable: int
+    acked_at: float
+    """Monotonic time of its last acknowledgement (or of its handshake)."""
+    connected: bool = True
+
+
+class _Signal:
+    """Wakes every waiter at once; waiters take ``current`` before they look, so none is missed."""
+
+    def __init__(self) -> None:
+        self.current = asyncio.Event()
+
+    def fire(self) -> None:
+        self.current.set()
+        self.current = asyncio.Event()
+
+
+def _watch_store(store: FileStore, signal: _Signal) -> None:
+    loop = asyncio.get_running_loop()
+    store.add_listener(lambda visible, durable: loop.call_soon_threadsafe(signal.fire))
+
+
+class LogShipper:
+    """The leader's side: the replication port, the followers' progress, the confirm offset."""
+
+    def __init__(self, store: FileStore, epochs: EpochFile, epoch: int, secret: str, node: str,
+                 in_sync: Callable[[], Iterable[str]], clock: Callable[[], float] = time.monotonic) -> None:
+        if not secret:
+            raise ValueError("a cluster needs a secret shared by its nodes ([cluster] secret)")
+        self.store, self.epochs, self.epoch, self.node = store, epochs, epoch, node
+        self._secret = secret
+        self._in_sync = in_sync
+        self._clock = clock
+        self.replicas: dict[str, Replica] = {}
+        self.confirmed = 0
+        self._confirm_listeners: list[Callable[[int], None]] = []
+        self._signal = _Signal()
+        self._server: asyncio.Server | None = None
+        self._connections: set[asyncio.Task] = set()
+        loop = asyncio.get_running_loop()
+        store.add_listener(lambda visible, durable: loop.call_soon_threadsafe(self.update))
+
+    # -- the confirm offset ----------------------------------------------------------------------
+
+    def confirm_offset(self) -> int:
+        """The smallest durable end over the in-sync set (a member not connected counts as what
+        it last acknowledged): records below it are on the disk of every in-sync replica."""
+        ends = [self.store.durable_offset]
+        for member in self._in_sync():
+            if member != self.node:
+                replica = self.replicas.get(member)
+                ends.append(replica.durable if replica is not None else 0)
+        return min(ends)
+
+    def add_confirm_listener(self, listener: Callable[[int], None]) -> None:
+        """Call ``listener(confirm_offset)`` on the event loop each time it advances."""
+        self._confirm_listeners.append(listener)
+
+    def update(self) -> None:
+        """Durable ends or the in-sync set moved: advance the confirm offset, wake the senders."""
+        confirmed = self.confirm_offset()
+        if confirmed > self.confirmed:
+            self.confirmed = confirmed
+            for listener in self._confirm_listeners:
+                listener(confirmed)
+        self._signal.fire()
+
+    # -- serving followers -----------------------------------------------------------------------
+
+    async def start(self, host: str, port: int) -> int:
+        """Record this epoch's start, listen on ``host:port`` (0: any free port); return the port."""
+        latest = self.epochs.history.latest
+        if latest is None or latest.epoch < self.epoch:
+            self.epochs.begin(self.epoch, self.store.appended_end)
+        self._server = await asyncio.start_server(self._accept, host, port)
+        return self._server.sockets[0].getsockname()[1]
+
+    async def close(self) -> None:
+        if self._server is not None:
+            self._server.close()
+        tasks = list(self._connections)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        if self._server is not None:
+            await self._server.wait_closed()
+
+    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        self._connections.add(task)
+        peer = "%s:%s" % writer.get_extra_info("peername")[:2]
+        try:
+            await self._serve(reader, writer, peer)
+        except ProtocolError as error:
+            log.warning("replication peer %s closed: %s", peer, error)
+        except asyncio.TimeoutError:
+            log.warning("replication peer %s closed: it did not say who it is within %.0f s", peer,
+                        HANDSHAKE_TIMEOUT_S)
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        finally:
+            self._connections.discard(task)
+            writer.close()
+            with contextlib.suppress(Exception):
+                await writer.wait_closed()
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, peer: str) -> None:
+        challenge = os.urandom(wire.CHALLENGE_SIZE)
+        writer.write(wire.frame(Kind.CHALLENGE, challenge))
+        kind, payload = await asyncio.wait_for(wire.read_frame(reader, 0), HANDSHAKE_TIMEOUT_S)
+        if kind is not Kind.HELLO:
+            raise ProtocolError(f"expected HELLO, got {kind.name}")
+        hello = wire.decode_hello(payload)
+        if not wire.proves(self._secret, challenge, hello):
+            await self._refuse(writer, "wrong cluster secret")
+            raise ProtocolError(f"{hello.node!r} does not know the cluster secret")
+        if hello.segment_size != self.store.config.segment_size:
+            await self._refuse(writer, f"segment_size {hello.segment_size} differs from the leader's "
+                                       f"{self.store.config.segment_size}; every node needs the same")
+            raise ProtocolError(f"{hello.node} has segment_size {hello.segment_size}")
+        leader_end = self.store.durable_offset
+        try:
+            history = EpochHistory([Epoch(epoch, start) for epoch, start in hello.epochs])
+        except EpochFileError as error:
+            raise ProtocolError(f"HELLO with {error}") from None
+        start = consistent_point(history, hello.end, lambda epoch: self.epochs.history.end_of(epoch, leader_end))
+        if start < self.store.log.min_offset:
+            await self._refuse(writer, f"the leader's log now begins at offset {self.store.log.min_offset} "
+                                       f"(retention) and this node has only up to {start} in common with it: "
+                                       "empty this node's data directory and start it again")
+            raise ProtocolError(f"{hello.node} is behind the leader's retention")
+        writer.write(wire.encode_start(self.epoch, start))
+        await writer.drain()
+        replica = Replica(hello.node, peer, min(start, hello.end), self._clock())
+        self.replicas[hello.node] = replica
+        log.info("follower %s (%s) replicates from offset %d in epoch %d", hello.node, peer, start, self.epoch)
+        acks = asyncio.ensure_future(self._read_acks(reader, replica))
+        try:
+            await self._send(writer, start, acks)
+        finally:
+            acks.cancel()
+            replica.connected = False
+
+    async def _refuse(self, writer: asyncio.StreamWriter, reason: str) -> None:
+        writer.write(wire.frame(Kind.REFUSED, reason.encode()))
+        with contextlib.suppress(ConnectionError):
+            await writer.drain()
+
+    async def _read_acks(self, reader: asyncio.StreamReader, replica: Replica) -> None:
+        while True:
+            kind, payload = await wire.read_frame(reader, 0)
+            if kind is not Kind.ACK:
+                raise ProtocolError(f"expected ACK, got {kind.name}")
+            durable = wire.decode_ack(payload)
+            if durable > self.store.durable_offset:
+                raise ProtocolError(f"{replica.node} acknowledged offset {durable}, beyond what was sent")
+            replica.durable = max(replica.durable, durable)
+            replica.acked_at = self._clock()
+            self.update()
+
+    async def _send(self, writer: asyncio.StreamWriter, offset: int, acks: asyncio.Future) -> None:
+        told, last_sent = -1, 0.0
+        while not acks.done():
+            wakeup = self._signal.current
+            end = self.epochs.history.next_start(offset) or self.store.durable_offset
+            records = self.store.read_log(offset, BATCH_BYTES, end)
+            now = self._clock()
+            if records or self.confirmed != told or now - last_sent >= HEARTBEAT_S:
+                epoch = self.epochs.history.epoch_at(offset) if records else self.epoch
+                writer.write(wire.encode_batch(epoch, offset, self.confirmed, records))
+                await writer.drain()
+                offset += len(records)
+                told, last_sent = self.confirmed, now
+                continue
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(wakeup.wait(), HEARTBEAT_S)
+        acks.result()  # raises what ended the follower's side
+
+
+class LogFollower:
+    """The follower's side: fetch from the leader, append, acknowledge what is durable."""
+
+    def __init__(self, store: FileStore, epochs: EpochFile, node: str, secret: str) -> None:
+        self.store, self.epochs, self.node = store, epochs, node
+        self._secret = secret
+        self.confirmed = 0
+        """The highest confirm offset the leader has told; a cut below it is refused."""
+        self.leader_epoch = 0
+        self._signal = _Signal()
+        self._confirm_listeners: list[Callable[[int], None]] = []
+        _watch_store(store, self._signal)
+
+    def add_confirm_listener(self, listener: Callable[[int], None]) -> None:
+        """Call ``listener(confirm_offset)`` each time the leader's confirm offset advances."""
+        self._confirm_listeners.append(listener)
+
+    async def follow(self, host: str, port: int) -> None:
+        """Replicate from the leader at ``host:port`` until the connection ends. Raises
+        MustTruncate when the log must be cut first, Refused when the leader refuses, and
+        ProtocolError, ConnectionError or IncompleteReadError when the connection fails."""
+        reader, writer = await asyncio.open_connection(host, port)
+        try:
+            await self._follow(reader, writer)
+        finally:
+            writer.close()
+            with contextlib.suppress(Exception):
+                await writer.wait_closed()
+
+    async def _follow(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        kind, challenge = await asyncio.wait_for(wire.read_frame(reader, 0), HANDSHAKE_TIMEOUT_S)
+        if kind is not Kind.CHALLENGE or len(challenge) != wire.CHALLENGE_SIZE:
+            raise ProtocolError("the leader did not open with a challenge")
+        end = self.store.appended_end
+        writer.write(wire.encode_hello(wire.Hello(
+            self.node, wire.proof(self._secret, challenge, self.node),
+            [(entry.epoch, entry.start) for entry in self.epochs.history.entries], end, self.confirmed,
+            self.store.config.segment_size)))
+        kind, payload = await asyncio.wait_for(wire.read_frame(reader, 0), HANDSHAKE_TIMEOUT_S)
+        if kind is Kind.REFUSED:
+            raise Refused(payload.decode(errors="replace"))
+        if kind is not Kind.START:
+            raise ProtocolError(f"expected START, got {kind.name}")
+        epoch, start = wire.decode_start(payload)
+        latest = self.epochs.history.latest
+        if latest is not None and epoch < latest.epoch:
+            raise ProtocolError(f"the leader is in epoch {epoch}, older than this node's {latest.epoch}")
+        if start < end:
+            raise MustTruncate(start)
+        if start > end:
+            raise ProtocolError(f"the leader starts this node at {start}, past its end {end}")
+        self.leader_epoch = epoch
+        acks = asyncio.ensure_future(self._acknowledge(writer))
+        try:
+            await self._receive(reader, acks)
+        finally:
+            acks.cancel()
+            await asyncio.gather(acks, return_exceptions=True)
+
+    async def _receive(self, reader: asyncio.StreamReader, acks: asyncio.Future) -> None:
+        limit = self.store.config.segment_size
+        while not acks.done():
+            kind, payload = await asyncio.wait_for(wire.read_frame(reader, limit), 4 * HEARTBEAT_S + 5)
+            if kind is not Kind.BATCH:
+                raise ProtocolError(f"expected BATCH, got {kind.name}")
+            epoch, offset, confirmed, records = wire.decode_batch(payload)
+            if epoch > self.leader_epoch:
+                raise ProtocolError(f"a batch of epoch {epoch} from the leader of epoch {self.leader_epoch}")
+            if records:
+                latest = self.epochs.history.latest
+                if latest is None or epoch > latest.epoch:
+                    self.epochs.begin(epoch, offset)
+                elif epoch < latest.epoch:
+                    raise ProtocolError(f"a batch of epoch {epoch} after epoch {latest.epoch} began")
+                self.store.append_replicated(offset, records)
+            confirmed = min(confirmed, self.store.appended_end)
+            if confirmed > self.confirmed:
+                self.confirmed = confirmed
+                for listener in self._confirm_listeners:
+                    listener(confirmed)
+        acks.result()
+
+    async def _acknowledge(self, writer: asyncio.StreamWriter) -> None:
+        told = -1
+        while True:
+            wakeup = self._signal.current
+            durable = self.store.durable_offset
+            if durable != told:
+                writer.write(wire.encode_ack(durable))
+                await writer.drain()
+                told = durable
+                continue
+            await wakeup.wait()
