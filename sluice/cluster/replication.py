@@ -22,6 +22,7 @@ from store.epochs import Epoch, EpochFile, EpochFileError, EpochHistory, consist
 from store.file_store import FileStore
 
 from . import wire
+from .in_sync import Progress
 from .wire import Kind, ProtocolError
 
 log = logging.getLogger(__name__)
@@ -46,14 +47,11 @@ class MustTruncate(Exception):
 
 @dataclass
 class Replica:
-    """What the leader knows of one follower."""
+    """One follower as the leader sees it."""
 
     node: str
     address: str
-    durable: int
-    acked_at: float
-    """Monotonic time of its last acknowledgement (or of its handshake)."""
-    connected: bool = True
+    progress: Progress
 
 
 class _Signal:
@@ -101,7 +99,7 @@ class LogShipper:
         for member in self._in_sync():
             if member != self.node:
                 replica = self.replicas.get(member)
-                ends.append(replica.durable if replica is not None else 0)
+                ends.append(replica.progress.durable if replica is not None else 0)
         return min(ends)
 
     def add_confirm_listener(self, listener: Callable[[int], None]) -> None:
@@ -183,7 +181,7 @@ class LogShipper:
             raise ProtocolError(f"{hello.node} is behind the leader's retention")
         writer.write(wire.encode_start(self.epoch, start))
         await writer.drain()
-        replica = Replica(hello.node, peer, min(start, hello.end), self._clock())
+        replica = Replica(hello.node, peer, Progress(min(start, hello.end), self._clock()))
         self.replicas[hello.node] = replica
         log.info("follower %s (%s) replicates from offset %d in epoch %d", hello.node, peer, start, self.epoch)
         acks = asyncio.ensure_future(self._read_acks(reader, replica))
@@ -191,7 +189,7 @@ class LogShipper:
             await self._send(writer, start, acks)
         finally:
             acks.cancel()
-            replica.connected = False
+            replica.progress.connected = False
 
     async def _refuse(self, writer: asyncio.StreamWriter, reason: str) -> None:
         writer.write(wire.frame(Kind.REFUSED, reason.encode()))
@@ -206,8 +204,7 @@ class LogShipper:
             durable = wire.decode_ack(payload)
             if durable > self.store.durable_offset:
                 raise ProtocolError(f"{replica.node} acknowledged offset {durable}, beyond what was sent")
-            replica.durable = max(replica.durable, durable)
-            replica.acked_at = self._clock()
+            replica.progress.acknowledged(durable, self.store.durable_offset, self._clock())
             self.update()
 
     async def _send(self, writer: asyncio.StreamWriter, offset: int, acks: asyncio.Future) -> None:
