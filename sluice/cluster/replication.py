@@ -84,6 +84,7 @@ class LogShipper:
         self.replicas: dict[str, Replica] = {}
         self.confirmed = 0
         self._confirm_listeners: list[Callable[[int], None]] = []
+        self._progress_listeners: list[Callable[[], None]] = []
         self._signal = _Signal()
         self._server: asyncio.Server | None = None
         self._connections: set[asyncio.Task] = set()
@@ -106,6 +107,10 @@ class LogShipper:
         """Call ``listener(confirm_offset)`` on the event loop each time it advances."""
         self._confirm_listeners.append(listener)
 
+    def add_progress_listener(self, listener: Callable[[], None]) -> None:
+        """Call ``listener()`` on the event loop whenever a durable end moves."""
+        self._progress_listeners.append(listener)
+
     def update(self) -> None:
         """Durable ends or the in-sync set moved: advance the confirm offset, wake the senders."""
         confirmed = self.confirm_offset()
@@ -113,6 +118,8 @@ class LogShipper:
             self.confirmed = confirmed
             for listener in self._confirm_listeners:
                 listener(confirmed)
+        for progressed in self._progress_listeners:
+            progressed()
         self._signal.fire()
 
     # -- serving followers -----------------------------------------------------------------------
