@@ -226,6 +226,11 @@ class FileStore(StoreView):
         """Call ``listener(visible_end, durable_end)`` on the flusher thread after each batch."""
         self._progress.listeners.append(listener)
 
+    def remove_listener(self, listener: ProgressListener) -> None:
+        """Stop calling ``listener`` (it may still run once if a batch is being reported)."""
+        with contextlib.suppress(ValueError):
+            self._progress.listeners.remove(listener)
+
     # -- compaction and retention ------------------------------------------------------------
 
     def enable_compaction(self, topic: str) -> None:

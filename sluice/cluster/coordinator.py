@@ -152,6 +152,14 @@ class Coordinator:
         """True while this node leads and its lease is certainly alive (read from the clock now)."""
         return self.epoch != 0 and self.fenced is None
 
+    def abandon(self) -> None:
+        """Stop renewing the lease without giving it back: it expires by itself, as after a crash."""
+        self._fenced = self._fenced or "abandoned"
+        if self._expiry is not None:
+            self._expiry.cancel()
+        if self._keeper is not None:
+            self._keeper.cancel()
+
     async def close(self) -> None:
         """Stop renewing and give the lease back, so a successor need not wait for it to expire."""
         self._fenced = self._fenced or "closed"

@@ -38,7 +38,8 @@ class InSyncKeeper:
         """Until cancelled (or this node is fenced)."""
         while self.coordinator.fenced is None:
             with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(self._changed.wait(), self._timeout_s / 4)
+                async with asyncio.timeout(self._timeout_s / 4):
+                    await self._changed.wait()
             self._changed.clear()
             try:
                 await self.check()

@@ -65,9 +65,15 @@ class _Signal:
         self.current = asyncio.Event()
 
 
-def _watch_store(store: FileStore, signal: _Signal) -> None:
+def _watch_store(store: FileStore, signal: _Signal) -> Callable[[int, int], None]:
+    """Fire ``signal`` on the loop whenever the store reports progress; returns the listener."""
     loop = asyncio.get_running_loop()
-    store.add_listener(lambda visible, durable: loop.call_soon_threadsafe(signal.fire))
+
+    def listener(visible: int, durable: int) -> None:
+        with contextlib.suppress(RuntimeError):  # the loop is closed
+            loop.call_soon_threadsafe(signal.fire)
+    store.add_listener(listener)
+    return listener
 
 
 class LogShipper:
@@ -89,7 +95,12 @@ class LogShipper:
         self._server: asyncio.Server | None = None
         self._connections: set[asyncio.Task] = set()
         loop = asyncio.get_running_loop()
-        store.add_listener(lambda visible, durable: loop.call_soon_threadsafe(self.update))
+
+        def listener(visible: int, durable: int) -> None:
+            with contextlib.suppress(RuntimeError):  # the loop is closed
+                loop.call_soon_threadsafe(self.update)
+        self._listener = listener
+        store.add_listener(listener)
 
     # -- the confirm offset ----------------------------------------------------------------------
 
@@ -133,6 +144,7 @@ class LogShipper:
         return self._server.sockets[0].getsockname()[1]
 
     async def close(self) -> None:
+        self.store.remove_listener(self._listener)
         if self._server is not None:
             self._server.close()
         tasks = list(self._connections)
@@ -164,7 +176,8 @@ class LogShipper:
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, peer: str) -> None:
         challenge = os.urandom(wire.CHALLENGE_SIZE)
         writer.write(wire.frame(Kind.CHALLENGE, challenge))
-        kind, payload = await asyncio.wait_for(wire.read_frame(reader, 0), HANDSHAKE_TIMEOUT_S)
+        async with asyncio.timeout(HANDSHAKE_TIMEOUT_S):
+            kind, payload = await wire.read_frame(reader, 0)
         if kind is not Kind.HELLO:
             raise ProtocolError(f"expected HELLO, got {kind.name}")
         hello = wire.decode_hello(payload)
@@ -229,7 +242,8 @@ class LogShipper:
                 told, last_sent = self.confirmed, now
                 continue
             with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(wakeup.wait(), HEARTBEAT_S)
+                async with asyncio.timeout(HEARTBEAT_S):
+                    await wakeup.wait()
         acks.result()  # raises what ended the follower's side
 
 
@@ -244,7 +258,6 @@ class LogFollower:
         self.leader_epoch = 0
         self._signal = _Signal()
         self._confirm_listeners: list[Callable[[int], None]] = []
-        _watch_store(store, self._signal)
 
     def add_confirm_listener(self, listener: Callable[[int], None]) -> None:
         """Call ``listener(confirm_offset)`` each time the leader's confirm offset advances."""
@@ -255,15 +268,18 @@ class LogFollower:
         MustTruncate when the log must be cut first, Refused when the leader refuses, and
         ProtocolError, ConnectionError or IncompleteReadError when the connection fails."""
         reader, writer = await asyncio.open_connection(host, port)
+        listener = _watch_store(self.store, self._signal)
         try:
             await self._follow(reader, writer)
         finally:
+            self.store.remove_listener(listener)
             writer.close()
             with contextlib.suppress(Exception):
                 await writer.wait_closed()
 
     async def _follow(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        kind, challenge = await asyncio.wait_for(wire.read_frame(reader, 0), HANDSHAKE_TIMEOUT_S)
+        async with asyncio.timeout(HANDSHAKE_TIMEOUT_S):
+            kind, challenge = await wire.read_frame(reader, 0)
         if kind is not Kind.CHALLENGE or len(challenge) != wire.CHALLENGE_SIZE:
             raise ProtocolError("the leader did not open with a challenge")
         end = self.store.appended_end
@@ -271,7 +287,8 @@ class LogFollower:
             self.node, wire.proof(self._secret, challenge, self.node),
             [(entry.epoch, entry.start) for entry in self.epochs.history.entries], end, self.confirmed,
             self.store.config.segment_size)))
-        kind, payload = await asyncio.wait_for(wire.read_frame(reader, 0), HANDSHAKE_TIMEOUT_S)
+        async with asyncio.timeout(HANDSHAKE_TIMEOUT_S):
+            kind, payload = await wire.read_frame(reader, 0)
         if kind is Kind.REFUSED:
             raise Refused(payload.decode(errors="replace"))
         if kind is not Kind.START:
@@ -295,7 +312,8 @@ class LogFollower:
     async def _receive(self, reader: asyncio.StreamReader, acks: asyncio.Future) -> None:
         limit = self.store.config.segment_size
         while not acks.done():
-            kind, payload = await asyncio.wait_for(wire.read_frame(reader, limit), 4 * HEARTBEAT_S + 5)
+            async with asyncio.timeout(4 * HEARTBEAT_S + 5):
+                kind, payload = await wire.read_frame(reader, limit)
             if kind is not Kind.BATCH:
                 raise ProtocolError(f"expected BATCH, got {kind.name}")
             epoch, offset, confirmed, records = wire.decode_batch(payload)

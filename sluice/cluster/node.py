@@ -1,0 +1,170 @@
+"""One node of a replica group: it follows the leader etcd names, or leads when it wins.
+
+A node joins (its lease and ``members/`` key), then loops: with a leader, it follows it until
+the leader key changes, cutting its log back first when the leader says it must; with none, it
+campaigns, and a node not in the in-sync set waits for the next change instead. A node that wins
+records its epoch, serves the replication port, keeps the in-sync set and hands the store to
+``on_leading`` (the broker starts serving clients on it). Leading ends only with fencing: the
+caller then stops the process, which comes back as a follower (crash-only, as LavinMQ does).
+"""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+from store.api import StoreConfig
+from store.epochs import EpochFile
+from store.file_store import FileStore
+from store.truncation import truncate_log
+
+from .coordinator import Coordinator, Fenced, Leadership, Node
+from .etcd import Etcd, EtcdUnavailable
+from .in_sync import InSyncGate
+from .in_sync_keeper import InSyncKeeper
+from .replication import LogFollower, LogShipper, MustTruncate, Refused
+from .settings import ClusterConfig
+from .wire import ProtocolError
+
+log = logging.getLogger(__name__)
+
+RETRY_S = 0.5
+"""Pause before following or campaigning again after a failed attempt."""
+
+
+@dataclass
+class Leading:
+    """What a node that won hands to the broker."""
+
+    store: FileStore
+    shipper: LogShipper
+    coordinator: Coordinator
+    epoch: int
+
+
+class ReplicaNode:
+    def __init__(self, config: ClusterConfig, data_dir: str, store_config: StoreConfig, address: str,
+                 replication_host: str, on_leading: Callable[[Leading], Awaitable[None]]) -> None:
+        self.config, self.data_dir, self.store_config = config, data_dir, store_config
+        self.replication_host = replication_host
+        self._on_leading = on_leading
+        self.fenced = asyncio.Event()
+        self.etcd = Etcd(config.endpoints)
+        me = Node(config.node_id, address, f"{replication_host}:{config.replication_port}")
+        self.coordinator = Coordinator(self.etcd, config, me, self._fence)
+        self.store = FileStore(data_dir, store_config)
+        self.epochs = EpochFile(data_dir)
+        self.confirmed = 0
+        """The highest confirm offset a leader has told this node."""
+        self.role = "starting"
+        self.leading: Leading | None = None
+        self._keeper: asyncio.Task | None = None
+
+    def _fence(self, why: str) -> None:
+        self.fenced.set()
+
+    async def run(self) -> None:
+        """Follow or lead until fenced (then return: the caller stops the process)."""
+        await self.coordinator.join()
+        while not self.fenced.is_set():
+            try:
+                leadership, revision = await self.coordinator.leadership()
+                if leadership is None:
+                    won = await self.coordinator.campaign()
+                    if won is not None:
+                        await self._lead(won)
+                        return
+                    await self._await_leader_change(revision, RETRY_S * 4)
+                elif leadership.leader.node == self.coordinator.me.node:
+                    await self._await_leader_change(revision)  # our key from before a restart
+                else:
+                    await self._follow(leadership, revision)
+            except EtcdUnavailable as error:
+                log.warning("etcd: %s; retrying", error)
+                await asyncio.sleep(RETRY_S)
+            except Fenced:
+                return
+
+    async def _await_leader_change(self, revision: int, timeout_s: float | None = None) -> None:
+        async def changed() -> None:
+            async for _ in self.coordinator.leader_changes(revision):
+                return
+        with contextlib.suppress(asyncio.TimeoutError):
+            async with asyncio.timeout(timeout_s):
+                await changed()
+
+    async def _follow(self, leadership: Leadership, revision: int) -> None:
+        """Replicate from ``leadership`` until the leader key changes."""
+        self.role = "follower"
+        host, _, port = leadership.leader.replication.rpartition(":")
+        watch = asyncio.ensure_future(self._await_leader_change(revision))
+        try:
+            while not watch.done():
+                follower = LogFollower(self.store, self.epochs, self.coordinator.me.node, self.config.secret)
+                follower.confirmed = self.confirmed
+                follower.add_confirm_listener(self._saw_confirmed)
+                fetch = asyncio.ensure_future(follower.follow(host, int(port)))
+                await asyncio.wait([watch, fetch], return_when=asyncio.FIRST_COMPLETED)
+                if not fetch.done():
+                    fetch.cancel()
+                    await asyncio.gather(fetch, return_exceptions=True)
+                    return
+                try:
+                    fetch.result()
+                except MustTruncate as cut:
+                    await self._truncate(cut.offset)
+                    continue
+                except Refused as refused:
+                    log.error("leader %s refused this node: %s", leadership.leader.node, refused)
+                except (ProtocolError, OSError, asyncio.IncompleteReadError, asyncio.TimeoutError) as error:
+                    log.info("replication from %s ended (%s); reconnecting", leadership.leader.node,
+                             error or type(error).__name__)
+                with contextlib.suppress(asyncio.TimeoutError):
+                    async with asyncio.timeout(RETRY_S):
+                        await asyncio.shield(watch)
+        finally:
+            watch.cancel()
+            await asyncio.gather(watch, return_exceptions=True)
+
+    def _saw_confirmed(self, offset: int) -> None:
+        self.confirmed = max(self.confirmed, offset)
+
+    async def _truncate(self, offset: int) -> None:
+        """Close the store, cut the log at ``offset`` (never below what was confirmed), reopen."""
+        await asyncio.to_thread(self.store.close)
+        try:
+            await asyncio.to_thread(truncate_log, self.data_dir, offset, self.store_config.segment_size,
+                                    self.confirmed)
+        finally:
+            self.store = await asyncio.to_thread(FileStore, self.data_dir, self.store_config)
+            self.epochs = EpochFile(self.data_dir)
+
+    async def _lead(self, won: Leadership) -> None:
+        self.role = "leader"
+        recorded = await self.coordinator.in_sync()
+        gate = InSyncGate(recorded.members)
+        shipper = LogShipper(self.store, self.epochs, won.epoch, self.config.secret, self.coordinator.me.node,
+                             gate.members)
+        await shipper.start(self.replication_host, self.config.replication_port)
+        epoch_start = self.epochs.history.latest.start
+        keeper = InSyncKeeper(self.coordinator, shipper, gate, recorded, epoch_start)
+        self._keeper = asyncio.ensure_future(keeper.run())
+        self.leading = Leading(self.store, shipper, self.coordinator, won.epoch)
+        await self._on_leading(self.leading)
+        await self.fenced.wait()
+
+    async def close(self, give_back_lease: bool = True) -> None:
+        """Stop (``give_back_lease``: let a successor take over at once rather than after the TTL)."""
+        if self._keeper is not None:
+            self._keeper.cancel()
+            await asyncio.gather(self._keeper, return_exceptions=True)
+        if self.leading is not None:
+            await self.leading.shipper.close()
+        if give_back_lease:
+            await self.coordinator.close()
+        else:
+            self.coordinator.abandon()
+        await self.etcd.close()
+        await asyncio.to_thread(self.store.close)
