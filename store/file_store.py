@@ -175,6 +175,20 @@ class FileStore(StoreView):
                 self._buffer.added_many(requests)
             return self._buffer.next_offset
 
+    def confirm(self, offset: int) -> None:
+        """A replicated store: records below ``offset`` are on every in-sync replica. From the
+        first call on, records are dispatched to queues and reported durable to listeners only
+        up to the highest offset confirmed, so no reader or acknowledgement gets ahead of it."""
+        with self._buffer.lock:
+            limit = self._progress.limit
+            if limit is not None and offset <= limit:
+                return
+            self._progress.limit = offset
+            self._flusher.limit_moved = True
+            if self._buffer.flusher_waiting:
+                self._buffer.flusher_waiting = False
+                self._buffer.ready.notify()
+
     def read_log(self, offset: int, max_bytes: int, end: int) -> bytes:
         """Whole records of the log from ``offset``, before ``end`` and the durable end, from one
         segment, at most ``max_bytes`` of them unless the first record alone is larger: what a

@@ -148,6 +148,9 @@ class Progress:
         self.durable = end
         self.degraded: StoreDegradedError | None = None
         """Why writes fail right now; None while they succeed."""
+        self.limit: int | None = None
+        """A replicated store's confirm offset: records past it are neither dispatched nor
+        reported durable to listeners (None: a store of its own, everything durable counts)."""
         self.closed = False
         self.listeners: list[Callable[[int, int], None]] = []
         self.health_listeners: list[HealthListener] = []
@@ -155,16 +158,18 @@ class Progress:
         self._sequence = itertools.count()
 
     def publish(self, visible: int, durable: int) -> None:
-        """Runs on the flusher thread; listener failures are logged, never fatal."""
+        """Runs on the flusher thread; listener failures are logged, never fatal. Listeners hear
+        the durable end capped at the confirm limit, if one is set."""
         with self.cond:
             self.visible, self.durable = visible, durable
             for attribute, reached in (("visible", visible), ("durable", durable)):
                 heap = self._waiters[attribute]
                 while heap and heap[0][0] <= reached:
                     heapq.heappop(heap)[2].release()
+        confirmed = durable if self.limit is None else min(durable, self.limit)
         for listener in self.listeners:
             try:
-                listener(visible, durable)
+                listener(visible, confirmed)
             except Exception:
                 log.exception("store progress listener %r failed", listener)
 
@@ -243,7 +248,7 @@ class _Batch:
     """Records handed off together, written at their own offsets: retrying writes the same bytes
     to the same places, so a batch that failed part way is simply tried again."""
 
-    __slots__ = ("parts", "requests", "retired", "end", "written", "segments")
+    __slots__ = ("parts", "requests", "retired", "end", "written", "segments", "queued")
 
     def __init__(self, chunks: list[list], requests: list[DispatchRequest], retired: list[bytearray]) -> None:
         per_segment: dict[int, list[memoryview]] = {}
@@ -261,6 +266,8 @@ class _Batch:
         self.written = 0
         """Parts known to be in their files."""
         self.segments: set[Segment] = set()
+        self.queued = False
+        """A replicated store: its requests wait in ``Flusher.pending`` for the confirm limit."""
 
 
 class Flusher(threading.Thread):
@@ -287,6 +294,11 @@ class Flusher(threading.Thread):
         self._next_fsync = time.monotonic()
         self._fsync_failing = False
         self._degraded_at = time.monotonic()  # when the failures began (a store may open degraded)
+        self.pending: deque[DispatchRequest] = deque()
+        """Written records past the confirm limit, dispatched once it reaches them."""
+        self.dispatched_end = progress.visible
+        self.limit_moved = False
+        """Set under the buffer lock by ``FileStore.confirm``: dispatch what the limit now covers."""
 
     def stop(self) -> None:
         """Ask the thread to drain, fsync and exit; then join it. While the store is degraded it
@@ -316,7 +328,8 @@ class Flusher(threading.Thread):
             with buffer.lock:
                 # handed_off again, under the lock: an appender may have handed a large batch
                 # off (leaving chunks empty) since the check above, and would not wake us.
-                if not buffer.chunks and not buffer.handed_off and not self.stopping:
+                if not buffer.chunks and not buffer.handed_off and not self.stopping \
+                        and not self.limit_moved:
                     buffer.flusher_waiting = True
                     buffer.ready.wait(self._timeout())
                     buffer.flusher_waiting = False
@@ -335,6 +348,13 @@ class Flusher(threading.Thread):
                 self._give_up()
                 return False
             buffer.recycle(retired)
+        if self.limit_moved:
+            self.limit_moved = False
+            visible = self._retry(self._dispatch_pending)
+            if visible is None:
+                self._give_up()
+                return False
+            self.progress.publish(visible, self.progress.durable)
         if not self.sync_each_batch and time.monotonic() >= self._next_fsync:
             self._fsync()
         return bool(chunks) or not stopping
@@ -396,8 +416,36 @@ class Flusher(threading.Thread):
             else:
                 self._unsynced |= batch.segments
                 durable = self.progress.durable
-            self.dispatcher.dispatch(batch.requests)
-            return batch.end, durable
+            if self.progress.limit is None:
+                self.dispatcher.dispatch(batch.requests)
+                self.dispatched_end = batch.end
+            elif not batch.queued:
+                self.pending.extend(batch.requests)
+                batch.queued = True
+            return self._dispatch_confirmed(), durable
+
+    def _dispatch_pending(self) -> int:
+        with self.cycle_lock:
+            return self._dispatch_confirmed()
+
+    def _dispatch_confirmed(self) -> int:
+        """Dispatch the pending records the confirm limit covers; the end of what is dispatched.
+        Caller holds the cycle lock."""
+        limit, pending = self.progress.limit, self.pending
+        if limit is None or not pending:
+            return self.dispatched_end
+        count = 0
+        for offset, size, *_ in pending:
+            if offset + size > limit:
+                break
+            count += 1
+        if count:
+            ready = [pending[index] for index in range(count)]
+            self.dispatcher.dispatch(ready)  # may raise: then they stay pending, retried whole
+            for _ in range(count):
+                pending.popleft()
+            self.dispatched_end = ready[-1][0] + ready[-1][1]
+        return self.dispatched_end
 
     def _fsync(self) -> None:
         """Async policy: make everything written so far durable; on failure, degrade and retry

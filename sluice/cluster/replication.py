@@ -127,6 +127,7 @@ class LogShipper:
         confirmed = self.confirm_offset()
         if confirmed > self.confirmed:
             self.confirmed = confirmed
+            self.store.confirm(confirmed)
             for listener in self._confirm_listeners:
                 listener(confirmed)
         for progressed in self._progress_listeners:
@@ -140,6 +141,8 @@ class LogShipper:
         latest = self.epochs.history.latest
         if latest is None or latest.epoch < self.epoch:
             self.epochs.begin(self.epoch, self.store.appended_end)
+        self.confirmed = self.confirm_offset()
+        self.store.confirm(self.confirmed)  # from now on readers and acknowledgements wait for it
         self._server = await asyncio.start_server(self._accept, host, port)
         return self._server.sockets[0].getsockname()[1]
 
@@ -267,6 +270,7 @@ class LogFollower:
         """Replicate from the leader at ``host:port`` until the connection ends. Raises
         MustTruncate when the log must be cut first, Refused when the leader refuses, and
         ProtocolError, ConnectionError or IncompleteReadError when the connection fails."""
+        self.store.confirm(self.confirmed)  # readers here see only what the group confirmed
         reader, writer = await asyncio.open_connection(host, port)
         listener = _watch_store(self.store, self._signal)
         try:
@@ -329,6 +333,7 @@ class LogFollower:
             confirmed = min(confirmed, self.store.appended_end)
             if confirmed > self.confirmed:
                 self.confirmed = confirmed
+                self.store.confirm(confirmed)
                 for listener in self._confirm_listeners:
                     listener(confirmed)
         acks.result()

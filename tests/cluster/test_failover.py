@@ -68,7 +68,9 @@ def test_the_leaders_death_hands_over_to_an_in_sync_follower_and_it_rejoins_cut_
             await asyncio.wait_for(in_sync(leading, {"n1", "n2", "n3"}), WAIT)
             end = publish(leading.store, 200)
             await confirmed(leading.shipper, end)
+            assert await asyncio.to_thread(leading.store.wait_visible, end, WAIT)
             kept = bodies(leading.store, 0)
+            assert len(kept) == 100
             old_epoch = leading.epoch
             # n1 writes past what it ever shipped (a record nobody acknowledged), then dies
             await leading.shipper.close()
@@ -77,6 +79,9 @@ def test_the_leaders_death_hands_over_to_an_in_sync_follower_and_it_rejoins_cut_
             await group.crash("n1")
             second, leading = await asyncio.wait_for(group.leaders.get(), WAIT)
             assert second in {"n2", "n3"} and leading.epoch > old_epoch
+            # the new leader shows its log once the group confirms it again (without n1, gone)
+            await confirmed(leading.shipper, end)
+            assert await asyncio.to_thread(leading.store.wait_visible, end, WAIT)
             assert bodies(leading.store, 0) == kept, "every confirmed record is on the new leader"
             more = publish(leading.store, 50, start=2000)
             await confirmed(leading.shipper, more)

@@ -100,6 +100,7 @@ def test_followers_get_every_record_and_the_confirm_offset_waits_for_the_in_sync
             await stop(t2)
             await stop(t3)
         for node in (n2, n3):
+            assert await asyncio.to_thread(node.store.wait_visible, more, WAIT)
             assert bodies(node.store, 1) == bodies(n1.store, 1)
             assert node.epochs.history.entries == [Epoch(7, 0)]
     asyncio.run(scenario())
@@ -180,4 +181,40 @@ def test_a_rejoining_node_is_cut_back_to_the_new_leaders_history_then_catches_up
             await stop(task)
         assert bodies(n2.store, 0) == bodies(n1.store, 0)
         assert n2.epochs.history.entries == [Epoch(5, 0), Epoch(9, shared)]
+    asyncio.run(scenario())
+
+
+def test_readers_and_acknowledgements_on_every_node_wait_for_the_confirm_offset(nodes):
+    n1, n2, n3 = nodes
+
+    async def scenario():
+        async with leading(n1, 4, ["n1", "n2", "n3"]) as (shipper, port):
+            import threading
+            heard: list[int] = []
+            reached = threading.Event()
+
+            def listener(visible: int, durable: int) -> None:
+                heard.append(durable)
+                if visible >= end and durable >= end:
+                    reached.set()
+            end = 1 << 62  # set below, before anything is published
+            n1.store.add_listener(listener)
+            _, t2 = following(n2, "n2", port)
+            end = publish(n1.store, 60)
+            await durable(n1.store, end)
+            await durable(n2.store, end)
+            # n3, in sync, has nothing yet: on both nodes the records exist but nobody sees them
+            for node in (n1, n2):
+                assert node.store.queue_range("t", 0)[1] == 0
+            assert max(heard, default=0) == 0, "no acknowledgement before every in-sync replica has it"
+            _, t3 = following(n3, "n3", port)
+            await confirmed(shipper, end)
+            assert await asyncio.to_thread(n1.store.wait_visible, end, WAIT)
+            assert bodies(n1.store, 0) == [f"m{i}".encode() * 20 for i in range(0, 60, 2)]
+            assert await asyncio.to_thread(reached.wait, WAIT)
+            assert max(heard) == end
+            await asyncio.to_thread(n2.store.wait_visible, end, WAIT)  # told by the next batch
+            assert bodies(n2.store, 0) == bodies(n1.store, 0)
+            await stop(t2)
+            await stop(t3)
     asyncio.run(scenario())
