@@ -141,6 +141,11 @@ class FileStore(StoreView):
         return results
 
     @property
+    def log_start(self) -> int:
+        """Offset of the oldest record still in the log (retention deletes whole segments)."""
+        return self.log.min_offset
+
+    @property
     def appended_end(self) -> int:
         """Offset just past the last record accepted (written to the files or not yet)."""
         return self._buffer.next_offset

@@ -15,16 +15,14 @@ import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
-from store.api import StoreConfig
 from store.epochs import EpochFile
-from store.file_store import FileStore
 from store.truncation import truncate_log
 
 from .coordinator import Coordinator, Fenced, Leadership, Node
 from .etcd import Etcd, EtcdUnavailable
 from .in_sync import InSyncGate
 from .in_sync_keeper import InSyncKeeper
-from .replication import LogFollower, LogShipper, MustTruncate, Refused
+from .replication import LogFollower, LogShipper, MustTruncate, Refused, ReplicatedStore
 from .settings import ClusterConfig
 from .wire import ProtocolError
 
@@ -38,23 +36,25 @@ RETRY_S = 0.5
 class Leading:
     """What a node that won hands to the broker."""
 
-    store: FileStore
+    store: ReplicatedStore
     shipper: LogShipper
     coordinator: Coordinator
     epoch: int
 
 
 class ReplicaNode:
-    def __init__(self, config: ClusterConfig, data_dir: str, store_config: StoreConfig, address: str,
-                 replication_host: str, on_leading: Callable[[Leading], Awaitable[None]]) -> None:
-        self.config, self.data_dir, self.store_config = config, data_dir, store_config
+    def __init__(self, config: ClusterConfig, data_dir: str, open_store: Callable[[], ReplicatedStore],
+                 address: str, replication_host: str, on_leading: Callable[[Leading], Awaitable[None]]) -> None:
+        """``open_store`` opens the store in ``data_dir`` (the composition root's job); the node
+        calls it again after cutting the log back."""
+        self.config, self.data_dir, self._open_store = config, data_dir, open_store
         self.replication_host = replication_host
         self._on_leading = on_leading
         self.fenced = asyncio.Event()
         self.etcd = Etcd(config.endpoints)
         me = Node(config.node_id, address, f"{replication_host}:{config.replication_port}")
         self.coordinator = Coordinator(self.etcd, config, me, self._fence)
-        self.store = FileStore(data_dir, store_config)
+        self.store = open_store()
         self.epochs = EpochFile(data_dir)
         self.confirmed = 0
         """The highest confirm offset a leader has told this node."""
@@ -135,10 +135,10 @@ class ReplicaNode:
         """Close the store, cut the log at ``offset`` (never below what was confirmed), reopen."""
         await asyncio.to_thread(self.store.close)
         try:
-            await asyncio.to_thread(truncate_log, self.data_dir, offset, self.store_config.segment_size,
+            await asyncio.to_thread(truncate_log, self.data_dir, offset, self.store.config.segment_size,
                                     self.confirmed)
         finally:
-            self.store = await asyncio.to_thread(FileStore, self.data_dir, self.store_config)
+            self.store = await asyncio.to_thread(self._open_store)
             self.epochs = EpochFile(self.data_dir)
 
     async def _lead(self, won: Leadership) -> None:

@@ -17,9 +17,10 @@ import os
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import Protocol
 
+from store.api import StoreConfig
 from store.epochs import Epoch, EpochFile, EpochFileError, EpochHistory, consistent_point
-from store.file_store import FileStore
 
 from . import wire
 from .in_sync import Progress
@@ -31,6 +32,26 @@ HANDSHAKE_TIMEOUT_S = 10.0
 HEARTBEAT_S = 0.5
 """How often an idle leader tells its followers the confirm offset (an empty batch)."""
 BATCH_BYTES = 1 << 20
+
+
+class ReplicatedStore(Protocol):
+    """What replication needs of a store (``store.ReplicatedStore`` has it; the composition root
+    opens the store and hands it over)."""
+
+    config: StoreConfig
+
+    @property
+    def durable_offset(self) -> int: ...
+    @property
+    def appended_end(self) -> int: ...
+    @property
+    def log_start(self) -> int: ...
+    def append_replicated(self, offset: int, data: bytes) -> int: ...
+    def read_log(self, offset: int, max_bytes: int, end: int) -> bytes: ...
+    def confirm(self, offset: int) -> None: ...
+    def add_listener(self, listener: Callable[[int, int], None]) -> None: ...
+    def remove_listener(self, listener: Callable[[int, int], None]) -> None: ...
+    def close(self) -> None: ...
 
 
 class Refused(Exception):
@@ -65,7 +86,7 @@ class _Signal:
         self.current = asyncio.Event()
 
 
-def _watch_store(store: FileStore, signal: _Signal) -> Callable[[int, int], None]:
+def _watch_store(store: ReplicatedStore, signal: _Signal) -> Callable[[int, int], None]:
     """Fire ``signal`` on the loop whenever the store reports progress; returns the listener."""
     loop = asyncio.get_running_loop()
 
@@ -79,7 +100,7 @@ def _watch_store(store: FileStore, signal: _Signal) -> Callable[[int, int], None
 class LogShipper:
     """The leader's side: the replication port, the followers' progress, the confirm offset."""
 
-    def __init__(self, store: FileStore, epochs: EpochFile, epoch: int, secret: str, node: str,
+    def __init__(self, store: ReplicatedStore, epochs: EpochFile, epoch: int, secret: str, node: str,
                  in_sync: Callable[[], Iterable[str]], clock: Callable[[], float] = time.monotonic) -> None:
         if not secret:
             raise ValueError("a cluster needs a secret shared by its nodes ([cluster] secret)")
@@ -197,8 +218,8 @@ class LogShipper:
         except EpochFileError as error:
             raise ProtocolError(f"HELLO with {error}") from None
         start = consistent_point(history, hello.end, lambda epoch: self.epochs.history.end_of(epoch, leader_end))
-        if start < self.store.log.min_offset:
-            await self._refuse(writer, f"the leader's log now begins at offset {self.store.log.min_offset} "
+        if start < self.store.log_start:
+            await self._refuse(writer, f"the leader's log now begins at offset {self.store.log_start} "
                                        f"(retention) and this node has only up to {start} in common with it: "
                                        "empty this node's data directory and start it again")
             raise ProtocolError(f"{hello.node} is behind the leader's retention")
@@ -253,7 +274,7 @@ class LogShipper:
 class LogFollower:
     """The follower's side: fetch from the leader, append, acknowledge what is durable."""
 
-    def __init__(self, store: FileStore, epochs: EpochFile, node: str, secret: str) -> None:
+    def __init__(self, store: ReplicatedStore, epochs: EpochFile, node: str, secret: str) -> None:
         self.store, self.epochs, self.node = store, epochs, node
         self._secret = secret
         self.confirmed = 0

@@ -8,6 +8,7 @@ import asyncio
 from sluice.cluster.node import Leading, ReplicaNode
 from sluice.cluster.settings import ClusterConfig
 from store.api import StoreConfig
+from store.file_store import FileStore
 from tests.cluster.conftest import free_ports
 from tests.cluster.test_replication import SECRET, WAIT, bodies, confirmed, publish, stop
 
@@ -30,8 +31,9 @@ class Group:
         async def on_leading(leading: Leading) -> None:
             await self.leaders.put((name, leading))
 
-        node = ReplicaNode(config, str(self.tmp_path / name), StoreConfig(segment_size=SEGMENT), "127.0.0.1",
-                           "127.0.0.1", on_leading)
+        directory = str(self.tmp_path / name)
+        node = ReplicaNode(config, directory, lambda: FileStore(directory, StoreConfig(segment_size=SEGMENT)),
+                           "127.0.0.1", "127.0.0.1", on_leading)
         self.nodes[name] = node
         self.tasks[name] = asyncio.ensure_future(node.run())
         return node
