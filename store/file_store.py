@@ -33,7 +33,7 @@ from .compaction import CompactedTopics
 from .consume_queue import ConsumeQueues
 from .record_builder import RecordBuilder
 from .dispatcher import Dispatcher, request_for
-from .errors import (InvalidRecordError, ReplicaGapError, StoreClosedError, StoreDegradedError, StoreError,
+from .errors import (CorruptRecordError, InvalidRecordError, ReplicaGapError, StoreClosedError, StoreDegradedError, StoreError,
                      StoreLockedError, describe_write_failure)
 from .flusher import AppendBuffer, Checkpointer, Flusher, Progress
 from .key_index import KeyIndex
@@ -155,27 +155,25 @@ class FileStore(StoreView):
         (a follower): each must be whole and valid for its offset, and the first must start
         where this log ends. Nothing is appended unless all are. Returns the new end; the
         bytes are durable once ``durable_offset`` reaches it."""
-        view = memoryview(data)
-        sizes = []
+        requests = []
         pos = 0
-        while pos < len(view):
-            size = record.check(view, pos, len(view), offset + pos)
-            if not size:
+        while pos < len(data):
+            try:
+                message = record.decode(data, pos, offset + pos)  # validates, CRC included
+            except (CorruptRecordError, UnicodeDecodeError):
                 raise InvalidRecordError(f"replicated bytes at offset {offset + pos} are not a whole, "
-                                         "valid record for that offset")
-            sizes.append(size)
-            pos += size
+                                         "valid record for that offset") from None
+            requests.append(request_for(message))
+            pos += message.size
+        view = memoryview(data)
         with self._buffer.lock:
             self._check_writable()
             if offset != self._buffer.next_offset:
                 raise ReplicaGapError(offset, self._buffer.next_offset)
-            requests = []
-            pos = 0
-            for size in sizes:
-                placed, array, at = self._buffer.place(size)
-                array[at:at + size] = view[pos:pos + size]
-                requests.append(request_for(record.decode(data, pos, placed)))
-                pos += size
+            for request in requests:
+                placed, array, at = self._buffer.place(request[1])
+                start = placed - offset
+                array[at:at + request[1]] = view[start:start + request[1]]
             if requests:
                 self._buffer.added_many(requests)
             return self._buffer.next_offset

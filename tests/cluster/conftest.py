@@ -3,22 +3,11 @@ tests rather than skipping them)."""
 from __future__ import annotations
 
 import os
-import socket
 
 import pytest
 
+from bench.processes import free_ports
 from sluice.cluster.local_etcd import INSTALL_HINT, LocalEtcd, find_etcd
-
-
-def free_ports(count: int) -> list[int]:
-    sockets = [socket.socket() for _ in range(count)]
-    try:
-        for sock in sockets:
-            sock.bind(("127.0.0.1", 0))
-        return [sock.getsockname()[1] for sock in sockets]
-    finally:
-        for sock in sockets:
-            sock.close()
 
 
 @pytest.fixture

@@ -131,7 +131,7 @@ def test_keepalives_hold_the_lease_well_past_its_ttl(etcd):
 
 
 def test_an_unreachable_etcd_is_an_error_not_a_decision(tmp_path):
-    from tests.cluster.conftest import free_ports
+    from bench.processes import free_ports
 
     async def scenario():
         client = Etcd([f"http://127.0.0.1:{free_ports(1)[0]}"], timeout_s=0.5)

@@ -9,7 +9,7 @@ from sluice.cluster.node import Leading, ReplicaNode
 from sluice.cluster.settings import ClusterConfig
 from store.api import StoreConfig
 from store.file_store import FileStore
-from tests.cluster.conftest import free_ports
+from bench.processes import free_ports
 from tests.cluster.test_replication import SECRET, WAIT, bodies, confirmed, publish, stop
 
 SEGMENT = 64 << 10
