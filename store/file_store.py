@@ -130,6 +130,9 @@ class FileStore(StoreView):
         results: list[AppendResult] = []
         with self._buffer.lock:
             self._check_writable()
+            refused = self._progress.refused
+            if refused is not None:
+                raise StoreDegradedError(str(refused))
             try:
                 self._builder.build_batch(self._buffer.place, messages, now, requests, results)
             except StoreError as error:
@@ -192,6 +195,11 @@ class FileStore(StoreView):
                 self._buffer.flusher_waiting = False
                 self._buffer.ready.notify()
 
+    def refuse_appends(self, reason: str | None) -> None:
+        """A replicated store: refuse new appends (not replicated ones) for ``reason``, failing
+        every wait for durability, as a full disk does; None takes them again."""
+        self._progress.refuse(reason)
+
     def read_log(self, offset: int, max_bytes: int, end: int) -> bytes:
         """Whole records of the log from ``offset``, before ``end`` and the durable end, from one
         segment, at most ``max_bytes`` of them unless the first record alone is larger: what a
@@ -221,7 +229,7 @@ class FileStore(StoreView):
     @property
     def degraded(self) -> str | None:
         """Why the store cannot write right now and what to do about it; None while it can."""
-        degraded = self._progress.degraded
+        degraded = self._progress.degraded or self._progress.refused
         return None if degraded is None else str(degraded)
 
     def add_health_listener(self, listener: HealthListener) -> None:

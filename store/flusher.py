@@ -148,6 +148,9 @@ class Progress:
         self.durable = end
         self.degraded: StoreDegradedError | None = None
         """Why writes fail right now; None while they succeed."""
+        self.refused: StoreDegradedError | None = None
+        """Why a replicated store refuses new appends although its disk takes them (too few
+        in-sync replicas, or this node no longer leads); None while it takes them."""
         self.limit: int | None = None
         """A replicated store's confirm offset: records past it are neither dispatched nor
         reported durable to listeners (None: a store of its own, everything durable counts)."""
@@ -188,8 +191,22 @@ class Progress:
         """Writes succeed again. Runs on the flusher thread, before the batch is published."""
         with self.cond:
             ended, self.degraded = self.degraded is not None, None
+            refused = self.refused
         if ended:
-            self._tell_health(None)
+            self._tell_health(None if refused is None else str(refused))
+
+    def refuse(self, reason: str | None) -> None:
+        """Refuse new appends for ``reason`` (None: take them again). Waiters for durability
+        fail at once, as on a full disk: what they wait for may never be confirmed."""
+        with self.cond:
+            before = self.refused
+            self.refused = None if reason is None else StoreDegradedError(reason)
+            if reason is not None:
+                self._wake_all()
+            degraded = self.degraded
+        if (before is None) != (reason is None) or (reason is not None and str(before) != reason):
+            self._tell_health(reason if reason is not None else
+                              None if degraded is None else str(degraded))
 
     def fail(self, error: BaseException) -> None:
         """The flusher stopped for good after an unexpected error (a bug, not the disk)."""
@@ -223,8 +240,9 @@ class Progress:
         with self.cond:
             if getattr(self, attribute) >= end:
                 return True
-            if self.degraded is not None:
-                raise _fresh(self.degraded)
+            failing = self.degraded or self.refused
+            if failing is not None:
+                raise _fresh(failing)
             if self.closed:
                 return False
             gate = threading.Lock()
@@ -233,9 +251,9 @@ class Progress:
         gate.acquire(timeout=-1 if timeout is None else timeout)
         if getattr(self, attribute) >= end:
             return True
-        degraded = self.degraded
-        if degraded is not None:
-            raise _fresh(degraded)
+        failing = self.degraded or self.refused
+        if failing is not None:
+            raise _fresh(failing)
         return False
 
 

@@ -64,6 +64,8 @@ class ReplicaNode:
 
     def _fence(self, why: str) -> None:
         self.fenced.set()
+        if self.leading is not None:
+            self.leading.shipper.update()  # confirms stop and publishes are refused at once
 
     async def run(self) -> None:
         """Follow or lead until fenced (then return: the caller stops the process)."""
@@ -146,7 +148,8 @@ class ReplicaNode:
         recorded = await self.coordinator.in_sync()
         gate = InSyncGate(recorded.members)
         shipper = LogShipper(self.store, self.epochs, won.epoch, self.config.secret, self.coordinator.me.node,
-                             gate.members)
+                             gate.members, min_insync=self.config.min_insync,
+                             may_confirm=lambda: self.coordinator.may_confirm)
         await shipper.start(self.replication_host, self.config.replication_port)
         epoch_start = self.epochs.history.latest.start
         keeper = InSyncKeeper(self.coordinator, shipper, gate, recorded, epoch_start)

@@ -49,6 +49,7 @@ class ReplicatedStore(Protocol):
     def append_replicated(self, offset: int, data: bytes) -> int: ...
     def read_log(self, offset: int, max_bytes: int, end: int) -> bytes: ...
     def confirm(self, offset: int) -> None: ...
+    def refuse_appends(self, reason: str | None) -> None: ...
     def add_listener(self, listener: Callable[[int, int], None]) -> None: ...
     def remove_listener(self, listener: Callable[[int, int], None]) -> None: ...
     def close(self) -> None: ...
@@ -101,13 +102,21 @@ class LogShipper:
     """The leader's side: the replication port, the followers' progress, the confirm offset."""
 
     def __init__(self, store: ReplicatedStore, epochs: EpochFile, epoch: int, secret: str, node: str,
-                 in_sync: Callable[[], Iterable[str]], clock: Callable[[], float] = time.monotonic) -> None:
+                 in_sync: Callable[[], Iterable[str]], clock: Callable[[], float] = time.monotonic, *,
+                 min_insync: int = 1, may_confirm: Callable[[], bool] = lambda: True) -> None:
+        """``may_confirm`` says whether this node still holds its leadership (its lease is
+        renewed in time); below ``min_insync`` in-sync replicas or without it, nothing more is
+        confirmed and new appends are refused."""
         if not secret:
             raise ValueError("a cluster needs a secret shared by its nodes ([cluster] secret)")
         self.store, self.epochs, self.epoch, self.node = store, epochs, epoch, node
         self._secret = secret
         self._in_sync = in_sync
         self._clock = clock
+        self.min_insync = min_insync
+        self._may_confirm = may_confirm
+        self.refusal: str | None = None
+        """Why this leader refuses publishes right now (None while it takes them)."""
         self.replicas: dict[str, Replica] = {}
         self.confirmed = 0
         self._confirm_listeners: list[Callable[[int], None]] = []
@@ -143,9 +152,27 @@ class LogShipper:
         """Call ``listener()`` on the event loop whenever a durable end moves."""
         self._progress_listeners.append(listener)
 
+    def _why_refused(self) -> str | None:
+        if not self._may_confirm():
+            return ("this node no longer holds the leadership (its etcd lease was not renewed in "
+                    "time); reconnect: another node leads")
+        in_sync = len(set(self._in_sync()))
+        if in_sync < self.min_insync:
+            return (f"only {in_sync} replica(s) in sync, min_insync is {self.min_insync}: publishes "
+                    "are refused until a follower catches up")
+        return None
+
     def update(self) -> None:
         """Durable ends or the in-sync set moved: advance the confirm offset, wake the senders."""
-        confirmed = self.confirm_offset()
+        refusal = self._why_refused()
+        if refusal != self.refusal:
+            self.refusal = refusal
+            self.store.refuse_appends(refusal)
+            if refusal is None:
+                log.warning("publishes are taken again: %d replicas in sync", len(set(self._in_sync())))
+            else:
+                log.error("publishes are refused: %s", refusal)
+        confirmed = self.confirm_offset() if refusal is None else self.confirmed
         if confirmed > self.confirmed:
             self.confirmed = confirmed
             self.store.confirm(confirmed)
@@ -164,6 +191,7 @@ class LogShipper:
             self.epochs.begin(self.epoch, self.store.appended_end)
         self.confirmed = self.confirm_offset()
         self.store.confirm(self.confirmed)  # from now on readers and acknowledgements wait for it
+        self.update()
         self._server = await asyncio.start_server(self._accept, host, port)
         return self._server.sockets[0].getsockname()[1]
 

@@ -10,6 +10,7 @@ from sluice.cluster import wire
 from sluice.cluster.replication import LogFollower, LogShipper, MustTruncate, Refused
 from store.api import StoreConfig
 from store.epochs import Epoch, EpochFile
+from store.errors import StoreDegradedError
 from store.file_store import FileStore
 from store.truncation import truncate_log
 
@@ -217,4 +218,56 @@ def test_readers_and_acknowledgements_on_every_node_wait_for_the_confirm_offset(
             assert bodies(n2.store, 0) == bodies(n1.store, 0)
             await stop(t2)
             await stop(t3)
+    asyncio.run(scenario())
+
+
+def test_below_min_insync_publishes_are_refused_and_nothing_more_is_confirmed(nodes):
+    n1, n2, _ = nodes
+    in_sync = ["n1"]
+
+    async def scenario():
+        shipper = LogShipper(n1.store, n1.epochs, 3, SECRET, "n1", lambda: in_sync, min_insync=2)
+        port = await shipper.start("127.0.0.1", 0)
+        try:
+            assert shipper.refusal is not None and "min_insync is 2" in shipper.refusal
+            with pytest.raises(StoreDegradedError, match="min_insync"):
+                publish(n1.store, 1)
+            in_sync.append("n2")  # the keeper records a follower as in sync again
+            shipper.update()
+            assert shipper.refusal is None
+            end = publish(n1.store, 5)
+            _, task = following(n2, "n2", port)
+            await confirmed(shipper, end)
+            in_sync.remove("n2")
+            shipper.update()
+            with pytest.raises(StoreDegradedError):
+                publish(n1.store, 1)
+            assert shipper.confirmed == end
+            await stop(task)
+        finally:
+            await shipper.close()
+    asyncio.run(scenario())
+
+
+def test_a_leader_whose_lease_lapsed_confirms_nothing_more(nodes):
+    n1, n2, _ = nodes
+    leading_now = [True]
+
+    async def scenario():
+        shipper = LogShipper(n1.store, n1.epochs, 3, SECRET, "n1", lambda: ["n1", "n2"],
+                             may_confirm=lambda: leading_now[0])
+        port = await shipper.start("127.0.0.1", 0)
+        try:
+            first = publish(n1.store, 5)
+            _, task = following(n2, "n2", port)
+            await confirmed(shipper, first)
+            leading_now[0] = False
+            shipper.update()
+            with pytest.raises(StoreDegradedError, match="no longer holds the leadership"):
+                publish(n1.store, 1)
+            assert await asyncio.to_thread(n2.store.wait_durable, first, WAIT)
+            assert shipper.confirmed == first
+            await stop(task)
+        finally:
+            await shipper.close()
     asyncio.run(scenario())
