@@ -24,6 +24,7 @@ from urllib.parse import urlsplit
 from aiohttp import web
 
 from core.untrusted import DenialLog, clip
+from protocols import relayed_peers
 
 from .errors import HttpProblem
 
@@ -60,10 +61,10 @@ def check_same_origin(request: web.Request) -> None:
         source = f"origin {origin}"
     else:
         return
-    _denials.denied(request.remote or "?", "cross-origin admin write",
+    _denials.denied(relayed_peers.remote(request) or "?", "cross-origin admin write",
                     "admin API refused %s %s from %s (remote %s): writes come only from the "
                     "API's own origin", request.method, clip(request.path), clip(source),
-                    request.remote)
+                    relayed_peers.remote(request))
     raise HttpProblem(403, "cross_origin", f"{request.method} refused: it came from {clip(source)}, "
                       f"and the admin API takes writes only from its own origin ({own}); use the "
                       "`sluice` CLI or curl, which send no Origin header")

@@ -19,6 +19,7 @@ from aiohttp import web
 from core.errors import Unauthenticated
 from core.model import Principal
 from core.untrusted import clip
+from protocols import relayed_peers
 
 from . import access, guards
 from .errors import HttpProblem, error_response
@@ -69,7 +70,7 @@ async def _authenticate(request: web.Request) -> Principal:
         raise Unauthenticated("this call needs a user: send HTTP Basic credentials "
                               "(the first start creates sluice/sluice)")
     user, password = given
-    return await request.app[DEPS].broker.authenticate(user, password, request.remote or "")
+    return await request.app[DEPS].broker.authenticate(user, password, relayed_peers.remote(request))
 
 
 def _dumps(value: Any) -> str:

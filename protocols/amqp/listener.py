@@ -11,6 +11,7 @@ import ssl
 from collections.abc import Callable, Mapping
 
 from core.wrong_protocol import AMQP, WrongProtocol
+from protocols import relayed_peers
 
 from .adapter import AmqpAdapter, Wire
 from .frames import PROTOCOL_HEADER
@@ -41,8 +42,7 @@ class AmqpWire(asyncio.Protocol):
         sock = transport.get_extra_info("socket")
         if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        peer = transport.get_extra_info("peername")
-        self.peer = f"{peer[0]}:{peer[1]}" if peer else "?"
+        self.peer = relayed_peers.client_address(transport.get_extra_info("peername"))
         self._adapter = self._new_connection(self)
 
     def data_received(self, data: bytes) -> None:

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 from core.untrusted import DenialLog, clip
 from core.wrong_protocol import MQTT, WrongProtocol
+from protocols import relayed_peers
 
 from .frontend import MqttFrontend
 from .options import MqttOptions
@@ -55,8 +56,7 @@ class TcpWire(asyncio.Protocol):
         sock = transport.get_extra_info("socket")
         if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        peer = transport.get_extra_info("peername")
-        self.peer = f"{peer[0]}:{peer[1]}" if peer else "?"
+        self.peer = relayed_peers.client_address(transport.get_extra_info("peername"))
         self._handler = self._new_connection(self)
 
     def data_received(self, data: bytes) -> None:

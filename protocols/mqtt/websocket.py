@@ -21,6 +21,7 @@ from aiohttp import WSCloseCode, WSMsgType, hdrs, web
 from aiohttp.http_exceptions import HttpProcessingError
 
 from core.untrusted import DenialLog, clip
+from protocols import relayed_peers
 from protocols.mqtt.wire import ConnectionHandler, Wire
 
 log = logging.getLogger(__name__)
@@ -311,7 +312,7 @@ class WebSocketListener:
 
 def _peer(request: web.Request) -> str:
     peername = request.transport.get_extra_info("peername") if request.transport else None
-    return f"{peername[0]}:{peername[1]}" if peername else str(request.remote)
+    return relayed_peers.client_address(peername) if peername else str(request.remote)
 
 
 async def start_websocket_listener(new_connection: Callable[[Wire], ConnectionHandler], host: str, port: int,

@@ -12,6 +12,7 @@ from core.errors import InvalidArgument
 from core.model import Principal
 from core.service import Broker
 from core.settings import CoreConfig
+from protocols import relayed_peers
 
 from .auth import CLIENT_ID_HEADER, Authenticator
 from .clients import ClientRegistry
@@ -64,7 +65,7 @@ class Edge:
     async def call(self, context: grpc.aio.ServicerContext) -> Call:
         """Authenticate the call; raises Unauthenticated."""
         metadata = tuple(context.invocation_metadata() or ())
-        principal = await self.auth.principal(metadata, context.peer() or "")
+        principal = await self.auth.principal(metadata, relayed_peers.grpc_peer(context.peer() or ""))
         client_id = next((str(value) for key, value in metadata
                           if key.lower() == CLIENT_ID_HEADER), "")
         return Call(principal, client_id, context, metadata)

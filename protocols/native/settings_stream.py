@@ -21,6 +21,7 @@ from rocketmq.grpc_protocol import service_pb2 as rpc
 
 from core.lite import SUBSCRIPTION_QUOTA
 from core.model import MAX_LITE_TOPIC_LENGTH, RetryPolicy
+from protocols import relayed_peers
 
 from .connections import TelemetryStream
 from .context import Call, Edge
@@ -40,7 +41,7 @@ async def telemetry(edge: Edge, call: Call,
     """Answer each ``settings`` command; note the client's answers to server commands.
     The stream stays open until the client closes it, an administrator kicks the client, or
     the server stops."""
-    stream = edge.connections.open(call.client_id, call.principal, call.context.peer())
+    stream = edge.connections.open(call.client_id, call.principal, relayed_peers.grpc_peer(call.context.peer()))
     reason = "closed by the client"
     try:
         async for command in _until_ended(edge, stream, commands):

@@ -1,19 +1,26 @@
-"""A follower's client port: every connection relayed byte for byte to the leader's same port.
+"""A follower's client port: every connection relayed byte for byte to the leader.
 
 No MQTT, AMQP or RocketMQ client follows a redirect, so a follower listens on every protocol port
-and passes each connection on at layer 4, opening the connection to the leader with a PROXY v1
-header so the leader sees the client's own address (for logs, ``client list`` and loopback-only
-guest). The follower acknowledges nothing itself. When the leader changes, every relayed
-connection is closed and clients reconnect to any node; while no leader is known, connections
-are refused (closed at once).
+and passes each connection on at layer 4. The internal hop goes to the leader's replication port,
+where the relay proves it knows the cluster secret and names the listener and, in a PROXY v1
+header, the client (``wire.RELAY``); the leader connects it to its own listener and records the
+client's address for that connection (``protocols.relayed_peers``), so logs, ``client list`` and
+loopback-only users see the client. The follower acknowledges nothing itself. When the leader
+changes, every relayed connection is closed and clients reconnect to any node; while no leader is
+known, connections are closed at once.
 """
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import logging
+import socket
+from collections.abc import Mapping
 
-from protocols import proxy_header
+from protocols import proxy_header, relayed_peers
+
+from . import wire
+from .wire import Kind, ProtocolError
 
 log = logging.getLogger(__name__)
 
@@ -22,16 +29,17 @@ CONNECT_TIMEOUT_S = 5.0
 
 
 class Relay:
-    """Listens on ``host:port`` and relays to ``target`` (host, port), or refuses while it is None."""
+    """Listens on ``host:port`` and relays to the leader's replication port ``target`` (host,
+    port), or refuses while it is None."""
 
-    def __init__(self, name: str) -> None:
-        self.name = name
+    def __init__(self, listener: str, node: str, secret: str) -> None:
+        self.listener, self.node, self._secret = listener, node, secret
         self.target: tuple[str, int] | None = None
         self._server: asyncio.Server | None = None
         self._connections: set[asyncio.Task] = set()
 
     async def start(self, host: str, port: int) -> int:
-        self._server = await asyncio.start_server(self._relay, host, port)
+        self._server = await asyncio.start_server(self._relay, host, port, reuse_address=True)
         return self._server.sockets[0].getsockname()[1]
 
     async def retarget(self, target: tuple[str, int] | None) -> None:
@@ -43,6 +51,8 @@ class Relay:
         if self._server is not None:
             self._server.close()
         await self._close_connections()
+        if self._server is not None:
+            await self._server.wait_closed()
 
     async def _close_connections(self) -> None:
         tasks = list(self._connections)
@@ -61,20 +71,12 @@ class Relay:
             try:
                 async with asyncio.timeout(CONNECT_TIMEOUT_S):
                     leader_reader, leader_writer = await asyncio.open_connection(*target)
-            except (OSError, TimeoutError) as error:
-                log.info("%s relay: the leader at %s:%d is unreachable (%s); closing the client's connection",
-                         self.name, *target, error or "timed out")
+                    await self._introduce(client_writer, leader_reader, leader_writer)
+            except (OSError, TimeoutError, asyncio.IncompleteReadError, ProtocolError) as error:
+                log.info("%s relay: the leader at %s:%d did not take the connection (%s); closing the "
+                         "client's connection", self.listener, *target, error or type(error).__name__)
                 return
-            leader_writer.write(proxy_header.encode(client_writer.get_extra_info("peername")[:2],
-                                                    client_writer.get_extra_info("sockname")[:2]))
-            pumps = [asyncio.ensure_future(_pump(client_reader, leader_writer)),
-                     asyncio.ensure_future(_pump(leader_reader, client_writer))]
-            try:
-                await asyncio.wait(pumps, return_when=asyncio.FIRST_COMPLETED)
-            finally:
-                for pump in pumps:
-                    pump.cancel()
-                await asyncio.gather(*pumps, return_exceptions=True)
+            await _pump_both(client_reader, client_writer, leader_reader, leader_writer)
         finally:
             self._connections.discard(task)
             for writer in (client_writer, leader_writer):
@@ -82,6 +84,73 @@ class Relay:
                     writer.close()
                     with contextlib.suppress(Exception):
                         await writer.wait_closed()
+
+    async def _introduce(self, client: asyncio.StreamWriter, reader: asyncio.StreamReader,
+                         writer: asyncio.StreamWriter) -> None:
+        kind, challenge = await wire.read_frame(reader, 0)
+        if kind is not Kind.CHALLENGE or len(challenge) != wire.CHALLENGE_SIZE:
+            raise ProtocolError("the leader did not open with a challenge")
+        header = proxy_header.encode(client.get_extra_info("peername")[:2], client.get_extra_info("sockname")[:2])
+        writer.write(wire.encode_relay(wire.RelayRequest(
+            self.node, wire.proof(self._secret, challenge, self.node), self.listener, header)))
+        kind, payload = await wire.read_frame(reader, 0)
+        if kind is Kind.REFUSED:
+            raise ProtocolError(f"refused: {payload.decode(errors='replace')}")
+        if kind is not Kind.RELAY:
+            raise ProtocolError(f"expected RELAY, got {kind.name}")
+
+
+class RelayIngress:
+    """The leader's side of relayed connections: each is connected to this node's own listener
+    for it, and the client's address recorded for that local connection."""
+
+    def __init__(self, listeners: Mapping[str, tuple[str, int]]) -> None:
+        """``listeners``: listener name -> (host, port) of this node's listener."""
+        self.listeners = dict(listeners)
+
+    async def serve(self, request: wire.RelayRequest, reader: asyncio.StreamReader,
+                    writer: asyncio.StreamWriter) -> None:
+        target = self.listeners.get(request.listener)
+        if target is None:
+            writer.write(wire.frame(Kind.REFUSED, f"no {request.listener!r} listener here".encode()))
+            raise ProtocolError(f"{request.node} relayed to an unknown listener {request.listener!r}")
+        try:
+            client = proxy_header.decode(request.proxy)
+        except proxy_header.ProxyHeaderError as error:
+            raise ProtocolError(f"RELAY with {error}") from None
+        sock = socket.socket(socket.AF_INET6 if ":" in target[0] else socket.AF_INET, socket.SOCK_STREAM)
+        sock.setblocking(False)
+        try:
+            sock.bind((target[0], 0))  # the local end is known, and recorded, before the listener sees it
+            local = sock.getsockname()[:2]
+            if client.host is not None and client.port is not None:
+                relayed_peers.register(local, (client.host, client.port))
+            await asyncio.get_running_loop().sock_connect(sock, target)
+        except BaseException:
+            relayed_peers.forget(sock.getsockname()[:2])
+            sock.close()
+            raise
+        local_reader, local_writer = await asyncio.open_connection(sock=sock)
+        try:
+            writer.write(wire.frame(Kind.RELAY))
+            await _pump_both(reader, writer, local_reader, local_writer)
+        finally:
+            relayed_peers.forget(local)
+            local_writer.close()
+            with contextlib.suppress(Exception):
+                await local_writer.wait_closed()
+
+
+async def _pump_both(reader_a: asyncio.StreamReader, writer_a: asyncio.StreamWriter,
+                     reader_b: asyncio.StreamReader, writer_b: asyncio.StreamWriter) -> None:
+    """Copy a to b and b to a until either side ends."""
+    pumps = [asyncio.ensure_future(_pump(reader_a, writer_b)), asyncio.ensure_future(_pump(reader_b, writer_a))]
+    try:
+        await asyncio.wait(pumps, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for pump in pumps:
+            pump.cancel()
+        await asyncio.gather(*pumps, return_exceptions=True)
 
 
 async def _pump(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:

@@ -24,6 +24,7 @@ from store.epochs import Epoch, EpochFile, EpochFileError, EpochHistory, consist
 
 from . import wire
 from .in_sync import Progress
+from .relay import RelayIngress
 from .wire import Kind, ProtocolError
 
 log = logging.getLogger(__name__)
@@ -103,7 +104,8 @@ class LogShipper:
 
     def __init__(self, store: ReplicatedStore, epochs: EpochFile, epoch: int, secret: str, node: str,
                  in_sync: Callable[[], Iterable[str]], clock: Callable[[], float] = time.monotonic, *,
-                 min_insync: int = 1, may_confirm: Callable[[], bool] = lambda: True) -> None:
+                 min_insync: int = 1, may_confirm: Callable[[], bool] = lambda: True,
+                 relays: RelayIngress | None = None) -> None:
         """``may_confirm`` says whether this node still holds its leadership (its lease is
         renewed in time); below ``min_insync`` in-sync replicas or without it, nothing more is
         confirmed and new appends are refused."""
@@ -115,6 +117,8 @@ class LogShipper:
         self._clock = clock
         self.min_insync = min_insync
         self._may_confirm = may_confirm
+        self.relays = relays
+        """Where client connections relayed by followers go (None: refused)."""
         self.refusal: str | None = None
         """Why this leader refuses publishes right now (None while it takes them)."""
         self.replicas: dict[str, Replica] = {}
@@ -230,8 +234,11 @@ class LogShipper:
         writer.write(wire.frame(Kind.CHALLENGE, challenge))
         async with asyncio.timeout(HANDSHAKE_TIMEOUT_S):
             kind, payload = await wire.read_frame(reader, 0)
+        if kind is Kind.RELAY:
+            await self._serve_relay(wire.decode_relay(payload), challenge, reader, writer)
+            return
         if kind is not Kind.HELLO:
-            raise ProtocolError(f"expected HELLO, got {kind.name}")
+            raise ProtocolError(f"expected HELLO or RELAY, got {kind.name}")
         hello = wire.decode_hello(payload)
         if not wire.proves(self._secret, challenge, hello):
             await self._refuse(writer, "wrong cluster secret")
@@ -262,6 +269,16 @@ class LogShipper:
         finally:
             acks.cancel()
             replica.progress.connected = False
+
+    async def _serve_relay(self, request: wire.RelayRequest, challenge: bytes, reader: asyncio.StreamReader,
+                           writer: asyncio.StreamWriter) -> None:
+        if not wire.proves_relay(self._secret, challenge, request):
+            await self._refuse(writer, "wrong cluster secret")
+            raise ProtocolError(f"{request.node!r} does not know the cluster secret")
+        if self.relays is None:
+            await self._refuse(writer, "this node serves no clients")
+            raise ProtocolError(f"{request.node} relayed a client to a node that serves none")
+        await self.relays.serve(request, reader, writer)
 
     async def _refuse(self, writer: asyncio.StreamWriter, reason: str) -> None:
         writer.write(wire.frame(Kind.REFUSED, reason.encode()))

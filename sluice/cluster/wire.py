@@ -14,6 +14,15 @@ segment plus a header. The conversation:
     follower -> ACK        u64 durable end
     leader   -> REFUSED    utf-8 reason, then the connection closes
 
+A node relaying a client connection to the leader (``relay``) opens it the same way, but answers
+the challenge with
+
+    follower -> RELAY      json {"node", "proof", "listener", "proxy"}
+                           listener: which client port ("mqtt", "amqp", "native", ...);
+                           proxy: the PROXY v1 header naming the client
+
+after which the connection carries the client's bytes both ways, unframed.
+
 A BATCH never spans epochs; ``confirmed`` is the leader's confirm offset, also sent in an empty
 BATCH while there is nothing new. Anything else, or anything malformed, closes the connection.
 """
@@ -42,6 +51,7 @@ class Kind(IntEnum):
     BATCH = 4
     ACK = 5
     REFUSED = 6
+    RELAY = 7
 
 
 class ProtocolError(Exception):
@@ -87,6 +97,37 @@ def decode_hello(payload: bytes) -> Hello:
     if not hello.node or len(hello.node) > 255:
         raise ProtocolError("HELLO names no node, or a name over 255 characters")
     return hello
+
+
+@dataclass(frozen=True)
+class RelayRequest:
+    node: str
+    proof: bytes
+    listener: str
+    proxy: bytes
+    """A PROXY v1 header line naming the client."""
+
+
+def encode_relay(request: RelayRequest) -> bytes:
+    return frame(Kind.RELAY, json.dumps({
+        "node": request.node, "proof": request.proof.hex(), "listener": request.listener,
+        "proxy": request.proxy.decode("ascii")}).encode())
+
+
+def decode_relay(payload: bytes) -> RelayRequest:
+    fields = _json(payload)
+    try:
+        request = RelayRequest(str(fields["node"]), bytes.fromhex(fields["proof"]), str(fields["listener"]),
+                               str(fields["proxy"]).encode("ascii"))
+    except (KeyError, TypeError, ValueError, AttributeError, UnicodeEncodeError):
+        raise ProtocolError("malformed RELAY") from None
+    if not request.node or len(request.node) > 255 or len(request.listener) > 32:
+        raise ProtocolError("RELAY names no node, or a name too long")
+    return request
+
+
+def proves_relay(secret: str, challenge: bytes, request: RelayRequest) -> bool:
+    return bool(secret) and hmac.compare_digest(proof(secret, challenge, request.node), request.proof)
 
 
 def encode_start(epoch: int, start: int) -> bytes:

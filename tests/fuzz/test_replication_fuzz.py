@@ -31,7 +31,7 @@ def read_all(data: bytes, max_batch: int = 1 << 16) -> list[tuple[Kind, bytes]]:
 
 def decode(kind: Kind, payload: bytes) -> None:
     decoders = {Kind.HELLO: wire.decode_hello, Kind.START: wire.decode_start, Kind.BATCH: wire.decode_batch,
-                Kind.ACK: wire.decode_ack}
+                Kind.ACK: wire.decode_ack, Kind.RELAY: wire.decode_relay}
     if kind in decoders:
         try:
             decoders[kind](payload)
