@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from aiohttp import web
 
@@ -50,6 +50,17 @@ class AdminDeps:
     """The telemetry dashboard's static files (``dashboard.py``); None: no dashboard."""
     vhosts: VhostAdmin | None = None
     """AMQP virtual hosts, their permissions, queues and connections (``vhosts.py``)."""
+    cluster: ClusterView | None = None
+    """This node's place in its replica group; None for a broker of its own."""
+
+
+class ClusterView(Protocol):
+    """What the admin API shows of a replica group (``sluice.cluster.status``)."""
+
+    def health(self) -> dict[str, Any]:
+        """This node's id, role, leader and epoch, without asking etcd."""
+    async def status(self) -> dict[str, Any]:
+        """The whole group as etcd records it (raises when etcd does not answer)."""
 
 
 DEPS: web.AppKey[AdminDeps] = web.AppKey("deps", AdminDeps)
@@ -154,13 +165,25 @@ async def health(request: web.Request, principal: Principal) -> web.Response:
     metadata = await _check_metadata(d)
     memory = _check_memory(d.broker)
     degraded = getattr(d.store, "degraded", None)
+    cluster = {"cluster": d.cluster.health()} if d.cluster is not None else {}
     if degraded or memory.get("alarm") or metadata["status"] == "degraded":
         return web.json_response({"status": "degraded", "store": degraded or _check_store(d.store),
-                                  "metadata": metadata, "memory": memory}, status=503)
+                                  "metadata": metadata, "memory": memory, **cluster}, status=503)
     checks = {"store": _check_store(d.store), "metadata": metadata}
     ok = all(c["status"] == "ok" for c in checks.values())
-    return web.json_response({"status": "ok" if ok else "failing", **checks, "memory": memory},
-                             status=200 if ok else 503)
+    return web.json_response({"status": "ok" if ok else "failing", **checks, "memory": memory,
+                              **cluster}, status=200 if ok else 503)
+
+
+async def cluster(request: web.Request, principal: Principal) -> web.Response:
+    """The replica group: leader, epoch, in-sync set, each node's role and lag (any node answers)."""
+    view = deps(request).cluster
+    if view is None:
+        raise HttpProblem(404, "not_a_cluster", "this broker runs alone: it was not started with --cluster-etcd")
+    try:
+        return web.json_response(await view.status())
+    except Exception as error:  # noqa: BLE001 - etcd down or partitioned: say so, do not crash
+        raise HttpProblem(503, "etcd_unavailable", f"etcd does not answer ({error}); the group's state is unknown") from None
 
 
 def _check_memory(broker: Any) -> dict[str, Any]:

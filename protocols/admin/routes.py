@@ -79,6 +79,8 @@ LINK_NEXT = Header("Link", 'while more messages follow: <URL>; rel="next", URL b
 ROUTES: tuple[Route, ...] = (
     R("GET", "/health", h.health, "Store and metadata status (503 when failing)", "service",
       A.PUBLIC, response="Health"),
+    R("GET", "/cluster", h.cluster, "The replica group: leader, epoch, in-sync set, each node's role "
+      "and lag (404 for a single broker)", "service", A.PUBLIC, response="object"),
     R("GET", "/metrics", metrics.metrics, "Prometheus metrics (text exposition format)", "service",
       A.PUBLIC, response="text"),
     R("GET", "/dashboard", dashboard.page,

@@ -32,6 +32,8 @@ SERVE_FLAGS = {  # flag destination -> config path it overrides
     "mqtt_wss_port": "mqtt.wss_port", "amqp_port": "amqp.port",
     "amqp_tls_port": "amqp.tls_port", "tls_cert": "mqtt.tls_cert", "tls_key": "mqtt.tls_key",
     "log_level": "log.level", "log_format": "log.format",
+    "cluster_etcd": "cluster.etcd", "node_id": "cluster.node_id",
+    "replication_port": "cluster.replication_port",
 }
 
 
@@ -98,6 +100,14 @@ def _add_serve(commands: argparse._SubParsersAction) -> None:
                        help="least severe log lines written to stderr (default: info)")
     serve.add_argument("--log-format", choices=["text", "json"],
                        help="log lines as text, or one JSON object each (default: text)")
+    cluster = serve.add_argument_group(
+        "cluster", "Run as one node of a replica group on etcd (all three, plus [cluster] secret, "
+        "the same on every node; `sluice serve --settings` lists the other cluster.* settings)")
+    cluster.add_argument("--cluster-etcd", metavar="URL[,URL...]",
+                         help="etcd client URLs, e.g. http://127.0.0.1:2379 (default: none, a single node)")
+    cluster.add_argument("--node-id", metavar="NAME", help="this node's name in the group, stable across restarts")
+    cluster.add_argument("--replication-port", type=int, metavar="PORT",
+                         help="where followers fetch the log from this node while it leads (default: 5679)")
     serve.add_argument("--settings", action="store_true",
                        help="list every setting with its environment variable and default, and exit")
     serve.set_defaults(handler=_serve)

@@ -3,7 +3,8 @@ and the set confirms wait for while a change is being committed in etcd.
 
 A follower stays in sync while it keeps up: it has acknowledged, within ``timeout_s``, everything
 the leader had durable one acknowledgement earlier (Kafka's "last caught-up time"), or it holds
-the leader's whole durable log. One that falls further behind is dropped. A follower joins when
+the leader's whole durable log. One that falls further behind is dropped, and so is one whose
+etcd lease is gone (it is down) at once. A follower joins when
 it holds everything confirmed so far and at least the start of the current epoch: adding it
 cannot move the confirm offset back, and its log is the leader's (it truncated and caught up).
 
@@ -13,7 +14,7 @@ one holds them from the moment the leader decides to add it.
 """
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
 
 
@@ -38,12 +39,16 @@ class Progress:
 
 def next_in_sync(current: Iterable[str], leader: str, followers: Mapping[str, Progress], *, leader_durable: int,
                  confirmed: int, epoch_start: int, epoch_began_at: float, now: float,
-                 timeout_s: float) -> tuple[str, ...]:
-    """The in-sync set the leader should record next (the leader first, then by name)."""
+                 timeout_s: float, alive: Collection[str] | None = None) -> tuple[str, ...]:
+    """The in-sync set the leader should record next (the leader first, then by name).
+    ``alive``: the nodes whose etcd lease lives; one not among them and not connected is
+    dropped at once instead of after ``timeout_s`` (it is down)."""
     members = set(current) | {leader}
     kept = {leader}
     for node in members - {leader}:
         progress = followers.get(node)
+        if alive is not None and node not in alive and (progress is None or not progress.connected):
+            continue
         if progress is None:  # not heard from in this epoch: it has until the timeout to connect
             if now - epoch_began_at <= timeout_s:
                 kept.add(node)

@@ -51,9 +51,11 @@ class InSyncKeeper:
         """Record the set the rule asks for now, if it differs from the recorded one."""
         me = self.coordinator.me.node
         followers = {node: replica.progress for node, replica in self.shipper.replicas.items()}
+        alive = {node.node for node in await self.coordinator.members()}
         wanted = next_in_sync(self.recorded.members, me, followers, leader_durable=self.shipper.store.durable_offset,
                               confirmed=self.shipper.confirmed, epoch_start=self.epoch_start,
-                              epoch_began_at=self._began_at, now=self._clock(), timeout_s=self._timeout_s)
+                              epoch_began_at=self._began_at, now=self._clock(), timeout_s=self._timeout_s,
+                              alive=alive)
         if set(wanted) == set(self.recorded.members):
             return
         self.gate.propose(wanted)

@@ -19,11 +19,13 @@ from store.epochs import EpochFile
 from store.truncation import truncate_log
 
 from .coordinator import Coordinator, Fenced, Leadership, Node
+from . import etcd as kv
 from .etcd import Etcd, EtcdUnavailable
 from .in_sync import InSyncGate
 from .in_sync_keeper import InSyncKeeper
 from .replication import LogFollower, LogShipper, MustTruncate, Refused, ReplicatedStore
 from .settings import ClusterConfig
+from .status import report_progress, unclean_key
 from .wire import ProtocolError
 
 log = logging.getLogger(__name__)
@@ -44,12 +46,15 @@ class Leading:
 
 class ReplicaNode:
     def __init__(self, config: ClusterConfig, data_dir: str, open_store: Callable[[], ReplicatedStore],
-                 address: str, replication_host: str, on_leading: Callable[[Leading], Awaitable[None]]) -> None:
+                 address: str, replication_host: str, on_leading: Callable[[Leading], Awaitable[None]],
+                 on_leader: Callable[[Node | None], Awaitable[None]] | None = None) -> None:
         """``open_store`` opens the store in ``data_dir`` (the composition root's job); the node
-        calls it again after cutting the log back."""
+        calls it again after cutting the log back. ``on_leader`` hears of each other node it
+        follows, and None when it has no leader."""
         self.config, self.data_dir, self._open_store = config, data_dir, open_store
         self.replication_host = replication_host
         self._on_leading = on_leading
+        self._on_leader = on_leader
         self.fenced = asyncio.Event()
         self.etcd = Etcd(config.endpoints)
         me = Node(config.node_id, address, f"{replication_host}:{config.replication_port}")
@@ -61,6 +66,7 @@ class ReplicaNode:
         self.role = "starting"
         self.leading: Leading | None = None
         self._keeper: asyncio.Task | None = None
+        self._reporter: asyncio.Task | None = None
 
     def _fence(self, why: str) -> None:
         self.fenced.set()
@@ -73,8 +79,10 @@ class ReplicaNode:
         while not self.fenced.is_set():
             try:
                 leadership, revision = await self.coordinator.leadership()
+                if leadership is None or leadership.leader.node == self.coordinator.me.node:
+                    await self._tell_leader(None)
                 if leadership is None:
-                    won = await self.coordinator.campaign()
+                    won = await self.coordinator.campaign() or await self._unclean_campaign()
                     if won is not None:
                         await self._lead(won)
                         return
@@ -89,6 +97,21 @@ class ReplicaNode:
             except Fenced:
                 return
 
+    async def _tell_leader(self, leader: Node | None) -> None:
+        if self._on_leader is not None:
+            await self._on_leader(leader)
+
+    async def _unclean_campaign(self) -> Leadership | None:
+        """Campaign without being in sync, once, if an operator named this node for it."""
+        key = unclean_key(self.coordinator)
+        named, _ = await self.etcd.get(key)
+        if named is None or named.value.decode() != self.coordinator.me.node:
+            return None
+        won = await self.coordinator.campaign(unclean=True)
+        if won is not None:
+            await self.etcd.txn([kv.modified_at(key, named.mod_revision)], [kv.delete(key)])
+        return won
+
     async def _await_leader_change(self, revision: int, timeout_s: float | None = None) -> None:
         async def changed() -> None:
             async for _ in self.coordinator.leader_changes(revision):
@@ -100,11 +123,13 @@ class ReplicaNode:
     async def _follow(self, leadership: Leadership, revision: int) -> None:
         """Replicate from ``leadership`` until the leader key changes."""
         self.role = "follower"
+        await self._tell_leader(leadership.leader)
         host, _, port = leadership.leader.replication.rpartition(":")
         watch = asyncio.ensure_future(self._await_leader_change(revision))
         try:
             while not watch.done():
-                follower = LogFollower(self.store, self.epochs, self.coordinator.me.node, self.config.secret)
+                follower = LogFollower(self.store, self.epochs, self.coordinator.me.node, self.config.secret,
+                                       self.replication_host)
                 follower.confirmed = self.confirmed
                 follower.add_confirm_listener(self._saw_confirmed)
                 fetch = asyncio.ensure_future(follower.follow(host, int(port)))
@@ -154,15 +179,17 @@ class ReplicaNode:
         epoch_start = self.epochs.history.latest.start
         keeper = InSyncKeeper(self.coordinator, shipper, gate, recorded, epoch_start)
         self._keeper = asyncio.ensure_future(keeper.run())
+        self._reporter = asyncio.ensure_future(report_progress(self.coordinator, shipper))
         self.leading = Leading(self.store, shipper, self.coordinator, won.epoch)
         await self._on_leading(self.leading)
         await self.fenced.wait()
 
     async def close(self, give_back_lease: bool = True) -> None:
         """Stop (``give_back_lease``: let a successor take over at once rather than after the TTL)."""
-        if self._keeper is not None:
-            self._keeper.cancel()
-            await asyncio.gather(self._keeper, return_exceptions=True)
+        for task in (self._keeper, self._reporter):
+            if task is not None:
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
         if self.leading is not None:
             await self.leading.shipper.close()
         if give_back_lease:

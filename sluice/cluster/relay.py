@@ -15,7 +15,7 @@ import asyncio
 import contextlib
 import logging
 import socket
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 
 from protocols import proxy_header, relayed_peers
 
@@ -32,8 +32,15 @@ class Relay:
     """Listens on ``host:port`` and relays to the leader's replication port ``target`` (host,
     port), or refuses while it is None."""
 
-    def __init__(self, listener: str, node: str, secret: str) -> None:
+    def __init__(self, listener: str, node: str, secret: str,
+                 answer: Callable[[bytes], Awaitable[bytes | None]] | None = None,
+                 local_host: str | None = None) -> None:
+        """``answer``, for an HTTP port: given a request's head, the whole response this node
+        gives itself (its own health and cluster view), or None to relay the request."""
         self.listener, self.node, self._secret = listener, node, secret
+        self._answer = answer
+        self._local = (local_host, 0) if local_host else None
+        """The address connections to the leader come from (this node's own)."""
         self.target: tuple[str, int] | None = None
         self._server: asyncio.Server | None = None
         self._connections: set[asyncio.Task] = set()
@@ -65,17 +72,29 @@ class Relay:
         self._connections.add(task)
         leader_writer = None
         try:
+            head = b""
+            if self._answer is not None:
+                try:
+                    async with asyncio.timeout(CONNECT_TIMEOUT_S):
+                        head = await client_reader.readuntil(b"\r\n\r\n")
+                except (asyncio.LimitOverrunError, asyncio.IncompleteReadError, TimeoutError, ConnectionError):
+                    return
+                response = await self._answer(head)
+                if response is not None:
+                    client_writer.write(response)
+                    return
             target = self.target
             if target is None:
                 return
             try:
                 async with asyncio.timeout(CONNECT_TIMEOUT_S):
-                    leader_reader, leader_writer = await asyncio.open_connection(*target)
+                    leader_reader, leader_writer = await asyncio.open_connection(*target, local_addr=self._local)
                     await self._introduce(client_writer, leader_reader, leader_writer)
             except (OSError, TimeoutError, asyncio.IncompleteReadError, ProtocolError) as error:
                 log.info("%s relay: the leader at %s:%d did not take the connection (%s); closing the "
                          "client's connection", self.listener, *target, error or type(error).__name__)
                 return
+            leader_writer.write(head)
             await _pump_both(client_reader, client_writer, leader_reader, leader_writer)
         finally:
             self._connections.discard(task)

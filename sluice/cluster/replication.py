@@ -319,8 +319,12 @@ class LogShipper:
 class LogFollower:
     """The follower's side: fetch from the leader, append, acknowledge what is durable."""
 
-    def __init__(self, store: ReplicatedStore, epochs: EpochFile, node: str, secret: str) -> None:
+    def __init__(self, store: ReplicatedStore, epochs: EpochFile, node: str, secret: str,
+                 local_host: str | None = None) -> None:
+        """``local_host``: the address this node connects from (its own), so the leader and any
+        firewall see which node it is."""
         self.store, self.epochs, self.node = store, epochs, node
+        self._local = (local_host, 0) if local_host else None
         self._secret = secret
         self.confirmed = 0
         """The highest confirm offset the leader has told; a cut below it is refused."""
@@ -337,7 +341,7 @@ class LogFollower:
         MustTruncate when the log must be cut first, Refused when the leader refuses, and
         ProtocolError, ConnectionError or IncompleteReadError when the connection fails."""
         self.store.confirm(self.confirmed)  # readers here see only what the group confirmed
-        reader, writer = await asyncio.open_connection(host, port)
+        reader, writer = await asyncio.open_connection(host, port, local_addr=self._local)
         listener = _watch_store(self.store, self._signal)
         try:
             await self._follow(reader, writer)

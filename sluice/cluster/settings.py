@@ -17,8 +17,10 @@ class ClusterConfig:
     """This node's name in the group; unique, stable across restarts."""
     name: str = "sluice"
     """The group's name: its keys in etcd live under ``/sluice/<name>/``."""
+    host: str = "127.0.0.1"
+    """Where this node's replication port listens (``--host`` sets it with every listener's)."""
     replication_port: int = DEFAULT_REPLICATION_PORT
-    """Where followers fetch the log from this node while it leads (on the node's host)."""
+    """Where followers fetch the log from this node while it leads (and relay clients to it)."""
     secret: str = ""
     """Shared by the group's nodes; a peer without it gets nothing from the replication port."""
     min_insync: int = 2

@@ -85,6 +85,8 @@ class RunningBroker:
     amqp_listener: AmqpListener | None = None
     clients: ClientDirectory = field(default_factory=ClientDirectory)
     """Every protocol's connected clients, for the admin API."""
+    cluster: Any = None
+    """This node's place in its replica group (``cluster_node.ClusterMember``); None alone."""
     default_user_created: bool = False
     _stopped: bool = field(default=False, repr=False)
 
@@ -101,6 +103,20 @@ class RunningBroker:
     def admin_url(self) -> str:
         assert self.admin is not None, "the admin server is not started"
         return self.admin.url
+
+    def listener_addresses(self) -> dict[str, tuple[str, int]]:
+        """(host, port) of every client listener by its port setting (``mqtt.port``, ...)."""
+        found = {"native.port": (self.config.native.host, self.native.port),
+                 "admin.port": (self.config.admin.host, self.admin.port)}
+        if self.mqtt_listeners is not None:
+            names = {"tcp": "mqtt.port", "ws": "mqtt.ws_port", "tls": "mqtt.tls_port", "wss": "mqtt.wss_port"}
+            found.update({names[name]: (self.config.mqtt.host, port)
+                          for name, port in self.mqtt_listeners.ports.items()})
+        if self.amqp_listener is not None:
+            found["amqp.port"] = (self.config.amqp.host, self.amqp_listener.port)
+            if self.amqp_listener.tls_port is not None:
+                found["amqp.tls_port"] = (self.config.amqp.host, self.amqp_listener.tls_port)
+        return found
 
     def endpoints(self) -> list[tuple[str, str]]:
         """(what, where) for every endpoint and the data directory, as `sluice serve` prints them."""
@@ -210,8 +226,11 @@ def _first_missing(path: str) -> str | None:
     return missing
 
 
-async def _start(config: Config) -> RunningBroker:
-    store = await asyncio.to_thread(_open_store, config)  # a broker already on it says so first
+async def _start(config: Config, store: FileStore | None = None, cluster: Any = None) -> RunningBroker:
+    """``store``: the replicated store a cluster node leads on (else this opens the data dir's);
+    ``cluster``: that node's view of its group, for the admin API."""
+    if store is None:
+        store = await asyncio.to_thread(_open_store, config)  # a broker already on it says so first
     try:
         for dotted, host, port in _listening_ports(config):
             _check_port(dotted, host, port)
@@ -229,7 +248,7 @@ async def _start(config: Config) -> RunningBroker:
                         config.store.segment_size, settings.max_message_bytes)
         core = Core(store, metadata, config.data_dir, settings, flush=config.store.flush,
                     subject_syntax=MQTT_TOPIC_SYNTAX, topic_rules=topic_rules(config))
-        running = RunningBroker(config, store, metadata, core)
+        running = RunningBroker(config, store, metadata, core, cluster=cluster)
         await core.start()
         broker = core.broker
         if config.auth.create_default_user:
@@ -324,7 +343,7 @@ def _start_native(running: RunningBroker):
 def _admin_deps(running: RunningBroker) -> AdminDeps:
     return AdminDeps(running.broker, running.store, running.metadata, queues=running.core.queues,
                      clients=running.clients, vhosts=running.core.vhost_admin,
-                     dashboard_dir=analytics.DASHBOARD_DIR)
+                     dashboard_dir=analytics.DASHBOARD_DIR, cluster=running.cluster)
 
 
 async def _listen(config: Config, section: str, starting: Any) -> Any:
@@ -405,6 +424,12 @@ async def run_until_signalled(config: Config) -> None:
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stopping.set)
     loop.add_signal_handler(signal.SIGUSR2, log_tasks)
+    if config.cluster.enabled:
+        from .cluster_node import run_cluster_node
+
+        await run_cluster_node(config, stopping)
+        print("Sluice stopped.", flush=True)
+        return
     running = await start(config)
     freeze_startup_objects()
     print_endpoints(running)

@@ -29,6 +29,7 @@ from core.errors import InvalidArgument
 from core.memory_alarm import watermark_bytes
 from core.settings import CoreConfig
 from core.topic_map import SubjectTopics, parse_rules
+from sluice.cluster.settings import ClusterConfig
 from store.api import StoreConfig
 from protocols.amqp.options import AmqpOptions
 from protocols.mqtt.options import MqttOptions
@@ -102,6 +103,7 @@ class Config:
     mqtt: MqttOptions = field(default_factory=MqttOptions)
     amqp: AmqpOptions = field(default_factory=AmqpOptions)
     log: LogConfig = field(default_factory=LogConfig)
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)
 
     @property
     def listeners(self) -> dict[str, NativeListener | AdminListener | MqttOptions | AmqpOptions]:
@@ -236,7 +238,7 @@ def unknown_variables(env: Mapping[str, str]) -> list[str]:
 def _expand(key: str) -> list[str]:
     """Dotted paths an override key stands for: ``host`` means every listener's host."""
     if key == HOST_ALIAS:
-        return [f"{name}.host" for name in Config().listeners]
+        return [f"{name}.host" for name in Config().listeners] + ["cluster.host"]
     return [key]
 
 
@@ -392,10 +394,36 @@ def _validate(config: Config) -> None:
             raise ConfigError(f"{dotted} = {value} must be greater than 0")
     if not config.data_dir:
         raise ConfigError("data_dir is empty; name the directory that holds the store")
+    _validate_cluster(config.cluster)
     try:
         watermark_bytes(config.core.memory_high_watermark)
     except ValueError as error:
         raise ConfigError(str(error)) from None
+
+
+def _validate_cluster(cluster: ClusterConfig) -> None:
+    if not cluster.enabled:
+        return
+    if not cluster.node_id:
+        raise ConfigError("cluster.etcd is set, so this node needs a name: --node-id NAME (or "
+                          "SLUICE_CLUSTER_NODE_ID), unique in the group and the same at every start")
+    if not cluster.secret:
+        raise ConfigError("cluster.etcd is set, so the group needs a shared secret: [cluster] secret "
+                          "(or SLUICE_CLUSTER_SECRET), the same on every node; a peer without it "
+                          "gets nothing from the replication port")
+    if not 0 < cluster.replication_port <= 65_535:
+        raise ConfigError(f"cluster.replication_port = {cluster.replication_port} is out of range: 1-65535")
+    if cluster.min_insync < 1:
+        raise ConfigError(f"cluster.min_insync = {cluster.min_insync} must be at least 1")
+    if cluster.lease_ttl_s < 2 or cluster.lease_margin_ms >= cluster.lease_ttl_s * 1000:
+        raise ConfigError(f"cluster.lease_ttl_s = {cluster.lease_ttl_s} must be at least 2 and more "
+                          f"than cluster.lease_margin_ms = {cluster.lease_margin_ms}")
+    if cluster.replica_timeout_ms <= 0:
+        raise ConfigError("cluster.replica_timeout_ms must be greater than 0")
+    for url in cluster.endpoints:
+        if not url.startswith(("http://", "https://")) or ":" not in url.split("//", 1)[1]:
+            raise ConfigError(f"cluster.etcd: {url!r} is not an etcd client URL such as "
+                              "http://127.0.0.1:2379")
 
 
 def describe_sources() -> list[tuple[str, str, str]]:

@@ -71,3 +71,10 @@ def test_confirms_wait_for_old_and_new_members_while_a_change_is_committed():
     assert set(gate.members()) == {"n1", "n2", "n3"}, "a joining member holds confirms at once"
     gate.abandoned()
     assert gate.members() == ("n1", "n2")
+
+
+def test_a_member_whose_lease_is_gone_leaves_at_once_and_a_live_one_gets_the_timeout():
+    common = dict(leader_durable=100, confirmed=100, epoch_start=100, epoch_began_at=0.0, now=1.0, timeout_s=4.0)
+    assert next_in_sync(["n1", "n2", "n3"], "n1", {}, alive={"n1", "n3"}, **common) == ("n1", "n3")
+    connected = {"n2": Progress(100, 1.0)}  # connected although etcd no longer lists it: kept while it keeps up
+    assert next_in_sync(["n1", "n2"], "n1", connected, alive={"n1"}, **common) == ("n1", "n2")

@@ -1,0 +1,171 @@
+"""`sluice serve` as one node of a replica group (``[cluster] etcd`` set).
+
+The node opens its store and joins the group in etcd (``sluice.cluster.node``). While it follows,
+it replicates the leader's log and listens on every client port with a relay to the leader
+(``sluice.cluster.relay``); its admin port answers ``/health`` and ``/cluster`` itself and relays
+the rest. When it wins an election it closes the relays and starts the whole broker on its store,
+exactly as a single node does, with the store confirming only what the in-sync set holds. A
+leader that is fenced (its lease lapsed) stops the broker and starts over as a follower: the
+process stays up, its clients reconnect to any node.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+from typing import Any
+
+from sluice.cluster.coordinator import Node
+from sluice.cluster.etcd import EtcdUnavailable
+from sluice.cluster.node import Leading, ReplicaNode
+from sluice.cluster.relay import Relay, RelayIngress
+from sluice.cluster.status import cluster_status
+
+from .app import READY_LINE, RunningBroker, _listening_ports, _open_store, _start, print_endpoints
+from .config import Config
+
+log = logging.getLogger("sluice")
+
+RETRY_S = 1.0
+
+
+class ClusterMember:
+    """One run of this node: following, perhaps leading, until stopped or fenced."""
+
+    def __init__(self, config: Config) -> None:
+        self.config = config
+        cluster = config.cluster
+        self.node = ReplicaNode(cluster, config.data_dir, lambda: _open_store(config),
+                                address=config.native.advertised_host or config.native.host,
+                                replication_host=cluster.host, on_leading=self._lead,
+                                on_leader=self._follow)
+        self.relays: list[Relay] = []
+        self.running: RunningBroker | None = None
+        self.leader: Node | None = None
+
+    # -- following ---------------------------------------------------------------------------
+
+    async def start_relays(self) -> None:
+        """Listen on every client port, relaying to the leader (refusing while there is none)."""
+        cluster = self.config.cluster
+        for dotted, host, port in _listening_ports(self.config):
+            answer = self._answer if dotted == "admin.port" else None
+            relay = Relay(dotted, cluster.node_id, cluster.secret, answer, local_host=cluster.host)
+            await relay.start(host, port)
+            self.relays.append(relay)
+
+    async def _follow(self, leader: Node | None) -> None:
+        self.leader = leader
+        if leader is None:
+            log.warning("no leader: client connections are refused until one is elected")
+        else:
+            log.warning("following %s (epoch of its leadership in /cluster); client connections "
+                        "are relayed to it", leader.node)
+        target = None
+        if leader is not None:
+            host, _, port = leader.replication.rpartition(":")
+            target = (host, int(port))
+        for relay in self.relays:
+            await relay.retarget(target)
+
+    async def _answer(self, head: bytes) -> bytes | None:
+        """A follower's own answer to ``GET /health`` and ``GET /cluster``; None relays the request."""
+        line = head.split(b"\r\n", 1)[0].split(b" ")
+        if len(line) != 3 or line[0] != b"GET":
+            return None
+        path = line[1].split(b"?", 1)[0]
+        if path == b"/health":
+            return _http(200, {"status": "ok", "cluster": self.health()})
+        if path == b"/cluster":
+            try:
+                return _http(200, await self.status())
+            except EtcdUnavailable as error:
+                return _http(503, {"error": "etcd_unavailable", "message": f"etcd does not answer ({error}); "
+                                   "the group's state is unknown"})
+        return None
+
+    # -- the view the admin API shows -------------------------------------------------------------
+
+    def health(self) -> dict[str, Any]:
+        coordinator = self.node.coordinator
+        leader = coordinator.me.node if self.node.role == "leader" else self.leader and self.leader.node
+        return {"node": coordinator.me.node, "role": self.node.role, "leader": leader,
+                "epoch": coordinator.epoch or None, "durable_end": self.node.store.durable_offset,
+                "confirmed": self.node.confirmed if self.node.leading is None else self.node.leading.shipper.confirmed}
+
+    async def status(self) -> dict[str, Any]:
+        return await cluster_status(self.node.coordinator)
+
+    # -- leading -------------------------------------------------------------------------------
+
+    async def _lead(self, leading: Leading) -> None:
+        for relay in self.relays:
+            await relay.close()
+        self.relays = []
+        self.running = await _start(self.config, store=leading.store, cluster=self)
+        leading.shipper.relays = RelayIngress(self.running.listener_addresses())
+        print(f"Node {self.config.cluster.node_id} leads the group in epoch {leading.epoch}.", flush=True)
+        print_endpoints(self.running)
+
+    # -- one run --------------------------------------------------------------------------------
+
+    async def run(self, stopping: asyncio.Event) -> bool:
+        """Until ``stopping`` is set (False) or this node is fenced (True: start over)."""
+        await self.start_relays()
+        cluster = self.config.cluster
+        print(f"Sluice node {cluster.node_id} of group {cluster.name!r} (etcd {cluster.etcd}), "
+              f"replication on {cluster.host}:{cluster.replication_port}, data dir "
+              f"{os.path.abspath(self.config.data_dir)}", flush=True)
+        print(f"{READY_LINE} Stop it with Ctrl+C or SIGTERM.", flush=True)
+        working = asyncio.ensure_future(self._run_node())
+        stopped = asyncio.ensure_future(stopping.wait())
+        try:
+            await asyncio.wait([working, stopped], return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            if not working.done():
+                working.cancel()
+                await asyncio.gather(working, return_exceptions=True)
+            stopped.cancel()
+        fenced = not stopping.is_set()
+        if working.done() and not working.cancelled() and working.exception() is not None:
+            await self.close(give_back_lease=True)
+            raise working.exception()
+        await self.close(give_back_lease=not fenced)
+        return fenced
+
+    async def _run_node(self) -> None:
+        while True:
+            try:
+                await self.node.run()
+                return
+            except EtcdUnavailable as error:
+                log.error("cannot reach etcd at %s (%s); retrying in %.0f s", self.config.cluster.etcd,
+                          error, RETRY_S)
+                await asyncio.sleep(RETRY_S)
+
+    async def close(self, give_back_lease: bool) -> None:
+        for relay in self.relays:
+            await relay.close()
+        self.relays = []
+        if self.running is not None:
+            await self.running.stop()
+        await self.node.close(give_back_lease)
+
+
+async def run_cluster_node(config: Config, stopping: asyncio.Event) -> None:
+    """Serve as a node of the group until ``stopping`` is set, starting over after being fenced."""
+    while True:
+        member = ClusterMember(config)
+        if not await member.run(stopping):
+            return
+        log.warning("node %s stepped down (fenced); it rejoins the group as a follower",
+                    config.cluster.node_id)
+
+
+def _http(status: int, body: dict[str, Any]) -> bytes:
+    data = json.dumps(body).encode()
+    reason = {200: "OK", 503: "Service Unavailable"}[status]
+    return (f"HTTP/1.1 {status} {reason}\r\nContent-Type: application/json\r\nContent-Length: {len(data)}\r\n"
+            "Cache-Control: no-store\r\nX-Content-Type-Options: nosniff\r\nConnection: close\r\n\r\n").encode() + data
+
