@@ -18,6 +18,7 @@ from pathlib import Path
 from .admin import add_admin_commands
 from .analytics import add_analytics_commands
 from .clients import add_client_commands
+from .cluster import add_cluster_commands
 from .data import add_data_commands
 from .demo import add_demo_command
 from .simulate import add_simulate_command
@@ -169,6 +170,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_serve(commands)
     add_admin_commands(commands)
     add_client_commands(commands)
+    add_cluster_commands(commands)
     add_vhost_commands(commands)
     add_data_commands(commands)
     add_simulate_command(commands)

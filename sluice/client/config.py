@@ -59,6 +59,8 @@ class ClientConfig:
     """
 
     endpoint: str = "127.0.0.1:8081"
+    """``host:port``, or several separated by commas (the nodes of a cluster): the client uses
+    the first and moves on to the next whenever the one it uses becomes unreachable."""
     access_key: str = ""
     secret_key: str = ""
     namespace: str = ""
@@ -69,7 +71,10 @@ class ClientConfig:
     client_id: str = ""
 
     def __post_init__(self) -> None:
-        split_endpoint(self.endpoint)
+        if not self.endpoints:
+            raise ValueError("endpoint is empty: give host:port, or several separated by commas")
+        for endpoint in self.endpoints:
+            split_endpoint(endpoint)
         if bool(self.access_key) != bool(self.secret_key):
             raise ValueError("set both access_key and secret_key, or neither")
         for name in ("request_timeout", "reconnect_timeout", "heartbeat_interval"):
@@ -77,11 +82,16 @@ class ClientConfig:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
 
     @property
+    def endpoints(self) -> tuple[str, ...]:
+        """Every ``host:port`` of ``endpoint``, in order."""
+        return tuple(part.strip() for part in self.endpoint.split(",") if part.strip())
+
+    @property
     def host(self) -> str:
-        """The broker's host name or address."""
-        return split_endpoint(self.endpoint)[0]
+        """The (first) broker's host name or address."""
+        return split_endpoint(self.endpoints[0])[0]
 
     @property
     def port(self) -> int:
-        """The broker's port."""
-        return split_endpoint(self.endpoint)[1]
+        """The (first) broker's port."""
+        return split_endpoint(self.endpoints[0])[1]

@@ -21,7 +21,7 @@ from rocketmq.grpc_protocol.definition_pb2 import (Address, AddressScheme, Encod
                                                    Resource)
 from rocketmq.grpc_protocol.definition_pb2 import Message as ProtoMessage
 
-from .config import ClientConfig
+from .config import ClientConfig, split_endpoint
 from .errors import PackedBatchError
 from .model import Message, ReceivedMessage, Sql92
 from .packing import BATCH_PROPERTY, unpack_bodies
@@ -55,13 +55,14 @@ def resource(namespace: str, name: str) -> Resource:
 
 
 def endpoints(config: ClientConfig) -> Endpoints:
-    """The configured access point as an ``Endpoints`` message."""
+    """The configured access point (every endpoint of it) as an ``Endpoints`` message."""
     host, port = config.host, config.port
     try:
         scheme = AddressScheme.IPv4 if ipaddress.ip_address(host).version == 4 else AddressScheme.IPv6
     except ValueError:
         scheme = AddressScheme.DOMAIN_NAME
-    return Endpoints(scheme=scheme, addresses=[Address(host=host, port=port)])
+    addresses = [Address(host=host, port=port) for host, port in map(split_endpoint, config.endpoints)]
+    return Endpoints(scheme=scheme, addresses=addresses)
 
 
 def duration(seconds: float) -> Duration:

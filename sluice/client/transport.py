@@ -2,6 +2,8 @@
 
 Calls that fail with UNAVAILABLE are retried on a new channel with a growing pause (50 ms up to
 1 s) until ``ClientConfig.reconnect_timeout`` has passed, so a client survives a broker restart.
+With several endpoints (a cluster's nodes), each new channel goes to the next one, so sends
+carry on through any node while the group elects a new leader.
 A retried send may store a message twice (the broker may have stored it before the connection
 dropped): delivery is at least once. Every method runs on the event loop that first used the
 transport and must not be called from another thread.
@@ -49,6 +51,8 @@ class Transport:
         self._channel: grpc.aio.Channel | None = None
         self._stub: MessagingServiceStub | None = None
         self._generation = 0
+        self._endpoint = 0
+        """Index of the endpoint the current channel goes to."""
         self._closed = False
         self._retiring: set[asyncio.Task[None]] = set()
 
@@ -61,7 +65,8 @@ class Transport:
         if self._closed:
             raise ClientClosedError("the client is closed")
         if self._stub is None:
-            self._channel = grpc.aio.insecure_channel(self._config.endpoint, options=CHANNEL_OPTIONS)
+            endpoint = self._config.endpoints[self._endpoint]
+            self._channel = grpc.aio.insecure_channel(endpoint, options=CHANNEL_OPTIONS)
             self._stub = MessagingServiceStub(self._channel)
         return self._stub, self._generation
 
@@ -71,6 +76,7 @@ class Transport:
             return
         channel, self._channel, self._stub = self._channel, None, None
         self._generation += 1
+        self._endpoint = (self._endpoint + 1) % len(self._config.endpoints)
         task = asyncio.get_running_loop().create_task(_retire(channel))
         self._retiring.add(task)
         task.add_done_callback(self._retiring.discard)

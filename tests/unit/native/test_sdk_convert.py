@@ -212,3 +212,14 @@ def test_importing_the_sdk_loads_no_broker_code():
                           cwd=Path(__file__).resolve().parents[3])
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "[]"
+
+
+def test_a_cluster_is_given_as_several_endpoints_and_each_is_checked():
+    config = ClientConfig("127.0.0.2:8081, 127.0.0.3:8081,127.0.0.4:8081")
+    assert config.endpoints == ("127.0.0.2:8081", "127.0.0.3:8081", "127.0.0.4:8081")
+    assert [(a.host, a.port) for a in endpoints(config).addresses] == [
+        ("127.0.0.2", 8081), ("127.0.0.3", 8081), ("127.0.0.4", 8081)]
+    with pytest.raises(ValueError, match="host:port"):
+        ClientConfig("127.0.0.2:8081,localhost")
+    with pytest.raises(ValueError, match="empty"):
+        ClientConfig(" , ")
