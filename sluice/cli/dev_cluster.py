@@ -46,6 +46,8 @@ class NodeProcess:
     data_dir: Path
     command: list[str]
     env: dict[str, str]
+    etcd_host: str | None = None
+    """The address this node reaches etcd at, when it has one of its own."""
     process: subprocess.Popen | None = None
     ready: threading.Event = field(default_factory=threading.Event)
     leading: threading.Event = field(default_factory=threading.Event)
@@ -115,22 +117,28 @@ class DevCluster:
     """etcd and ``count`` nodes under ``directory``."""
 
     def __init__(self, directory: Path, count: int = 3, ports: Ports | None = None, etcd_ports: tuple[int, int] = (2379, 2380),
-                 secret: str = DEV_SECRET, first_host: int = 2, extra_env: dict[str, str] | None = None) -> None:
+                 secret: str = DEV_SECRET, first_host: int = 2, extra_env: dict[str, str] | None = None,
+                 etcd_host_per_node: int | None = None) -> None:
+        """``etcd_host_per_node`` N: node k reaches etcd at 127.0.0.(N+k), an address of its own
+        (for tests that cut one node off from etcd); None: every node uses 127.0.0.1."""
         self.directory = Path(directory)
         self.ports = ports or Ports()
-        self.etcd = LocalEtcd(self.directory / "etcd", *etcd_ports)
+        self._etcd_hosts = [f"127.0.0.{etcd_host_per_node + k}" for k in range(count)] if etcd_host_per_node else []
+        self.etcd = LocalEtcd(self.directory / "etcd", *etcd_ports, more_hosts=tuple(self._etcd_hosts))
         env = {k: v for k, v in os.environ.items() if not k.startswith("SLUICE_")}
         env.update({"SLUICE_CLUSTER_SECRET": secret, **(extra_env or {})})
-        self.nodes = [self._node(f"n{index + 1}", f"127.0.0.{first_host + index}", env) for index in range(count)]
+        self.nodes = [self._node(index, f"127.0.0.{first_host + index}", env) for index in range(count)]
 
-    def _node(self, name: str, host: str, env: dict[str, str]) -> NodeProcess:
+    def _node(self, index: int, host: str, env: dict[str, str]) -> NodeProcess:
         p = self.ports
+        name = f"n{index + 1}"
         data_dir = self.directory / name
+        etcd = f"http://{self._etcd_hosts[index]}:{self.etcd.client_port}" if self._etcd_hosts else self.etcd.url
         command = [sys.executable, "-m", "sluice.cli", "serve", "--host", host, "--data-dir", str(data_dir),
-                   "--cluster-etcd", self.etcd.url, "--node-id", name, "--replication-port", str(p.replication),
+                   "--cluster-etcd", etcd, "--node-id", name, "--replication-port", str(p.replication),
                    "--native-port", str(p.native), "--admin-port", str(p.admin), "--mqtt-port", str(p.mqtt),
                    "--mqtt-ws-port", str(p.mqtt_ws), "--amqp-port", str(p.amqp)]
-        return NodeProcess(name, host, data_dir, command, env)
+        return NodeProcess(name, host, data_dir, command, env, etcd_host=self._etcd_hosts[index] if self._etcd_hosts else None)
 
     def node(self, name: str) -> NodeProcess:
         return next(node for node in self.nodes if node.name == name)

@@ -116,6 +116,8 @@ class Transport:
                 return await call(stub)
             except grpc.aio.AioRpcError as error:
                 if not self._reconnectable(error, generation):
+                    if error.code() == grpc.StatusCode.DEADLINE_EXCEEDED and len(self._config.endpoints) > 1:
+                        self.renew(generation)  # a node that stopped answering: the next call tries the next one
                     raise error_from_rpc(error) from None
                 if loop.time() + pause > give_up:
                     raise UnavailableError(

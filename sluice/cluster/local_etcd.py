@@ -32,7 +32,10 @@ class LocalEtcd:
     """One etcd member serving clients on ``host:client_port``."""
 
     def __init__(self, data_dir: Path, client_port: int, peer_port: int, host: str = "127.0.0.1",
-                 name: str = "etcd1") -> None:
+                 name: str = "etcd1", more_hosts: tuple[str, ...] = ()) -> None:
+        """``more_hosts``: further addresses it serves clients on (the same port), so a test can
+        cut one node off from etcd by the address that node uses."""
+        self.more_hosts = more_hosts
         self.data_dir = Path(data_dir)
         self.host, self.client_port, self.peer_port, self.name = host, client_port, peer_port, name
         self.process: subprocess.Popen | None = None
@@ -51,7 +54,8 @@ class LocalEtcd:
         self._log = open(self.data_dir / "etcd.log", "ab")
         self.process = subprocess.Popen(
             [binary, "--name", self.name, "--data-dir", str(self.data_dir / "etcd"),
-             "--listen-client-urls", self.url, "--advertise-client-urls", self.url,
+             "--listen-client-urls", ",".join([self.url] + [f"http://{h}:{self.client_port}" for h in self.more_hosts]),
+             "--advertise-client-urls", self.url,
              "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
              "--initial-cluster", f"{self.name}={peer}", "--logger=zap", "--log-outputs=stderr",
              "--log-level=warn"],

@@ -15,6 +15,7 @@ import asyncio
 import contextlib
 import logging
 import socket
+import time
 from collections.abc import Awaitable, Callable, Mapping
 
 from protocols import proxy_header, relayed_peers
@@ -26,6 +27,7 @@ log = logging.getLogger(__name__)
 
 CHUNK = 64 << 10
 CONNECT_TIMEOUT_S = 5.0
+REFUSAL_LOG_S = 60.0
 
 
 class Relay:
@@ -40,6 +42,8 @@ class Relay:
         self.listener, self.node, self._secret = listener, node, secret
         self._answer = answer
         self._local = (local_host, 0) if local_host else None
+        self._refusals = 0
+        self._refusal_logged_at = -REFUSAL_LOG_S
         """The address connections to the leader come from (this node's own)."""
         self.target: tuple[str, int] | None = None
         self._server: asyncio.Server | None = None
@@ -91,11 +95,12 @@ class Relay:
                     leader_reader, leader_writer = await asyncio.open_connection(*target, local_addr=self._local)
                     await self._introduce(client_writer, leader_reader, leader_writer)
             except (OSError, TimeoutError, asyncio.IncompleteReadError, ProtocolError) as error:
-                log.info("%s relay: the leader at %s:%d did not take the connection (%s); closing the "
-                         "client's connection", self.listener, *target, error or type(error).__name__)
+                self._refused(target, str(error) or type(error).__name__)
                 return
             leader_writer.write(head)
             await _pump_both(client_reader, client_writer, leader_reader, leader_writer)
+        except asyncio.CancelledError:  # the leader changed or the relay closes: end quietly
+            pass
         finally:
             self._connections.discard(task)
             for writer in (client_writer, leader_writer):
@@ -103,6 +108,16 @@ class Relay:
                     writer.close()
                     with contextlib.suppress(Exception):
                         await writer.wait_closed()
+
+    def _refused(self, target: tuple[str, int], why: str) -> None:
+        """Log that the leader did not take a connection: the first time, then once a minute
+        with how many more it refused, not once per client."""
+        now = time.monotonic()
+        self._refusals += 1
+        if now - self._refusal_logged_at >= REFUSAL_LOG_S:
+            log.info("%s relay: the leader at %s:%d did not take %d client connection(s) (last: %s); "
+                     "they were closed, their clients reconnect", self.listener, *target, self._refusals, why)
+            self._refusal_logged_at, self._refusals = now, 0
 
     async def _introduce(self, client: asyncio.StreamWriter, reader: asyncio.StreamReader,
                          writer: asyncio.StreamWriter) -> None:

@@ -275,9 +275,9 @@ class LogShipper:
         if not wire.proves_relay(self._secret, challenge, request):
             await self._refuse(writer, "wrong cluster secret")
             raise ProtocolError(f"{request.node!r} does not know the cluster secret")
-        if self.relays is None:
-            await self._refuse(writer, "this node serves no clients")
-            raise ProtocolError(f"{request.node} relayed a client to a node that serves none")
+        if self.relays is None:  # elected a moment ago: the broker is starting
+            await self._refuse(writer, "this node serves no clients yet")
+            return
         await self.relays.serve(request, reader, writer)
 
     async def _refuse(self, writer: asyncio.StreamWriter, reason: str) -> None:

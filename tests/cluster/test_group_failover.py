@@ -1,0 +1,151 @@
+"""Three real `sluice serve` nodes on 127.0.0.2-4 and a real etcd, under confirmed load from MQTT
+QoS 1, AMQP with publisher confirms and native sends, for each fault a machine can have: the
+leader killed, a follower killed and brought back, the leader frozen past its lease, the leader
+cut off from etcd and the other nodes, two of three killed. Each ends with every node stopped and
+its commit-log files read directly: no confirmed message lost, every node with the same messages
+(no two epochs confirmed divergent histories), duplicates counted."""
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+
+import pytest
+
+from bench.processes import free_ports
+from sluice.cli.dev_cluster import DevCluster, Ports
+from sluice.cluster.local_etcd import INSTALL_HINT, find_etcd
+
+from .group import (Load, Partition, check_nothing_confirmed_was_lost, cluster_view, in_sync, leader_of,
+                    wait_for)
+
+BATCH = 30
+"""Confirmed messages per producer between one step and the next."""
+
+
+@pytest.fixture
+def group(tmp_path):
+    if find_etcd() is None:
+        if os.environ.get("CI"):
+            pytest.fail(f"etcd is not installed; {INSTALL_HINT}")
+        pytest.skip(f"etcd is not installed; {INSTALL_HINT}")
+    native, admin, mqtt, ws, amqp, replication, etcd_client, etcd_peer = free_ports(8)
+    cluster = DevCluster(tmp_path / "group", ports=Ports(native, admin, mqtt, ws, amqp, replication),
+                         etcd_ports=(etcd_client, etcd_peer), etcd_host_per_node=12,
+                         extra_env={"SLUICE_STORE_SEGMENT_SIZE": str(8 << 20)})
+    cluster.start()
+    try:
+        yield cluster
+    finally:
+        cluster.kill_all()
+
+
+def finish(group: DevCluster, load: Load) -> dict:
+    """Stop the load, let every node catch up, stop them all and check their logs."""
+    confirmed = load.stop()
+    everyone = {node.name for node in group.nodes}
+    in_sync(group, everyone)
+    view = cluster_view(group)
+    wait_for("every node at the leader's durable end",
+             lambda: (v := cluster_view(group)) and len({n["durable_end"] for n in v["nodes"]}) == 1)
+    for node in group.nodes:
+        assert node.stop() == 0, f"{node.name} did not stop cleanly; see {node.log_path}"
+    report = check_nothing_confirmed_was_lost(confirmed, group.nodes)
+    print(f"epoch {view['epoch']}: {report}")
+    return report
+
+
+def test_the_leader_killed_under_load_hands_over_without_losing_a_confirmed_message(group):
+    load = Load(group)
+    load.start()
+    load.wait_more(BATCH)
+    old = leader_of(group)
+    old.kill()
+    new = leader_of(group, skip=(old,))
+    assert new is not old
+    load.wait_more(BATCH)  # every protocol carries on through the surviving nodes
+    old.start()  # it comes back as a follower, cut back to the new leader's history
+    old.wait_ready()
+    load.wait_more(BATCH)
+    finish(group, load)
+
+
+def test_a_follower_killed_and_brought_back_catches_up_and_rejoins(group):
+    load = Load(group)
+    load.start()
+    load.wait_more(BATCH)
+    leader = leader_of(group)
+    follower = next(node for node in group.nodes if node is not leader)
+    follower.kill()
+    wait_for("the dead follower out of the in-sync set",
+             lambda: (view := cluster_view(group)) and follower.name not in view["isr"])
+    load.wait_more(BATCH)  # two of three still make min_insync 2
+    follower.start()
+    follower.wait_ready()
+    in_sync(group, {node.name for node in group.nodes})
+    load.wait_more(BATCH)
+    assert leader_of(group) is leader, "a follower's death and return moves no leadership"
+    finish(group, load)
+
+
+def test_a_leader_frozen_past_its_lease_confirms_nothing_when_it_wakes(group):
+    load = Load(group)
+    load.start()
+    load.wait_more(BATCH)
+    old = leader_of(group)
+    old.signal(signal.SIGSTOP)
+    try:
+        leader_of(group, skip=(old,))
+        load.wait_more(BATCH)
+    finally:
+        old.signal(signal.SIGCONT)
+    # it wakes past its lease deadline: it must not confirm what its clients sent meanwhile, and
+    # steps down, rejoining as a follower cut back to the new leader's history
+    wait_for("the woken leader to follow", lambda: (view := cluster_view(group)) and old.name in view["isr"])
+    load.wait_more(BATCH)
+    finish(group, load)
+
+
+@pytest.mark.skipif(shutil.which("nft") is None or os.geteuid() != 0,
+                    reason="needs nftables (apt-get install -y nftables) and root")
+def test_a_leader_cut_off_from_etcd_and_its_followers_is_replaced_and_rejoins_when_healed(group):
+    load = Load(group)
+    load.start()
+    load.wait_more(BATCH)
+    old = leader_of(group)
+    partition = Partition(old)
+    partition.cut()
+    try:
+        new = leader_of(group, skip=(old,))
+        assert new is not old
+        load.wait_more(BATCH)
+    finally:
+        partition.heal()
+    wait_for("the cut-off leader to rejoin", lambda: (view := cluster_view(group)) and old.name in view["isr"])
+    load.wait_more(BATCH)
+    finish(group, load)
+
+
+def test_with_two_of_three_killed_publishes_are_refused_until_one_comes_back(group):
+    load = Load(group)
+    load.start()
+    load.wait_more(BATCH)
+    leader = leader_of(group)
+    killed = [node for node in group.nodes if node is not leader]
+    for node in killed:
+        node.kill()
+    view = wait_for("the in-sync set down to the leader, refusing publishes",
+                    lambda: (v := cluster_view(group)) and v["isr"] == [leader.name] and v["refusal"] and v)
+    assert "min_insync" in view["refusal"]
+    before = load.counts()
+    # nothing more is confirmed while only one replica holds it: each producer keeps trying
+    # and is refused (a failed attempt each), not acknowledged
+    failures = {p.protocol: p.failures for p in load.producers}
+    wait_for("every producer refused", lambda: all(p.failures > failures[p.protocol] for p in load.producers))
+    assert load.counts() == before, f"confirmed with one replica in sync: {before} -> {load.counts()}"
+    killed[0].start()
+    killed[0].wait_ready()
+    load.wait_more(BATCH)  # two in sync again: publishes are taken
+    killed[1].start()
+    killed[1].wait_ready()
+    finish(group, load)
