@@ -265,7 +265,7 @@ class LogShipper:
         log.info("follower %s (%s) replicates from offset %d in epoch %d", hello.node, peer, start, self.epoch)
         acks = asyncio.ensure_future(self._read_acks(reader, replica))
         try:
-            await self._send(writer, start, acks)
+            await self._send(writer, start, acks, replica)
         finally:
             acks.cancel()
             replica.progress.connected = False
@@ -296,13 +296,15 @@ class LogShipper:
             replica.progress.acknowledged(durable, self.store.durable_offset, self._clock())
             self.update()
 
-    async def _send(self, writer: asyncio.StreamWriter, offset: int, acks: asyncio.Future) -> None:
+    async def _send(self, writer: asyncio.StreamWriter, offset: int, acks: asyncio.Future, replica: Replica) -> None:
         told, last_sent = -1, 0.0
         while not acks.done():
             wakeup = self._signal.current
             end = self.epochs.history.next_start(offset) or self.store.durable_offset
             records = self.store.read_log(offset, BATCH_BYTES, end)
             now = self._clock()
+            if not records and replica.progress.durable >= offset:
+                replica.progress.caught_up_at = now  # idle and holding everything: it keeps up
             if records or self.confirmed != told or now - last_sent >= HEARTBEAT_S:
                 epoch = self.epochs.history.epoch_at(offset) if records else self.epoch
                 writer.write(wire.encode_batch(epoch, offset, self.confirmed, records))

@@ -12,12 +12,10 @@ import signal
 
 import pytest
 
+from bench.cluster_load import Load, Partition, cluster_view, finish, in_sync, leader_of, wait_for
 from bench.processes import free_ports
 from sluice.cli.dev_cluster import DevCluster, Ports
 from sluice.cluster.local_etcd import INSTALL_HINT, find_etcd
-
-from .group import (Load, Partition, check_nothing_confirmed_was_lost, cluster_view, in_sync, leader_of,
-                    wait_for)
 
 BATCH = 30
 """Confirmed messages per producer between one step and the next."""
@@ -38,21 +36,6 @@ def group(tmp_path):
         yield cluster
     finally:
         cluster.kill_all()
-
-
-def finish(group: DevCluster, load: Load) -> dict:
-    """Stop the load, let every node catch up, stop them all and check their logs."""
-    confirmed = load.stop()
-    everyone = {node.name for node in group.nodes}
-    in_sync(group, everyone)
-    view = cluster_view(group)
-    wait_for("every node at the leader's durable end",
-             lambda: (v := cluster_view(group)) and len({n["durable_end"] for n in v["nodes"]}) == 1)
-    for node in group.nodes:
-        assert node.stop() == 0, f"{node.name} did not stop cleanly; see {node.log_path}"
-    report = check_nothing_confirmed_was_lost(confirmed, group.nodes)
-    print(f"epoch {view['epoch']}: {report}")
-    return report
 
 
 def test_the_leader_killed_under_load_hands_over_without_losing_a_confirmed_message(group):

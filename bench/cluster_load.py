@@ -1,4 +1,5 @@
-"""A replica group of real `sluice serve` processes under confirmed load, for the failover tests.
+"""A replica group of real `sluice serve` processes under confirmed load: the failover tests' and
+the SIGKILL loop's harness.
 
 ``Load`` runs one producer per protocol in threads of this process, each through every node in
 turn (the way a user's clients carry on: paho reconnecting to the next host, pika given every
@@ -81,6 +82,9 @@ class Producer(threading.Thread):
         self.group = group
         self.hosts = [node.host for node in group.nodes]
         self.confirmed: list[int] = []
+        self.sent_at = 0.0
+        self.confirm_times: list[tuple[float, float]] = []
+        """(when its send began, when it was confirmed) of each confirmed message, in order."""
         self.failures = 0
         self.stopping = threading.Event()
         self.error: BaseException | None = None
@@ -90,10 +94,23 @@ class Producer(threading.Thread):
     def body(self, number: int) -> bytes:
         return f"{self.protocol}-{number:07d}".encode()
 
+    def sending(self) -> None:
+        """A send of a new message begins now."""
+        self.sent_at = time.monotonic()
+
     def confirm(self, number: int) -> None:
         with self._progress:
             self.confirmed.append(number)
+            self.confirm_times.append((self.sent_at, time.monotonic()))
             self._progress.notify_all()
+
+    def first_confirm_after(self, moment: float, timeout_s: float = WAIT_S) -> float:
+        """When the first message whose send began after ``moment`` (monotonic) was confirmed."""
+        with self._progress:
+            if not self._progress.wait_for(lambda: (self.confirm_times and self.confirm_times[-1][0] > moment)
+                                           or self.error is not None, timeout_s):
+                raise AssertionError(f"{self.protocol}: nothing confirmed within {timeout_s:.0f} s")
+            return min(confirmed for sent, confirmed in self.confirm_times if sent > moment)
 
     def count(self) -> int:
         with self._lock:
@@ -138,6 +155,7 @@ class MqttProducer(Producer):
             try:
                 while not self.stopping.is_set():
                     number += 1
+                    self.sending()
                     info = client.publish("load/mqtt", self.body(number), qos=1)
                     info.wait_for_publish(10)
                     if not info.is_published():
@@ -176,6 +194,7 @@ class AmqpProducer(Producer):
                 channel.queue_declare(self.QUEUE, durable=True)
                 while not self.stopping.is_set():
                     number += 1
+                    self.sending()
                     channel.basic_publish("", self.QUEUE, self.body(number),
                                           pika.BasicProperties(delivery_mode=2), mandatory=True)
                     self.confirm(number)
@@ -206,6 +225,7 @@ class NativeProducer(Producer):
             try:
                 while not self.stopping.is_set():
                     number += 1
+                    self.sending()
                     try:
                         producer.send(Message("load-native", self.body(number)))
                     except SluiceClientError:  # refused or unreachable: not confirmed, go on
@@ -266,6 +286,21 @@ def check_nothing_confirmed_was_lost(confirmed: dict[str, set[int]], nodes: list
         assert found == first, f"{name}'s log holds other messages than {nodes[0].name}'s: the histories diverge"
     report["duplicated"] = sum(count - 1 for count in first.values() if count > 1)
     report["stored_unconfirmed"] = len(set(first) - wanted)
+    return report
+
+
+def finish(group: DevCluster, load: Load) -> dict:
+    """Stop the load, let every node catch up, stop them all and check their logs."""
+    confirmed = load.stop()
+    everyone = {node.name for node in group.nodes}
+    in_sync(group, everyone)
+    view = cluster_view(group)
+    wait_for("every node at the leader's durable end",
+             lambda: (v := cluster_view(group)) and len({n["durable_end"] for n in v["nodes"]}) == 1)
+    for node in group.nodes:
+        assert node.stop() == 0, f"{node.name} did not stop cleanly; see {node.log_path}"
+    report = check_nothing_confirmed_was_lost(confirmed, group.nodes)
+    print(f"epoch {view['epoch']}: {report}")
     return report
 
 
