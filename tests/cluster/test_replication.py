@@ -7,6 +7,7 @@ import contextlib
 import pytest
 
 from sluice.cluster import wire
+from sluice.cluster.in_sync import next_in_sync
 from sluice.cluster.replication import LogFollower, LogShipper, MustTruncate, Refused
 from store.api import StoreConfig
 from store.epochs import Epoch, EpochFile
@@ -267,6 +268,33 @@ def test_a_leader_whose_lease_lapsed_confirms_nothing_more(nodes):
                 publish(n1.store, 1)
             assert await asyncio.to_thread(n2.store.wait_durable, first, WAIT)
             assert shipper.confirmed == first
+            await stop(task)
+        finally:
+            await shipper.close()
+    asyncio.run(scenario())
+
+
+def test_an_idle_follower_that_holds_everything_stays_caught_up(nodes):
+    n1, n2, _ = nodes
+    now = [1000.0]
+
+    async def scenario():
+        shipper = LogShipper(n1.store, n1.epochs, 3, SECRET, "n1", lambda: ["n1", "n2"], clock=lambda: now[0])
+        port = await shipper.start("127.0.0.1", 0)
+        try:
+            end = publish(n1.store, 5)
+            _, task = following(n2, "n2", port)
+            await confirmed(shipper, end)
+            now[0] += 3600  # an hour without a record
+            shipper.update()  # wakes the sender, which finds nothing to send and the follower at the end
+            deadline = asyncio.get_running_loop().time() + WAIT
+            while shipper.replicas["n2"].progress.caught_up_at != now[0]:  # no event marks a heartbeat
+                assert asyncio.get_running_loop().time() < deadline, "the follower never counted as caught up"
+                await asyncio.sleep(0.01)
+            progress = shipper.replicas["n2"].progress
+            # the next record does not make it look an hour behind
+            assert next_in_sync(["n1", "n2"], "n1", {"n2": progress}, leader_durable=end + 100, confirmed=end,
+                                epoch_start=0, epoch_began_at=0.0, now=now[0] + 0.1, timeout_s=4.0) == ("n1", "n2")
             await stop(task)
         finally:
             await shipper.close()
