@@ -15,7 +15,7 @@ import enum
 import functools
 import json
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -55,12 +55,14 @@ class AdminDeps:
 
 
 class ClusterView(Protocol):
-    """What the admin API shows of a replica group (``sluice.cluster.status``)."""
+    """What the admin API shows of a replica group (the cluster node of ``sluice.server.cluster_node``)."""
 
     def health(self) -> dict[str, Any]:
         """This node's id, role, leader and epoch, without asking etcd."""
     async def status(self) -> dict[str, Any]:
         """The whole group as etcd records it (raises when etcd does not answer)."""
+    def metrics(self) -> Iterator[Any]:
+        """Prometheus metric families of this node's replication."""
 
 
 DEPS: web.AppKey[AdminDeps] = web.AppKey("deps", AdminDeps)

@@ -74,6 +74,8 @@ class BrokerCollector(Collector):
         yield from self._counters(broker)
         if getattr(self.deps, "vhosts", None) is not None:
             yield from amqp_queue_metrics(self.deps.vhosts.queues_of())
+        if getattr(self.deps, "cluster", None) is not None:
+            yield from self.deps.cluster.metrics()
 
     def _store(self, store: Any) -> Iterator[Metric]:
         if store is None:

@@ -29,6 +29,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from . import etcd as kv
+from . import events
 from .etcd import Etcd, EtcdUnavailable, KeyValue
 from .settings import ClusterConfig
 
@@ -219,6 +220,7 @@ class Coordinator:
             raise Fenced(self.fenced)
         self.epoch = result.revision
         how = "unclean election" if unclean else "founded the group" if isr.revision == 0 else "elected"
+        events.counts["elections"] += 1
         log.warning("%s leads in epoch %d (%s; in-sync set %s)", self.me.node, self.epoch, how,
                     ", ".join([self.me.node] if isr.revision == 0 or unclean else isr.members))
         return Leadership(self.me, self.epoch)
@@ -236,6 +238,7 @@ class Coordinator:
             [kv.put(self.isr_key, _encode_isr(members))])
         if not result.succeeded:
             return None
+        events.counts["in_sync_changes"] += 1
         log.warning("in-sync set of epoch %d: %s (was %s)", self.epoch, ", ".join(members),
                     ", ".join(expected.members))
         return InSyncSet(tuple(members), result.revision)

@@ -20,6 +20,7 @@ from store.truncation import truncate_log
 
 from .coordinator import Coordinator, Fenced, Leadership, Node
 from . import etcd as kv
+from . import events
 from .etcd import Etcd, EtcdUnavailable
 from .in_sync import InSyncGate
 from .in_sync_keeper import InSyncKeeper
@@ -69,6 +70,8 @@ class ReplicaNode:
         self._reporter: asyncio.Task | None = None
 
     def _fence(self, why: str) -> None:
+        if self.leading is not None:
+            events.counts["fenced"] += 1
         self.fenced.set()
         if self.leading is not None:
             self.leading.shipper.update()  # confirms stop and publishes are refused at once
@@ -161,6 +164,7 @@ class ReplicaNode:
     async def _truncate(self, offset: int) -> None:
         """Close the store, cut the log at ``offset`` (never below what was confirmed), reopen."""
         await asyncio.to_thread(self.store.close)
+        events.counts["truncations"] += 1
         try:
             await asyncio.to_thread(truncate_log, self.data_dir, offset, self.store.config.segment_size,
                                     self.confirmed)

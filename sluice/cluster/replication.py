@@ -152,6 +152,10 @@ class LogShipper:
         """Call ``listener(confirm_offset)`` on the event loop each time it advances."""
         self._confirm_listeners.append(listener)
 
+    def in_sync_members(self) -> set[str]:
+        """The members confirms wait for now."""
+        return set(self._in_sync())
+
     def add_progress_listener(self, listener: Callable[[], None]) -> None:
         """Call ``listener()`` on the event loop whenever a durable end moves."""
         self._progress_listeners.append(listener)
@@ -160,7 +164,7 @@ class LogShipper:
         if not self._may_confirm():
             return ("this node no longer holds the leadership (its etcd lease was not renewed in "
                     "time); reconnect: another node leads")
-        in_sync = len(set(self._in_sync()))
+        in_sync = len(self.in_sync_members())
         if in_sync < self.min_insync:
             return (f"only {in_sync} replica(s) in sync, min_insync is {self.min_insync}: publishes "
                     "are refused until a follower catches up")
@@ -173,7 +177,7 @@ class LogShipper:
             self.refusal = refusal
             self.store.refuse_appends(refusal)
             if refusal is None:
-                log.warning("publishes are taken again: %d replicas in sync", len(set(self._in_sync())))
+                log.warning("publishes are taken again: %d replicas in sync", len(self.in_sync_members()))
             else:
                 log.error("publishes are refused: %s", refusal)
         confirmed = self.confirm_offset() if refusal is None else self.confirmed

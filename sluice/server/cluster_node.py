@@ -14,10 +14,16 @@ import asyncio
 import json
 import logging
 import os
+from collections.abc import Callable, Iterator
 from typing import Any
+
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client.core import Metric
+from prometheus_client.registry import Collector
 
 from sluice.cluster.coordinator import Node
 from sluice.cluster.etcd import EtcdUnavailable
+from sluice.cluster.metrics import cluster_metrics
 from sluice.cluster.node import Leading, ReplicaNode
 from sluice.cluster.relay import Relay, RelayIngress
 from sluice.cluster.status import cluster_status
@@ -77,6 +83,12 @@ class ClusterMember:
         path = line[1].split(b"?", 1)[0]
         if path == b"/health":
             return _http(200, {"status": "ok", "cluster": self.health()})
+        if path == b"/metrics":
+            registry = CollectorRegistry(auto_describe=False)
+            registry.register(_Families(self.metrics))
+            body = generate_latest(registry)
+            return (f"HTTP/1.1 200 OK\r\nContent-Type: {CONTENT_TYPE_LATEST}\r\nContent-Length: {len(body)}\r\n"
+                    "Connection: close\r\n\r\n").encode() + body
         if path == b"/cluster":
             try:
                 return _http(200, await self.status())
@@ -96,6 +108,9 @@ class ClusterMember:
 
     async def status(self) -> dict[str, Any]:
         return await cluster_status(self.node.coordinator)
+
+    def metrics(self) -> Iterator[Metric]:
+        return cluster_metrics(self.node)
 
     # -- leading -------------------------------------------------------------------------------
 
@@ -161,6 +176,11 @@ async def run_cluster_node(config: Config, stopping: asyncio.Event) -> None:
             return
         log.warning("node %s stepped down (fenced); it rejoins the group as a follower",
                     config.cluster.node_id)
+
+
+class _Families(Collector):
+    def __init__(self, collect: Callable[[], Iterator[Metric]]) -> None:
+        self.collect = collect  # type: ignore[method-assign]
 
 
 def _http(status: int, body: dict[str, Any]) -> bytes:

@@ -6,9 +6,13 @@ its commit-log files read directly: no confirmed message lost, every node with t
 (no two epochs confirmed divergent histories), duplicates counted."""
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
+import subprocess
+import sys
+import urllib.request
 
 import pytest
 
@@ -132,3 +136,44 @@ def test_with_two_of_three_killed_publishes_are_refused_until_one_comes_back(gro
     killed[1].start()
     killed[1].wait_ready()
     finish(group, load)
+
+
+def test_every_node_reports_the_group_and_a_follower_relays_the_admin_api(group):
+    leader = leader_of(group)
+    follower = next(node for node in group.nodes if node is not leader)
+    in_sync(group, {node.name for node in group.nodes})
+    admin = f"http://{follower.host}:{group.ports.admin}"
+    status = json.loads(_sluice("cluster", "status", "--admin", admin, "--json"))
+    assert status["leader"] == leader.name and status["epoch"] > 0
+    assert sorted(status["isr"]) == sorted(node.name for node in group.nodes)
+    roles = {node["id"]: (node["role"], node["address"]) for node in status["nodes"]}
+    assert roles == {node.name: ("leader" if node is leader else "follower", node.host) for node in group.nodes}
+    health = _get_json(f"{admin}/health")
+    assert health["cluster"] == health["cluster"] | {"node": follower.name, "role": "follower", "leader": leader.name}
+    leader_health = _get_json(f"http://{leader.host}:{group.ports.admin}/health")
+    assert leader_health["cluster"]["role"] == "leader" and leader_health["status"] == "ok"
+    follower_metrics = _get_text(f"{admin}/metrics")
+    assert f'sluice_cluster_leader{{node="{follower.name}"}} 0.0' in follower_metrics
+    leader_metrics = _get_text(f"http://{leader.host}:{group.ports.admin}/metrics")
+    assert f'sluice_cluster_in_sync_replicas{{node="{leader.name}"}} 3.0' in leader_metrics
+    assert f'sluice_cluster_replica_lag_bytes{{node="{leader.name}",replica="{follower.name}"}}' in leader_metrics
+    # any other admin request through the follower reaches the leader, logged in as anywhere
+    assert "load-native" not in _sluice("topic", "list", "--admin", admin)
+    _sluice("topic", "create", "made-through-a-follower", "--admin", admin)
+    assert "made-through-a-follower" in _sluice("topic", "list", "--admin", f"http://{leader.host}:{group.ports.admin}")
+
+
+def _sluice(*arguments: str) -> str:
+    done = subprocess.run([sys.executable, "-m", "sluice.cli", *arguments, "--user", "sluice", "--password", "sluice"],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def _get_json(url: str) -> dict:
+    return json.loads(_get_text(url))
+
+
+def _get_text(url: str) -> str:
+    with urllib.request.urlopen(url, timeout=10) as reply:
+        return reply.read().decode()
