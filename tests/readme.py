@@ -7,6 +7,8 @@ An HTML comment on the line before a fenced block says what a test does with it:
     <!-- test: spark NAME -->   a PySpark block, run in the test session's Spark
                                 (tests/analytics/test_readme_spark.py)
     <!-- test: file PATH -->    write it to PATH, for a later block to use (a Celery app module)
+    <!-- test: cluster NAME --> run a ``python`` block against a three-node group while its
+                                leader is killed (tests/cluster/test_readme_cluster.py)
     <!-- test: skip REASON -->  shown, not run (make targets, a second broker on the default
                                 ports, commands that run until Ctrl+C)
 
@@ -21,7 +23,7 @@ from pathlib import Path
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 RUNNABLE_LANGUAGES = ("python", "sh", "bash")
-_MARKER = re.compile(r"<!-- test: (run|spark|file|skip)\s+(.*?)\s*-->")
+_MARKER = re.compile(r"<!-- test: (run|spark|file|cluster|skip)\s+(.*?)\s*-->")
 _FENCE = re.compile(r"^```(\w*)\s*$")
 
 
