@@ -7,7 +7,7 @@ RUN_STAMP := $(VENV)/.run-stamp
 DEMO_STAMP := $(VENV)/.demo-stamp
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: test bench fuzz run demo clean
+.PHONY: test bench fuzz run demo cluster clean
 
 $(RUN_STAMP): pyproject.toml
 	test -d $(VENV) || python3 -m venv $(VENV)
@@ -41,6 +41,10 @@ fuzz: $(STAMP)
 
 run: $(RUN_STAMP)
 	$(VENV)/bin/sluice serve
+
+# A one-member etcd and three nodes on 127.0.0.2-4 (needs etcd: apt-get install -y etcd-server).
+cluster: $(RUN_STAMP)
+	$(VENV)/bin/sluice dev-cluster $(CLUSTER_ARGS)
 
 demo: $(DEMO_STAMP)
 	$(VENV)/bin/sluice demo $(DEMO_ARGS)
