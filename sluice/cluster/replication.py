@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Protocol
 
+from core.untrusted import DenialLog
 from store.api import StoreConfig
 from store.epochs import Epoch, EpochFile, EpochFileError, EpochHistory, consistent_point
 
@@ -28,8 +29,12 @@ from .relay import RelayIngress
 from .wire import Kind, ProtocolError
 
 log = logging.getLogger(__name__)
+_denials = DenialLog(log)
 
 HANDSHAKE_TIMEOUT_S = 10.0
+MAX_UNPROVEN = 64
+"""Replication connections that may be waiting to prove the cluster secret at once; more are
+closed at once, so peers without it cannot hold the port's resources."""
 HEARTBEAT_S = 0.5
 """How often an idle leader tells its followers the confirm offset (an empty batch)."""
 BATCH_BYTES = 1 << 20
@@ -128,6 +133,8 @@ class LogShipper:
         self._signal = _Signal()
         self._server: asyncio.Server | None = None
         self._connections: set[asyncio.Task] = set()
+        self._unproven = 0
+        """Connections that have not proved the cluster secret yet (bounded by MAX_UNPROVEN)."""
         loop = asyncio.get_running_loop()
 
         def listener(visible: int, durable: int) -> None:
@@ -216,30 +223,42 @@ class LogShipper:
 
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         task = asyncio.current_task()
+        peer_host, peer_port = writer.get_extra_info("peername")[:2]
+        peer = f"{peer_host}:{peer_port}"
+        if self._unproven >= MAX_UNPROVEN:
+            _denials.denied(peer_host, "busy", "replication peer %s closed at once: %d connections have not "
+                            "proved the cluster secret yet", peer, self._unproven)
+            writer.close()
+            return
         self._connections.add(task)
-        peer = "%s:%s" % writer.get_extra_info("peername")[:2]
+        self._unproven += 1
+        proven = [False]
         try:
-            await self._serve(reader, writer, peer)
+            await self._serve(reader, writer, peer, proven)
         except ProtocolError as error:
-            log.warning("replication peer %s closed: %s", peer, error)
+            _denials.denied(peer_host, "protocol", "replication peer %s closed: %s", peer, error)
         except asyncio.TimeoutError:
-            log.warning("replication peer %s closed: it did not say who it is within %.0f s", peer,
-                        HANDSHAKE_TIMEOUT_S)
+            _denials.denied(peer_host, "timeout", "replication peer %s closed: it did not say who it is within "
+                            "%.0f s", peer, HANDSHAKE_TIMEOUT_S)
         except (asyncio.IncompleteReadError, ConnectionError):
             pass
         finally:
+            if not proven[0]:
+                self._unproven -= 1
             self._connections.discard(task)
             writer.close()
             with contextlib.suppress(Exception):
                 await writer.wait_closed()
 
-    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, peer: str) -> None:
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, peer: str,
+                     proven: list[bool]) -> None:
+        """``proven[0]`` is set once the peer has proved the cluster secret."""
         challenge = os.urandom(wire.CHALLENGE_SIZE)
         writer.write(wire.frame(Kind.CHALLENGE, challenge))
         async with asyncio.timeout(HANDSHAKE_TIMEOUT_S):
             kind, payload = await wire.read_frame(reader, 0)
         if kind is Kind.RELAY:
-            await self._serve_relay(wire.decode_relay(payload), challenge, reader, writer)
+            await self._serve_relay(wire.decode_relay(payload), challenge, reader, writer, proven)
             return
         if kind is not Kind.HELLO:
             raise ProtocolError(f"expected HELLO or RELAY, got {kind.name}")
@@ -247,6 +266,7 @@ class LogShipper:
         if not wire.proves(self._secret, challenge, hello):
             await self._refuse(writer, "wrong cluster secret")
             raise ProtocolError(f"{hello.node!r} does not know the cluster secret")
+        self._proved(proven)
         if hello.segment_size != self.store.config.segment_size:
             await self._refuse(writer, f"segment_size {hello.segment_size} differs from the leader's "
                                        f"{self.store.config.segment_size}; every node needs the same")
@@ -274,11 +294,16 @@ class LogShipper:
             acks.cancel()
             replica.progress.connected = False
 
+    def _proved(self, proven: list[bool]) -> None:
+        proven[0] = True
+        self._unproven -= 1
+
     async def _serve_relay(self, request: wire.RelayRequest, challenge: bytes, reader: asyncio.StreamReader,
-                           writer: asyncio.StreamWriter) -> None:
+                           writer: asyncio.StreamWriter, proven: list[bool]) -> None:
         if not wire.proves_relay(self._secret, challenge, request):
             await self._refuse(writer, "wrong cluster secret")
             raise ProtocolError(f"{request.node!r} does not know the cluster secret")
+        self._proved(proven)
         if self.relays is None:  # elected a moment ago: the broker is starting
             await self._refuse(writer, "this node serves no clients yet")
             return
