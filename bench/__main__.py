@@ -6,8 +6,9 @@ MQTT listener beside Mosquitto and RabbitMQ's MQTT plugin, with the load generat
 ceiling), ``amqp`` (Sluice's AMQP 0-9-1 listener beside RabbitMQ: confirms and acks, 256 queues,
 topic fan-out, latency), ``analytics`` (the Spark source beside ``spark.read.json``), ``latency``
 (MQTT publish to a window aggregate on the dashboard stream, at 1,000 readings/s) and
-``hardening`` (what hostile input costs: decoding packets with 1, 1,000 and 100,000 user
-properties) and ``features`` (delayed messages: send rate and delivery against due time at
+``cluster`` (a three-node Sluice group beside single-node Sluice and a three-node RabbitMQ
+cluster's quorum queue, AMQP with confirms), ``hardening`` (what hostile input costs: decoding
+packets with 1, 1,000 and 100,000 user properties) and ``features`` (delayed messages: send rate and delivery against due time at
 100,000 pending; FIFO groups; SQL92 filter cost at 1, 10 and 100 subscriptions; transactional
 sends beside plain ones). With no section named, all of them run.
 """
@@ -23,7 +24,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Protocol
 
-from . import (amqp_bench, analytics_bench, features_bench, hardening_bench, latency_bench, mqtt_bench,
+from . import (amqp_bench, analytics_bench, cluster_bench, features_bench, hardening_bench, latency_bench, mqtt_bench,
                native_bench, store_bench)
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -106,11 +107,18 @@ def _features_section(options: argparse.Namespace, workdir: Path, log: Callable[
     return features_bench.run_section(settings, workdir / "features", log)
 
 
+def _cluster_section(options: argparse.Namespace, workdir: Path, log: Callable[[str], None]) -> Rendered:
+    settings = cluster_bench.Settings.smoke() if options.quick else cluster_bench.Settings()
+    if options.repeats is not None:
+        settings = cluster_bench.Settings(**{**settings.__dict__, "rounds": options.repeats})
+    return cluster_bench.run_section(settings, workdir / "cluster", log)
+
+
 SECTIONS: dict[str, Section] = {"store": _store_section, "native": _native_section, "mqtt": _mqtt_section,
-                                "amqp": _amqp_section,
+                                "amqp": _amqp_section, "cluster": _cluster_section,
                                 "analytics": _analytics_section, "latency": _latency_section,
                                 "hardening": _hardening_section, "features": _features_section}
-DEFAULT_SECTIONS = ("store", "native", "mqtt", "amqp", "analytics", "latency", "hardening", "features")
+DEFAULT_SECTIONS = ("store", "native", "mqtt", "amqp", "cluster", "analytics", "latency", "hardening", "features")
 """Run when no section is named (``make bench``); on a 2-core machine the amqp section takes about
 3 minutes and the mqtt one about 8."""
 

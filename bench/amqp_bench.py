@@ -86,6 +86,8 @@ class Topology:
     exchange_type: str
     bindings: dict[str, str]
     queues: tuple[str, ...]
+    queue_arguments: dict[str, str] = field(default_factory=dict)
+    """``x-`` arguments of every queue (``x-queue-type``)."""
 
 
 @dataclass(frozen=True)
@@ -167,7 +169,7 @@ def declared(url: str, topology: Topology) -> Iterator[None]:
         if topology.exchange:
             channel.exchange_declare(topology.exchange, topology.exchange_type, durable=True)
         for name in topology.queues:
-            channel.queue_declare(name, durable=True)
+            channel.queue_declare(name, durable=True, arguments=topology.queue_arguments or None)
             if topology.exchange:
                 channel.queue_bind(name, topology.exchange, topology.bindings[name])
         yield

@@ -110,6 +110,51 @@ def throwaway_node(parent: Path, log: Log, timeout: float = START_TIMEOUT, prefi
         yield node
 
 
+@contextmanager
+def throwaway_cluster(parent: Path, log: Log, size: int = 3, prefix: str = "bench-cluster",
+                      timeout: float = START_TIMEOUT) -> Iterator[list[RabbitNode]]:
+    """Start ``size`` private RabbitMQ nodes sharing one Erlang cookie and one private epmd, and
+    join them into one cluster (``rabbitmqctl join_cluster``); stop them and delete their files
+    on exit. The first node is the one the others joined."""
+    script = find_server()
+    if script is None:
+        raise ServerUnavailable(f"rabbitmq-server is not installed; {INSTALL_HINT}")
+    parent.mkdir(parents=True, exist_ok=True)
+    cookie = os.urandom(16).hex().upper()
+    epmd_port = free_ports(1)[0]
+    with ExitStack() as cleanup:
+        nodes, processes = [], []
+        started = time.monotonic()
+        for index in range(size):
+            directory = Path(tempfile.mkdtemp(prefix=f"rabbitmq-{index}-", dir=parent))
+            cleanup.callback(shutil.rmtree, directory, True)
+            (directory / ".erlang.cookie").write_text(cookie)
+            (directory / ".erlang.cookie").chmod(0o400)
+            amqp_port, dist_port = free_ports(2)
+            node_name = f"{prefix}-{os.getpid()}-{index}@localhost"
+            env = _node_environment(directory, node_name, amqp_port, dist_port, epmd_port, (), ())
+            output = open(directory / "server-output.log", "wb")
+            cleanup.callback(output.close)
+            process = subprocess.Popen([str(script)], env=env, cwd=directory, stdin=subprocess.DEVNULL,
+                                       stdout=output, stderr=subprocess.STDOUT, start_new_session=True)
+            if index == 0:
+                cleanup.callback(_end_epmd, epmd_port, env)
+            cleanup.callback(stop_process_group, process, STOP_TIMEOUT)
+            processes.append(process)
+            nodes.append(RabbitNode(amqp_port, node_name, _version(script), directory, process.pid, env))
+        for node, process in zip(nodes, processes):
+            try:
+                wait_for_port(node.amqp_port, started + timeout, process, "rabbitmq-server")
+            except ServerUnavailable as error:
+                raise ServerUnavailable(f"RabbitMQ node did not start: {error}\n{_tail(node.directory)}") from None
+        for node in nodes[1:]:
+            node.ctl("stop_app")
+            node.ctl("join_cluster", nodes[0].node_name)
+            node.ctl("start_app")
+        log(f"RabbitMQ {nodes[0].version} cluster of {size} nodes up after {time.monotonic() - started:.1f}s")
+        yield nodes
+
+
 def _node_environment(directory: Path, node_name: str, amqp_port: int, dist_port: int, epmd_port: int,
                       plugins: tuple[str, ...], config: tuple[str, ...]) -> dict[str, str]:
     """Environment for a node whose every file and port is its own."""

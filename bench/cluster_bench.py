@@ -1,0 +1,167 @@
+"""The cluster section of ``make bench``: replicated Sluice beside single-node Sluice and a
+three-node RabbitMQ cluster with a quorum queue, side by side in one run on this machine.
+
+AMQP 0-9-1 through pika in separate processes (the AMQP section's load generator): 1 KiB
+persistent messages, publisher confirms with a bounded window, manual acks. Each round runs the
+three brokers one after the other; figures are medians. Sluice's group is three `sluice serve`
+nodes on 127.0.0.2-4 with ``min_insync`` 2 (a confirm means the leader and a follower have the
+message on disk), clients connected to the leader; RabbitMQ's quorum queue is declared on the
+node the others joined, so that node leads it.
+"""
+from __future__ import annotations
+
+import os
+import platform
+import statistics
+import tempfile
+import time
+from collections.abc import Callable
+from contextlib import ExitStack
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from sluice.cli.dev_cluster import DevCluster, Ports
+
+from . import rabbitmq
+from .amqp_bench import Broker, Load, Topology, measure
+from .amqp_load import PubSpec, SubSpec
+from .cluster_load import leader_of
+from .processes import LOOPBACK, ServerUnavailable, free_ports
+from .report import Target
+from .sluice_server import serve_process
+
+Log = Callable[[str], None]
+QUORUM = "RabbitMQ 3-node quorum queue"
+SINGLE = "Sluice single node"
+GROUP = "Sluice 3-node group"
+REPLICATED_GOAL = 0.6
+"""Replicated throughput against single-node Sluice."""
+
+
+@dataclass(frozen=True)
+class Settings:
+    rounds: int = 3
+    messages: int = 20_000
+    size: int = 1024
+    window: int = 256
+    prefetch: int = 100
+    warmup: float = 0.2
+    timeout: float = 300.0
+    quick: bool = False
+
+    @classmethod
+    def smoke(cls) -> Settings:
+        return cls(rounds=1, messages=2_000, timeout=120.0, quick=True)
+
+
+@dataclass
+class ClusterReport:
+    title: str
+    results: dict[str, list[float]] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+
+    def median(self, name: str) -> float | None:
+        found = self.results.get(name)
+        return statistics.median(found) if found else None
+
+    def targets(self) -> list[Target]:
+        group, quorum, single = (self.median(name) for name in (GROUP, QUORUM, SINGLE))
+        found = []
+        if group and quorum:
+            found.append(Target("Sluice group / RabbitMQ quorum queue", f"{group / quorum:.2f}x", ">= 1.00x",
+                                group / quorum >= 1.0))
+        if group and single:
+            found.append(Target("Sluice group / Sluice single node", f"{group / single:.2f}x",
+                                f">= {REPLICATED_GOAL:.2f}x", group / single >= REPLICATED_GOAL))
+        return found
+
+    def render(self) -> str:
+        lines = [self.title, ""]
+        for name, values in self.results.items():
+            runs = ", ".join(f"{value:,.0f}" for value in values)
+            lines.append(f"  {name:<30} {statistics.median(values):>9,.0f} msg/s   (runs: {runs})")
+        lines.append("")
+        for target in self.targets():
+            lines.append(f"  {target.name:<40} {target.value:>7}  goal {target.goal:<8} "
+                         f"{'PASS' if target.passed else 'MISS'}")
+        lines += [f"  note: {note}" for note in self.notes]
+        return "\n".join(lines)
+
+
+def one_queue(settings: Settings, tag: str, quorum: bool) -> Load:
+    name = f"cluster-bench-{tag}"
+    arguments = {"x-queue-type": "quorum"} if quorum else {}
+    return Load(Topology("", "direct", {}, (name,), arguments),
+                [PubSpec("", (name,), settings.messages, settings.size, settings.window)],
+                [SubSpec((name,), settings.messages, settings.prefetch, settings.warmup)])
+
+
+def run_section(settings: Settings, workdir: Path, log: Log) -> ClusterReport:
+    report = ClusterReport(
+        f"cluster benchmark: {os.cpu_count()} CPUs, Python {platform.python_version()}; AMQP 0-9-1 through "
+        f"pika, {settings.size}-byte persistent messages, confirms (window {settings.window}), manual acks "
+        f"(prefetch {settings.prefetch}), {settings.messages:,} messages per run, {settings.rounds} round(s); "
+        "msg/s delivered to the consumer after warm-up, medians")
+    with ExitStack() as stack:
+        brokers = [broker for broker in (_rabbit_cluster(stack, workdir, log, report),
+                                         _single(stack, workdir, log, report),
+                                         _group(stack, workdir, log, report)) if broker is not None]
+        for index in range(settings.rounds):
+            for broker in brokers:
+                tag = f"r{index}-{os.getpid()}-{broker.group}"
+                try:
+                    result = measure(broker, one_queue(settings, tag, broker.name == QUORUM), settings.timeout)
+                except Exception as error:  # noqa: BLE001 - one failed run is reported, the rest go on
+                    log(f"[cluster] {broker.name} round {index + 1} failed: {error!r}")
+                    report.notes.append(f"{broker.name} round {index + 1} failed: {str(error).splitlines()[0]}")
+                    continue
+                report.results.setdefault(broker.name, []).append(result.msg_per_s)
+                log(f"[cluster] round {index + 1}/{settings.rounds} {broker.name}: {result.msg_per_s:,.0f} msg/s "
+                    f"(publishers {result.publish_msg_per_s:,.0f} confirmed/s)")
+    if settings.quick:
+        report.notes.append("--quick is a smoke run: its counts are too small for the figures to mean anything")
+    return report
+
+
+def _rabbit_cluster(stack: ExitStack, workdir: Path, log: Log, report: ClusterReport) -> Broker | None:
+    try:
+        nodes = stack.enter_context(rabbitmq.throwaway_cluster(workdir / "rabbitmq", log))
+    except (ServerUnavailable, OSError) as error:
+        log(f"[cluster] RabbitMQ skipped: {error}")
+        report.notes.append(f"RabbitMQ skipped: {str(error).splitlines()[0]}")
+        return None
+    report.notes.append(f"RabbitMQ {nodes[0].version}: three nodes clustered on this machine, a quorum queue "
+                        "(x-queue-type quorum) led by the node the clients use")
+    return Broker(QUORUM, nodes[0].url, nodes[0].pid, nodes[0].directory / "server-output.log")
+
+
+def _single(stack: ExitStack, workdir: Path, log: Log, report: ClusterReport) -> Broker | None:
+    try:
+        running = stack.enter_context(serve_process(workdir, wait_for=("--amqp-port",), prefix="sluice-single-"))
+    except (ServerUnavailable, KeyError) as error:
+        report.notes.append(f"single-node Sluice skipped: {str(error).splitlines()[0]}")
+        return None
+    port = running.ports["--amqp-port"]
+    return Broker(SINGLE, f"amqp://guest:guest@{LOOPBACK}:{port}/%2F", running.pid,
+                  running.directory / "server-output.log")
+
+
+def _group(stack: ExitStack, workdir: Path, log: Log, report: ClusterReport) -> Broker | None:
+    native, admin, mqtt, ws, amqp, replication, etcd_client, etcd_peer = free_ports(8)
+    group = DevCluster(Path(tempfile.mkdtemp(prefix="sluice-group-", dir=workdir)),
+                       ports=Ports(native, admin, mqtt, ws, amqp, replication), etcd_ports=(etcd_client, etcd_peer),
+                       extra_env={"SLUICE_STORE_PREALLOCATE": "eager"})
+    try:
+        started = time.monotonic()
+        group.start()
+        stack.callback(group.stop)
+        leader = leader_of(group)
+    except Exception as error:  # noqa: BLE001 - etcd missing or a node that did not start
+        group.kill_all()
+        log(f"[cluster] Sluice group skipped: {error}")
+        report.notes.append(f"Sluice group skipped: {str(error).splitlines()[0]}")
+        return None
+    log(f"[cluster] Sluice group up after {time.monotonic() - started:.1f}s, leader {leader.name} on {leader.host}")
+    report.notes.append("Sluice group: three nodes, min_insync 2, --flush sync on each; clients on the leader")
+    return Broker(GROUP, f"amqp://sluice:sluice@{leader.host}:{amqp}/%2F", leader.process.pid,
+                  leader.log_path)
