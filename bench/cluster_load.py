@@ -16,7 +16,6 @@ import threading
 import time
 import urllib.request
 from collections import Counter
-from pathlib import Path
 
 import paho.mqtt.client as mqtt
 import pika

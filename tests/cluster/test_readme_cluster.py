@@ -15,7 +15,6 @@ import pytest
 from bench.cluster_load import cluster_view, leader_of, wait_for
 from bench.processes import free_ports
 from sluice.cli.dev_cluster import DevCluster, Ports
-from sluice.cluster.local_etcd import INSTALL_HINT, find_etcd
 from tests.readme import blocks, on_ports
 
 WAIT_S = 180
@@ -57,11 +56,7 @@ class Example:
         assert code == 0 and "sent 40\n" in self.lines, f"{self.name} failed ({code}):\n{''.join(self.lines)}"
 
 
-def test_every_client_example_publishes_through_a_leader_failover(tmp_path):
-    if find_etcd() is None:
-        if os.environ.get("CI"):
-            pytest.fail(f"etcd is not installed; {INSTALL_HINT}")
-        pytest.skip(f"etcd is not installed; {INSTALL_HINT}")
+def test_every_client_example_publishes_through_a_leader_failover(tmp_path, etcd_installed):
     examples = cluster_blocks()
     assert {block.argument for block in examples} >= {"paho", "pika", "kombu", "sdk", "rocketmq"}
     native, admin, mqtt, ws, amqp, replication, etcd_client, etcd_peer = free_ports(8)
