@@ -6,7 +6,9 @@ until acked or its invisible deadline passes; ``committed`` is the lowest offset
 and offsets acked above it are remembered so a restart redelivers only what was never acked.
 
 Cursors are saved to ``offsets.json`` in the data directory by a durable replace, every commit
-interval and at shutdown: after a crash, at most one interval's acks are redelivered.
+interval and at shutdown: after a crash, at most one interval's acks are redelivered. With
+offsets kept in the log instead (a cluster), ``changed_consumers`` gives each consumer's cursors
+that changed since they were last stored, and ``load_consumer`` takes them back.
 
 Runs on the event loop; not thread-safe.
 """
@@ -176,13 +178,17 @@ CursorKey = tuple[str, str, int]
 class CursorBook:
     """Every cursor, loaded from and saved to the data directory."""
 
-    def __init__(self, data_dir: str) -> None:
+    def __init__(self, data_dir: str, from_file: bool = True) -> None:
+        """``from_file``: load ``offsets.json`` (False: the offsets live in the log)."""
         self.path = os.path.join(data_dir, FILE_NAME)
         self.cursors: dict[CursorKey, Cursor] = {}
         self._write_lock = threading.Lock()
         self._taken = 0    # snapshots taken (on the loop)
         self._written = 0  # newest snapshot written (under the write lock)
-        self._load()
+        self._stored: dict[str, bytes] = {}
+        """Consumer -> its cursors as last stored in the log."""
+        if from_file:
+            self._load()
 
     def _load(self) -> None:
         try:
@@ -194,6 +200,33 @@ class CursorBook:
             for topic, queues in topics.items():
                 for queue_id, cursor in queues.items():
                     self.cursors[(consumer, topic, int(queue_id))] = Cursor.from_json(cursor)
+
+    def load_consumer(self, consumer: str, data: bytes) -> None:
+        """Take ``consumer``'s cursors as stored in the log (``changed_consumers``'s value)."""
+        self._stored[consumer] = data
+        for topic, queues in json.loads(data).items():
+            for queue_id, cursor in queues.items():
+                self.cursors[(consumer, topic, int(queue_id))] = Cursor.from_json(cursor)
+
+    def changed_consumers(self) -> dict[str, bytes]:
+        """Consumer -> its cursors serialised, for each consumer whose cursors changed since
+        ``stored`` was last told of them; ``b""`` for a consumer that is gone."""
+        current: dict[str, dict[str, dict[str, list]]] = {}
+        for (consumer, topic, queue_id), cursor in self.cursors.items():
+            current.setdefault(consumer, {}).setdefault(topic, {})[str(queue_id)] = cursor.to_json()
+        changed = {consumer: b"" for consumer in self._stored if consumer not in current}
+        for consumer, topics in current.items():
+            data = json.dumps(topics, separators=(",", ":"), sort_keys=True).encode()
+            if self._stored.get(consumer) != data:
+                changed[consumer] = data
+        return changed
+
+    def stored(self, consumer: str, data: bytes) -> None:
+        """``consumer``'s cursors are in the log as ``data`` (``b""``: gone)."""
+        if data:
+            self._stored[consumer] = data
+        else:
+            self._stored.pop(consumer, None)
 
     def get(self, key: CursorKey) -> Cursor | None:
         """The cursor at ``key``, if one exists."""

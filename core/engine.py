@@ -13,17 +13,19 @@ import logging
 from collections import Counter
 
 from store.api import RetentionReport, Store
+from store.errors import StoreError
 
 from . import clock
 from .consume import Reader
 from .cursors import CursorBook
 from .delivery import RecentMessages, TopicSignals
+from .errors import SluiceError
 from .durable import DurableWaiters
 from .fanout import Fanout
 from .groups import Groups
 from .memory_alarm import MemoryAlarm, watermark_bytes
 from .metadata import MetadataRepository
-from .model import Delivery
+from .model import INTERNAL_PREFIX, Delivery, OutgoingMessage, TopicConfig
 from .produce import Producer
 from .routing import TopicSyntax
 from .settings import CoreConfig
@@ -35,6 +37,10 @@ from .trace import Tracer
 from .transactions import Transactions
 
 log = logging.getLogger(__name__)
+
+
+OFFSETS_TOPIC = INTERNAL_PREFIX + "offsets"
+"""Where consumer offsets live with ``replicated_state``: one record per consumer, compacted."""
 
 
 class Engine:
@@ -51,7 +57,7 @@ class Engine:
         self.metadata = metadata
         self.config = config
         self._durable_sends = flush == "sync"
-        self.cursors = CursorBook(data_dir)
+        self.cursors = CursorBook(data_dir, from_file=not config.replicated_state)
         self._data_dir = data_dir
         self.recent = RecentMessages(config.recent_cache_bytes)
         self.memory = MemoryAlarm(watermark_bytes(config.memory_high_watermark))
@@ -100,9 +106,13 @@ class Engine:
         topics, groups, subscriptions = await asyncio.to_thread(
             lambda: (metadata.list_topics(), metadata.list_groups(), metadata.list_subscriptions()))
         self.topics.load(topics)
+        queues = await asyncio.to_thread(store.queues)
+        if self.config.replicated_state:
+            await self._adopt_log_topics(queues)
+            await self._load_offsets()
         self.groups.load(groups, subscriptions)
         self.memory.start()
-        self.timer.start(await asyncio.to_thread(store.queues))
+        self.timer.start(queues)
         self.transactions = Transactions(self.producer, self.reader, store.lookup_id,
                                          self.topics.get, self._data_dir, self.config)
         await self.transactions.start()
@@ -131,8 +141,11 @@ class Engine:
         await asyncio.gather(*self._tasks, return_exceptions=True)
         self.signals.notify_all()
         try:
-            self.cursors.write(self.cursors.snapshot())
-        except OSError as error:  # a full disk: consumers resume from the offsets saved last
+            if self.config.replicated_state:
+                await self._store_offsets()
+            else:
+                self.cursors.write(self.cursors.snapshot())
+        except (OSError, SluiceError, StoreError) as error:  # a full disk, or too few replicas
             log.error("could not save consumer offsets at shutdown (%s); consumers resume from "
                       "the offsets saved last and get some messages again", error)
 
@@ -153,14 +166,46 @@ class Engine:
         self._retention_floors.update(self.topics.retention_floors(now))
         return report
 
+    async def _adopt_log_topics(self, queues: list[tuple[str, int]]) -> None:
+        """Know every topic the log holds (``replicated_state``): one created on another node
+        is missing from this node's metadata database."""
+        counts: dict[str, int] = {}
+        for topic, queue_id in queues:
+            counts[topic] = max(counts.get(topic, 0), queue_id + 1)
+        for topic, count in sorted(counts.items()):
+            if topic not in self.topics and not topic.startswith(INTERNAL_PREFIX):
+                log.warning("topic %r is in the replicated log but not in this node's metadata: taken "
+                            "with its %d queues and default settings", topic, count)
+                await self.topics.ensure(TopicConfig(topic, queue_count=count))
+
+    async def _load_offsets(self) -> None:
+        """Take the consumer offsets stored in the log (``replicated_state``)."""
+        await self.topics.ensure(TopicConfig(OFFSETS_TOPIC, queue_count=1, compacted=True))
+        for stored in await asyncio.to_thread(self.store.compacted, OFFSETS_TOPIC):
+            if stored.body and stored.keys:
+                self.cursors.load_consumer(stored.keys[0], stored.body)
+
+    async def _store_offsets(self) -> None:
+        """Append a record for each consumer whose offsets changed; return once durable."""
+        changed = self.cursors.changed_consumers()
+        if not changed:
+            return
+        await self.producer.send(self.topics.get, [OutgoingMessage(OFFSETS_TOPIC, data, keys=(consumer,), queue_id=0)
+                                                   for consumer, data in changed.items()])
+        for consumer, data in changed.items():
+            self.cursors.stored(consumer, data)
+
     async def _commit_offsets(self) -> None:
         period = self.config.offset_commit_interval_ms / 1000
         failing = False
         while True:
             await asyncio.sleep(period)
             try:
-                await asyncio.to_thread(self.cursors.write, self.cursors.snapshot())
-            except OSError as error:  # a full disk: logged once, retried every interval
+                if self.config.replicated_state:
+                    await self._store_offsets()
+                else:
+                    await asyncio.to_thread(self.cursors.write, self.cursors.snapshot())
+            except (OSError, SluiceError, StoreError) as error:  # a full disk, too few replicas: logged once, retried
                 if not failing:
                     log.error("could not save consumer offsets (%s); retrying every %.1f s",
                               error, period)

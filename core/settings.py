@@ -19,6 +19,12 @@ class CoreConfig:
     auto_topic_queues: int = 4
     heartbeat_timeout_ms: int = 30_000
     offset_commit_interval_ms: int = 1_000
+    replicated_state: bool = False
+    """This broker is a node of a replica group, whose log is the truth: consumer offsets are
+    kept in the log (compacted topic ``%SYS%offsets``, a record per consumer whose offsets
+    changed, every ``offset_commit_interval_ms``) instead of ``offsets.json``, and a topic the
+    log holds that the metadata database does not know is taken as it is in the log (its
+    queues, default settings). Set by the broker for every node of a cluster."""
     default_invisible_ms: int = 30_000
     max_long_poll_ms: int = 30_000
     recent_cache_bytes: int = 16 << 20

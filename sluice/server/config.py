@@ -143,11 +143,15 @@ def topic_rules(config: Config) -> tuple[tuple[str, str], ...]:
 def core_settings(config: Config) -> CoreConfig:
     """``config.core`` with ``max_message_bytes`` at most half a store segment: a record holds
     its properties, keys and fan-out besides the body, and must fit in one segment, so a
-    larger body could never be stored (the default segment, 128 MiB, leaves 16 MiB alone)."""
+    larger body could never be stored (the default segment, 128 MiB, leaves 16 MiB alone).
+    A cluster node keeps consumer offsets in the replicated log (``replicated_state``)."""
+    settings = config.core
+    if config.cluster.enabled and not settings.replicated_state:
+        settings = dataclasses.replace(settings, replicated_state=True)
     most = config.store.segment_size // 2
-    if config.core.max_message_bytes <= most:
-        return config.core
-    return dataclasses.replace(config.core, max_message_bytes=most)
+    if settings.max_message_bytes <= most:
+        return settings
+    return dataclasses.replace(settings, max_message_bytes=most)
 
 
 def env_name(dotted: str) -> str:

@@ -6,12 +6,14 @@ its commit-log files read directly: no confirmed message lost, every node with t
 (no two epochs confirmed divergent histories), duplicates counted."""
 from __future__ import annotations
 
+import base64
 import json
 import os
 import shutil
 import signal
 import subprocess
 import sys
+import time
 import urllib.request
 
 import pytest
@@ -19,6 +21,7 @@ import pytest
 from bench.cluster_load import Load, Partition, cluster_view, finish, in_sync, leader_of, wait_for
 from bench.processes import free_ports
 from sluice.cli.dev_cluster import DevCluster, Ports
+from sluice.client import ClientConfig, Message, SluiceClientError, SyncProducer, SyncSimpleConsumer
 
 BATCH = 30
 """Confirmed messages per producer between one step and the next."""
@@ -174,3 +177,58 @@ def _get_json(url: str) -> dict:
 def _get_text(url: str) -> str:
     with urllib.request.urlopen(url, timeout=10) as reply:
         return reply.read().decode()
+
+
+def test_a_consumer_group_resumes_on_the_new_leader_without_what_it_acked_before(group):
+    """Consumer offsets are in the replicated log: after the leader dies, a group gets the rest,
+    and nothing it acknowledged before its offsets were stored comes back."""
+    endpoints = ",".join(f"{node.host}:{group.ports.native}" for node in group.nodes)
+    config = ClientConfig(endpoints, "sluice", "sluice", request_timeout=10, reconnect_timeout=60)
+    with SyncProducer(config) as producer:
+        for number in range(60):
+            producer.send(Message("resume", f"m-{number:03d}".encode()))
+    early = _consume(config, 30)
+    stored = _stored_offsets(group, "resume-group")
+    wait_for("the group's 30 acks stored in the log", lambda: stored() >= 30)
+    leader = leader_of(group)
+    leader.kill()
+    leader_of(group, skip=(leader,))
+    rest = _consume(config, 30, deadline_s=120)
+    assert not early & rest, f"acked before the failover and delivered again: {sorted(early & rest)}"
+    assert early | rest == {f"m-{number:03d}" for number in range(60)}
+
+
+def _consume(config: ClientConfig, count: int, deadline_s: float = 60) -> set[str]:
+    """Receive and ack until ``count`` distinct messages came; their bodies."""
+    got: set[str] = set()
+    deadline = time.monotonic() + deadline_s
+    while len(got) < count:
+        assert time.monotonic() < deadline, f"only {len(got)} of {count} messages in time"
+        try:
+            with SyncSimpleConsumer(config, "resume-group", {"resume": "*"}, await_duration=2) as consumer:
+                while len(got) < count and time.monotonic() < deadline:
+                    for message in consumer.receive(max_messages=min(8, count - len(got))):
+                        consumer.ack(message)
+                        got.add(message.body.decode())
+        except SluiceClientError:
+            continue  # the node went away: another one
+    return got
+
+
+def _stored_offsets(group: DevCluster, consumer: str):
+    """A probe: how many messages the consumer's newest offsets record in the log accounts for."""
+    def count() -> int:
+        node = next(n for n in group.nodes if n.alive)
+        request = urllib.request.Request(
+            f"http://{node.host}:{group.ports.admin}/topics/%25SYS%25offsets/messages?key={consumer}&limit=1",
+            headers={"Authorization": "Basic " + base64.b64encode(b"sluice:sluice").decode()})
+        try:
+            with urllib.request.urlopen(request, timeout=10) as reply:
+                found = json.load(reply)
+        except OSError:
+            return 0
+        if not found or not found[0]["body_text"]:
+            return 0
+        queues = json.loads(found[0]["body_text"]).get("resume", {})
+        return sum(committed + len(acked) for committed, acked, _ in queues.values())
+    return count

@@ -229,7 +229,12 @@ def test_broadcast_delivers_every_message_to_every_member(tmp_path):
     run(tmp_path, scenario)
 
 
-def test_pull_and_committed_offsets_survive_a_restart(tmp_path):
+IN_LOG = CoreConfig(heartbeat_timeout_ms=300, offset_commit_interval_ms=50, replicated_state=True)
+OFFSET_HOMES = pytest.mark.parametrize("config", [CONFIG, IN_LOG], ids=["offsets.json", "offsets in the log"])
+
+
+@OFFSET_HOMES
+def test_pull_and_committed_offsets_survive_a_restart(tmp_path, config):
     async def first(broker: Broker) -> None:
         await topic(broker, queues=1)
         await send(broker, 10)
@@ -241,11 +246,13 @@ def test_pull_and_committed_offsets_survive_a_restart(tmp_path):
         assert broker.committed_offset(SYSTEM, "g", "orders", 0) == 4
         result = await broker.pull(SYSTEM, "g", "orders", 0, 4, max_messages=100)
         assert [m.body for m in result.messages] == [f"m{i}".encode() for i in range(4, 10)]
-    run(tmp_path, first, store="file")
-    run(tmp_path, second, store="file")
+    run(tmp_path, first, store="file", config=config)
+    run(tmp_path, second, store="file", config=config)
+    assert (tmp_path / "offsets.json").exists() is (config is CONFIG), "offsets in the log need no side file"
 
 
-def test_acked_pops_are_not_redelivered_after_a_restart(tmp_path):
+@OFFSET_HOMES
+def test_acked_pops_are_not_redelivered_after_a_restart(tmp_path, config):
     handles = []
 
     async def first(broker: Broker) -> None:
@@ -263,8 +270,8 @@ def test_acked_pops_are_not_redelivered_after_a_restart(tmp_path):
         assert {d.attempt for d in got} == {2}
         with pytest.raises(ReceiptExpired):
             await broker.ack(SYSTEM, "g", "orders", handles[1])
-    run(tmp_path, first, store="file")
-    run(tmp_path, second, store="file")
+    run(tmp_path, first, store="file", config=config)
+    run(tmp_path, second, store="file", config=config)
 
 
 def test_reset_offsets_by_time_rewinds_the_group(tmp_path):
