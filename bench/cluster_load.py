@@ -85,6 +85,7 @@ class Producer(threading.Thread):
         self.confirm_times: list[tuple[float, float]] = []
         """(when its send began, when it was confirmed) of each confirmed message, in order."""
         self.failures = 0
+        self.last_failure = ""
         self.stopping = threading.Event()
         self.error: BaseException | None = None
         self._lock = threading.Lock()
@@ -92,6 +93,11 @@ class Producer(threading.Thread):
 
     def body(self, number: int) -> bytes:
         return f"{self.protocol}-{number:07d}".encode()
+
+    def failed(self, error: BaseException) -> None:
+        """A send or connection failed: not confirmed; the producer goes on."""
+        self.failures += 1
+        self.last_failure = repr(error)
 
     def sending(self) -> None:
         """A send of a new message begins now."""
@@ -108,7 +114,10 @@ class Producer(threading.Thread):
         with self._progress:
             if not self._progress.wait_for(lambda: (self.confirm_times and self.confirm_times[-1][0] > moment)
                                            or self.error is not None, timeout_s):
-                raise AssertionError(f"{self.protocol}: nothing confirmed within {timeout_s:.0f} s")
+                raise AssertionError(f"{self.protocol}: nothing confirmed within {timeout_s:.0f} s "
+                                     f"(last failure: {self.last_failure})")
+            if self.error is not None:
+                raise AssertionError(f"{self.protocol} producer failed") from self.error
             return min(confirmed for sent, confirmed in self.confirm_times if sent > moment)
 
     def count(self) -> int:
@@ -119,7 +128,7 @@ class Producer(threading.Thread):
         with self._progress:
             if not self._progress.wait_for(lambda: len(self.confirmed) >= count or self.error is not None, timeout_s):
                 raise AssertionError(f"{self.protocol}: {len(self.confirmed)} of {count} confirmed in time "
-                                     f"({self.failures} failed attempts)")
+                                     f"({self.failures} failed attempts, the last: {self.last_failure})")
         if self.error is not None:
             raise AssertionError(f"{self.protocol} producer failed") from self.error
 
@@ -147,8 +156,8 @@ class MqttProducer(Producer):
             client.username_pw_set(USER, PASSWORD)
             try:
                 client.connect(host, self.group.ports.mqtt, keepalive=10)
-            except OSError:
-                self.failures += 1
+            except OSError as error:
+                self.failed(error)
                 continue
             client.loop_start()
             try:
@@ -158,11 +167,11 @@ class MqttProducer(Producer):
                     info = client.publish("load/mqtt", self.body(number), qos=1)
                     info.wait_for_publish(10)
                     if not info.is_published():
-                        self.failures += 1
+                        self.failed(TimeoutError("no PUBACK within 10 s"))
                         break
                     self.confirm(number)
-            except (RuntimeError, ValueError):  # paho: the connection is gone
-                self.failures += 1
+            except (RuntimeError, ValueError, OSError) as error:  # paho: the connection is gone
+                self.failed(error)
             finally:
                 client.disconnect()
                 client.loop_stop()
@@ -184,8 +193,8 @@ class AmqpProducer(Producer):
             turn += 1
             try:  # pika tries each node's URL in turn; start with the next one each time
                 connection = pika.BlockingConnection(nodes[turn % len(nodes):] + nodes[:turn % len(nodes)])
-            except pika.exceptions.AMQPError:
-                self.failures += 1
+            except (pika.exceptions.AMQPError, OSError) as error:
+                self.failed(error)
                 continue
             try:
                 channel = connection.channel()
@@ -197,8 +206,8 @@ class AmqpProducer(Producer):
                     channel.basic_publish("", self.QUEUE, self.body(number),
                                           pika.BasicProperties(delivery_mode=2), mandatory=True)
                     self.confirm(number)
-            except (pika.exceptions.AMQPError, OSError):
-                self.failures += 1
+            except (pika.exceptions.AMQPError, OSError) as error:
+                self.failed(error)
             finally:
                 if connection.is_open:
                     try:
@@ -218,8 +227,8 @@ class NativeProducer(Producer):
             producer = SyncProducer(config)
             try:
                 producer.start()
-            except Exception:  # noqa: BLE001 - no node reachable yet: try again
-                self.failures += 1
+            except SluiceClientError as error:  # no node reachable yet: try again
+                self.failed(error)
                 continue
             try:
                 while not self.stopping.is_set():
@@ -227,8 +236,8 @@ class NativeProducer(Producer):
                     self.sending()
                     try:
                         producer.send(Message("load-native", self.body(number)))
-                    except SluiceClientError:  # refused or unreachable: not confirmed, go on
-                        self.failures += 1
+                    except SluiceClientError as error:  # refused or unreachable: not confirmed, go on
+                        self.failed(error)
                         continue
                     self.confirm(number)
             finally:
