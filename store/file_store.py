@@ -243,6 +243,12 @@ class FileStore(StoreView):
         acknowledge, although the record may still be stored once writes succeed again."""
         return self._progress.wait("durable", end_offset, timeout)
 
+    def wait_confirmed(self, end_offset: int, timeout: float | None = None) -> bool:
+        """A replicated store: block until everything before ``end_offset`` is confirmed (on
+        every in-sync replica's disk); False on timeout. Raises StoreDegradedError while
+        appends are refused. A store of its own: the same as ``wait_durable``."""
+        return self._progress.wait("confirmed", end_offset, timeout)
+
     def wait_visible(self, end_offset: int, timeout: float | None = None) -> bool:
         """Block until everything before ``end_offset`` is readable from its queues."""
         return self._progress.wait("visible", end_offset, timeout)

@@ -157,19 +157,22 @@ class Progress:
         self.closed = False
         self.listeners: list[Callable[[int, int], None]] = []
         self.health_listeners: list[HealthListener] = []
-        self._waiters: dict[str, list[tuple[int, int, threading.Lock]]] = {"visible": [], "durable": []}
+        self.confirmed = end
+        """The durable end capped at ``limit``: what listeners hear as durable."""
+        self._waiters: dict[str, list[tuple[int, int, threading.Lock]]] = {"visible": [], "durable": [],
+                                                                           "confirmed": []}
         self._sequence = itertools.count()
 
     def publish(self, visible: int, durable: int) -> None:
         """Runs on the flusher thread; listener failures are logged, never fatal. Listeners hear
         the durable end capped at the confirm limit, if one is set."""
+        confirmed = durable if self.limit is None else min(durable, self.limit)
         with self.cond:
-            self.visible, self.durable = visible, durable
-            for attribute, reached in (("visible", visible), ("durable", durable)):
+            self.visible, self.durable, self.confirmed = visible, durable, confirmed
+            for attribute, reached in (("visible", visible), ("durable", durable), ("confirmed", confirmed)):
                 heap = self._waiters[attribute]
                 while heap and heap[0][0] <= reached:
                     heapq.heappop(heap)[2].release()
-        confirmed = durable if self.limit is None else min(durable, self.limit)
         for listener in self.listeners:
             try:
                 listener(visible, confirmed)

@@ -15,7 +15,7 @@ import contextlib
 import logging
 import os
 import threading
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 from cryptography.fernet import Fernet, InvalidToken
@@ -30,7 +30,7 @@ from core.errors import (AlreadyExists, GroupNotFound, InvalidArgument, QuotaExc
 from core.model import (AclRule, Action, ConsumeMode, GroupConfig, MessageType, Permission,
                         ResourceKind, RetryPolicy, Subscription, TopicConfig, User)
 
-from . import master_key
+from . import journal, master_key
 from .engine import WRITE_OPTION, open_engine, open_snapshot, refused_by_disk
 from .passwords import check_password, hash_password, waste_check
 from .schema import (LATEST_VERSION, acl_rules, amqp_permissions, amqp_topology, consumer_groups,
@@ -66,6 +66,10 @@ class MetadataRepository:
         """Why the database is served read-only from memory (its disk refused writes when it
         was opened); None while it is writable."""
         self._write_engine: Engine | None = None
+        self._journal: Callable[[bytes], int] | None = None
+        self._journal_lock = threading.Lock()
+        """Replicated writes and journal applies, one at a time: each runs on the state the
+        one before left."""
         try:
             self._engine = self._open_writable()
         except DBAPIError as error:
@@ -120,12 +124,46 @@ class MetadataRepository:
         log.warning("the metadata database is writable again")
         return True
 
+    def replicate_through(self, journal: Callable[[bytes], int] | None) -> None:
+        """Replicate every write from now on (``journal.py``): ``journal(entry)`` puts it into
+        the group's log and returns its position once confirmed (raising if the group refuses
+        it). None: write directly again."""
+        self._journal = journal
+
+    def apply_journal(self, entry: bytes, at: int) -> bool:
+        """Apply a confirmed journal entry at position ``at`` unless it was applied already
+        (every node applies the group's entries in log order). Blocks on database I/O."""
+        assert self._write_engine is not None
+        with self._journal_lock, self._write_engine.begin() as conn:
+            return journal.apply(conn, entry, at)
+
+    def journal_position(self) -> int:
+        """The journal position this database has applied (-1: none)."""
+        with self._engine.connect() as conn:
+            return journal.position(conn)
+
     @contextlib.contextmanager
     def _writing(self) -> Iterator[Connection]:
-        """A write transaction; QuotaExceeded (nothing changed) while the disk refuses writes."""
+        """A write transaction; QuotaExceeded (nothing changed) while the disk refuses writes.
+        Replicated (``replicate_through``): the block runs in a transaction that is rolled back,
+        its changes go through the journal and are applied once the group confirmed them."""
         if self.read_only is not None and not self.try_writable():
             raise QuotaExceeded(f"{self.read_only}; nothing was changed")
         assert self._write_engine is not None
+        if self._journal is not None:
+            with self._journal_lock:
+                with self._write_engine.connect() as conn, journal.captured(conn) as statements:
+                    transaction = conn.begin()
+                    try:
+                        yield conn
+                    finally:
+                        transaction.rollback()
+                if statements:
+                    entry = journal.encode(statements)
+                    at = self._journal(entry)
+                    with self._write_engine.begin() as conn:
+                        journal.apply(conn, entry, at)
+            return
         try:
             with self._write_engine.begin() as conn:
                 yield conn
@@ -136,10 +174,11 @@ class MetadataRepository:
             raise
 
     @classmethod
-    def for_data_dir(cls, data_dir: str, url: str | None = None) -> MetadataRepository:
-        """Open the repository of a data dir: its master key, and SQLite there unless ``url`` is given."""
+    def for_data_dir(cls, data_dir: str, url: str | None = None, key: bytes | None = None) -> MetadataRepository:
+        """Open the repository of a data dir: its master key (``key`` instead: a replica group's,
+        the same on every node), and SQLite there unless ``url`` is given."""
         os.makedirs(data_dir, exist_ok=True)
-        key = master_key.load_or_create(os.path.join(data_dir, "master.key"))
+        key = key or master_key.load_or_create(os.path.join(data_dir, "master.key"))
         return cls(url or f"sqlite:///{os.path.join(os.path.abspath(data_dir), 'metadata.db')}", key)
 
     def close(self) -> None:

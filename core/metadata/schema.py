@@ -106,6 +106,15 @@ amqp_permissions = Table(
 )
 
 
+journal_position = Table(
+    "journal_position", metadata,
+    # On a node of a replica group: the queue offset of the last journal entry applied
+    # (``journal.py``); one row.
+    Column("id", Integer, primary_key=True, autoincrement=False),
+    Column("queue_offset", BigInteger, nullable=False),
+)
+
+
 def _v1(conn: Connection) -> None:
     metadata.create_all(conn, tables=[topics, consumer_groups, subscriptions, users, permissions])
 
@@ -122,7 +131,11 @@ def _v4(conn: Connection) -> None:
     metadata.create_all(conn, tables=[amqp_permissions])
 
 
-MIGRATIONS: tuple[Callable[[Connection], None], ...] = (_v1, _v2, _v3, _v4)
+def _v5(conn: Connection) -> None:
+    metadata.create_all(conn, tables=[journal_position])
+
+
+MIGRATIONS: tuple[Callable[[Connection], None], ...] = (_v1, _v2, _v3, _v4, _v5)
 LATEST_VERSION = len(MIGRATIONS)
 
 _PG_MIGRATION_LOCK = 0x51CE_0001

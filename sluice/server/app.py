@@ -226,9 +226,10 @@ def _first_missing(path: str) -> str | None:
     return missing
 
 
-async def _start(config: Config, store: FileStore | None = None, cluster: Any = None) -> RunningBroker:
-    """``store``: the replicated store a cluster node leads on (else this opens the data dir's);
-    ``cluster``: that node's view of its group, for the admin API."""
+async def _start(config: Config, store: FileStore | None = None, cluster: Any = None,
+                 metadata: MetadataRepository | None = None) -> RunningBroker:
+    """``store`` and ``metadata``: the replicated store and metadata a cluster node leads on
+    (else this opens the data dir's); ``cluster``: that node's view of its group."""
     if store is None:
         store = await asyncio.to_thread(_open_store, config)  # a broker already on it says so first
     try:
@@ -239,7 +240,8 @@ async def _start(config: Config, store: FileStore | None = None, cluster: Any = 
         raise
     running: RunningBroker | None = None
     try:
-        metadata = await asyncio.to_thread(_open_metadata, config)
+        if metadata is None:
+            metadata = await asyncio.to_thread(_open_metadata, config)
         settings = core_settings(config)
         if settings.max_message_bytes < config.core.max_message_bytes:
             log.warning("core.max_message_bytes = %d does not fit store.segment_size = %d: "
@@ -312,9 +314,10 @@ def _open_store(config: Config) -> FileStore:
                            "broker; stop it, or pass another directory with --data-dir") from None
 
 
-def _open_metadata(config: Config) -> MetadataRepository:
+def _open_metadata(config: Config, key: bytes | None = None) -> MetadataRepository:
+    """``key``: the master key (a cluster's, shared by its nodes; else the data dir's own)."""
     try:
-        return MetadataRepository.for_data_dir(config.data_dir, config.metadata_url)
+        return MetadataRepository.for_data_dir(config.data_dir, config.metadata_url, key)
     except SluiceError:
         raise
     except Exception as error:  # a driver's connection or URL error: name the setting to fix

@@ -11,6 +11,7 @@ process stays up, its clients reconnect to any node.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import os
@@ -23,17 +24,21 @@ from prometheus_client.registry import Collector
 
 from sluice.cluster.coordinator import Node
 from sluice.cluster.etcd import EtcdUnavailable
+from sluice.cluster.metadata_sync import MetadataSync, group_master_key
 from sluice.cluster.metrics import cluster_metrics
 from sluice.cluster.node import Leading, ReplicaNode
 from sluice.cluster.relay import Relay, RelayIngress
 from sluice.cluster.status import cluster_status
 
-from .app import READY_LINE, RunningBroker, _listening_ports, _open_store, _start, print_endpoints
+from .app import READY_LINE, RunningBroker, _listening_ports, _open_metadata, _open_store, _start, print_endpoints
 from .config import Config
 
 log = logging.getLogger("sluice")
 
 RETRY_S = 1.0
+CATCH_UP_S = 30.0
+"""How long a node taking the lead waits for its whole log to be confirmed before it applies
+the metadata journal (followers ack within milliseconds unless none is up)."""
 
 
 class ClusterMember:
@@ -49,6 +54,9 @@ class ClusterMember:
         self.relays: list[Relay] = []
         self.running: RunningBroker | None = None
         self.leader: Node | None = None
+        self.metadata = _open_metadata(config, key=group_master_key(cluster.secret))
+        self.metadata_sync = MetadataSync(lambda: self.node.store, self.metadata)
+        self._syncing: asyncio.Task | None = None
 
     # -- following ---------------------------------------------------------------------------
 
@@ -118,16 +126,34 @@ class ClusterMember:
         for relay in self.relays:
             await relay.close()
         self.relays = []
-        self.running = await _start(self.config, store=leading.store, cluster=self)
+        await self._writable(leading)
+        # everything this node's log holds is confirmed in its epoch: the metadata takes it all
+        await asyncio.to_thread(leading.store.wait_visible, leading.store.appended_end, CATCH_UP_S)
+        await asyncio.to_thread(self.metadata_sync.catch_up)
+        self.metadata.replicate_through(self.metadata_sync.journal)
+        self.running = await _start(self.config, store=leading.store, cluster=self, metadata=self.metadata)
         leading.shipper.relays = RelayIngress(self.running.listener_addresses())
         print(f"Node {self.config.cluster.node_id} leads the group in epoch {leading.epoch}.", flush=True)
         print_endpoints(self.running)
+
+    async def _writable(self, leading: Leading) -> None:
+        """Wait until the group takes writes (``min_insync`` replicas in sync): starting the
+        broker writes (its own topics, the default user) and those must be replicated."""
+        changed = asyncio.Event()
+        leading.shipper.add_progress_listener(changed.set)
+        while leading.shipper.refusal is not None:
+            log.warning("waiting for followers before serving clients: %s", leading.shipper.refusal)
+            changed.clear()
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(5.0):
+                    await changed.wait()
 
     # -- one run --------------------------------------------------------------------------------
 
     async def run(self, stopping: asyncio.Event) -> bool:
         """Until ``stopping`` is set (False) or this node is fenced (True: start over)."""
         await self.start_relays()
+        self._syncing = asyncio.ensure_future(self.metadata_sync.follow())
         cluster = self.config.cluster
         print(f"Sluice node {cluster.node_id} of group {cluster.name!r} (etcd {cluster.etcd}), "
               f"replication on {cluster.host}:{cluster.replication_port}, data dir "
@@ -163,9 +189,13 @@ class ClusterMember:
         for relay in self.relays:
             await relay.close()
         self.relays = []
+        if self._syncing is not None:
+            self._syncing.cancel()
+            await asyncio.gather(self._syncing, return_exceptions=True)
         if self.running is not None:
             await self.running.stop()
         await self.node.close(give_back_lease)
+        await asyncio.to_thread(self.metadata.close)
 
 
 async def run_cluster_node(config: Config, stopping: asyncio.Event) -> None:

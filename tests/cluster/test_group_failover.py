@@ -16,6 +16,7 @@ import sys
 import time
 import urllib.request
 
+import pika
 import pytest
 
 from bench.cluster_load import Load, Partition, cluster_view, finish, in_sync, leader_of, wait_for
@@ -232,3 +233,37 @@ def _stored_offsets(group: DevCluster, consumer: str):
         queues = json.loads(found[0]["body_text"]).get("resume", {})
         return sum(committed + len(acked) for committed, acked, _ in queues.values())
     return count
+
+
+def test_users_and_definitions_made_on_the_leader_are_on_the_next_one(group):
+    """The metadata database is replicated through the log: a user, its permissions and a
+    durable AMQP queue made through any node exist on the node that leads after a failover."""
+    follower_admin = f"http://{next(n for n in group.nodes if n is not leader_of(group)).host}:{group.ports.admin}"
+    _sluice("user", "create", "carol", "--new-password", "carol-pw-1", "--superuser", "--admin", follower_admin)
+    _sluice("user", "grant", "carol", "topic", "carol-*", "publish", "subscribe", "--admin", follower_admin)
+    hosts = [node.host for node in group.nodes]
+    _with_amqp(group, hosts, lambda channel: channel.queue_declare("carol-jobs", durable=True))
+    leader = leader_of(group)
+    leader.kill()
+    leader_of(group, skip=(leader,))
+    survivors = [node.host for node in group.nodes if node is not leader]
+    # carol logs in on the new leader, her queue is there (passive: no declaring it again)
+    _with_amqp(group, survivors, lambda channel: channel.queue_declare("carol-jobs", passive=True))
+    permissions = _sluice("user", "permissions", "carol", "--admin", f"http://{survivors[0]}:{group.ports.admin}")
+    assert "carol-*" in permissions
+
+
+def _with_amqp(group: DevCluster, hosts: list[str], use) -> None:
+    credentials = pika.PlainCredentials("carol", "carol-pw-1")
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            connection = pika.BlockingConnection([pika.ConnectionParameters(host, group.ports.amqp, credentials=credentials)
+                                                  for host in hosts])
+            break
+        except pika.exceptions.AMQPConnectionError:  # no leader serving yet: the nodes refuse
+            assert time.monotonic() < deadline, "carol could not log in"
+    try:
+        use(connection.channel())
+    finally:
+        connection.close()
