@@ -29,7 +29,7 @@ from .model import INTERNAL_PREFIX, Delivery, OutgoingMessage, TopicConfig
 from .produce import Producer
 from .routing import TopicSyntax
 from .settings import CoreConfig
-from .timer import DelayTimer
+from .timer import MARK_TOPIC as TIMER_MARK_TOPIC, DelayTimer
 from .topic_map import SubjectTopics
 from .topics import Topics
 from .lite import LiteTopics
@@ -98,8 +98,11 @@ class Engine:
         self.counters = self.producer.counters
         self.reader = Reader(store, self.recent, self.producer.deliverable_end,
                              self._retention_floors)
+        if self.config.replicated_state:
+            await self.topics.ensure(TopicConfig(TIMER_MARK_TOPIC, queue_count=1, compacted=True))
         self.timer = DelayTimer(self.producer, self.reader, self.topics.get, self._data_dir,
-                                self.config.max_delay_ms)
+                                self.config.max_delay_ms,
+                                marks_in_log=store if self.config.replicated_state else None)
         waiters.health_watchers.append(self.timer.store_health)
         self.timer.store_health(waiters.store_failure)
         metadata = self.metadata

@@ -22,7 +22,8 @@ class CoreConfig:
     replicated_state: bool = False
     """This broker is a node of a replica group, whose log is the truth: consumer offsets are
     kept in the log (compacted topic ``%SYS%offsets``, a record per consumer whose offsets
-    changed, every ``offset_commit_interval_ms``) instead of ``offsets.json``, and a topic the
+    changed, every ``offset_commit_interval_ms``) instead of ``offsets.json``, so is the delayed
+    messages' fired-up-to mark (``%SYS%timer-mark``, not ``timer.json``), and a topic the
     log holds that the metadata database does not know is taken as it is in the log (its
     queues, default settings). Set by the broker for every node of a cluster."""
     default_invisible_ms: int = 30_000

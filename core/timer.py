@@ -10,7 +10,8 @@ The timer loads a minute's entries (due time and offset, not bodies) shortly bef
 minute begins, and when an entry falls due it reads the record and sends a copy, with the
 original message id, to its destination through the normal send path (fan-out, named queues,
 durability). After a batch is durable the timer records how far it has fired, ``(due,
-offset)``, in ``timer.json``; entries are fired in that order, so after a restart everything
+offset)``, in ``timer.json`` (on a node of a replica group, in the log: compacted topic
+``%SYS%timer-mark``); entries are fired in that order, so after a restart everything
 up to the mark is done and everything after it, including what fell due while the broker was
 down, fires at once. A crash between a copy's fsync and the mark's write fires that batch
 again (at least once, as every send).
@@ -35,7 +36,8 @@ import os
 from collections.abc import Callable, Mapping, Sequence
 
 from store import replace_file
-from store.api import Message
+from store.api import Message, Store
+from store.errors import StoreError
 
 from . import clock
 from .consume import Reader
@@ -55,6 +57,8 @@ a second) must end before its first entry falls due, as none fires before all ar
 FIRE_BATCH = 512
 READ_CHUNK = 1024
 FILE_NAME = "timer.json"
+MARK_TOPIC = INTERNAL_PREFIX + "timer-mark"
+"""Where the fired-up-to mark lives when it is kept in the log (a compacted topic, one key)."""
 CLOSE_WAIT_S = 5.0
 RETRY_S = 1.0
 """A batch that could not be sent is tried again after this long (sooner if the store was the
@@ -100,11 +104,14 @@ class DelayTimer:
     """Holds delayed messages in the log and sends each when it falls due."""
 
     def __init__(self, producer: Producer, reader: Reader, topics: Callable[[str], TopicConfig],
-                 data_dir: str, max_delay_ms: int) -> None:
+                 data_dir: str, max_delay_ms: int, marks_in_log: Store | None = None) -> None:
+        """``marks_in_log``: keep the fired-up-to mark in this store's log (compacted topic
+        ``MARK_TOPIC``, which must exist) instead of ``timer.json``."""
         self._producer = producer
         self._reader = reader
         self._topics = topics
         self._path = os.path.join(data_dir, FILE_NAME)
+        self._marks_in_log = marks_in_log
         self.max_delay_ms = max_delay_ms
         self._fired: Key = self._load_mark()
         """Every entry at or before this key has fired."""
@@ -134,6 +141,12 @@ class DelayTimer:
     def _load_mark(self) -> Key:
         """The recorded mark; none (everything pending fires) without a readable file."""
         try:
+            if self._marks_in_log is not None:
+                found = [m.body for m in self._marks_in_log.compacted(MARK_TOPIC) if m.body]
+                if not found:
+                    return -1, -1, -1
+                due, bucket, offset = json.loads(found[-1])["fired_through"]
+                return int(due), int(bucket), int(offset)
             with open(self._path, "rb") as f:
                 due, bucket, offset = json.load(f)["fired_through"]
             return int(due), int(bucket), int(offset)
@@ -409,8 +422,12 @@ class DelayTimer:
             mark = self._fired
             data = json.dumps({"version": 1, "fired_through": list(mark)}).encode()
             try:
-                await asyncio.to_thread(replace_file, self._path, data)
-            except OSError as error:  # the copies are durable; a restart may fire them again
+                if self._marks_in_log is not None:
+                    record = OutgoingMessage(MARK_TOPIC, data, keys=("mark",), queue_id=0)
+                    await self._producer.send(self._topics, [record])
+                else:
+                    await asyncio.to_thread(replace_file, self._path, data)
+            except (OSError, SluiceError, StoreError) as error:  # copies are durable: a restart may fire them again
                 log.error("could not record the timer's progress (%s); after a restart the "
                           "messages fired since the last record are sent again", error)
                 return

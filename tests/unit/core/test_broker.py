@@ -230,10 +230,10 @@ def test_broadcast_delivers_every_message_to_every_member(tmp_path):
 
 
 IN_LOG = CoreConfig(heartbeat_timeout_ms=300, offset_commit_interval_ms=50, replicated_state=True)
-OFFSET_HOMES = pytest.mark.parametrize("config", [CONFIG, IN_LOG], ids=["offsets.json", "offsets in the log"])
+STATE_HOMES = pytest.mark.parametrize("config", [CONFIG, IN_LOG], ids=["side files", "replicated in the log"])
 
 
-@OFFSET_HOMES
+@STATE_HOMES
 def test_pull_and_committed_offsets_survive_a_restart(tmp_path, config):
     async def first(broker: Broker) -> None:
         await topic(broker, queues=1)
@@ -251,7 +251,7 @@ def test_pull_and_committed_offsets_survive_a_restart(tmp_path, config):
     assert (tmp_path / "offsets.json").exists() is (config is CONFIG), "offsets in the log need no side file"
 
 
-@OFFSET_HOMES
+@STATE_HOMES
 def test_acked_pops_are_not_redelivered_after_a_restart(tmp_path, config):
     handles = []
 

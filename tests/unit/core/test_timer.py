@@ -17,7 +17,7 @@ from core.errors import InvalidArgument, NotRecallable, QuotaExceeded
 from core.model import SYSTEM, OutgoingMessage
 from core.settings import CoreConfig
 from store.faults import Fault
-from tests.unit.core.test_broker import CONFIG, run, run_core, topic
+from tests.unit.core.test_broker import CONFIG, STATE_HOMES, run, run_core, topic
 
 T = TypeVar("T")
 WAIT_S = 60
@@ -127,7 +127,9 @@ def test_a_delay_beyond_the_limit_is_refused_and_nothing_of_the_batch_is_stored(
         config=CoreConfig(**{**CONFIG.__dict__, "max_delay_ms": 60_000}))
 
 
-def test_pending_messages_survive_a_restart_and_fired_ones_do_not_fire_again(tmp_path):
+@STATE_HOMES
+def test_pending_messages_survive_a_restart_and_fired_ones_do_not_fire_again(tmp_path, config):
+    """With ``replicated_state`` the fired-up-to mark (like the offsets) lives in the log."""
     handles = {}
 
     async def before(core) -> None:
@@ -149,9 +151,10 @@ def test_pending_messages_survive_a_restart_and_fired_ones_do_not_fire_again(tmp
         assert got[0].msg_id == handles["down"].msg_id
         assert await core.broker.receive(SYSTEM, "g", "orders", "c1", wait_ms=500) == []
 
-    run_core(tmp_path, before, store="file")
+    run_core(tmp_path, before, store="file", config=config)
     time.sleep(1.5)  # the broker stays down while a message falls due (time passing is the point)
-    run_core(tmp_path, after, store="file")
+    run_core(tmp_path, after, store="file", config=config)
+    assert (tmp_path / timer.FILE_NAME).exists() is (config is CONFIG)
 
 
 def test_an_unreadable_mark_is_logged_and_pending_messages_still_fire(tmp_path, caplog):
