@@ -6,6 +6,7 @@ answers ``/health``, and stops it again.
 """
 from __future__ import annotations
 
+import ctypes
 import json
 import shutil
 import signal
@@ -21,6 +22,17 @@ INSTALL_HINT = "install it with: apt-get install -y etcd-server"
 
 class EtcdNotStarted(RuntimeError):
     """etcd is missing or did not become healthy; the message says what to do."""
+
+
+def die_with_parent() -> None:
+    """``preexec_fn`` of a child that must not outlive the process that started it (a test run
+    killed by a timeout, a dev cluster whose supervisor died): the kernel sends it SIGKILL when
+    its parent thread exits (Linux ``PR_SET_PDEATHSIG``)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+PR_SET_PDEATHSIG = 1
 
 
 def find_etcd() -> str | None:
@@ -60,7 +72,7 @@ class LocalEtcd:
              "--initial-cluster", f"{self.name}={peer}", "--logger=zap", "--log-outputs=stderr",
              "--log-level=warn"],
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-            stderr=self._log, start_new_session=True)
+            stderr=self._log, start_new_session=True, preexec_fn=die_with_parent)
         deadline = time.monotonic() + timeout_s
         while not self._healthy():
             if self.process.poll() is not None:
