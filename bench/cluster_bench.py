@@ -2,11 +2,12 @@
 three-node RabbitMQ cluster with a quorum queue, side by side in one run on this machine.
 
 AMQP 0-9-1 through pika in separate processes (the AMQP section's load generator): 1 KiB
-persistent messages, publisher confirms with a bounded window, manual acks. Each round runs the
-three brokers one after the other; figures are medians. Sluice's group is three `sluice serve`
-nodes on 127.0.0.2-4 with ``min_insync`` 2 (a confirm means the leader and a follower have the
-message on disk), clients connected to the leader; RabbitMQ's quorum queue is declared on the
-node the others joined, so that node leads it.
+persistent messages, publisher confirms with a bounded window, manual acks. MQTT QoS 1 fan-in
+(the MQTT section's raw-socket generator) for the two Sluice setups. Each round runs the brokers
+one after the other; figures are medians. Sluice's group is three `sluice serve` nodes on
+127.0.0.2-4 with ``min_insync`` 2 (a confirm means the leader and a follower have the message
+on disk), clients connected to the leader; RabbitMQ's quorum queue is declared on the node the
+others joined, so that node leads it.
 """
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ from pathlib import Path
 
 from sluice.cli.dev_cluster import DevCluster, Ports
 
-from . import rabbitmq
+from . import mqtt_bench, mqtt_wire, rabbitmq
 from .amqp_bench import Broker, Load, Topology, measure
 from .amqp_load import PubSpec, SubSpec
 from .cluster_load import leader_of
@@ -34,6 +35,7 @@ Log = Callable[[str], None]
 QUORUM = "RabbitMQ 3-node quorum queue"
 SINGLE = "Sluice single node"
 GROUP = "Sluice 3-node group"
+MQTT = "MQTT QoS 1, "
 REPLICATED_GOAL = 0.6
 """Replicated throughput against single-node Sluice."""
 
@@ -66,7 +68,11 @@ class ClusterReport:
 
     def targets(self) -> list[Target]:
         group, quorum, single = (self.median(name) for name in (GROUP, QUORUM, SINGLE))
+        mqtt_group, mqtt_single = self.median(MQTT + GROUP), self.median(MQTT + SINGLE)
         found = []
+        if mqtt_group and mqtt_single:
+            found.append(Target("MQTT QoS 1: Sluice group / single node", f"{mqtt_group / mqtt_single:.2f}x",
+                                f">= {REPLICATED_GOAL:.2f}x", mqtt_group / mqtt_single >= REPLICATED_GOAL))
         if group and quorum:
             found.append(Target("Sluice group / RabbitMQ quorum queue", f"{group / quorum:.2f}x", ">= 1.00x",
                                 group / quorum >= 1.0))
@@ -103,10 +109,15 @@ def run_section(settings: Settings, workdir: Path, log: Log) -> ClusterReport:
         f"(prefetch {settings.prefetch}), {settings.messages:,} messages per run, {settings.rounds} round(s); "
         "msg/s delivered to the consumer after warm-up, medians")
     with ExitStack() as stack:
-        brokers = [broker for broker in (_rabbit_cluster(stack, workdir, log, report),
-                                         _single(stack, workdir, log, report),
-                                         _group(stack, workdir, log, report)) if broker is not None]
+        single, single_mqtt = _single(stack, workdir, log, report)
+        group, group_mqtt = _group(stack, workdir, log, report)
+        brokers = [broker for broker in (_rabbit_cluster(stack, workdir, log, report), single, group)
+                   if broker is not None]
+        stack_mqtt = [(MQTT + SINGLE, single_mqtt), (MQTT + GROUP, group_mqtt)]
+        mqtt = [(name, address) for name, address in stack_mqtt if address is not None]
         for index in range(settings.rounds):
+            for name, address in mqtt:
+                _measure_mqtt(report, settings, name, address, index, log)
             for broker in brokers:
                 tag = f"r{index}-{os.getpid()}-{broker.group}"
                 try:
@@ -135,22 +146,38 @@ def _rabbit_cluster(stack: ExitStack, workdir: Path, log: Log, report: ClusterRe
     return Broker(QUORUM, nodes[0].url, nodes[0].pid, nodes[0].directory / "server-output.log")
 
 
-def _single(stack: ExitStack, workdir: Path, log: Log, report: ClusterReport) -> Broker | None:
+def _measure_mqtt(report: ClusterReport, settings: Settings, name: str, address: tuple[str, int], index: int,
+                  log: Log) -> None:
+    mqtt_settings = mqtt_bench.Settings.smoke() if settings.quick else mqtt_bench.Settings()
+    load = mqtt_bench.fan_in(mqtt_settings, f"cluster-r{index}-{os.getpid()}-{address[0].replace('.', '-')}", 1)
     try:
-        running = stack.enter_context(serve_process(workdir, wait_for=("--amqp-port",), prefix="sluice-single-"))
+        result = mqtt_bench.measure(mqtt_bench.Server(name, address, None), load, mqtt_settings)
+    except Exception as error:  # noqa: BLE001 - one failed run is reported, the rest go on
+        log(f"[cluster] {name} round {index + 1} failed: {error!r}")
+        report.notes.append(f"{name} round {index + 1} failed: {str(error).splitlines()[0]}")
+        return
+    report.results.setdefault(name, []).append(result.msg_per_s)
+    log(f"[cluster] round {index + 1}/{settings.rounds} {name}: {result.msg_per_s:,.0f} msg/s")
+
+
+def _single(stack: ExitStack, workdir: Path, log: Log, report: ClusterReport) -> tuple[Broker | None, tuple | None]:
+    try:
+        running = stack.enter_context(serve_process(workdir, wait_for=("--amqp-port", "--mqtt-port"),
+                                                    prefix="sluice-single-", password=mqtt_wire.PASSWORD))
     except (ServerUnavailable, KeyError) as error:
         report.notes.append(f"single-node Sluice skipped: {str(error).splitlines()[0]}")
-        return None
+        return None, None
     port = running.ports["--amqp-port"]
-    return Broker(SINGLE, f"amqp://guest:guest@{LOOPBACK}:{port}/%2F", running.pid,
-                  running.directory / "server-output.log")
+    return (Broker(SINGLE, f"amqp://guest:guest@{LOOPBACK}:{port}/%2F", running.pid,
+                   running.directory / "server-output.log"), (LOOPBACK, running.ports["--mqtt-port"]))
 
 
-def _group(stack: ExitStack, workdir: Path, log: Log, report: ClusterReport) -> Broker | None:
+def _group(stack: ExitStack, workdir: Path, log: Log, report: ClusterReport) -> tuple[Broker | None, tuple | None]:
     native, admin, mqtt, ws, amqp, replication, etcd_client, etcd_peer = free_ports(8)
     group = DevCluster(Path(tempfile.mkdtemp(prefix="sluice-group-", dir=workdir)),
                        ports=Ports(native, admin, mqtt, ws, amqp, replication), etcd_ports=(etcd_client, etcd_peer),
-                       extra_env={"SLUICE_STORE_PREALLOCATE": "eager"})
+                       extra_env={"SLUICE_STORE_PREALLOCATE": "eager", "SLUICE_AUTH_DEFAULT_USER": mqtt_wire.USERNAME,
+                                  "SLUICE_AUTH_DEFAULT_PASSWORD": mqtt_wire.PASSWORD})
     try:
         started = time.monotonic()
         group.start()
@@ -160,8 +187,8 @@ def _group(stack: ExitStack, workdir: Path, log: Log, report: ClusterReport) -> 
         group.kill_all()
         log(f"[cluster] Sluice group skipped: {error}")
         report.notes.append(f"Sluice group skipped: {str(error).splitlines()[0]}")
-        return None
+        return None, None
     log(f"[cluster] Sluice group up after {time.monotonic() - started:.1f}s, leader {leader.name} on {leader.host}")
     report.notes.append("Sluice group: three nodes, min_insync 2, --flush sync on each; clients on the leader")
-    return Broker(GROUP, f"amqp://sluice:sluice@{leader.host}:{amqp}/%2F", leader.process.pid,
-                  leader.log_path)
+    return (Broker(GROUP, f"amqp://guest:guest@{leader.host}:{amqp}/%2F", leader.process.pid, leader.log_path),
+            (leader.host, mqtt))

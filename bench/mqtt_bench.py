@@ -304,7 +304,8 @@ def _ms(seconds: float | None) -> str:
 @dataclass(frozen=True)
 class Server:
     name: str
-    port: int
+    port: int | tuple[str, int]
+    """A loopback port, or (host, port) of a cluster node."""
     group: int | None
     """Process group whose CPU time each run reports."""
     output: Path | None = None

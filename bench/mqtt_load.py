@@ -144,7 +144,7 @@ class LoadRun:
         return max(0, self.expected - self.received)
 
 
-def run_load(port: int, publishers: list[PubSpec], subscribers: list[SubSpec], timeout: float,
+def run_load(port: int | tuple[str, int], publishers: list[PubSpec], subscribers: list[SubSpec], timeout: float,
              schedule: Schedule = Schedule(), probe: Callable[[], float | None] | None = None) -> LoadRun:
     """Run ``subscribers`` then ``publishers`` against the MQTT server on loopback ``port``;
     ``probe`` (e.g. a broker's CPU seconds) is read as the measured window opens and closes.
@@ -270,8 +270,9 @@ def _read_start(control: Any) -> int:
     return int.from_bytes(data, "little")
 
 
-def _connect(port: int, client_id: str) -> socket.socket:
-    sock = socket.create_connection((LOOPBACK, port), timeout=START_TIMEOUT)
+def _connect(port: int | tuple[str, int], client_id: str) -> socket.socket:
+    """``port`` on loopback, or a (host, port) of its own (a cluster node on 127.0.0.x)."""
+    sock = socket.create_connection(port if isinstance(port, tuple) else (LOOPBACK, port), timeout=START_TIMEOUT)
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     sock.sendall(wire.connect(client_id))
     reply = _read_exactly(sock, 4)
@@ -290,7 +291,7 @@ def _read_exactly(sock: socket.socket, count: int) -> bytes:
     return data
 
 
-def _publish(results: Any, control: Any, port: int, spec: PubSpec, index: int, feedback: list[Any],
+def _publish(results: Any, control: Any, port: int | tuple[str, int], spec: PubSpec, index: int, feedback: list[Any],
              schedule: Schedule) -> Published:
     sock = _connect(port, spec.client_id)
     sock.settimeout(None)
@@ -447,7 +448,7 @@ class _Tally:
         self.next_sample = (self.next_sample - len(payload_ats)) % every
 
 
-def _subscribe(results: Any, control: Any, port: int, spec: SubSpec, publishers: int, feedback: list[Any],
+def _subscribe(results: Any, control: Any, port: int | tuple[str, int], spec: SubSpec, publishers: int, feedback: list[Any],
                credit: int, schedule: Schedule) -> Received:
     connections = []
     for client_id, topic_filter, qos in spec.connections:
