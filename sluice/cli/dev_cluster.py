@@ -18,7 +18,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from sluice.cluster.local_etcd import EtcdNotStarted, LocalEtcd, die_with_parent
+from sluice.cluster.local_etcd import EtcdNotStarted, LocalEtcd, dying_with_parent
 
 READY = "Sluice is ready."
 LEADS = "leads the group in epoch"
@@ -60,9 +60,8 @@ class NodeProcess:
     def start(self) -> None:
         self.ready, self.leading, self.exited = threading.Event(), threading.Event(), threading.Event()
         log = open(self.log_path, "ab")
-        self.process = subprocess.Popen(self.command, stdout=subprocess.PIPE, stderr=log, env=self.env,
-                                        stdin=subprocess.DEVNULL, start_new_session=True,
-                                        preexec_fn=die_with_parent)
+        self.process = subprocess.Popen(dying_with_parent(self.command), stdout=subprocess.PIPE, stderr=log,
+                                        env=self.env, stdin=subprocess.DEVNULL, start_new_session=True)
         log.close()
         threading.Thread(target=self._watch, args=(self.process,), daemon=True).start()
 

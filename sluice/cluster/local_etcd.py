@@ -6,7 +6,6 @@ answers ``/health``, and stops it again.
 """
 from __future__ import annotations
 
-import ctypes
 import json
 import shutil
 import signal
@@ -24,15 +23,14 @@ class EtcdNotStarted(RuntimeError):
     """etcd is missing or did not become healthy; the message says what to do."""
 
 
-def die_with_parent() -> None:
-    """``preexec_fn`` of a child that must not outlive the process that started it (a test run
-    killed by a timeout, a dev cluster whose supervisor died): the kernel sends it SIGKILL when
-    its parent thread exits (Linux ``PR_SET_PDEATHSIG``)."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-
-
-PR_SET_PDEATHSIG = 1
+def dying_with_parent(command: list[str]) -> list[str]:
+    """``command`` wrapped so that it does not outlive the thread that starts it (a test run
+    killed by a timeout, a dev cluster whose supervisor died): util-linux's ``setpriv
+    --pdeathsig KILL`` execs it with Linux's parent-death signal set. Unwrapped where setpriv
+    is missing. (A ``preexec_fn`` would run Python in the forked child, which deadlocks in a
+    process whose other threads hold locks, gRPC's among them.)"""
+    setpriv = shutil.which("setpriv")
+    return [setpriv, "--pdeathsig", "KILL", "--", *command] if setpriv else command
 
 
 def find_etcd() -> str | None:
@@ -64,15 +62,15 @@ class LocalEtcd:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         peer = f"http://{self.host}:{self.peer_port}"
         self._log = open(self.data_dir / "etcd.log", "ab")
-        self.process = subprocess.Popen(
+        self.process = subprocess.Popen(dying_with_parent(
             [binary, "--name", self.name, "--data-dir", str(self.data_dir / "etcd"),
              "--listen-client-urls", ",".join([self.url] + [f"http://{h}:{self.client_port}" for h in self.more_hosts]),
              "--advertise-client-urls", self.url,
              "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
              "--initial-cluster", f"{self.name}={peer}", "--logger=zap", "--log-outputs=stderr",
-             "--log-level=warn"],
+             "--log-level=warn"]),
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-            stderr=self._log, start_new_session=True, preexec_fn=die_with_parent)
+            stderr=self._log, start_new_session=True)
         deadline = time.monotonic() + timeout_s
         while not self._healthy():
             if self.process.poll() is not None:
