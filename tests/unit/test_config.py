@@ -210,3 +210,21 @@ def test_every_sluice_variable_the_repository_reads_is_known():
     named -= {"SLUICE_CORE_MESAGE_TRACE", "SLUICE_ADMIN_URLS", "SLUICE_ZZZ", "SLUICE_FLUSH"}  # typos above
     settings = {env_name(dotted) for dotted in leaf_paths()} | {"SLUICE_HOST"}
     assert named - settings - set(TOOL_VARIABLES) == set()
+
+
+def test_cluster_settings_come_from_flags_and_environment_and_name_what_is_missing():
+    env = {"SLUICE_CLUSTER_SECRET": "s", "SLUICE_CLUSTER_MIN_INSYNC": "3"}
+    config = load_config(None, env, {"cluster.etcd": "http://127.0.0.1:2379,http://127.0.0.2:2379",
+                                     "cluster.node_id": "n1", "cluster.replication_port": 6000, "host": "127.0.0.2"})
+    cluster = config.cluster
+    assert cluster.enabled and cluster.endpoints == ["http://127.0.0.1:2379", "http://127.0.0.2:2379"]
+    assert (cluster.node_id, cluster.min_insync, cluster.replication_port, cluster.host) == ("n1", 3, 6000, "127.0.0.2")
+    assert core_settings(config).replicated_state, "a node of a group keeps its state in the log"
+    assert not core_settings(load_config(None, {})).replicated_state
+    with pytest.raises(ConfigError, match="--node-id"):
+        load_config(None, {"SLUICE_CLUSTER_ETCD": "http://127.0.0.1:2379", "SLUICE_CLUSTER_SECRET": "s"})
+    with pytest.raises(ConfigError, match="secret"):
+        load_config(None, {"SLUICE_CLUSTER_ETCD": "http://127.0.0.1:2379", "SLUICE_CLUSTER_NODE_ID": "n1"})
+    with pytest.raises(ConfigError, match="etcd client URL"):
+        load_config(None, {"SLUICE_CLUSTER_ETCD": "127.0.0.1", "SLUICE_CLUSTER_NODE_ID": "n1",
+                           "SLUICE_CLUSTER_SECRET": "s"})
