@@ -14,6 +14,7 @@ import base64
 import contextlib
 import logging
 from collections.abc import Callable
+from typing import Protocol
 
 from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
@@ -21,8 +22,8 @@ from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 from core.errors import QuotaExceeded, Unavailable
 from core.metadata import MetadataRepository
 from core.metadata.journal import JOURNAL_TOPIC
+from store.api import AppendResult, StoredMessage
 from store.errors import StoreDegradedError
-from store.file_store import FileStore
 
 log = logging.getLogger(__name__)
 
@@ -37,8 +38,20 @@ def group_master_key(secret: str) -> bytes:
     return base64.urlsafe_b64encode(derived)
 
 
+class JournalStore(Protocol):
+    """What the sync needs of a node's replicated store."""
+
+    def append(self, topic: str, body: bytes, queue_id: int) -> AppendResult: ...
+    def wait_confirmed(self, end_offset: int, timeout: float | None = None) -> bool: ...
+    def queue_range(self, topic: str, queue_id: int) -> tuple[int, int]: ...
+    def read(self, topic: str, queue_id: int, queue_offset: int, max_count: int = 32,
+             max_bytes: int = 4 << 20) -> list[StoredMessage]: ...
+    def add_listener(self, listener: Callable[[int, int], None]) -> None: ...
+    def remove_listener(self, listener: Callable[[int, int], None]) -> None: ...
+
+
 class MetadataSync:
-    def __init__(self, store: Callable[[], FileStore], metadata: MetadataRepository) -> None:
+    def __init__(self, store: Callable[[], JournalStore], metadata: MetadataRepository) -> None:
         """``store()`` is the node's store now (cutting the log back reopens it)."""
         self._store, self.metadata = store, metadata
         self._position = metadata.journal_position()
@@ -87,7 +100,7 @@ class MetadataSync:
         def listener(visible: int, durable: int) -> None:
             with contextlib.suppress(RuntimeError):  # the loop is closed
                 loop.call_soon_threadsafe(moved.set)
-        watched: FileStore | None = None
+        watched: JournalStore | None = None
         try:
             while True:
                 store = self._store()

@@ -66,9 +66,11 @@ BENCH_ENTRY_POINTS = (
     *SANS_IO,
     "analytics.register",
     "analytics.telemetry_job",
+    "sluice.cli.dev_cluster",
 )
 """What a benchmark may import: what users use. The SDK; the `sluice` command (`main`, or better
-a `python -m sluice.cli` process) and the simulator's fleet behind `sluice simulate`; the
+a `python -m sluice.cli` process), the simulator's fleet behind `sluice simulate` and the group
+of `sluice serve` processes `sluice dev-cluster` starts; the
 store's public API (a store benchmark builds its own stores); the protocols' sans-IO codecs
 (bytes in, bytes out); the Spark source's registration and the telemetry job that
 `sluice analytics telemetry` runs. Never core, the server's insides or an adapter's asyncio
