@@ -53,6 +53,7 @@ class Cell:
 TABLE = [
     Cell("GET", "/health", "/health", EVERYONE_200),
     Cell("GET", "/metrics", "/metrics", EVERYONE_200),
+    Cell("GET", "/cluster", "/cluster", dict.fromkeys(ROLES, 404)),  # a single broker: no group to show
     Cell("GET", "/dashboard", "/dashboard", EVERYONE_200),
     Cell("GET", "/dashboard/dashboard.js", "/dashboard/{asset}", EVERYONE_200),
     Cell("GET", "/openapi.json", "/openapi.json", EVERYONE_200),
