@@ -132,17 +132,21 @@ class Engine:
         self.signals.notify_all()
 
     async def close(self) -> None:
-        """Stop timers, wake every long poll with an empty answer, persist offsets."""
+        """Stop timers, wake every long poll with an empty answer, persist offsets. Closes only
+        what ``start`` got to, if it failed part way."""
         self.begin_shutdown()
         self.memory.stop()
-        await self.timer.close()
-        await self.transactions.close()
-        await self.lite.close()
+        for part in ("timer", "transactions", "lite"):
+            started = getattr(self, part, None)
+            if started is not None:
+                await started.close()
         await self.tracer.close()
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         self.signals.notify_all()
+        if not hasattr(self, "producer"):
+            return
         try:
             if self.config.replicated_state:
                 await self._store_offsets()

@@ -33,16 +33,20 @@ class InSyncKeeper:
         self._timeout_s = coordinator.config.replica_timeout_ms / 1000
         self._changed = asyncio.Event()
         shipper.add_progress_listener(self._changed.set)
+        self.checked = asyncio.Event()
+        """Set once the set was first brought in line (members found down are out of it)."""
 
     async def run(self) -> None:
         """Until cancelled (or this node is fenced)."""
         while self.coordinator.fenced is None:
-            with contextlib.suppress(asyncio.TimeoutError):
-                async with asyncio.timeout(self._timeout_s / 4):
-                    await self._changed.wait()
+            if self.checked.is_set():
+                with contextlib.suppress(asyncio.TimeoutError):
+                    async with asyncio.timeout(self._timeout_s / 4):
+                        await self._changed.wait()
             self._changed.clear()
             try:
                 await self.check()
+                self.checked.set()
             except EtcdUnavailable as error:
                 log.warning("could not record the in-sync set (%s); confirms wait for the old and new "
                             "members until it can", error)

@@ -43,6 +43,7 @@ class Leading:
     shipper: LogShipper
     coordinator: Coordinator
     epoch: int
+    keeper: InSyncKeeper
 
 
 class ReplicaNode:
@@ -184,7 +185,7 @@ class ReplicaNode:
         keeper = InSyncKeeper(self.coordinator, shipper, gate, recorded, epoch_start)
         self._keeper = asyncio.ensure_future(keeper.run())
         self._reporter = asyncio.ensure_future(report_progress(self.coordinator, shipper))
-        self.leading = Leading(self.store, shipper, self.coordinator, won.epoch)
+        self.leading = Leading(self.store, shipper, self.coordinator, won.epoch, keeper)
         await self._on_leading(self.leading)
         await self.fenced.wait()
 

@@ -30,7 +30,7 @@ from sluice.cluster.node import Leading, ReplicaNode
 from sluice.cluster.relay import Relay, RelayIngress
 from sluice.cluster.status import cluster_status
 
-from .app import READY_LINE, RunningBroker, _listening_ports, _open_metadata, _open_store, _start, print_endpoints
+from .app import READY_LINE, RunningBroker, StartupError, _listening_ports, _open_metadata, _open_store, _start, print_endpoints
 from .config import Config
 
 log = logging.getLogger("sluice")
@@ -139,6 +139,7 @@ class ClusterMember:
     async def _writable(self, leading: Leading) -> None:
         """Wait until the group takes writes (``min_insync`` replicas in sync): starting the
         broker writes (its own topics, the default user) and those must be replicated."""
+        await leading.keeper.checked.wait()  # members that are down have left the in-sync set
         changed = asyncio.Event()
         leading.shipper.add_progress_listener(changed.set)
         while leading.shipper.refusal is not None:
@@ -151,7 +152,8 @@ class ClusterMember:
     # -- one run --------------------------------------------------------------------------------
 
     async def run(self, stopping: asyncio.Event) -> bool:
-        """Until ``stopping`` is set (False) or this node is fenced (True: start over)."""
+        """Until ``stopping`` is set (False), or this node is fenced or could not start the
+        broker as leader (True: start over)."""
         await self.start_relays()
         self._syncing = asyncio.ensure_future(self.metadata_sync.follow())
         cluster = self.config.cluster
@@ -169,9 +171,15 @@ class ClusterMember:
                 await asyncio.gather(working, return_exceptions=True)
             stopped.cancel()
         fenced = not stopping.is_set()
-        if working.done() and not working.cancelled() and working.exception() is not None:
+        failed = working.exception() if working.done() and not working.cancelled() else None
+        if isinstance(failed, StartupError):  # a port in use, a locked data dir: the operator must act
             await self.close(give_back_lease=True)
-            raise working.exception()
+            raise failed
+        if failed is not None:  # starting the broker failed (the group stopped taking writes meanwhile)
+            log.error("node %s could not serve as leader (%s); it steps down and starts over",
+                      self.config.cluster.node_id, failed)
+            await self.close(give_back_lease=True)
+            return True
         await self.close(give_back_lease=not fenced)
         return fenced
 
@@ -204,8 +212,7 @@ async def run_cluster_node(config: Config, stopping: asyncio.Event) -> None:
         member = ClusterMember(config)
         if not await member.run(stopping):
             return
-        log.warning("node %s stepped down (fenced); it rejoins the group as a follower",
-                    config.cluster.node_id)
+        log.warning("node %s stepped down; it rejoins the group as a follower", config.cluster.node_id)
 
 
 class _Families(Collector):
