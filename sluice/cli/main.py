@@ -1,7 +1,7 @@
 """The `sluice` command: `serve` (the broker), admin and data commands against it, offline store tools.
 
 `serve` builds the configuration (file, then SLUICE_* environment, then these flags) and hands it
-to the composition root in ``sluice.server.app``. `topic`, `group`, `message` and `user` talk to a
+to the composition root in ``sluice.server`` (``process.serve``). `topic`, `group`, `message` and `user` talk to a
 running broker's admin HTTP API (``sluice.cli.admin``); `send` and `consume` use the native
 SDK (``sluice.cli.data``); `store inspect|verify` read a data directory offline.
 """
@@ -40,7 +40,7 @@ SERVE_FLAGS = {  # flag destination -> config path it overrides
 
 def _serve(args: argparse.Namespace) -> int:
     """Run the broker until SIGTERM/SIGINT with the configuration from file, environment and flags."""
-    from ..server.app import serve
+    from ..server.process import serve
     from ..server.config import ConfigError, describe_sources, load_config, unknown_variables
 
     if args.settings:
