@@ -58,7 +58,7 @@ class Example:
 
 def test_every_client_example_publishes_through_a_leader_failover(tmp_path, etcd_installed):
     examples = cluster_blocks()
-    assert {block.argument for block in examples} >= {"paho", "pika", "kombu", "sdk", "rocketmq"}
+    assert {block.argument for block in examples} >= {"paho", "pika", "aio-pika", "kombu", "sdk", "rocketmq"}
     native, admin, mqtt, ws, amqp, replication, etcd_client, etcd_peer = free_ports(8)
     ports = {"1883": mqtt, "5672": amqp, "8080": admin, "8081": native, "8083": ws}
     group = DevCluster(tmp_path / "cluster-data", ports=Ports(native, admin, mqtt, ws, amqp, replication),
