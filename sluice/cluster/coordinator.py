@@ -82,7 +82,7 @@ class Coordinator:
         self.me = me
         self._on_fenced = on_fenced
         self._clock = clock
-        prefix = f"/sluice/{config.name}/"
+        prefix = self.prefix = f"/sluice/{config.name}/"
         self.leader_key = (prefix + "leader").encode()
         self.isr_key = (prefix + "isr").encode()
         self.members_prefix = (prefix + "members/").encode()

@@ -31,11 +31,9 @@ def cluster_metrics(node: ReplicaNode) -> Iterator[Metric]:
                                 "behind the leader's", labels=["node", "replica"])
         seconds = GaugeMetricFamily("sluice_cluster_replica_lag_seconds", "How long each follower has not held "
                                     "everything the leader had", labels=["node", "replica"])
-        now, durable = time.monotonic(), shipper.store.durable_offset
-        for name, replica in sorted(shipper.replicas.items()):
-            behind = max(0, durable - replica.progress.durable)
+        for name, (_, behind, lag_s, _) in sorted(shipper.follower_positions(time.monotonic()).items()):
             lag.add_metric([me, name], behind)
-            seconds.add_metric([me, name], now - replica.progress.caught_up_at if behind else 0.0)
+            seconds.add_metric([me, name], lag_s)
         yield lag
         yield seconds
     for key, text in (("elections", "Elections this node won"), ("fenced", "Times this node stepped down as "

@@ -159,6 +159,18 @@ class LogShipper:
         """Call ``listener(confirm_offset)`` on the event loop each time it advances."""
         self._confirm_listeners.append(listener)
 
+    def follower_positions(self, now: float) -> dict[str, tuple[int, int, float, bool]]:
+        """Follower -> (durable end, bytes behind the leader, seconds it has not held
+        everything the leader had (0 while it does), connected)."""
+        durable = self.store.durable_offset
+        found = {}
+        for node, replica in self.replicas.items():
+            progress = replica.progress
+            behind = max(0, durable - progress.durable)
+            found[node] = (progress.durable, behind, now - progress.caught_up_at if behind else 0.0,
+                           progress.connected)
+        return found
+
     def in_sync_members(self) -> set[str]:
         """The members confirms wait for now."""
         return set(self._in_sync())

@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import logging
 import time
 from collections.abc import Callable
 
@@ -19,31 +18,26 @@ from .coordinator import Coordinator
 from .etcd import EtcdUnavailable
 from .replication import LogShipper
 
-log = logging.getLogger(__name__)
-
 REPORT_S = 1.0
 
 
 def progress_key(coordinator: Coordinator) -> bytes:
-    return coordinator.leader_key.rsplit(b"/", 1)[0] + b"/progress"
+    return (coordinator.prefix + "progress").encode()
 
 
 def unclean_key(coordinator: Coordinator) -> bytes:
     """Names the node an operator wants elected without being in sync (its last resort)."""
-    return coordinator.leader_key.rsplit(b"/", 1)[0] + b"/unclean"
+    return (coordinator.prefix + "unclean").encode()
 
 
 async def report_progress(coordinator: Coordinator, shipper: LogShipper, clock: Callable[[], float] = time.monotonic) -> None:
     """The leader's loop: publish every follower's durable end and how long it has lagged."""
     key = progress_key(coordinator)
     while coordinator.fenced is None:
-        now = clock()
         leader_durable = shipper.store.durable_offset
         nodes = {coordinator.me.node: {"durable": leader_durable, "lag_s": 0.0}}
-        for node, replica in shipper.replicas.items():
-            behind = replica.progress.durable < leader_durable
-            nodes[node] = {"durable": replica.progress.durable, "connected": replica.progress.connected,
-                           "lag_s": round(now - replica.progress.caught_up_at, 3) if behind else 0.0}
+        for node, (durable, _, lag_s, connected) in shipper.follower_positions(clock()).items():
+            nodes[node] = {"durable": durable, "connected": connected, "lag_s": round(lag_s, 3)}
         body = {"epoch": coordinator.epoch, "confirmed": shipper.confirmed, "durable": leader_durable,
                 "refusal": shipper.refusal, "nodes": nodes}
         with contextlib.suppress(EtcdUnavailable):
