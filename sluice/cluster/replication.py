@@ -133,8 +133,8 @@ class LogShipper:
         self._signal = _Signal()
         self._server: asyncio.Server | None = None
         self._connections: set[asyncio.Task] = set()
-        self._unproven = 0
-        """Connections that have not proved the cluster secret yet (bounded by MAX_UNPROVEN)."""
+        self._unproven: set[asyncio.Task] = set()
+        """Connections that have not proved the cluster secret yet (at most MAX_UNPROVEN)."""
         loop = asyncio.get_running_loop()
 
         def listener(visible: int, durable: int) -> None:
@@ -237,16 +237,15 @@ class LogShipper:
         task = asyncio.current_task()
         peer_host, peer_port = writer.get_extra_info("peername")[:2]
         peer = f"{peer_host}:{peer_port}"
-        if self._unproven >= MAX_UNPROVEN:
+        if len(self._unproven) >= MAX_UNPROVEN:
             _denials.denied(peer_host, "busy", "replication peer %s closed at once: %d connections have not "
-                            "proved the cluster secret yet", peer, self._unproven)
+                            "proved the cluster secret yet", peer, len(self._unproven))
             writer.close()
             return
         self._connections.add(task)
-        self._unproven += 1
-        proven = [False]
+        self._unproven.add(task)
         try:
-            await self._serve(reader, writer, peer, proven)
+            await self._serve(reader, writer, peer)
         except ProtocolError as error:
             _denials.denied(peer_host, "protocol", "replication peer %s closed: %s", peer, error)
         except asyncio.TimeoutError:
@@ -255,22 +254,19 @@ class LogShipper:
         except (asyncio.IncompleteReadError, ConnectionError):
             pass
         finally:
-            if not proven[0]:
-                self._unproven -= 1
+            self._unproven.discard(task)
             self._connections.discard(task)
             writer.close()
             with contextlib.suppress(Exception):
                 await writer.wait_closed()
 
-    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, peer: str,
-                     proven: list[bool]) -> None:
-        """``proven[0]`` is set once the peer has proved the cluster secret."""
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, peer: str) -> None:
         challenge = os.urandom(wire.CHALLENGE_SIZE)
         writer.write(wire.frame(Kind.CHALLENGE, challenge))
         async with asyncio.timeout(HANDSHAKE_TIMEOUT_S):
             kind, payload = await wire.read_frame(reader, 0)
         if kind is Kind.RELAY:
-            await self._serve_relay(wire.decode_relay(payload), challenge, reader, writer, proven)
+            await self._serve_relay(wire.decode_relay(payload), challenge, reader, writer)
             return
         if kind is not Kind.HELLO:
             raise ProtocolError(f"expected HELLO or RELAY, got {kind.name}")
@@ -278,7 +274,7 @@ class LogShipper:
         if not wire.proves(self._secret, challenge, hello):
             await self._refuse(writer, "wrong cluster secret")
             raise ProtocolError(f"{hello.node!r} does not know the cluster secret")
-        self._proved(proven)
+        self._unproven.discard(asyncio.current_task())
         if hello.segment_size != self.store.config.segment_size:
             await self._refuse(writer, f"segment_size {hello.segment_size} differs from the leader's "
                                        f"{self.store.config.segment_size}; every node needs the same")
@@ -306,16 +302,12 @@ class LogShipper:
             acks.cancel()
             replica.progress.connected = False
 
-    def _proved(self, proven: list[bool]) -> None:
-        proven[0] = True
-        self._unproven -= 1
-
     async def _serve_relay(self, request: wire.RelayRequest, challenge: bytes, reader: asyncio.StreamReader,
-                           writer: asyncio.StreamWriter, proven: list[bool]) -> None:
+                           writer: asyncio.StreamWriter) -> None:
         if not wire.proves_relay(self._secret, challenge, request):
             await self._refuse(writer, "wrong cluster secret")
             raise ProtocolError(f"{request.node!r} does not know the cluster secret")
-        self._proved(proven)
+        self._unproven.discard(asyncio.current_task())
         if self.relays is None:  # elected a moment ago: the broker is starting
             await self._refuse(writer, "this node serves no clients yet")
             return
