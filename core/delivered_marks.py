@@ -3,29 +3,44 @@ consumer at least once, kept across a crash so that what was delivered and not a
 marked as a redelivery (AMQP's redelivered flag), as RabbitMQ does.
 
 Cursors (``core.cursors``) keep delivery attempts too, but they are saved once per commit
-interval. Marks are taken in memory (``mark``) and written by ``flush``, one ``write`` for all
+interval. Marks are taken in memory (``mark``) and written by ``flush``, one write for all
 taken since, which the adapter calls before the deliveries they cover go out (once per
-event-loop turn, not per message), so a SIGKILL loses none. There is no fsync: the marks
-survive the process, not a power cut (then the last saved cursors still count).
+event-loop turn, not per message), so a SIGKILL loses none.
 
-File ``delivered.log`` in the data directory, text lines appended::
+On a single node they go to the file ``delivered.log`` in the data directory (``MarksFile``),
+with no fsync: the marks survive the process, not a power cut (then the last saved cursors
+still count). Text lines appended::
 
     <named queue> SP <mark> LF      mark: first offset never delivered; -1: queue forgotten
 
 The last line of a queue wins; a torn last line (no LF) is ignored. Past ``COMPACT_BYTES`` the
-file is replaced by one line per queue. Runs on the event loop; not thread-safe.
+file is replaced by one line per queue.
+
+A node of a replica group keeps them in its replicated log instead (``MarksInLog``): the
+compacted topic ``MARKS_TOPIC``, one record per queue keyed by its name, a forgotten queue a
+tombstone. A flush appends without waiting for the group, so the next leader has every mark the
+old one shipped; only marks taken in the last moments before it died (not yet on a follower)
+are missing, and what they covered comes back without the flag. Runs on the event loop; not
+thread-safe.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+from typing import Protocol
 
 from store import replace_file
+from store.api import Message, Store
+from store.errors import StoreError
+
+from .model import INTERNAL_PREFIX
 
 log = logging.getLogger(__name__)
 
 FILE_NAME = "delivered.log"
+MARKS_TOPIC = f"{INTERNAL_PREFIX}delivered"
+"""Where a replica group's nodes keep the marks (compacted, one queue)."""
 COMPACT_BYTES = 1 << 20
 _FORGOTTEN = -1
 
@@ -51,20 +66,105 @@ def read_marks(path: str) -> dict[str, int]:
     return marks
 
 
+class MarksSink(Protocol):
+    """Where marks are kept. ``write`` raises OSError or StoreError when they cannot be."""
+
+    where: str
+
+    def read(self) -> dict[str, int]: ...
+    def write(self, changed: dict[str, int], every: dict[str, int]) -> None: ...
+    def close(self) -> None: ...
+
+
+class MarksFile:
+    """Marks in ``delivered.log`` (see the module's docstring)."""
+
+    def __init__(self, data_dir: str) -> None:
+        self.where = self.path = os.path.join(data_dir, FILE_NAME)
+        self._fd = -1
+        self._size = 0
+
+    def read(self) -> dict[str, int]:
+        return read_marks(self.path)
+
+    def write(self, changed: dict[str, int], every: dict[str, int]) -> None:
+        """Append a line per changed queue; past ``COMPACT_BYTES``, rewrite ``every`` mark."""
+        try:
+            if self._fd < 0:
+                self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+                self._size = os.fstat(self._fd).st_size
+            data = memoryview("".join(f"{queue} {mark}\n" for queue, mark in changed.items()).encode())
+            while data:
+                written = os.write(self._fd, data)
+                data = data[written:]
+                self._size += written
+            if self._size > COMPACT_BYTES:
+                self._compact(every)
+        except OSError:
+            self.close()
+            raise
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
+    def _compact(self, every: dict[str, int]) -> None:
+        """Replace the file by one line per queue (rare: blocks the loop for one small fsync)."""
+        data = "".join(f"{queue} {mark}\n" for queue, mark in every.items()).encode()
+        self.close()
+        replace_file(self.path, data)
+        self._size = len(data)
+
+
+class MarksInLog:
+    """Marks in the replicated log's compacted topic ``MARKS_TOPIC``, which must exist before
+    the first ``write``."""
+
+    where = f"the log ({MARKS_TOPIC})"
+
+    def __init__(self, store: Store) -> None:
+        self._store = store
+
+    def read(self) -> dict[str, int]:
+        marks: dict[str, int] = {}
+        for stored in self._store.compacted(MARKS_TOPIC):
+            try:
+                if stored.keys and stored.body:
+                    marks[stored.keys[0]] = int(stored.body)
+            except ValueError:
+                log.error("an unreadable delivered mark for %r in %s is ignored", stored.keys[0], MARKS_TOPIC)
+        return marks
+
+    def write(self, changed: dict[str, int], every: dict[str, int]) -> None:
+        """Append one record per changed queue (a tombstone for a forgotten one), not waiting
+        for the group to confirm them."""
+        self._store.append_batch([
+            Message(MARKS_TOPIC, b"" if mark == _FORGOTTEN else str(mark).encode(), keys=(queue,))
+            for queue, mark in changed.items()])
+
+    def close(self) -> None:
+        pass
+
+
 class DeliveredMarks:
     """The delivered marks of every named queue popped with ``mark`` on."""
 
-    def __init__(self, data_dir: str) -> None:
-        self.path = os.path.join(data_dir, FILE_NAME)
-        self._marks = read_marks(self.path)
+    def __init__(self, sink: MarksSink | str) -> None:
+        """``sink``: where marks are kept, or a data directory for its ``delivered.log``."""
+        self._sink = MarksFile(sink) if isinstance(sink, str) else sink
+        self._marks = self._sink.read()
         self._restored = dict(self._marks)
         """Marks from before this start, not yet applied to their queue's cursor."""
         self._pending: dict[str, int] = {}
         """Marks taken since the last ``flush``."""
-        self._fd = -1
-        self._size = 0
         self.failing = False
         """Whether the last write failed (logged once per failing spell)."""
+
+    @property
+    def path(self) -> str:
+        """Where the marks are kept."""
+        return self._sink.where
 
     def restored(self, queue: str) -> int | None:
         """The mark ``queue`` had before this start, once (None afterwards or if it had none)."""
@@ -80,9 +180,8 @@ class DeliveredMarks:
         """Write the marks taken since the last flush, in one write; call it before the
         deliveries they cover go out."""
         if self._pending:
-            lines = "".join(f"{queue} {mark}\n" for queue, mark in self._pending.items())
-            self._pending.clear()
-            self._append(lines)
+            changed, self._pending = self._pending, {}
+            self._write(changed)
 
     def forget(self, queue: str) -> None:
         """``queue`` is gone, with the queues named ``queue@...`` (its priority levels): a
@@ -93,49 +192,30 @@ class DeliveredMarks:
             del self._restored[name]
         for name in family(self._pending):
             del self._pending[name]
-        for name in family(self._marks):
+        gone = family(self._marks)
+        for name in gone:
             del self._marks[name]
-            self._append(f"{name} {_FORGOTTEN}\n")
+        if gone:
+            self._write(dict.fromkeys(gone, _FORGOTTEN))
 
     def close(self) -> None:
         """Flush and close the file."""
         self.flush()
-        self._close_file()
+        self._sink.close()
 
-    def _close_file(self) -> None:
-        if self._fd >= 0:
-            os.close(self._fd)
-            self._fd = -1
-
-    def _append(self, lines: str) -> None:
-        """Append ``lines``; a write that fails (a full disk, an I/O error) is logged once
-        and dropped: deliveries go on, only their redelivered flag after a crash is at stake."""
+    def _write(self, changed: dict[str, int]) -> None:
+        """Keep ``changed``; a write that fails (a full disk, an I/O error, a group refusing
+        writes) is logged once and dropped: deliveries go on, only their redelivered flag after
+        a crash is at stake."""
         try:
-            if self._fd < 0:
-                self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-                self._size = os.fstat(self._fd).st_size
-            data = memoryview(lines.encode())
-            while data:
-                written = os.write(self._fd, data)
-                data = data[written:]
-                self._size += written
-            if self._size > COMPACT_BYTES:
-                self._compact()
-        except OSError as error:
-            self._close_file()
+            self._sink.write(changed, self._marks)
+        except (OSError, StoreError) as error:
             if not self.failing:
                 log.warning("delivered marks not written to %s (%s): after a crash, messages "
                             "delivered meanwhile may come back with redelivered=false; writing "
-                            "resumes once the disk takes it", self.path, error)
+                            "resumes once it takes them", self.path, error)
             self.failing = True
             return
         if self.failing:
             log.info("delivered marks are written to %s again", self.path)
         self.failing = False
-
-    def _compact(self) -> None:
-        """Replace the file by one line per queue (rare: blocks the loop for one small fsync)."""
-        data = "".join(f"{queue} {mark}\n" for queue, mark in self._marks.items()).encode()
-        self._close_file()
-        replace_file(self.path, data)
-        self._size = len(data)

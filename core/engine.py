@@ -19,6 +19,7 @@ from . import clock
 from .consume import Reader
 from .cursors import CursorBook
 from .delivery import RecentMessages, TopicSignals
+from .delivered_marks import MARKS_TOPIC as DELIVERED_MARKS_TOPIC
 from .errors import SluiceError
 from .durable import DurableWaiters
 from .fanout import Fanout
@@ -99,7 +100,8 @@ class Engine:
         self.reader = Reader(store, self.recent, self.producer.deliverable_end,
                              self._retention_floors)
         if self.config.replicated_state:
-            await self.topics.ensure(TopicConfig(TIMER_MARK_TOPIC, queue_count=1, compacted=True))
+            for topic in (TIMER_MARK_TOPIC, DELIVERED_MARKS_TOPIC):
+                await self.topics.ensure(TopicConfig(topic, queue_count=1, compacted=True))
         self.timer = DelayTimer(self.producer, self.reader, self.topics.get, self._data_dir,
                                 self.config.max_delay_ms,
                                 marks_in_log=store if self.config.replicated_state else None)

@@ -20,7 +20,7 @@ from collections.abc import Iterator
 from .acl import Withheld
 from .clock import now_ms
 from .consume import MAX_IN_FLIGHT_SPAN, pop_queue
-from .delivered_marks import DeliveredMarks
+from .delivered_marks import DeliveredMarks, MarksInLog
 from .engine import Engine
 from .errors import CorruptMessage
 from .fanout import Listener, QueueTarget
@@ -44,7 +44,7 @@ class NamedQueues:
         """Messages popped per queue since start (redeliveries included)."""
         self.settled: dict[str, int] = {}
         """Popped messages settled per queue since start (acked, or rejected without requeue)."""
-        self._marks = DeliveredMarks(data_dir)
+        self._marks = DeliveredMarks(MarksInLog(engine.store) if engine.config.replicated_state else data_dir)
         self.tracer = engine.tracer
         """The message tracer (``core.trace``): adapters report there, after checking its
         ``on``, whom they hand a popped or read message and how its consumer settles it."""
@@ -54,7 +54,7 @@ class NamedQueues:
         self._marks.flush()
 
     def close(self) -> None:
-        """Flush and close the delivered-marks file."""
+        """Flush the delivered marks and close their file."""
         self._marks.close()
 
     # --- what feeds a queue ---

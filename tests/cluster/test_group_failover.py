@@ -253,17 +253,69 @@ def test_users_and_definitions_made_on_the_leader_are_on_the_next_one(group):
     assert "carol-*" in permissions
 
 
-def _with_amqp(group: DevCluster, hosts: list[str], use) -> None:
-    credentials = pika.PlainCredentials("carol", "carol-pw-1")
+def _amqp_connection(group: DevCluster, hosts: list[str], user: str, password: str) -> pika.BlockingConnection:
+    """A connection through the first of ``hosts`` that takes it, once a leader serves."""
+    credentials = pika.PlainCredentials(user, password)
     deadline = time.monotonic() + 60
     while True:
         try:
-            connection = pika.BlockingConnection([pika.ConnectionParameters(host, group.ports.amqp, credentials=credentials)
-                                                  for host in hosts])
-            break
+            return pika.BlockingConnection([pika.ConnectionParameters(host, group.ports.amqp, credentials=credentials)
+                                            for host in hosts])
         except pika.exceptions.AMQPConnectionError:  # no leader serving yet: the nodes refuse
-            assert time.monotonic() < deadline, "carol could not log in"
+            assert time.monotonic() < deadline, f"{user} could not log in"
+
+
+def _with_amqp(group: DevCluster, hosts: list[str], use) -> None:
+    connection = _amqp_connection(group, hosts, "carol", "carol-pw-1")
     try:
         use(connection.channel())
     finally:
         connection.close()
+
+
+def test_messages_delivered_and_not_acked_come_back_redelivered_from_the_next_leader(group):
+    """AMQP's delivered marks are in the replicated log: what the old leader handed a consumer
+    that never acked comes back from the new leader with ``redelivered`` set, the rest without."""
+    hosts = [node.host for node in group.nodes]
+    connection = _amqp_connection(group, hosts, "sluice", "sluice")
+    channel = connection.channel()
+    channel.confirm_delivery()
+    channel.queue_declare("redo", durable=True)
+    for number in range(5):
+        channel.basic_publish("", "redo", f"r-{number}".encode(), pika.BasicProperties(delivery_mode=2))
+    channel.basic_qos(prefetch_count=3)
+    taken = [channel.basic_get("redo")[0] for _ in range(3)]
+    assert [frame.redelivered for frame in taken] == [False] * 3
+    marked = _delivered_marks(group)
+    wait_for("the delivered mark confirmed by the group", lambda: marked() >= 3)
+    leader = leader_of(group)
+    leader.kill()  # the consumer never acked
+    leader_of(group, skip=(leader,))
+    survivors = [node.host for node in group.nodes if node is not leader]
+    again = _amqp_connection(group, survivors, "sluice", "sluice")
+    try:
+        channel = again.channel()
+        got = []
+        while len(got) < 5:
+            method, _, body = channel.basic_get("redo", auto_ack=True)
+            assert method is not None, f"only {len(got)} of 5 messages came back"
+            got.append((body.decode(), method.redelivered))
+    finally:
+        again.close()
+    assert sorted(got) == [("r-0", True), ("r-1", True), ("r-2", True), ("r-3", False), ("r-4", False)]
+
+
+def _delivered_marks(group: DevCluster):
+    """A probe: the highest delivered mark any queue has in the log, as a confirmed read sees it."""
+    def highest() -> int:
+        node = next(n for n in group.nodes if n.alive)
+        request = urllib.request.Request(
+            f"http://{node.host}:{group.ports.admin}/topics/%25SYS%25delivered/messages?from=0&to={1 << 50}&limit=50",
+            headers={"Authorization": "Basic " + base64.b64encode(b"sluice:sluice").decode()})
+        try:
+            with urllib.request.urlopen(request, timeout=10) as reply:
+                found = json.load(reply)
+        except OSError:
+            return 0
+        return max((int(m["body_text"]) for m in found if m.get("body_text")), default=0)
+    return highest

@@ -4,8 +4,13 @@ delivery of what was below it into a redelivery."""
 from __future__ import annotations
 
 from core import delivered_marks
-from core.cursors import Cursor
+from core.assembly import Core
+from core.cursors import Cursor, CursorBook
 from core.delivered_marks import DeliveredMarks, read_marks
+from core.model import SYSTEM
+
+from tests.unit.core.test_broker import CONFIG, STATE_HOMES, run_core, topic
+from tests.unit.core.test_fanout import subject
 
 
 def test_marks_survive_a_reopen_and_a_torn_last_line_is_ignored(tmp_path):
@@ -64,3 +69,34 @@ def test_a_full_disk_drops_marks_with_one_warning_and_writing_resumes_after(tmp_
     marks.flush()
     assert not marks.failing and "written" in caplog.records[-1].getMessage()
     assert read_marks(marks.path) == {"q": 4}
+
+
+@STATE_HOMES
+def test_what_was_popped_comes_back_as_a_redelivery_after_a_crash(tmp_path, config, monkeypatch):
+    """Marks kept in ``delivered.log`` on a single node, in the replicated log's compacted
+    ``%SYS%delivered`` on a group's node (where the next leader finds them); a queue deleted
+    and declared again starts unmarked in both. The crash comes before consumer offsets
+    (which count deliveries too) were ever saved."""
+    monkeypatch.setattr(CursorBook, "write", lambda self, snapshot: None)
+    monkeypatch.setattr(CursorBook, "changed_consumers", lambda self: {})
+
+    async def first(core: Core) -> None:
+        await topic(core.broker, "work", queues=1)
+        for queue in ("q", "gone"):
+            core.queues.bind("work/#", queue)
+        await core.broker.send(SYSTEM, [subject("work", b"%d" % i, "work/x") for i in range(5)])
+        for queue in ("q", "gone"):
+            assert len(core.queues.pop(queue, 3, 60_000, mark=True)) == 3
+        core.queues.flush_marks()
+        core.queues.forget("gone")
+
+    async def second(core: Core) -> None:
+        for queue in ("q", "gone"):
+            core.queues.bind("work/#", queue)
+        again = core.queues.pop("q", 10, 60_000, mark=True)
+        assert [(d.body, d.attempt) for d in again] == [(b"0", 2), (b"1", 2), (b"2", 2), (b"3", 1), (b"4", 1)]
+        assert {d.attempt for d in core.queues.pop("gone", 10, 60_000)} == {1}
+    run_core(tmp_path, first, store="file", config=config)
+    monkeypatch.undo()
+    run_core(tmp_path, second, store="file", config=config)
+    assert (tmp_path / delivered_marks.FILE_NAME).exists() is (config is CONFIG), "marks in the log need no side file"
