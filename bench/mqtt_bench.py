@@ -116,10 +116,11 @@ class Scenario:
     latency: bool = False
 
 
-def fan_in(s: Settings, tag: str, qos: int) -> Load:
+def fan_in(s: Settings, tag: str, qos: int, clean: bool = True) -> Load:
+    """``clean`` False: the subscriber keeps a persistent session (the cluster section's)."""
     topic = f"bench/{tag}"
     return Load([PubSpec(f"{tag}-pub{i}", (topic,), qos, size=s.size, window=s.window) for i in range(s.publishers)],
-                [SubSpec(((f"{tag}-sub", topic, qos),))])
+                [SubSpec(((f"{tag}-sub", topic, qos),), clean=clean)])
 
 
 def devices(s: Settings, tag: str, count: int) -> Load:

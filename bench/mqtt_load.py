@@ -86,6 +86,10 @@ class SubSpec:
     connections: tuple[tuple[str, str, int], ...]
     sample_every: int = 8
     """Take the latency of every this-many-th message received (0: none)."""
+    clean: bool = True
+    """Clean sessions; False connects with clean session 0 (a persistent session, whose
+    subscriptions and undelivered QoS 1 messages the broker keeps), and after the run connects
+    each client id once more with clean session 1 and disconnects, so that the broker drops it."""
 
 
 @dataclass(frozen=True)
@@ -270,11 +274,12 @@ def _read_start(control: Any) -> int:
     return int.from_bytes(data, "little")
 
 
-def _connect(port: int | tuple[str, int], client_id: str) -> socket.socket:
-    """``port`` on loopback, or a (host, port) of its own (a cluster node on 127.0.0.x)."""
+def _connect(port: int | tuple[str, int], client_id: str, clean: bool = True) -> socket.socket:
+    """``port`` on loopback, or a (host, port) of its own (a cluster node on 127.0.0.x). Every
+    client id is a new one, so the session-present flag of a persistent session's CONNACK is 0."""
     sock = socket.create_connection(port if isinstance(port, tuple) else (LOOPBACK, port), timeout=START_TIMEOUT)
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    sock.sendall(wire.connect(client_id))
+    sock.sendall(wire.connect(client_id, clean=clean))
     reply = _read_exactly(sock, 4)
     if reply != wire.CONNACK_ACCEPTED:
         raise RuntimeError(f"{client_id}: CONNACK {reply.hex()} is not 'accepted'")
@@ -452,7 +457,7 @@ def _subscribe(results: Any, control: Any, port: int | tuple[str, int], spec: Su
                credit: int, schedule: Schedule) -> Received:
     connections = []
     for client_id, topic_filter, qos in spec.connections:
-        sock = _connect(port, client_id)
+        sock = _connect(port, client_id, spec.clean)
         sock.sendall(wire.subscribe(1, [(topic_filter, qos)]))
         reply = _read_exactly(sock, 5)
         if reply[0] != 0x90 or reply[4] > 2:
@@ -473,7 +478,10 @@ def _subscribe(results: Any, control: Any, port: int | tuple[str, int], spec: Su
         for key, _ in selector.select(left / 1e9 if left > 0 else None):
             connection = key.data
             if connection is None:  # the parent: every publisher is done
-                return _finish(connections, tally)
+                received = _finish(connections, tally)
+                if not spec.clean:
+                    _end_sessions(port, spec)
+                return received
             data = connection.sock.recv(RECV_SIZE)
             if not data:
                 raise RuntimeError("the server closed a subscriber connection")
@@ -510,6 +518,15 @@ def _finish(connections: list[_Connection], tally: _Tally) -> Received:
             pass
     return Received(sum(sum(connection.received) for connection in connections), tally.in_window,
                     len(connections), tally.latencies)
+
+
+def _end_sessions(port: int | tuple[str, int], spec: SubSpec) -> None:
+    """Have the broker drop the persistent sessions of ``spec``: connect each client id with clean
+    session 1 (which discards the stored session) and disconnect."""
+    for client_id, _, _ in spec.connections:
+        sock = _connect(port, client_id, clean=True)
+        sock.sendall(wire.DISCONNECT_PACKET)
+        sock.close()
 
 
 def _absorb(buffer: bytes, connection: _Connection, tally: _Tally, now: int) -> None:

@@ -46,6 +46,8 @@ class RabbitNode:
     """Leader of the node's process group (a shell that runs beam.smp)."""
     env: dict[str, str] = field(default_factory=dict, repr=False, compare=False)
     """The node's environment, for ``ctl``."""
+    mqtt_port: int | None = None
+    """The MQTT plugin's loopback listener, on a cluster node with ``rabbitmq_mqtt`` enabled."""
 
     def ctl(self, *args: str, timeout: float = 60.0) -> str:
         """Run ``rabbitmqctl ARGS`` against this node; its output (CalledProcessError if it
@@ -112,10 +114,14 @@ def throwaway_node(parent: Path, log: Log, timeout: float = START_TIMEOUT, prefi
 
 @contextmanager
 def throwaway_cluster(parent: Path, log: Log, size: int = 3, prefix: str = "bench-cluster",
-                      timeout: float = START_TIMEOUT) -> Iterator[list[RabbitNode]]:
-    """Start ``size`` private RabbitMQ nodes sharing one Erlang cookie and one private epmd, and
-    join them into one cluster (``rabbitmqctl join_cluster``); stop them and delete their files
-    on exit. The first node is the one the others joined."""
+                      timeout: float = START_TIMEOUT, plugins: tuple[str, ...] = (),
+                      config: tuple[str, ...] = ()) -> Iterator[list[RabbitNode]]:
+    """Start ``size`` private RabbitMQ nodes sharing one Erlang cookie and one private epmd, each
+    with ``plugins`` enabled and ``config`` lines in its rabbitmq.conf, and join them into one
+    cluster (``rabbitmqctl join_cluster``); stop them and delete their files on exit. The first
+    node is the one the others joined. With ``rabbitmq_mqtt`` among the plugins every node also
+    gets an MQTT listener on a free loopback port of its own (``RabbitNode.mqtt_port``), which
+    accepts connections before this returns."""
     script = find_server()
     if script is None:
         raise ServerUnavailable(f"rabbitmq-server is not installed; {INSTALL_HINT}")
@@ -130,9 +136,13 @@ def throwaway_cluster(parent: Path, log: Log, size: int = 3, prefix: str = "benc
             cleanup.callback(shutil.rmtree, directory, True)
             (directory / ".erlang.cookie").write_text(cookie)
             (directory / ".erlang.cookie").chmod(0o400)
-            amqp_port, dist_port = free_ports(2)
+            amqp_port, dist_port, mqtt_port = free_ports(3)
+            if "rabbitmq_mqtt" not in plugins:
+                mqtt_port = None
+            listener = (f"mqtt.listeners.tcp.1 = {LOOPBACK}:{mqtt_port}",) if mqtt_port else ()
             node_name = f"{prefix}-{os.getpid()}-{index}@localhost"
-            env = _node_environment(directory, node_name, amqp_port, dist_port, epmd_port, (), ())
+            env = _node_environment(directory, node_name, amqp_port, dist_port, epmd_port, plugins,
+                                    (*listener, *config))
             output = open(directory / "server-output.log", "wb")
             cleanup.callback(output.close)
             process = subprocess.Popen([str(script)], env=env, cwd=directory, stdin=subprocess.DEVNULL,
@@ -141,7 +151,7 @@ def throwaway_cluster(parent: Path, log: Log, size: int = 3, prefix: str = "benc
                 cleanup.callback(_end_epmd, epmd_port, env)
             cleanup.callback(stop_process_group, process, STOP_TIMEOUT)
             processes.append(process)
-            nodes.append(RabbitNode(amqp_port, node_name, _version(script), directory, process.pid, env))
+            nodes.append(RabbitNode(amqp_port, node_name, _version(script), directory, process.pid, env, mqtt_port))
         for node, process in zip(nodes, processes):
             try:
                 wait_for_port(node.amqp_port, started + timeout, process, "rabbitmq-server")
@@ -151,6 +161,13 @@ def throwaway_cluster(parent: Path, log: Log, size: int = 3, prefix: str = "benc
             node.ctl("stop_app")
             node.ctl("join_cluster", nodes[0].node_name)
             node.ctl("start_app")
+        for node, process in zip(nodes, processes):
+            if node.mqtt_port is not None:  # start_app restarted the plugins of the joined nodes
+                try:
+                    wait_for_port(node.mqtt_port, time.monotonic() + timeout, process, "rabbitmq-server")
+                except ServerUnavailable as error:
+                    raise ServerUnavailable(f"RabbitMQ MQTT listener did not start: {error}\n"
+                                            f"{_tail(node.directory)}") from None
         log(f"RabbitMQ {nodes[0].version} cluster of {size} nodes up after {time.monotonic() - started:.1f}s")
         yield nodes
 

@@ -14,6 +14,16 @@ The plugin is enabled through the node's private enabled-plugins file, never a s
 
 The plugin's defaults keep TCP_NODELAY on. Messages go through the ``amq.topic`` exchange into a
 queue per subscription (classic queues in RabbitMQ 3.10; clean sessions make them exclusive).
+
+``throwaway_mqtt_cluster`` is the cluster section's: ``rabbitmq.throwaway_cluster`` with the plugin
+on every node and, besides ``mqtt.allow_anonymous = false`` and ``mqtt.prefetch``:
+
+- ``mqtt.durable_queue_type = quorum`` (in the plugin's schema since 3.10): the queue of a QoS 1
+  subscription in a persistent session (clean session 0) is a quorum queue, replicated to the
+  three nodes, where it would otherwise be a durable classic queue on one node. Clean sessions
+  keep their non-replicated classic queues, so the cluster section subscribes with clean session 0.
+- No ``default_user``: the AMQP side of that section logs in as ``guest``, which a default user
+  would replace; the MQTT user is added with ``rabbitmqctl add_user`` once the nodes are joined.
 """
 from __future__ import annotations
 
@@ -58,3 +68,21 @@ def throwaway_mqtt_node(parent: Path, log: Log) -> Iterator[RabbitMqtt]:
                                  config=config_lines(port), listeners=(port,)) as node:
         log(f"RabbitMQ {node.version} MQTT plugin on {LOOPBACK}:{port}")
         yield RabbitMqtt(port, node.version, node.pid, node.directory / "server-output.log")
+
+
+CLUSTER_CONFIG = ("mqtt.allow_anonymous = false", f"mqtt.prefetch = {PREFETCH}", "mqtt.durable_queue_type = quorum")
+"""Every cluster node's MQTT configuration, besides its listener (the module docstring says why)."""
+
+
+@contextmanager
+def throwaway_mqtt_cluster(parent: Path, log: Log) -> Iterator[list[rabbitmq.RabbitNode]]:
+    """Three private RabbitMQ nodes in one cluster with the MQTT plugin on each (``mqtt_port``),
+    persistent sessions' QoS 1 queues made quorum queues, and the load generator's user; stopped
+    and deleted on exit. Raises ``ServerUnavailable`` when RabbitMQ is not installed or does not
+    start."""
+    with rabbitmq.throwaway_cluster(parent, log, plugins=("rabbitmq_mqtt",), config=CLUSTER_CONFIG) as nodes:
+        nodes[0].ctl("add_user", wire.USERNAME, wire.PASSWORD)
+        nodes[0].ctl("set_permissions", "-p", "/", wire.USERNAME, ".*", ".*", ".*")
+        log(f"RabbitMQ {nodes[0].version} MQTT plugin on "
+            + ", ".join(f"{LOOPBACK}:{node.mqtt_port}" for node in nodes))
+        yield nodes
