@@ -277,6 +277,13 @@ class FileStore(StoreView):
         """The newest message per key of a compacted topic (tombstones removed), oldest first."""
         return self.compaction.view(topic)
 
+    def queue_starts(self) -> tuple[int, list[tuple[str, int, int]]]:
+        """The log start, and each queue's earliest queue offset at or after it, taken together
+        (``snapshot.take``)."""
+        with self._cycle_lock:
+            return self.log.min_offset, [(queue.topic, queue.queue_id, queue.min_offset)
+                                         for queue in self.consume_queues]
+
     def apply_retention(self, now_ms: int | None = None) -> RetentionReport:
         """Delete whole oldest segments past the age or size limits of the config."""
         with self._cycle_lock:
