@@ -18,7 +18,7 @@ from typing import Any
 
 from sqlalchemy import Connection, event, select
 
-from .schema import journal_position
+from .schema import journal_position, metadata, schema_version
 
 JOURNAL_TOPIC = "%SYS%metadata"
 """The internal topic (one queue) holding journal entries."""
@@ -64,6 +64,26 @@ def apply(conn: Connection, entry: bytes, at: int) -> bool:
             conn.exec_driver_sql(sql, tuple(parameters) if isinstance(parameters, list) else parameters)
     set_position(conn, at)
     return True
+
+
+def dump(conn: Connection) -> bytes:
+    """Every row of every table but the schema's version, as JSON: what a node whose log begins
+    past the journal's first entries starts from (``restore``), its position included."""
+    tables = [table for table in metadata.sorted_tables if table is not schema_version]
+    return json.dumps({table.name: [_plain(dict(row._mapping)) for row in conn.execute(select(table))]
+                       for table in tables}, separators=(",", ":")).encode()
+
+
+def restore(conn: Connection, data: bytes) -> None:
+    """Replace every row of every table ``dump`` covers by those of ``data``, in ``conn``'s
+    transaction."""
+    rows = json.loads(data)
+    tables = [table for table in metadata.sorted_tables if table is not schema_version]
+    for table in reversed(tables):
+        conn.execute(table.delete())
+    for table in tables:
+        if rows.get(table.name):
+            conn.execute(table.insert(), [_typed(row) for row in rows[table.name]])
 
 
 def position(conn: Connection) -> int:

@@ -137,6 +137,17 @@ class MetadataRepository:
         with self._journal_lock, self._write_engine.begin() as conn:
             return journal.apply(conn, entry, at)
 
+    def dump(self) -> bytes:
+        """Every row of the database, its journal position included (``journal.dump``)."""
+        with self._journal_lock, self._engine.connect() as conn:
+            return journal.dump(conn)
+
+    def restore(self, data: bytes) -> None:
+        """Replace the database's rows by a ``dump`` of another node's, in one transaction."""
+        assert self._write_engine is not None
+        with self._journal_lock, self._write_engine.begin() as conn:
+            journal.restore(conn, data)
+
     def journal_position(self) -> int:
         """The journal position this database has applied (-1: none)."""
         with self._engine.connect() as conn:
