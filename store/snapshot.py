@@ -28,7 +28,7 @@ from typing import Protocol
 from . import checkpoint, fileops, layout
 from .commit_log import offset_name
 from .consume_queue import ENTRY, topic_dir_name
-from .epochs import FILE_NAME as EPOCHS_FILE
+from .epochs import FILE_NAME as EPOCHS_FILE, EpochFile
 
 log = logging.getLogger(__name__)
 
@@ -94,6 +94,30 @@ def install(directory: str, snapshot: StoreSnapshot) -> None:
     entries_per_file = layout.queue_entries_per_file(directory, None)
     staging = os.path.join(directory, ".snapshot-staging")
     shutil.rmtree(staging, ignore_errors=True)
+    try:
+        _stage(staging, snapshot, entries_per_file)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    for name in _REPLACED:
+        path = os.path.join(directory, name)
+        if os.path.isdir(path):
+            shutil.rmtree(path)
+        elif os.path.exists(path):
+            os.unlink(path)
+    for name in ("commitlog", "consumequeue", "compacted", "checkpoint", EPOCHS_FILE):
+        source = os.path.join(staging, name)
+        if os.path.exists(source):
+            os.rename(source, os.path.join(directory, name))
+    shutil.rmtree(staging)
+    fileops.syncfs(directory, site="store")
+    log.warning("the store now begins at offset %d, where the leader's log begins: %d queues and %d "
+                "compacted copies taken from the leader", snapshot.log_start, len(snapshot.queues),
+                len(snapshot.compacted))
+
+
+def _stage(staging: str, snapshot: StoreSnapshot, entries_per_file: int) -> None:
+    """Write the store ``snapshot`` describes into the directory ``staging``."""
     os.makedirs(os.path.join(staging, "commitlog"))
     with open(os.path.join(staging, "commitlog", offset_name(snapshot.log_start)), "wb"):
         pass  # the first segment, empty: the log begins and ends at log_start
@@ -115,21 +139,7 @@ def install(directory: str, snapshot: StoreSnapshot) -> None:
     if snapshot.epochs:
         with open(os.path.join(staging, EPOCHS_FILE), "wb") as file:
             file.write(snapshot.epochs)
+        EpochFile(staging).truncate(snapshot.log_start)  # epochs begun later begin again as records come
     checkpoint.save(os.path.join(staging, "checkpoint"), checkpoint.Checkpoint(
         snapshot.log_start, snapshot.log_start, clean=True))
     fileops.syncfs(staging, site="store")
-    for name in _REPLACED:
-        path = os.path.join(directory, name)
-        if os.path.isdir(path):
-            shutil.rmtree(path)
-        elif os.path.exists(path):
-            os.unlink(path)
-    for name in ("commitlog", "consumequeue", "compacted", "checkpoint", EPOCHS_FILE):
-        source = os.path.join(staging, name)
-        if os.path.exists(source):
-            os.rename(source, os.path.join(directory, name))
-    shutil.rmtree(staging)
-    fileops.syncfs(directory, site="store")
-    log.warning("the store now begins at offset %d, where the leader's log begins: %d queues and %d "
-                "compacted copies taken from the leader", snapshot.log_start, len(snapshot.queues),
-                len(snapshot.compacted))

@@ -38,7 +38,9 @@ def cluster_metrics(node: ReplicaNode) -> Iterator[Metric]:
         yield seconds
     for key, text in (("elections", "Elections this node won"), ("fenced", "Times this node stepped down as "
                       "leader because its lease lapsed"), ("truncations", "Times this node cut its log back "
-                      "to rejoin"), ("in_sync_changes", "In-sync set changes this node recorded as leader")):
+                      "to rejoin"), ("snapshots", "Times this node began its store from the leader's snapshot, its log "
+                      "lacking what retention deleted"),
+                      ("in_sync_changes", "In-sync set changes this node recorded as leader")):
         family = CounterMetricFamily(f"sluice_cluster_{key}", text, labels=["node"])
         family.add_metric([me], events.counts[key])
         yield family

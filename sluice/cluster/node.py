@@ -12,19 +12,24 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import Protocol
 
+from core.errors import SluiceError
+from store import snapshot as store_snapshot
+from store.errors import StoreError
 from store.epochs import EpochFile
 from store.truncation import truncate_log
 
 from .coordinator import Coordinator, Fenced, Leadership, Node
 from . import etcd as kv
-from . import events
+from . import events, snapshots
 from .etcd import Etcd, EtcdUnavailable
 from .in_sync import InSyncGate
 from .in_sync_keeper import InSyncKeeper
-from .replication import LogFollower, LogShipper, MustTruncate, Refused, ReplicatedStore
+from .replication import LogFollower, LogShipper, MustInstall, MustTruncate, Refused, ReplicatedStore
 from .settings import ClusterConfig
 from .status import report_progress, unclean_key
 from .wire import ProtocolError
@@ -33,6 +38,15 @@ log = logging.getLogger(__name__)
 
 RETRY_S = 0.5
 """Pause before following or campaigning again after a failed attempt."""
+SNAPSHOT_FILE = "snapshot.incoming"
+"""Where in the data directory a follower keeps a snapshot the leader sent, until installed."""
+
+
+class Metadata(Protocol):
+    """The node's metadata database, as snapshots need it (``MetadataRepository`` is one)."""
+
+    def dump(self) -> bytes: ...
+    def restore(self, data: bytes) -> None: ...
 
 
 @dataclass
@@ -49,11 +63,14 @@ class Leading:
 class ReplicaNode:
     def __init__(self, config: ClusterConfig, data_dir: str, open_store: Callable[[], ReplicatedStore],
                  address: str, replication_host: str, on_leading: Callable[[Leading], Awaitable[None]],
-                 on_leader: Callable[[Node | None], Awaitable[None]] | None = None) -> None:
+                 on_leader: Callable[[Node | None], Awaitable[None]] | None = None,
+                 metadata: Metadata | None = None) -> None:
         """``open_store`` opens the store in ``data_dir`` (the composition root's job); the node
         calls it again after cutting the log back. ``on_leader`` hears of each other node it
-        follows, and None when it has no leader."""
+        follows, and None when it has no leader. With ``metadata``, a follower behind the
+        leader's log start is sent a snapshot (``snapshots``) rather than refused."""
         self.config, self.data_dir, self._open_store = config, data_dir, open_store
+        self._metadata = metadata
         self.replication_host = replication_host
         self._on_leading = on_leading
         self._on_leader = on_leader
@@ -133,7 +150,8 @@ class ReplicaNode:
         try:
             while not watch.done():
                 follower = LogFollower(self.store, self.epochs, self.coordinator.me.node, self.config.secret,
-                                       self.replication_host)
+                                       self.replication_host,
+                                       os.path.join(self.data_dir, SNAPSHOT_FILE) if self._metadata else None)
                 follower.confirmed = self.confirmed
                 follower.add_confirm_listener(self._saw_confirmed)
                 fetch = asyncio.ensure_future(follower.follow(host, int(port)))
@@ -146,6 +164,9 @@ class ReplicaNode:
                     fetch.result()
                 except MustTruncate as cut:
                     await self._truncate(cut.offset)
+                    continue
+                except MustInstall as install:
+                    await self._install(install.path)
                     continue
                 except Refused as refused:
                     log.error("leader %s refused this node: %s", leadership.leader.node, refused)
@@ -173,13 +194,40 @@ class ReplicaNode:
             self.store = await asyncio.to_thread(self._open_store)
             self.epochs = EpochFile(self.data_dir)
 
+    async def _install(self, path: str) -> None:
+        """Begin the store from the leader's snapshot in ``path``, and the metadata database
+        from its rows; the store is closed meanwhile."""
+        await asyncio.to_thread(self.store.close)
+        events.counts["snapshots"] += 1
+        try:
+            with open(path, "rb") as file:
+                received = snapshots.decode(await asyncio.to_thread(file.read))
+            await asyncio.to_thread(store_snapshot.install, self.data_dir, received.store)
+            assert self._metadata is not None
+            await asyncio.to_thread(self._metadata.restore, received.metadata)
+            self.confirmed = max(self.confirmed, received.store.log_start)  # the group had confirmed it all
+        except (ProtocolError, StoreError, ValueError, SluiceError) as error:
+            log.error("could not begin from the leader's snapshot (%s); asking for another", error)
+        finally:
+            self.store = await asyncio.to_thread(self._open_store)
+            self.epochs = EpochFile(self.data_dir)
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
+
+    def _take_snapshot(self) -> bytes:
+        """What a follower behind this leader's log start begins from. Blocking."""
+        assert self._metadata is not None
+        metadata = self._metadata.dump()  # before the store: entries after it are in the log
+        return snapshots.encode(snapshots.Snapshot(store_snapshot.take(self.store), metadata))
+
     async def _lead(self, won: Leadership) -> None:
         self.role = "leader"
         recorded = await self.coordinator.in_sync()
         gate = InSyncGate(recorded.members)
         shipper = LogShipper(self.store, self.epochs, won.epoch, self.config.secret, self.coordinator.me.node,
                              gate.members, min_insync=self.config.min_insync,
-                             may_confirm=lambda: self.coordinator.may_confirm)
+                             may_confirm=lambda: self.coordinator.may_confirm,
+                             snapshot=self._take_snapshot if self._metadata is not None else None)
         await shipper.start(self.replication_host, self.config.replication_port)
         epoch_start = self.epochs.history.latest.start
         keeper = InSyncKeeper(self.coordinator, shipper, gate, recorded, epoch_start)

@@ -17,13 +17,13 @@ import os
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 from core.untrusted import DenialLog
 from store.api import StoreConfig
 from store.epochs import Epoch, EpochFile, EpochFileError, EpochHistory, consistent_point
 
-from . import wire
+from . import snapshots, wire
 from .in_sync import Progress
 from .relay import RelayIngress
 from .wire import Kind, ProtocolError
@@ -35,6 +35,8 @@ HANDSHAKE_TIMEOUT_S = 10.0
 MAX_UNPROVEN = 64
 """Replication connections that may be waiting to prove the cluster secret at once; more are
 closed at once, so peers without it cannot hold the port's resources."""
+SNAPSHOT_TIMEOUT_S = 300.0
+"""How long a follower waits for the leader to make a snapshot, and for each part of it."""
 HEARTBEAT_S = 0.5
 """How often an idle leader tells its followers the confirm offset (an empty batch)."""
 BATCH_BYTES = 1 << 20
@@ -45,6 +47,8 @@ class ReplicatedStore(Protocol):
     opens the store and hands it over)."""
 
     config: StoreConfig
+    directory: str
+    compaction: Any
 
     @property
     def durable_offset(self) -> int: ...
@@ -56,6 +60,8 @@ class ReplicatedStore(Protocol):
     def read_log(self, offset: int, max_bytes: int, end: int) -> bytes: ...
     def confirm(self, offset: int) -> None: ...
     def refuse_appends(self, reason: str | None) -> None: ...
+    def compact(self, topic: str) -> int: ...
+    def queue_starts(self) -> tuple[int, list[tuple[str, int, int]]]: ...
     def add_listener(self, listener: Callable[[int, int], None]) -> None: ...
     def remove_listener(self, listener: Callable[[int, int], None]) -> None: ...
     def close(self) -> None: ...
@@ -63,6 +69,14 @@ class ReplicatedStore(Protocol):
 
 class Refused(Exception):
     """The leader refused this follower; the message says why and what to do."""
+
+
+class MustInstall(Exception):
+    """The leader sent a snapshot (in the file at ``path``): begin the store from it, then rejoin."""
+
+    def __init__(self, path: str) -> None:
+        super().__init__(f"a snapshot of the leader's state, in {path}")
+        self.path = path
 
 
 class MustTruncate(Exception):
@@ -110,10 +124,12 @@ class LogShipper:
     def __init__(self, store: ReplicatedStore, epochs: EpochFile, epoch: int, secret: str, node: str,
                  in_sync: Callable[[], Iterable[str]], clock: Callable[[], float] = time.monotonic, *,
                  min_insync: int = 1, may_confirm: Callable[[], bool] = lambda: True,
-                 relays: RelayIngress | None = None) -> None:
+                 relays: RelayIngress | None = None, snapshot: Callable[[], bytes] | None = None) -> None:
         """``may_confirm`` says whether this node still holds its leadership (its lease is
         renewed in time); below ``min_insync`` in-sync replicas or without it, nothing more is
-        confirmed and new appends are refused."""
+        confirmed and new appends are refused. ``snapshot`` makes the snapshot a follower
+        behind the log start gets (``snapshots``; blocking); without it such a follower is
+        refused."""
         if not secret:
             raise ValueError("a cluster needs a secret shared by its nodes ([cluster] secret)")
         self.store, self.epochs, self.epoch, self.node = store, epochs, epoch, node
@@ -124,6 +140,7 @@ class LogShipper:
         self._may_confirm = may_confirm
         self.relays = relays
         """Where client connections relayed by followers go (None: refused)."""
+        self._snapshot = snapshot
         self.refusal: str | None = None
         """Why this leader refuses publishes right now (None while it takes them)."""
         self.replicas: dict[str, Replica] = {}
@@ -286,10 +303,8 @@ class LogShipper:
             raise ProtocolError(f"HELLO with {error}") from None
         start = consistent_point(history, hello.end, lambda epoch: self.epochs.history.end_of(epoch, leader_end))
         if start < self.store.log_start:
-            await self._refuse(writer, f"the leader's log now begins at offset {self.store.log_start} "
-                                       f"(retention) and this node has only up to {start} in common with it: "
-                                       "empty this node's data directory and start it again")
-            raise ProtocolError(f"{hello.node} is behind the leader's retention")
+            await self._send_snapshot(writer, hello.node, start)
+            return
         writer.write(wire.encode_start(self.epoch, start))
         await writer.drain()
         replica = Replica(hello.node, peer, Progress(min(start, hello.end), self._clock()))
@@ -301,6 +316,22 @@ class LogShipper:
         finally:
             acks.cancel()
             replica.progress.connected = False
+
+    async def _send_snapshot(self, writer: asyncio.StreamWriter, node: str, start: int) -> None:
+        """``node`` shares history with this log only below its start (retention deleted the
+        rest): send it a snapshot to begin from, or refuse it when there is none to send."""
+        log_start = self.store.log_start
+        if self._snapshot is None:
+            await self._refuse(writer, f"the leader's log now begins at offset {log_start} (retention) and "
+                                       f"this node has only up to {start} in common with it")
+            raise ProtocolError(f"{node} is behind the leader's retention")
+        log.warning("follower %s has only up to offset %d in common with this log, which now begins at %d "
+                    "(retention): sending it a snapshot to begin from", node, start, log_start)
+        writer.write(wire.frame(Kind.SNAPSHOT))  # one follows: the follower waits while it is made
+        await writer.drain()
+        data = await asyncio.to_thread(self._snapshot)
+        await snapshots.send(writer, data)
+        log.info("sent follower %s a snapshot of %d bytes", node, len(data))
 
     async def _serve_relay(self, request: wire.RelayRequest, challenge: bytes, reader: asyncio.StreamReader,
                            writer: asyncio.StreamWriter) -> None:
@@ -355,10 +386,12 @@ class LogFollower:
     """The follower's side: fetch from the leader, append, acknowledge what is durable."""
 
     def __init__(self, store: ReplicatedStore, epochs: EpochFile, node: str, secret: str,
-                 local_host: str | None = None) -> None:
+                 local_host: str | None = None, snapshot_path: str | None = None) -> None:
         """``local_host``: the address this node connects from (its own), so the leader and any
-        firewall see which node it is."""
+        firewall see which node it is; ``snapshot_path``: where a snapshot the leader sends is
+        kept (None: one is a protocol error)."""
         self.store, self.epochs, self.node = store, epochs, node
+        self._snapshot_path = snapshot_path
         self._local = (local_host, 0) if local_host else None
         self._secret = secret
         self.confirmed = 0
@@ -400,6 +433,13 @@ class LogFollower:
             kind, payload = await wire.read_frame(reader, 0)
         if kind is Kind.REFUSED:
             raise Refused(payload.decode(errors="replace"))
+        if kind is Kind.SNAPSHOT and self._snapshot_path is not None:
+            async with asyncio.timeout(SNAPSHOT_TIMEOUT_S):
+                kind, payload = await wire.read_frame(reader, 0)  # the leader made it meanwhile
+            if kind is not Kind.SNAPSHOT:
+                raise ProtocolError(f"expected SNAPSHOT, got {kind.name}")
+            await snapshots.receive(reader, payload, self._snapshot_path, SNAPSHOT_TIMEOUT_S)
+            raise MustInstall(self._snapshot_path)
         if kind is not Kind.START:
             raise ProtocolError(f"expected START, got {kind.name}")
         epoch, start = wire.decode_start(payload)

@@ -13,6 +13,10 @@ segment plus a header. The conversation:
     leader   -> BATCH      u64 epoch | u64 offset | u64 confirmed | records...
     follower -> ACK        u64 durable end
     leader   -> REFUSED    utf-8 reason, then the connection closes
+    leader   -> SNAPSHOT   instead of START when the follower's history and the leader's
+                           meet below the leader's log start (retention): a part of the
+                           snapshot (``snapshots``), up to SNAPSHOT_CHUNK bytes; then
+    leader   -> SNAPSHOT_END json {"size", "sha256"}, and the connection closes
 
 A node relaying a client connection to the leader (``relay``) opens it the same way, but answers
 the challenge with
@@ -41,7 +45,9 @@ BATCH_HEADER = struct.Struct(">QQQ")
 ACK = struct.Struct(">Q")
 CHALLENGE_SIZE = 32
 MAX_CONTROL_FRAME = 64 << 10
-"""Bound of every frame but BATCH: a hello with thousands of epochs still fits."""
+"""Bound of every frame but BATCH and SNAPSHOT: a hello with thousands of epochs still fits."""
+SNAPSHOT_CHUNK = 1 << 20
+"""Bound of a SNAPSHOT frame's payload."""
 
 
 class Kind(IntEnum):
@@ -52,6 +58,8 @@ class Kind(IntEnum):
     ACK = 5
     REFUSED = 6
     RELAY = 7
+    SNAPSHOT = 8
+    SNAPSHOT_END = 9
 
 
 class ProtocolError(Exception):
@@ -172,7 +180,8 @@ async def read_frame(reader: asyncio.StreamReader, max_batch: int) -> tuple[Kind
         kind = Kind(kind)
     except ValueError:
         raise ProtocolError(f"unknown frame kind {kind}") from None
-    limit = max_batch + BATCH_HEADER.size if kind is Kind.BATCH else MAX_CONTROL_FRAME
+    limit = (max_batch + BATCH_HEADER.size if kind is Kind.BATCH
+             else SNAPSHOT_CHUNK if kind is Kind.SNAPSHOT else MAX_CONTROL_FRAME)
     if not 1 <= length <= limit + 1:
         raise ProtocolError(f"{kind.name} frame of {length} bytes (at most {limit + 1})")
     return kind, await reader.readexactly(length - 1)

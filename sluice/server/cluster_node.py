@@ -29,6 +29,7 @@ from sluice.cluster.metrics import cluster_metrics
 from sluice.cluster.node import Leading, ReplicaNode
 from sluice.cluster.relay import Relay, RelayIngress
 from sluice.cluster.status import cluster_status
+from store.errors import StoreError
 
 from .app import READY_LINE, RunningBroker, StartupError, _listening_ports, _open_metadata, _open_store, _start, print_endpoints
 from .config import Config
@@ -47,16 +48,17 @@ class ClusterMember:
     def __init__(self, config: Config) -> None:
         self.config = config
         cluster = config.cluster
+        self.metadata = _open_metadata(config, key=group_master_key(cluster.secret))
         self.node = ReplicaNode(cluster, config.data_dir, lambda: _open_store(config),
                                 address=config.native.advertised_host or config.native.host,
                                 replication_host=cluster.host, on_leading=self._lead,
-                                on_leader=self._follow)
+                                on_leader=self._follow, metadata=self.metadata)
         self.relays: list[Relay] = []
         self.running: RunningBroker | None = None
         self.leader: Node | None = None
-        self.metadata = _open_metadata(config, key=group_master_key(cluster.secret))
         self.metadata_sync = MetadataSync(lambda: self.node.store, self.metadata)
         self._syncing: asyncio.Task | None = None
+        self._retaining: asyncio.Task | None = None
 
     # -- following ---------------------------------------------------------------------------
 
@@ -156,6 +158,7 @@ class ClusterMember:
         broker as leader (True: start over)."""
         await self.start_relays()
         self._syncing = asyncio.ensure_future(self.metadata_sync.follow())
+        self._retaining = asyncio.ensure_future(self._retain_while_following())
         cluster = self.config.cluster
         print(f"Sluice node {cluster.node_id} of group {cluster.name!r} (etcd {cluster.etcd}), "
               f"replication on {cluster.host}:{cluster.replication_port}, data dir "
@@ -183,6 +186,24 @@ class ClusterMember:
         await self.close(give_back_lease=not fenced)
         return fenced
 
+    async def _retain_while_following(self) -> None:
+        """Delete a follower's oldest segments by the store's retention limits, as the leader's
+        broker does on the leader (only what the group confirmed goes: retention deletes only
+        what was dispatched, and a follower dispatches only confirmed records)."""
+        period = self.config.core.retention_check_interval_ms / 1000
+        while self.node.leading is None:
+            await asyncio.sleep(period)
+            if self.node.leading is not None:
+                return
+            try:
+                report = await asyncio.to_thread(self.node.store.apply_retention)
+            except (OSError, ValueError, StoreError) as error:  # the store was being reopened (cut back)
+                log.info("retention skipped this time: %s", error)
+                continue
+            if report.deleted_segments:
+                log.info("retention deleted %d segments (%d bytes); the log now starts at offset %d",
+                         len(report.deleted_segments), report.deleted_bytes, report.log_min_offset)
+
     async def _run_node(self) -> None:
         while True:
             try:
@@ -197,9 +218,10 @@ class ClusterMember:
         for relay in self.relays:
             await relay.close()
         self.relays = []
-        if self._syncing is not None:
-            self._syncing.cancel()
-            await asyncio.gather(self._syncing, return_exceptions=True)
+        for task in (self._syncing, self._retaining):
+            if task is not None:
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
         if self.running is not None:
             await self.running.stop()
         await self.node.close(give_back_lease)

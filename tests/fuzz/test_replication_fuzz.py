@@ -1,14 +1,18 @@
 """Hypothesis against the replication port's decoders: any bytes give a frame, "need more"
-(IncompleteReadError) or ProtocolError, never another exception; a valid HELLO mutated anywhere
-is refused cleanly or still decodes."""
+(IncompleteReadError) or ProtocolError, never another exception; a valid HELLO or snapshot
+mutated anywhere is refused cleanly or still decodes, and a snapshot cannot plant a file
+outside the store it is installed into."""
 from __future__ import annotations
 
 import asyncio
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sluice.cluster import wire
+from sluice.cluster import snapshots, wire
+from store.file_store import FileStore
+from store.snapshot import StoreSnapshot, install
 from sluice.cluster.wire import Kind, ProtocolError
 from tests.fuzz.mutations import mutate
 
@@ -65,3 +69,27 @@ def test_a_frame_longer_than_its_kind_allows_is_refused_before_it_is_read():
     refused = wire.HEADER.pack(wire.MAX_CONTROL_FRAME + 2, Kind.HELLO)
     assert read_all(refused) == []
     assert read_all(wire.HEADER.pack(100 + wire.BATCH_HEADER.size + 2, Kind.BATCH), max_batch=100) == []
+
+
+SNAPSHOT = snapshots.encode(snapshots.Snapshot(
+    StoreSnapshot(4096, [("orders", 0, 17), ("%SYS%offsets", 0, 3)], {"%25SYS%25offsets/0.snapshot": b"\x00" * 40},
+                  b"1 0\n3 2048\n"), b'{"users": []}'))
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.integers(min_value=0, max_value=2**32))
+def test_a_mutated_snapshot_is_refused_cleanly_or_still_decodes(seed):
+    try:
+        snapshots.decode(mutate(seed, base=SNAPSHOT))
+    except ProtocolError:
+        pass
+
+
+def test_a_snapshot_naming_a_file_outside_the_store_is_not_installed(tmp_path):
+    directory = tmp_path / "store"
+    FileStore(str(directory)).close()
+    hostile = StoreSnapshot(4096, [], {"../../outside": b"planted"})
+    with pytest.raises(ValueError, match="outside the store"):
+        install(str(directory), hostile)
+    assert not (tmp_path / "outside").exists() and not (directory.parent.parent / "outside").exists()
+    assert FileStore(str(directory)).appended_end == 0, "the store is as it was"
