@@ -36,6 +36,7 @@ _REPLACED = ("checkpoint", EPOCHS_FILE, "commitlog", "consumequeue", "index", "c
 """What of a data directory ``install`` replaces, in this order (store.json, its geometry,
 stays): without a checkpoint and epochs, a store left half replaced by a crash is scanned as it
 is and its node, whose history then shares nothing with the leader's, gets a snapshot again."""
+_SITE = "snapshot"
 _PLACEHOLDER = ENTRY.pack(0, 0, 0)
 """A queue entry below the log start: points below it, never read."""
 
@@ -104,13 +105,13 @@ def install(directory: str, snapshot: StoreSnapshot) -> None:
         if os.path.isdir(path):
             shutil.rmtree(path)
         elif os.path.exists(path):
-            os.unlink(path)
+            fileops.unlink(path, site=_SITE)
     for name in ("commitlog", "consumequeue", "compacted", "checkpoint", EPOCHS_FILE):
         source = os.path.join(staging, name)
         if os.path.exists(source):
-            os.rename(source, os.path.join(directory, name))
+            fileops.rename(source, os.path.join(directory, name), site=_SITE)
     shutil.rmtree(staging)
-    fileops.syncfs(directory, site="store")
+    fileops.syncfs(directory, site=_SITE)
     log.warning("the store now begins at offset %d, where the leader's log begins: %d queues and %d "
                 "compacted copies taken from the leader", snapshot.log_start, len(snapshot.queues),
                 len(snapshot.compacted))
@@ -118,28 +119,32 @@ def install(directory: str, snapshot: StoreSnapshot) -> None:
 
 def _stage(staging: str, snapshot: StoreSnapshot, entries_per_file: int) -> None:
     """Write the store ``snapshot`` describes into the directory ``staging``."""
-    os.makedirs(os.path.join(staging, "commitlog"))
-    with open(os.path.join(staging, "commitlog", offset_name(snapshot.log_start)), "wb"):
-        pass  # the first segment, empty: the log begins and ends at log_start
+    _write(os.path.join(staging, "commitlog", offset_name(snapshot.log_start)), b"")  # the log begins
+    # and ends at log_start
     for topic, queue_id, first in snapshot.queues:
         if first == 0:
             continue  # nothing below the log start: the queue begins with its first record
-        folder = os.path.join(staging, "consumequeue", topic_dir_name(topic), str(queue_id))
-        os.makedirs(folder, exist_ok=True)
         base = first - first % entries_per_file
-        with open(os.path.join(folder, offset_name(base)), "wb") as file:
-            file.write(_PLACEHOLDER * (first - base))
+        _write(os.path.join(staging, "consumequeue", topic_dir_name(topic), str(queue_id), offset_name(base)),
+               _PLACEHOLDER * (first - base))
     for relative, data in snapshot.compacted.items():
         path = os.path.normpath(os.path.join(staging, "compacted", relative))
         if not path.startswith(os.path.join(staging, "compacted") + os.sep):
             raise ValueError(f"a compacted copy named {relative!r} lies outside the store")
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        with open(path, "wb") as file:
-            file.write(data)
+        _write(path, data)
     if snapshot.epochs:
-        with open(os.path.join(staging, EPOCHS_FILE), "wb") as file:
-            file.write(snapshot.epochs)
+        _write(os.path.join(staging, EPOCHS_FILE), snapshot.epochs)
         EpochFile(staging).truncate(snapshot.log_start)  # epochs begun later begin again as records come
     checkpoint.save(os.path.join(staging, "checkpoint"), checkpoint.Checkpoint(
         snapshot.log_start, snapshot.log_start, clean=True))
-    fileops.syncfs(staging, site="store")
+    fileops.syncfs(staging, site=_SITE)
+
+
+def _write(path: str, data: bytes) -> None:
+    """A new file holding ``data`` (made durable by the ``syncfs`` that follows)."""
+    fileops.makedirs(os.path.dirname(path), site=_SITE)
+    fd = fileops.open_file(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, site=_SITE)
+    try:
+        fileops.write(fd, data, site=_SITE, path=path)
+    finally:
+        os.close(fd)

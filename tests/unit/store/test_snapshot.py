@@ -3,8 +3,13 @@ retention deleted the segments before it: the same queue offsets, reads, compact
 keys from there on as the leader, before and after more records, and across a reopen."""
 from __future__ import annotations
 
+import errno
+
+import pytest
+
 from store import snapshot
 from store.api import StoreConfig
+from store.faults import Fault
 from store.file_store import FileStore
 
 from tests.unit.store.test_replicated_append import SEGMENT, WAIT, contents, copy
@@ -61,3 +66,26 @@ def test_a_follower_begun_at_the_leaders_log_start_matches_it_from_there_on(tmp_
             reopened.close()
     finally:
         leader.close()
+
+
+@pytest.mark.parametrize("op", ["mkdir", "write", "sync", "rename"])
+def test_a_disk_fault_while_installing_leaves_the_old_store_whole(tmp_path, faults, op):
+    """Every write of an install goes through the checked layer (site ``snapshot``): a failing
+    one raises, and what the node had stays as it was (it asks for a snapshot again)."""
+    config = StoreConfig(segment_size=SEGMENT)
+    with FileStore(str(tmp_path / "node"), config) as store:
+        result = store.append("kept", b"what the node had")
+        assert store.wait_durable(result.end_offset, timeout=WAIT)
+    faults.add(Fault("snapshot", op, errno.EIO, times=1))
+    incoming = snapshot.StoreSnapshot(4096, [("t", 0, 5)], {"state/0.snapshot": b"x"}, b"1 0\n")
+    if op == "rename":
+        with pytest.raises(OSError):
+            snapshot.install(str(tmp_path / "node"), incoming)
+        with FileStore(str(tmp_path / "node"), config) as store:  # past the point of no return:
+            assert store.appended_end in (0, 4096)  # it opens, shares nothing with the leader, asks again
+        return
+    with pytest.raises(OSError):
+        snapshot.install(str(tmp_path / "node"), incoming)
+    assert not (tmp_path / "node" / ".snapshot-staging").exists()
+    with FileStore(str(tmp_path / "node"), config) as store:
+        assert [m.body for m in store.read("kept", 0, 0)] == [b"what the node had"]
