@@ -1,6 +1,6 @@
 """The replication port's authorization matrix: every operation a peer can attempt on a leader's
 replication port × {no secret, a wrong secret, the cluster secret}. Only the last gets anything:
-the log, a relayed client connection. Nothing a peer sends can put a record into the leader's
+the log, a snapshot, a relayed client connection. Nothing a peer sends can put a record into the leader's
 log (the port takes acknowledgements, never records), and peers that never prove the secret
 cannot hold more than a bounded number of connections."""
 from __future__ import annotations
@@ -146,4 +146,28 @@ def test_peers_that_never_prove_the_secret_hold_a_bounded_number_of_connections(
                 held.close()
         finally:
             await shipper.close()
+    asyncio.run(scenario())
+
+
+@pytest.mark.parametrize("peer", list(PEERS))
+def test_only_a_peer_with_the_cluster_secret_gets_a_snapshot(leader, peer, monkeypatch):
+    """A snapshot holds the metadata database (password hashes, encrypted secrets): a node
+    behind the leader's log start gets one only once it proved the secret."""
+    monkeypatch.setattr(type(leader.store), "log_start", property(lambda store: 1 << 40))  # retention ran
+
+    async def scenario():
+        shipper = LogShipper(leader.store, leader.epochs, 4, SECRET, "n1", lambda: ["n1"],
+                             snapshot=lambda: b"the group's users and queues")
+        port = await shipper.start("127.0.0.1", 0)
+        try:
+            frames, closed = await attempt(port, hello(PEERS[peer]))
+        finally:
+            await shipper.close()
+        kinds = [kind for kind, _ in frames]
+        assert closed
+        if peer == "cluster secret":
+            assert kinds == [Kind.SNAPSHOT, Kind.SNAPSHOT, Kind.SNAPSHOT_END]
+            assert frames[1][1] == b"the group's users and queues"
+        else:
+            assert kinds == [Kind.REFUSED]
     asyncio.run(scenario())
