@@ -18,14 +18,16 @@ file is replaced by one line per queue.
 
 A node of a replica group keeps them in its replicated log instead (``MarksInLog``): the
 compacted topic ``MARKS_TOPIC``, one record per queue keyed by its name, a forgotten queue a
-tombstone. A flush appends without waiting for the group, so the next leader has every mark the
-old one shipped; only marks taken in the last moments before it died (not yet on a follower)
-are missing, and what they covered comes back without the flag. Runs on the event loop; not
+tombstone. Marks are appended at most every ``hold_s`` (``IN_LOG_HOLD_S``), all taken since
+in one batch, without waiting for the group, so the next leader has every mark the old one
+shipped; only marks taken in the last moments before it died (not yet on a follower) are
+missing, and what they covered comes back without the flag. Runs on the event loop; not
 thread-safe.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 from typing import Protocol
@@ -42,6 +44,9 @@ FILE_NAME = "delivered.log"
 MARKS_TOPIC = f"{INTERNAL_PREFIX}delivered"
 """Where a replica group's nodes keep the marks (compacted, one queue)."""
 COMPACT_BYTES = 1 << 20
+IN_LOG_HOLD_S = 0.05
+"""How long a group's node gathers marks before appending them: a record per queue each time,
+not per delivery batch, so marks cost the log a few records a second."""
 _FORGOTTEN = -1
 
 
@@ -150,9 +155,13 @@ class MarksInLog:
 class DeliveredMarks:
     """The delivered marks of every named queue popped with ``mark`` on."""
 
-    def __init__(self, sink: MarksSink | str) -> None:
-        """``sink``: where marks are kept, or a data directory for its ``delivered.log``."""
+    def __init__(self, sink: MarksSink | str, hold_s: float = 0.0) -> None:
+        """``sink``: where marks are kept, or a data directory for its ``delivered.log``;
+        ``hold_s``: gather the marks of every flush within that long into one write (0: write
+        at each flush)."""
         self._sink = MarksFile(sink) if isinstance(sink, str) else sink
+        self._hold_s = hold_s
+        self._held: asyncio.TimerHandle | None = None
         self._marks = self._sink.read()
         self._restored = dict(self._marks)
         """Marks from before this start, not yet applied to their queue's cursor."""
@@ -177,8 +186,18 @@ class DeliveredMarks:
             self._pending[queue] = offset
 
     def flush(self) -> None:
-        """Write the marks taken since the last flush, in one write; call it before the
-        deliveries they cover go out."""
+        """Write the marks taken since the last flush, in one write (within ``hold_s``); call
+        it before the deliveries they cover go out."""
+        if not self._pending:
+            return
+        if self._hold_s:
+            if self._held is None:
+                self._held = asyncio.get_running_loop().call_later(self._hold_s, self._write_pending)
+            return
+        self._write_pending()
+
+    def _write_pending(self) -> None:
+        self._held = None
         if self._pending:
             changed, self._pending = self._pending, {}
             self._write(changed)
@@ -199,8 +218,10 @@ class DeliveredMarks:
             self._write(dict.fromkeys(gone, _FORGOTTEN))
 
     def close(self) -> None:
-        """Flush and close the file."""
-        self.flush()
+        """Write what is pending (held or not) and close the file."""
+        if self._held is not None:
+            self._held.cancel()
+        self._write_pending()
         self._sink.close()
 
     def _write(self, changed: dict[str, int]) -> None:

@@ -20,7 +20,7 @@ from collections.abc import Iterator
 from .acl import Withheld
 from .clock import now_ms
 from .consume import MAX_IN_FLIGHT_SPAN, pop_queue
-from .delivered_marks import DeliveredMarks, MarksInLog
+from .delivered_marks import IN_LOG_HOLD_S, DeliveredMarks, MarksInLog
 from .engine import Engine
 from .errors import CorruptMessage
 from .fanout import Listener, QueueTarget
@@ -44,7 +44,8 @@ class NamedQueues:
         """Messages popped per queue since start (redeliveries included)."""
         self.settled: dict[str, int] = {}
         """Popped messages settled per queue since start (acked, or rejected without requeue)."""
-        self._marks = DeliveredMarks(MarksInLog(engine.store) if engine.config.replicated_state else data_dir)
+        self._marks = (DeliveredMarks(MarksInLog(engine.store), IN_LOG_HOLD_S) if engine.config.replicated_state
+                       else DeliveredMarks(data_dir))
         self.tracer = engine.tracer
         """The message tracer (``core.trace``): adapters report there, after checking its
         ``on``, whom they hand a popped or read message and how its consumer settles it."""

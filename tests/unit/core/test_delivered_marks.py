@@ -3,6 +3,8 @@ queues dropped, compaction keeps every queue's mark), and a restored mark turnin
 delivery of what was below it into a redelivery."""
 from __future__ import annotations
 
+import asyncio
+
 from core import delivered_marks
 from core.assembly import Core
 from core.cursors import Cursor, CursorBook
@@ -100,3 +102,34 @@ def test_what_was_popped_comes_back_as_a_redelivery_after_a_crash(tmp_path, conf
     monkeypatch.undo()
     run_core(tmp_path, second, store="file", config=config)
     assert (tmp_path / delivered_marks.FILE_NAME).exists() is (config is CONFIG), "marks in the log need no side file"
+
+
+def test_a_held_sink_gets_one_write_for_the_flushes_within_its_hold():
+    """A group's node appends marks to the log at most every ``hold_s``: the marks of every
+    flush meanwhile go in one write (here: the one ``close`` makes)."""
+    class Recording:
+        where = "memory"
+
+        def __init__(self) -> None:
+            self.writes: list[dict[str, int]] = []
+
+        def read(self) -> dict[str, int]:
+            return {}
+
+        def write(self, changed: dict[str, int], every: dict[str, int]) -> None:
+            self.writes.append(dict(changed))
+
+        def close(self) -> None:
+            pass
+
+    async def scenario() -> list[dict[str, int]]:
+        sink = Recording()
+        marks = DeliveredMarks(sink, hold_s=60)
+        for offset in range(1, 11):
+            marks.mark("q", offset)
+            marks.mark(f"r{offset % 2}", offset)
+            marks.flush()
+        assert sink.writes == [], "held: nothing written yet"
+        marks.close()
+        return sink.writes
+    assert asyncio.run(scenario()) == [{"q": 10, "r1": 9, "r0": 10}]
