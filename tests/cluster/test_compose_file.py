@@ -52,7 +52,7 @@ DOCKERFILE = ROOT / "docker" / "Dockerfile"
 DOCKERIGNORE = ROOT / ".dockerignore"
 ETCD_IMAGE = "quay.io/coreos/etcd:"
 SECRET = "compose-file-test-secret"
-ETCD_FIRST_ADDRESS, SLUICE_FIRST_ADDRESS = 31, 41
+FIRST_ETCD_ADDRESS, FIRST_NODE_ADDRESS = 31, 41
 """Loopback addresses standing for the services (127.0.0.2-4 and .12-14 are the other cluster tests')."""
 STANDARD = Ports()
 """The ports every node listens on, in the image as on a machine."""
@@ -474,8 +474,8 @@ def test_the_compose_commands_form_etcd_and_a_replica_group_that_confirms_a_mess
     moved = free_ports(len(ETCD_PORTS) + len(PORT_FLAGS))
     ports = Ports(**dict(zip(PORT_FLAGS, moved[len(ETCD_PORTS):])))
     loop = Loopback(
-        address={name: f"127.0.0.{ETCD_FIRST_ADDRESS + index}" for index, name in enumerate(sorted(members))}
-        | {name: f"127.0.0.{SLUICE_FIRST_ADDRESS + index}" for index, name in enumerate(sorted(nodes))},
+        address={name: f"127.0.0.{FIRST_ETCD_ADDRESS + index}" for index, name in enumerate(sorted(members))}
+        | {name: f"127.0.0.{FIRST_NODE_ADDRESS + index}" for index, name in enumerate(sorted(nodes))},
         port=dict(zip(ETCD_PORTS, moved)) | {getattr(STANDARD, field): getattr(ports, field) for field in PORT_FLAGS},
         paths={name: tmp_path / "volumes" / volume(service)[0] for name, service in services.items()})
     base_env = {key: value for key, value in os.environ.items() if not key.startswith("SLUICE_")}

@@ -216,18 +216,24 @@ def _consume(config: ClientConfig, count: int, deadline_s: float = 60) -> set[st
     return got
 
 
+def _internal_records(group: DevCluster, topic: str, query: str) -> list[dict]:
+    """The records of an internal topic a confirmed read through a live node's admin API finds
+    (none while no node answers)."""
+    node = next(n for n in group.nodes if n.alive)
+    request = urllib.request.Request(
+        f"http://{node.host}:{group.ports.admin}/topics/%25SYS%25{topic}/messages?{query}",
+        headers={"Authorization": "Basic " + base64.b64encode(b"sluice:sluice").decode()})
+    try:
+        with urllib.request.urlopen(request, timeout=10) as reply:
+            return json.load(reply)
+    except OSError:
+        return []
+
+
 def _stored_offsets(group: DevCluster, consumer: str):
     """A probe: how many messages the consumer's newest offsets record in the log accounts for."""
     def count() -> int:
-        node = next(n for n in group.nodes if n.alive)
-        request = urllib.request.Request(
-            f"http://{node.host}:{group.ports.admin}/topics/%25SYS%25offsets/messages?key={consumer}&limit=1",
-            headers={"Authorization": "Basic " + base64.b64encode(b"sluice:sluice").decode()})
-        try:
-            with urllib.request.urlopen(request, timeout=10) as reply:
-                found = json.load(reply)
-        except OSError:
-            return 0
+        found = _internal_records(group, "offsets", f"key={consumer}&limit=1")
         if not found or not found[0]["body_text"]:
             return 0
         queues = json.loads(found[0]["body_text"]).get("resume", {})
@@ -308,14 +314,6 @@ def test_messages_delivered_and_not_acked_come_back_redelivered_from_the_next_le
 def _delivered_marks(group: DevCluster):
     """A probe: the highest delivered mark any queue has in the log, as a confirmed read sees it."""
     def highest() -> int:
-        node = next(n for n in group.nodes if n.alive)
-        request = urllib.request.Request(
-            f"http://{node.host}:{group.ports.admin}/topics/%25SYS%25delivered/messages?from=0&to={1 << 50}&limit=50",
-            headers={"Authorization": "Basic " + base64.b64encode(b"sluice:sluice").decode()})
-        try:
-            with urllib.request.urlopen(request, timeout=10) as reply:
-                found = json.load(reply)
-        except OSError:
-            return 0
+        found = _internal_records(group, "delivered", f"from=0&to={1 << 50}&limit=50")
         return max((int(m["body_text"]) for m in found if m.get("body_text")), default=0)
     return highest
