@@ -13,6 +13,7 @@ Runs on the event loop; not thread-safe.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from typing import Protocol
@@ -69,7 +70,7 @@ class Registry(IntakeServices, Protocol):
     def connection_released(self, link: MqttAdapter) -> None: ...
 
     def subscribe(self, session: Session, principal: Principal, event: SubscribeRequested,
-                  v5: bool) -> tuple[Granted, NewSubscriptions]: ...
+                  v5: bool) -> tuple[Granted, NewSubscriptions, asyncio.Task | None]: ...
 
     def send_retained(self, session: Session, new: NewSubscriptions) -> None: ...
 
@@ -311,10 +312,23 @@ class MqttAdapter:
     def _on_subscribe(self, event: SubscribeRequested) -> None:
         session = self.session
         assert session is not None and self.principal is not None
-        granted, new = self.registry.subscribe(session, self.principal, event,
-                                               self.conn.version == MQTT_5)
-        self._write(self.conn.ack_subscribe(event.packet_id, granted))
+        granted, new, saving = self.registry.subscribe(session, self.principal, event,
+                                                       self.conn.version == MQTT_5)
+        if saving is None:
+            self._ack_subscribe(session, event.packet_id, granted, new)
+        else:  # a persistent session's subscriptions survive a crash once its SUBACK is out
+            self.registry.spawn(self._ack_subscribe_after_saving(session, event.packet_id, granted, new, saving))
+
+    def _ack_subscribe(self, session: Session, packet_id: int, granted: Granted, new: NewSubscriptions) -> None:
+        self._write(self.conn.ack_subscribe(packet_id, granted))
         self.registry.send_retained(session, new)
+
+    async def _ack_subscribe_after_saving(self, session: Session, packet_id: int, granted: Granted,
+                                          new: NewSubscriptions, saving: asyncio.Task) -> None:
+        with contextlib.suppress(Exception):  # a failed save is logged by the registry; the
+            await saving  # subscriptions hold for this connection all the same
+        if not self.closed:
+            self._ack_subscribe(session, packet_id, granted, new)
 
     def _on_publish_received(self, packet_id: int) -> None:
         session = self.session

@@ -179,12 +179,13 @@ class SessionRegistry:
         if self._tasks:
             await asyncio.gather(*self._tasks, return_exceptions=True)
 
-    def spawn(self, coroutine: Coroutine[Any, Any, Any]) -> None:
+    def spawn(self, coroutine: Coroutine[Any, Any, Any]) -> asyncio.Task:
         """Run ``coroutine`` as a task the registry keeps (and awaits at ``stop``); an
         exception it ends with is logged when it ends, not whenever the task is collected."""
         task = asyncio.get_running_loop().create_task(coroutine)
         self._tasks.add(task)
         task.add_done_callback(self._task_done)
+        return task
 
     def _task_done(self, task: asyncio.Task) -> None:
         self._tasks.discard(task)
@@ -443,10 +444,11 @@ class SessionRegistry:
 
     # ---------------------------------------------------------------- state saving
 
-    def session_changed(self, session: Session) -> None:
-        """Subscriptions changed: save a persistent session."""
+    def session_changed(self, session: Session) -> asyncio.Task | None:
+        """Subscriptions changed: save a persistent session; the saving (None: nothing to save)."""
         if session.persistent:
-            self.spawn(self._store.save(session))
+            return self.spawn(self._store.save(session))
+        return None
 
     async def save_qos2(self, session: Session) -> None:
         """Save a persistent session's QoS 2 state (durable under ``sync`` flush)."""
@@ -459,10 +461,10 @@ class SessionRegistry:
     # ---------------------------------------------------------------- subscriptions
 
     def subscribe(self, session: Session, principal: Principal, event: SubscribeRequested,
-                  v5: bool) -> tuple[Granted, NewSubscriptions]:
+                  v5: bool) -> tuple[Granted, NewSubscriptions, asyncio.Task | None]:
         """Add the subscriptions of a SUBSCRIBE that are valid, allowed and within
-        ``max_subscriptions``; the SUBACK's codes, and what was added (for `send_retained`,
-        once the SUBACK is out)."""
+        ``max_subscriptions``; the SUBACK's codes, what was added (for `send_retained`, once
+        the SUBACK is out), and the saving of a persistent session (the SUBACK waits for it)."""
         client_id = session.client_id
         identifier = event.properties.subscription_identifiers[0] \
             if event.properties.subscription_identifiers else None
@@ -492,8 +494,7 @@ class SessionRegistry:
                                           identifier, share)
             new.append((options, session.subscribe(options)))
             granted.append(sub.qos)
-        self.session_changed(session)
-        return granted, new
+        return granted, new, self.session_changed(session)
 
     def _checked_filter(self, topic_filter: str) -> tuple[str | None, str]:
         """(share name or None, filter) of a filter as subscribed; InvalidFilter or core's

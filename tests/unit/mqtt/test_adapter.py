@@ -7,6 +7,7 @@ wills, flow control, admission and malformed input.
 """
 from __future__ import annotations
 
+import asyncio
 import functools
 import time
 from types import SimpleNamespace
@@ -16,6 +17,7 @@ import pytest
 from core.model import Action, Permission, ResourceKind
 from protocols.mqtt import adapter as adapter_module
 from protocols.mqtt import registry as registry_module
+from protocols.mqtt import session_store
 from protocols.mqtt.flow_control import FlowControl
 from protocols.mqtt.options import MqttOptions
 from protocols.mqtt.packets import (ConnAck, Connect, Disconnect, PubAck, PubComp, Publish, PubRec,
@@ -202,6 +204,34 @@ def test_a_persistent_session_gets_what_was_published_while_it_was_away(tmp_path
         assert (await again.connect("keeper", clean_start=False,
                                     properties=v5_expiry(300))).session_present
         assert await again.settled() == []  # acknowledged: not sent again
+    run(tmp_path, scenario)
+
+
+def test_a_persistent_sessions_suback_waits_until_its_subscription_is_stored(tmp_path, monkeypatch):
+    """A SIGKILL right after a SUBACK must not lose the subscription: the SUBACK of a persistent
+    session goes out once the session's record with it is stored, not before."""
+    stored = asyncio.Event()
+    holding = []
+    save = session_store.SessionStore.save
+
+    def held_save(self, session, disconnected_at_ms=None):
+        async def after_gate():
+            if holding:
+                await stored.wait()
+            await save(self, session, disconnected_at_ms)
+        return after_gate()
+    monkeypatch.setattr(session_store.SessionStore, "save", held_save)
+
+    async def scenario(frontend, broker):
+        client = Client(frontend)
+        assert (await client.connect("kept", clean_start=False, properties=v5_expiry(300))).reason_code == 0
+        holding.append(True)
+        client.send(Subscribe(1, (Subscription("t/#", 1),)))
+        try:
+            assert await client.settled() == [], "a SUBACK before the subscription was stored"
+        finally:
+            stored.set()
+        assert (await client.expect(SubAck)).reason_codes == (1,)
     run(tmp_path, scenario)
 
 
