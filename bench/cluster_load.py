@@ -19,6 +19,7 @@ from collections import Counter
 
 import paho.mqtt.client as mqtt
 import pika
+from pika.adapters.utils.connection_workflow import AMQPConnectorException
 
 from sluice.cli.dev_cluster import DevCluster, NodeProcess
 from sluice.client import ClientConfig, Message, SluiceClientError, SyncProducer
@@ -193,7 +194,8 @@ class AmqpProducer(Producer):
             turn += 1
             try:  # pika tries each node's URL in turn; start with the next one each time
                 connection = pika.BlockingConnection(nodes[turn % len(nodes):] + nodes[:turn % len(nodes)])
-            except (pika.exceptions.AMQPError, OSError) as error:
+            except (pika.exceptions.AMQPError, AMQPConnectorException, OSError) as error:  # the last of which
+                # pika re-raises as it is: a handshake timing out (a frozen leader behind a relay)
                 self.failed(error)
                 continue
             try:

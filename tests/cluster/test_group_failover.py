@@ -18,6 +18,7 @@ import urllib.request
 
 import pika
 import pytest
+from pika.adapters.utils.connection_workflow import AMQPConnectorException
 
 from bench.cluster_load import Load, Partition, cluster_view, finish, in_sync, leader_of, wait_for
 from bench.processes import free_ports
@@ -267,7 +268,7 @@ def _amqp_connection(group: DevCluster, hosts: list[str], user: str, password: s
         try:
             return pika.BlockingConnection([pika.ConnectionParameters(host, group.ports.amqp, credentials=credentials)
                                             for host in hosts])
-        except pika.exceptions.AMQPConnectionError:  # no leader serving yet: the nodes refuse
+        except (pika.exceptions.AMQPConnectionError, AMQPConnectorException):  # no leader serving yet
             assert time.monotonic() < deadline, f"{user} could not log in"
 
 
