@@ -7,7 +7,6 @@ from __future__ import annotations
 import shutil
 import subprocess
 import sys
-import time
 import urllib.request
 
 import paho.mqtt.client as mqtt
@@ -106,13 +105,13 @@ def _retained(group: DevCluster, host: str, topic: str) -> bytes:
     client.username_pw_set("sluice", "sluice")
     client.on_message = lambda _client, _userdata, message: got.append(message.payload)
     client.on_connect = lambda c, *_: c.subscribe(topic, qos=1)
-    deadline = time.monotonic() + 60
-    while True:
+    def connected() -> bool:
         try:
             client.connect(host, group.ports.mqtt)
-            break
         except OSError:
-            assert time.monotonic() < deadline, "no MQTT listener on the new leader"
+            return False
+        return True
+    wait_for("the new leader's MQTT listener", connected)
     client.loop_start()
     try:
         wait_for(f"the retained message of {topic}", lambda: got)
