@@ -14,11 +14,15 @@ class CoreConfig:
     ``max_message_size``): AMQP refuses a larger one at its content header, native producers
     are told the limit, MQTT packets stay within their own ``max_packet_size``."""
     auto_create_groups: bool = True
+    """A consumer naming a group that does not exist creates it."""
     auto_create_topics: bool = True
     """A publish (MQTT) to a topic that does not exist creates it with ``auto_topic_queues``."""
     auto_topic_queues: int = 4
+    """Queues of a topic created by its first publish."""
     heartbeat_timeout_ms: int = 30_000
+    """A group member silent this long loses its queues to the others."""
     offset_commit_interval_ms: int = 1_000
+    """How often consumer offsets are saved."""
     replicated_state: bool = False
     """This broker is a node of a replica group, whose log is the truth: consumer offsets are
     kept in the log (compacted topic ``%SYS%offsets``, a record per consumer whose offsets
@@ -27,7 +31,10 @@ class CoreConfig:
     log holds that the metadata database does not know is taken as it is in the log (its
     queues, default settings). Set by the broker for every node of a cluster."""
     default_invisible_ms: int = 30_000
+    """How long a popped message stays invisible to its group when the consumer names no
+    duration."""
     max_long_poll_ms: int = 30_000
+    """The longest a receive or pull waits for messages."""
     recent_cache_bytes: int = 16 << 20
     """Newest messages kept in memory for consumers that keep up (`delivery.RecentMessages`):
     bodies plus 300 bytes each, about 40,000 messages of 100 bytes. Every one is an object the

@@ -20,14 +20,25 @@ class StoreConfig:
     """Tunables of a store. Sizes in bytes, intervals in milliseconds."""
 
     segment_size: int = 128 << 20
+    """Size of one commit-log segment file; a record must fit in one."""
     queue_entries_per_file: int = 300_000
+    """Consume-queue entries per file (fixed when the store is created)."""
     flush: FlushPolicy = "sync"
+    """``sync``: a send is acknowledged after fsync; ``async``: fsync every
+    ``flush_interval_ms``."""
     flush_interval_ms: int = 200
+    """Interval between fsyncs under ``async`` flush."""
     checkpoint_interval_ms: int = 1_000
+    """How often queue entries are written out and the checkpoint saved (how fresh a store
+    reader's view is)."""
     retention_max_age_ms: int | None = None
+    """Delete whole segments older than this; unset: no age limit."""
     retention_max_bytes: int | None = None
+    """Delete the oldest segments while the log is larger than this; unset: no size limit."""
     index_slot_count: int = 1_000_003
+    """Hash slots of one key-index file."""
     index_max_entries: int = 4_000_000
+    """Entries one key-index file holds before the next file starts."""
     max_open_queue_files: int = 256
     """Consume-queue files kept open at once, whatever the number of queues (least recently
     used closed first)."""

@@ -21,7 +21,9 @@ class AmqpOptions:
     ``tls_cert`` and ``tls_key``, ``--tls-cert`` / ``--tls-key``) and opens only with one."""
 
     host: str = "127.0.0.1"
+    """Address the AMQP listeners bind."""
     port: int = 5672
+    """AMQP 0-9-1 port."""
     tls_port: int = 5671
     """AMQP over TLS (``amqps://``)."""
     heartbeat_s: int = 60

@@ -11,11 +11,17 @@ class MqttOptions:
     set; any port set to -1 is not opened (0 picks a free port)."""
 
     host: str = "127.0.0.1"
+    """Address the MQTT listeners bind."""
     port: int = 1883
+    """MQTT over TCP."""
     ws_port: int = 8083
+    """MQTT over WebSocket (subprotocol ``mqtt``)."""
     ws_path: str = "/mqtt"
+    """HTTP path of the WebSocket listeners."""
     tls_port: int = 8883
+    """MQTT over TLS; opened only with ``tls_cert`` and ``tls_key``."""
     wss_port: int = 8084
+    """MQTT over secure WebSocket; opened only with ``tls_cert`` and ``tls_key``."""
     tls_cert: str | None = None
     """PEM certificate chain for the TLS and WSS listeners."""
     tls_key: str | None = None
@@ -28,6 +34,7 @@ class MqttOptions:
     """Unacknowledged QoS 1/2 PUBLISHes we send a client at once (fewer if its Receive Maximum
     says so)."""
     topic_alias_maximum: int = 64
+    """Topic aliases an MQTT 5 client may set up (advertised in CONNACK)."""
     max_keep_alive_s: int = 0
     """When > 0, a longer (or no) keep alive asked by an MQTT 5 client is lowered to this and
     announced as Server Keep Alive."""

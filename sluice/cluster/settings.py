@@ -30,6 +30,7 @@ class ClusterConfig:
     """The leader's etcd lease: a leader that cannot renew it within this time less
     ``lease_margin_ms`` stops confirming and steps down."""
     lease_margin_ms: int = 1_000
+    """Safety margin: a leader stops confirming this long before its lease could expire."""
     replica_timeout_ms: int = 4_000
     """A follower that acknowledges nothing for this long while behind leaves the in-sync set."""
 

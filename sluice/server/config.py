@@ -62,7 +62,10 @@ class NativeListener:
     """The native gRPC listener (RocketMQ 5 proxy API)."""
 
     host: str = "127.0.0.1"
+    """Address the native gRPC listener binds (``--host`` sets every listener's)."""
     port: int = 8081
+    """Native gRPC port: RocketMQ 5 clients, the SDK, `sluice send` and `sluice consume`
+    (0 picks a free port)."""
     advertised_host: str | None = None
     """Host clients are told to reconnect to; None means ``host``."""
     signature_max_skew_s: int = 900
@@ -75,7 +78,9 @@ class AdminListener:
     """The admin HTTP API, Prometheus metrics and OpenAPI document."""
 
     host: str = "127.0.0.1"
+    """Address the admin HTTP API binds."""
     port: int = 8080
+    """Admin HTTP API port, which also serves ``/metrics``, ``/health`` and ``/openapi.json``."""
 
 
 @dataclass(frozen=True)
@@ -83,9 +88,13 @@ class AuthConfig:
     """Who may connect. The default user is created only when no user exists at all."""
 
     allow_anonymous: bool = False
+    """Accept connections without credentials; they act as the user ``anonymous``."""
     create_default_user: bool = True
+    """On a first start with no user at all, create ``default_user`` as an admin."""
     default_user: str = "sluice"
+    """Name of the admin user created on first start."""
     default_password: str = "sluice"
+    """Its password; change it (`sluice user passwd`) before exposing the broker."""
 
 
 @dataclass(frozen=True)
@@ -93,8 +102,12 @@ class Config:
     """Everything `sluice serve` needs. ``metadata_url`` None means SQLite inside ``data_dir``."""
 
     data_dir: str = "./data"
+    """Directory holding the store, the metadata database (SQLite) and the master key."""
     metadata_url: str | None = None
+    """SQLAlchemy URL of the metadata database (``postgresql+psycopg://...``); unset: SQLite
+    in ``data_dir``."""
     shutdown_grace_ms: int = 5_000
+    """How long a stopping broker waits for connections and long polls to end."""
     store: StoreConfig = field(default_factory=StoreConfig)
     core: CoreConfig = field(default_factory=CoreConfig)
     native: NativeListener = field(default_factory=NativeListener)

@@ -23,7 +23,9 @@ class LogConfig:
     """How much the broker logs and in which form."""
 
     level: Literal["debug", "info", "warning", "error"] = "info"
+    """The least severe level written (``--log-level``)."""
     format: Literal["text", "json"] = "text"
+    """``text`` for people, ``json`` (one object per line) for log shippers (``--log-format``)."""
 
 
 class JsonFormatter(logging.Formatter):
