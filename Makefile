@@ -1,13 +1,15 @@
 # Every target bootstraps .venv on first use; editing pyproject.toml reinstalls. Each target
 # installs what it needs: `make run` the broker alone, `make demo` the broker and Spark (the
-# `analytics` extra), `make test`, `make bench` and `make fuzz` the test tools as well.
+# `analytics` extra), `make docs` MkDocs (the `docs` extra), `make test`, `make bench` and
+# `make fuzz` the test tools as well.
 VENV := .venv
 PYTHON := $(VENV)/bin/python
 RUN_STAMP := $(VENV)/.run-stamp
 DEMO_STAMP := $(VENV)/.demo-stamp
+DOCS_STAMP := $(VENV)/.docs-stamp
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: test bench fuzz run demo cluster clean
+.PHONY: test bench fuzz run demo cluster docs clean
 
 $(RUN_STAMP): pyproject.toml
 	test -d $(VENV) || python3 -m venv $(VENV)
@@ -17,6 +19,11 @@ $(RUN_STAMP): pyproject.toml
 $(DEMO_STAMP): pyproject.toml
 	test -d $(VENV) || python3 -m venv $(VENV)
 	$(VENV)/bin/pip install -q -e '.[analytics]'
+	touch $@
+
+$(DOCS_STAMP): pyproject.toml
+	test -d $(VENV) || python3 -m venv $(VENV)
+	$(VENV)/bin/pip install -q -e '.[docs]'
 	touch $@
 
 $(STAMP): pyproject.toml
@@ -49,6 +56,11 @@ cluster: $(RUN_STAMP)
 demo: $(DEMO_STAMP)
 	$(VENV)/bin/sluice demo $(DEMO_ARGS)
 
+# The documentation site from docs/ into site/; --strict makes any warning (a broken link or
+# anchor) an error. The settings reference is generated from the code (mkdocs_hooks.py).
+docs: $(DOCS_STAMP)
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --site-dir site
+
 clean:
-	rm -rf $(VENV) build dist *.egg-info .pytest_cache .hypothesis
+	rm -rf $(VENV) build dist site *.egg-info .pytest_cache .hypothesis
 	find . -name __pycache__ -type d -prune -exec rm -rf {} +

@@ -1,4 +1,4 @@
-"""The code blocks of README.md, as the tests that run them see them.
+"""The code blocks of README.md and of every page under docs/, as the tests that run them see them.
 
 An HTML comment on the line before a fenced block says what a test does with it:
 
@@ -13,7 +13,16 @@ An HTML comment on the line before a fenced block says what a test does with it:
                                 ports, commands that run until Ctrl+C)
 
 Every ``python``, ``sh`` and ``bash`` block carries one of them, so a new example is run or
-says why not. The README names the default ports; ``on_ports`` rewrites them to a test broker's.
+says why not. Names are unique across all pages. The pages name the default ports;
+``on_ports`` rewrites them to a test broker's.
+
+Pages come in reading order: README.md, then the pages of mkdocs.yml's navigation in order,
+then any other page under docs/. A reader who follows them top to bottom against one broker
+meets the topics and groups each page assumes (the quick start's ``orders`` and ``billing``).
+
+Fences and markers are found by Sybil's Markdown lexers (fences in lists and block quotes,
+``~~~`` fences, HTML comments); what runs a block stays with each test, since they need one
+broker across pages, blocks chosen by name, or blocks run at the same time.
 """
 from __future__ import annotations
 
@@ -21,45 +30,81 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+import yaml
+from sybil import Document
+from sybil.parsers.markdown.lexers import DirectiveInHTMLCommentLexer, FencedCodeBlockLexer
+
+ROOT = Path(__file__).resolve().parents[1]
+README = ROOT / "README.md"
+DOCS = ROOT / "docs"
+MKDOCS = ROOT / "mkdocs.yml"
 RUNNABLE_LANGUAGES = ("python", "sh", "bash")
-_MARKER = re.compile(r"<!-- test: (run|spark|file|cluster|skip)\s+(.*?)\s*-->")
-_FENCE = re.compile(r"^```(\w*)\s*$")
+ACTIONS = ("run", "spark", "file", "cluster", "skip")
+_FENCES = FencedCodeBlockLexer(language=r"[\w+-]*")
+_MARKERS = DirectiveInHTMLCommentLexer(directive="test", arguments=r"(?:{})\s+.*?".format("|".join(ACTIONS)))
 
 
 @dataclass(frozen=True)
 class Block:
-    """One fenced block: its language, its text, where it starts, and its marker."""
+    """One fenced block: its page, language, text, where it starts, and its marker."""
 
+    page: str
     language: str
     code: str
     line: int
     action: str | None
     argument: str
 
+    @property
+    def where(self) -> str:
+        """``docs/mqtt.md:42``, for messages."""
+        return f"{self.page}:{self.line}"
 
-def blocks(readme: Path = README) -> list[Block]:
-    """Every fenced block of ``readme``, in order."""
-    lines = readme.read_text().splitlines()
+
+def pages() -> list[Path]:
+    """README.md, the navigation's pages in order, then the other pages under docs/."""
+    nav: list[str] = []
+
+    def walk(entries: object) -> None:
+        if isinstance(entries, str):
+            nav.append(entries)
+        elif isinstance(entries, list):
+            for entry in entries:
+                walk(entry)
+        elif isinstance(entries, dict):
+            for value in entries.values():
+                walk(value)
+
+    walk(yaml.safe_load(MKDOCS.read_text()).get("nav", []))
+    ordered = [DOCS / name for name in nav if name.endswith(".md")]
+    rest = sorted(set(DOCS.rglob("*.md")) - set(ordered))
+    return [README, *ordered, *rest]
+
+
+def blocks(page: Path = README) -> list[Block]:
+    """Every fenced block of ``page``, in order, each with the marker right before it."""
+    text = page.read_text()
+    document = Document(text, str(page))
+    # A marker's region ends before its closing ``-->``.
+    markers = {text.index(">", region.end) + 1: region for region in _MARKERS(document)}
+    name = str(page.relative_to(ROOT))
     found: list[Block] = []
-    i = 0
-    while i < len(lines):
-        fence = _FENCE.match(lines[i])
-        if not fence:
-            i += 1
-            continue
-        end = next(j for j in range(i + 1, len(lines)) if lines[j].startswith("```"))
-        previous = next((lines[j] for j in range(i - 1, -1, -1) if lines[j].strip()), "")
-        marker = _MARKER.search(previous)
-        found.append(Block(fence.group(1), "\n".join(lines[i + 1:end]) + "\n", i + 1,
-                           marker.group(1) if marker else None,
-                           marker.group(2) if marker else ""))
-        i = end + 1
+    for region in sorted(_FENCES(document), key=lambda region: region.start):
+        marker = markers.get(len(text[:region.start].rstrip()))  # only blank space between
+        action, _, argument = (marker.lexemes["arguments"].partition(" ") if marker
+                               else (None, "", ""))
+        found.append(Block(name, region.lexemes["language"], str(region.lexemes["source"]),
+                           text.count("\n", 0, region.start) + 1, action, argument.strip()))
     return found
 
 
+def every_block() -> list[Block]:
+    """The blocks of every page, in reading order (``pages``)."""
+    return [block for page in pages() for block in blocks(page)]
+
+
 DEFAULT_PORTS = ("1883", "5672", "8080", "8081", "8083")
-"""The ports the README's examples name: MQTT, AMQP, admin API, native gRPC, MQTT WebSocket."""
+"""The ports the examples name: MQTT, AMQP, admin API, native gRPC, MQTT WebSocket."""
 
 
 def on_ports(code: str, ports: dict[str, int]) -> str:

@@ -1,4 +1,4 @@
-"""README.md's Spark examples (``<!-- test: spark NAME -->``), run as written in the session's
+"""The Spark examples of README.md and docs/ (``<!-- test: spark NAME -->``), run as written in the session's
 Spark, in a directory whose ``./data`` is a broker's data directory holding MQTT telemetry: the
 batch read shows every queue's messages, bodies as text and parsed JSON; the stream reads them
 all and stops. ``SparkSession.builder...getOrCreate()`` in a block returns the session Spark.
@@ -17,15 +17,17 @@ from pathlib import Path
 import paho.mqtt.client as mqtt
 import pytest
 
-from tests.readme import blocks
+from tests.readme import every_block
 
 READINGS = {f"devices/d{n}/telemetry": f'{{"t": {20 + n}.5}}' for n in range(8)}
 """Enough devices that every one of the topic's four queues holds some."""
+ROOM = ("rooms/kitchen/temperature", "21.5")
+"""The README tour's MQTT reading, retained as it publishes it."""
 
 
 def spark_block(name: str) -> str:
-    found = [block.code for block in blocks() if block.action == "spark" and block.argument == name]
-    assert len(found) == 1, f"README has no Spark block {name!r}"
+    found = [block.code for block in every_block() if block.action == "spark" and block.argument == name]
+    assert len(found) == 1, f"no page has one Spark block {name!r}"
     return found[0]
 
 
@@ -46,6 +48,7 @@ def workdir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
         try:
             for topic, payload in READINGS.items():
                 client.publish(topic, payload, qos=1).wait_for_publish(30)
+            client.publish(*ROOM, qos=1, retain=True).wait_for_publish(30)
         finally:
             client.disconnect()
             client.loop_stop()
@@ -62,7 +65,7 @@ def run(code: str, workdir: Path) -> tuple[dict, str]:
     scope = {"__name__": "__main__"}
     printed = io.StringIO()
     with contextlib.redirect_stdout(printed):
-        exec(compile(code, "README.md", "exec"), scope)
+        exec(compile(code, "example", "exec"), scope)
     return scope, printed.getvalue()
 
 
@@ -81,3 +84,8 @@ def test_the_streaming_example_reads_what_is_stored_and_stops(spark, workdir):
     assert not query.isActive
     assert sum(progress["numInputRows"] for progress in query.recentProgress) == len(READINGS)
     assert (workdir / "devices-checkpoint" / "offsets").is_dir(), "a restart would resume"
+
+
+def test_the_tour_example_reads_the_mqtt_reading_as_text(spark, workdir):
+    _, printed = run(spark_block("spark-tour"), workdir)
+    assert ROOM[0] in printed and ROOM[1] in printed, printed

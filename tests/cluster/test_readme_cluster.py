@@ -1,4 +1,4 @@
-"""The README's cluster walkthrough as a new user follows it: the group `make cluster` starts
+"""The cluster walkthrough of docs/clustering.md as a new user follows it: the group `make cluster` starts
 (three nodes on 127.0.0.2-4), every client failover example started together, the leader killed
 with SIGKILL while they publish, each example finishing all its messages, and `sluice cluster
 status` naming the new leader; a `mosquitto_sub` on a follower carries on receiving."""
@@ -15,17 +15,17 @@ import pytest
 from bench.cluster_load import cluster_view, leader_of, wait_for
 from bench.processes import free_ports
 from sluice.cli.dev_cluster import DevCluster, Ports
-from tests.readme import blocks, on_ports
+from tests.readme import every_block, on_ports
 
 WAIT_S = 180
 
 
 def cluster_blocks():
-    return [block for block in blocks() if block.action == "cluster"]
+    return [block for block in every_block() if block.action == "cluster"]
 
 
 class Example:
-    """One README block running as a script; ``sent`` is set as it reports progress."""
+    """One example block running as a script; ``sent`` is set as it reports progress."""
 
     def __init__(self, name: str, script, env: dict[str, str]) -> None:
         self.name = name

@@ -1,13 +1,14 @@
-"""README.md's examples, run as written against one real `sluice serve`, in README order.
+"""The examples of README.md and of every docs/ page, run as written against one real
+`sluice serve`, page by page in reading order (``tests/readme.pages``).
 
-A reader goes through the README top to bottom in one terminal, in one directory: the quick
-start creates topics that later examples use, a background ``mosquitto_sub`` is still connected
-when the admin section lists clients. The test does the same: each block marked
+A reader goes through the pages top to bottom in one terminal, in one directory: the quick
+start creates topics that later pages use, a background ``mosquitto_sub`` of the MQTT page is
+still connected when the admin page lists clients. The test does the same: each block marked
 ``<!-- test: run NAME -->`` (see ``tests/readme.py``) runs in one working directory, against
 one broker, in order; background jobs a block starts run until the end of the module. What
 differs from a reader's terminal, and only so that the test never needs the default ports:
 
-- the broker listens on free ports, and the README's default ports in a block's text are
+- the broker listens on free ports, and the pages' default ports in a block's text are
   replaced with them (``readme.on_ports``); the `sluice` commands find it through
   SLUICE_SERVER and SLUICE_ADMIN_URL, and ``mosquitto_pub``/``mosquitto_sub`` get its ``-p``;
 - ``.venv/bin/sluice``, ``.venv/bin/python`` and ``.venv/bin/celery`` in the working directory
@@ -30,11 +31,14 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import Server
-from tests.readme import RUNNABLE_LANGUAGES, Block, blocks, on_ports
+from tests.readme import RUNNABLE_LANGUAGES, Block, every_block, on_ports
 
 TIMEOUT_S = 240
 """An upper bound for one block (a loaded machine may start Python slowly), not a target."""
 EXPECTED = {
+    "tour-mqtt": ["rooms/kitchen/temperature 21.5"],
+    "tour-pika": ["received b'hello from pika'"],
+    "tour-sdk": ["sent ", "received rooms/kitchen/temperature b'21.5'"],
     "quick-start": ["created topic orders (4 queues, normal)", "sent 1000 messages",
                     "received 1000 messages from orders", "group billing: clustering",
                     "body: order 7", "delivered  billing", "acked"],
@@ -57,11 +61,12 @@ EXPECTED = {
     "celery": ["5"],
     "amqp-operations": ["billing", "amq.topic", "purged"],
     "trace": ["stored", "delivered  billing"],
+    "operations-health": ['"status": "ok"'],
 }
 
 
 def runnable() -> list[Block]:
-    return [block for block in blocks() if block.action in ("run", "file")]
+    return [block for block in every_block() if block.action in ("run", "file")]
 
 
 @pytest.fixture(scope="module")
@@ -132,11 +137,11 @@ class Tour:
                 code = process.wait(timeout=TIMEOUT_S)
             except subprocess.TimeoutExpired:
                 os.killpg(process.pid, signal.SIGKILL)
-                raise AssertionError(f"README block {name} (line {block.line}) did not end in "
+                raise AssertionError(f"block {name} ({block.where}) did not end in "
                                      f"{TIMEOUT_S} s:\n{output.read_text()}") from None
         text = output.read_text()
         assert code == 0 and "Traceback" not in text, \
-            f"README block {name} (line {block.line}) failed with {code}:\n{text}"
+            f"block {name} ({block.where}) failed with {code}:\n{text}"
         return text
 
     def stop_background_jobs(self) -> None:
@@ -148,15 +153,15 @@ class Tour:
 
 
 def test_every_runnable_looking_block_is_run_or_says_why_not():
-    unmarked = [f"line {block.line}" for block in blocks()
+    unmarked = [block.where for block in every_block()
                 if block.language in RUNNABLE_LANGUAGES and block.action is None]
-    assert not unmarked, f"README blocks without a <!-- test: ... --> marker: {unmarked}"
-    names = [block.argument for block in blocks() if block.action in ("run", "spark")]
+    assert not unmarked, f"blocks without a <!-- test: ... --> marker: {unmarked}"
+    names = [block.argument for block in every_block() if block.action in ("run", "spark")]
     assert len(names) == len(set(names)), "each runnable block has its own name"
     assert set(EXPECTED) <= set(names), "every expectation names a block"
 
 
-@pytest.mark.parametrize("block", runnable(), ids=lambda block: block.argument)
+@pytest.mark.parametrize("block", runnable(), ids=lambda block: f"{block.page}::{block.argument}")
 def test_the_readme_example_runs_as_written(tour, block):
     if block.action == "file":
         (tour.work / block.argument).write_text(on_ports(block.code, tour.ports))
@@ -167,4 +172,4 @@ def test_the_readme_example_runs_as_written(tour, block):
         pytest.skip("needs mosquitto_pub/mosquitto_sub (apt-get install -y mosquitto-clients)")
     output = tour.run(block)
     for expected in EXPECTED.get(block.argument, ()):
-        assert expected in output, f"README block {block.argument}: no {expected!r} in\n{output}"
+        assert expected in output, f"block {block.argument} ({block.where}): no {expected!r} in\n{output}"
