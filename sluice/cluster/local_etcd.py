@@ -1,8 +1,8 @@
 """A one-member etcd on this machine, for trying a cluster out and for tests.
 
-Production runs three etcd members of its own (README, "Cluster"); this starts Debian's
-``etcd`` (package ``etcd-server``) with its data under a directory of ours, waits until it
-answers ``/health``, and stops it again.
+Production runs three etcd members of its own (docs/clustering.md, "In production"); this
+starts Debian's ``etcd`` (package ``etcd-server``) with its data under a directory of ours,
+waits until it answers ``/health``, and stops it again.
 """
 from __future__ import annotations
 

@@ -342,7 +342,7 @@ def test_a_push_consumer_takes_a_backlog_highest_priority_first(native_broker):
 
 
 def subscribe_lite(consumer: LiteSimpleConsumer | LitePushConsumer, lite_topic: str) -> None:
-    """Subscribe as the README says. The client (5.1.x) counts its quota as 0 until the
+    """Subscribe as docs/features.md says. The client (5.1.x) counts its quota as 0 until the
     broker's settings arrive, a moment after startup, so the first try may be refused; and it
     sends the name split into characters, so ``subscribe_lite_all`` follows, stating its lite
     topics whole (it does so every 30 s by itself)."""

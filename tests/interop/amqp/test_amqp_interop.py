@@ -4,8 +4,8 @@ Each ``test_<scenario>`` runs once per broker (``amqp_broker``) and asserts the 
 equals what RabbitMQ answers, written out here: reply codes and texts, message properties,
 redelivered flags, counts, routing. ``test_same_observation`` then checks that both brokers
 gave equal observations for every scenario, outside the differences listed in ``KNOWN`` (each
-with its reason; the README's AMQP section lists them too). It reuses this run's observations
-when the per-broker tests made them, else runs the scenario on both brokers.
+with its reason; docs/amqp.md, "Differences from RabbitMQ", lists them too). It reuses this
+run's observations when the per-broker tests made them, else runs the scenario on both brokers.
 """
 from __future__ import annotations
 

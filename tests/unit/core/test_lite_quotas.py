@@ -99,7 +99,7 @@ def test_lite_topics_recorded_without_an_owner_load_as_nobodys(tmp_path):
 MEASURED = 20_000
 REGISTRY_BYTES = 300
 """What one live lite topic may cost the registry: about 250 bytes measured (a 16-character
-name; its parent topic's and its owner's names are shared by all); the README says so."""
+name; its parent topic's and its owner's names are shared by all); docs/features.md says so."""
 CHANNEL_BYTES = 320
 """What each group consuming a lite topic adds: about 280 bytes measured."""
 
