@@ -7,7 +7,7 @@ RUN_STAMP := $(VENV)/.run-stamp
 DEMO_STAMP := $(VENV)/.demo-stamp
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: test bench fuzz run demo cluster clean
+.PHONY: test bench fuzz run demo cluster clean console-vendor
 
 $(RUN_STAMP): pyproject.toml
 	test -d $(VENV) || python3 -m venv $(VENV)
@@ -48,6 +48,11 @@ cluster: $(RUN_STAMP)
 
 demo: $(DEMO_STAMP)
 	$(VENV)/bin/sluice demo $(DEMO_ARGS)
+
+# The admin console's browser libraries (preact, htm, uPlot) from the npm registry at the versions
+# protocols/admin/console/vendor/package.json pins; needs npm. The copies are committed.
+console-vendor:
+	protocols/admin/console/vendor/refresh.sh
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info .pytest_cache .hypothesis
