@@ -15,7 +15,7 @@ from aiohttp import web
 
 from core.model import Principal
 
-from . import acl, clients, dashboard, metrics, tail, vhosts
+from . import acl, clients, console_files, dashboard, metrics, tail, vhosts
 from . import handlers as h
 from .access import Access
 
@@ -88,6 +88,14 @@ ROUTES: tuple[Route, ...] = (
       "console", A.PUBLIC, response="html"),
     R("GET", "/dashboard/{asset}", dashboard.asset, "The dashboard's script and style sheet",
       "console", A.PUBLIC, response="asset"),
+    R("GET", "/console", console_files.console_page,
+      "The web console (HTML): sign in, then clients, topics, queues, groups, messages, users",
+      "console", A.PUBLIC, response="html"),
+    R("GET", "/console/{file}", console_files.console_asset,
+      "The console's modules and style sheet", "console", A.PUBLIC, response="asset"),
+    R("GET", "/console/vendor/{file}", console_files.console_vendor_asset,
+      "The libraries the console loads (preact, htm, uPlot)", "console", A.PUBLIC,
+      response="asset"),
     R("GET", "/openapi.json", openapi, "This document", "service", A.PUBLIC, response="object"),
 
     R("GET", "/topics", h.list_topics, "List topics", "topics", A.USER, response="[Topic]",

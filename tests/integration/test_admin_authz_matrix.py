@@ -56,6 +56,9 @@ TABLE = [
     Cell("GET", "/cluster", "/cluster", dict.fromkeys(ROLES, 404)),  # a single broker: no group to show
     Cell("GET", "/dashboard", "/dashboard", EVERYONE_200),
     Cell("GET", "/dashboard/dashboard.js", "/dashboard/{asset}", EVERYONE_200),
+    Cell("GET", "/console", "/console", EVERYONE_200),
+    Cell("GET", "/console/app.js", "/console/{file}", EVERYONE_200),
+    Cell("GET", "/console/vendor/preact.mjs", "/console/vendor/{file}", EVERYONE_200),
     Cell("GET", "/openapi.json", "/openapi.json", EVERYONE_200),
     Cell("GET", "/topics", "/topics", USERS_200),
     Cell("POST", "/topics", "/topics", only_admin(201), body={"name": "new-topic-{n}"}),

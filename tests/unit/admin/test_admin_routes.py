@@ -46,7 +46,8 @@ def test_writes_need_an_admin_and_only_probes_and_the_dashboard_page_are_public(
         if route.method != "GET":
             assert route.access is Access.ADMIN, (route.method, route.path)
     public = {r.path for r in ROUTES if r.access is Access.PUBLIC}
-    assert public == {"/health", "/cluster", "/metrics", "/openapi.json", "/dashboard", "/dashboard/{asset}"}
+    assert public == {"/health", "/cluster", "/metrics", "/openapi.json", "/dashboard", "/dashboard/{asset}",
+                      "/console", "/console/{file}", "/console/vendor/{file}"}
     doc = document(ROUTES)
     assert doc["paths"]["/health"]["get"]["security"] == []
     assert "401" in doc["paths"]["/topics"]["get"]["responses"]
