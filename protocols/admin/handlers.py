@@ -52,6 +52,8 @@ class AdminDeps:
     """AMQP virtual hosts, their permissions, queues and connections (``vhosts.py``)."""
     cluster: ClusterView | None = None
     """This node's place in its replica group; None for a broker of its own."""
+    session_idle_timeout_s: int = 1800
+    """A browser session ends after this many seconds without a request (``sessions.py``)."""
 
 
 class ClusterView(Protocol):

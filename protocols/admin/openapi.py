@@ -123,6 +123,12 @@ SCHEMAS: dict[str, dict[str, Any]] = {
     "AmqpChannel": _obj([], connection=_STR, number=_INT, user=_STR, vhost=_STR, peer=_STR,
                         consumers=_INT, messages_unacknowledged=_INT, prefetch_count=_INT,
                         global_prefetch_count=_INT, confirm=_BOOL, messages_unconfirmed=_INT),
+    "SessionLogin": _obj(["user", "password"], user=_STR, password=_STR),
+    "Session": _obj(["user", "admin", "csrf_token", "idle_timeout_s"], user=_STR, admin=_BOOL,
+                    csrf_token={"type": "string", "description": "send it as X-CSRF-Token with "
+                                "every write made with the session cookie"},
+                    idle_timeout_s={"type": "integer", "description": "the session ends after "
+                                    "this many seconds without a request"}),
     "AclRule": _obj([], user=_STR, pattern=_STR, actions=_ACTIONS,
                     effect={"type": "string", "enum": ["allow", "deny"]}),
     "AclRuleCreate": _obj(
@@ -144,11 +150,15 @@ def document(routes: Any) -> dict[str, Any]:
         "openapi": "3.0.3",
         "info": {"title": TITLE, "version": VERSION,
                  "description": "Manage topics, consumer groups, users and permissions; look up "
-                                "messages; read health and metrics. Authenticate with HTTP Basic."},
+                                "messages; read health and metrics. Authenticate with HTTP Basic, "
+                                "or sign a browser in with POST /session and send the session "
+                                "cookie (writes also carry X-CSRF-Token)."},
         "paths": paths,
         "components": {"schemas": SCHEMAS,
-                       "securitySchemes": {"basic": {"type": "http", "scheme": "basic"}}},
-        "security": [{"basic": []}],
+                       "securitySchemes": {
+                           "basic": {"type": "http", "scheme": "basic"},
+                           "session": {"type": "apiKey", "in": "cookie", "name": "sluice_session"}}},
+        "security": [{"basic": []}, {"session": []}],
     }
 
 
@@ -167,8 +177,10 @@ def _operation(route: Any) -> dict[str, Any]:
     if route.body:
         operation["requestBody"] = {"required": True, "content": {
             "application/json": {"schema": _ref(route.body)}}}
-    if route.access is Access.PUBLIC:
+    if route.access is Access.PUBLIC or (route.access is Access.SESSION and route.body):
         operation["security"] = []
+    elif route.access is Access.SESSION:
+        operation["security"] = [{"session": []}]
     return operation
 
 

@@ -76,6 +76,14 @@ class AdminListener:
 
     host: str = "127.0.0.1"
     port: int = 8080
+    session_idle_timeout_s: int = 1800
+    """A browser session (the console's sign-in, ``POST /session``) ends after this many seconds
+    without a request; the next request needs a new sign-in."""
+
+    def __post_init__(self) -> None:
+        if self.session_idle_timeout_s < 1:
+            raise ValueError(f"admin.session_idle_timeout_s = {self.session_idle_timeout_s} must "
+                             "be at least 1 (seconds; the default is 1800)")
 
 
 @dataclass(frozen=True)
