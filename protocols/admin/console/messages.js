@@ -66,7 +66,7 @@ export function MessageView({ message }) {
     <h3>Message ${message.msg_id}</h3>
     <${Fields} id="message-headers" value=${{ topic: message.topic, queue: message.queue_id,
       offset: message.queue_offset, tag: message.tag, keys: (message.keys || []).join(", "),
-      born: when(message.born_ts), stored: when(message.store_ts), size: message.size }} />
+      born: when(message.born_ts), stored: when(message.store_ts), size: bytes(message.size) }} />
     <h4>Properties</h4>
     ${message.properties && Object.keys(message.properties).length
       ? html`<${Fields} id="message-properties" value=${message.properties} />` : html`<p class="muted">none</p>`}
