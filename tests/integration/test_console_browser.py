@@ -163,12 +163,15 @@ def amqp_parameters(server: Server, name: str):
                                      client_properties={"connection_name": name})
 
 
-def fill_backlog(server: Server, count: int) -> None:
+def fill_backlog(server: Server, count: int, more_queues: int) -> None:
+    """``count`` messages in ``BACKLOG``, and ``more_queues`` empty queues to page through."""
     import pika
     connection = pika.BlockingConnection(amqp_parameters(server, "console-filler"))
     channel = connection.channel()
     channel.confirm_delivery()
     channel.queue_declare(BACKLOG, durable=True)
+    for n in range(more_queues):
+        channel.queue_declare(f"bulk-{n:03}", durable=True)
     for n in range(count):
         channel.basic_publish("", BACKLOG, f"job {n}".encode(), pika.BasicProperties(delivery_mode=2))
     connection.close()
@@ -194,7 +197,7 @@ def test_an_administrator_manages_the_broker_from_the_console(broker, browser, s
     consumer.start()
     try:
         assert consumer.consuming.wait(WAIT_S) and consumer.error is None, consumer.error
-        fill_backlog(broker, 5)
+        fill_backlog(broker, 5, more_queues=60)
         assert admin("POST", "/topics", {"name": "orders", "queue_count": 2})[0] == 201
         msg_id = publish(broker, "orders", json.dumps({"order": 7, "items": ["tea"]}).encode())
         wait_for(lambda: {c["client_id"] for c in admin("GET", "/clients")[1]} >= {"console-sub"}
@@ -230,8 +233,15 @@ def test_an_administrator_manages_the_broker_from_the_console(broker, browser, s
         assert any(u["name"] == VIEWER and not u["admin"] for u in admin("GET", "/users")[1])
         screenshot(browser, shots, "users")
 
-        # Topics & queues, AMQP: purge the backlog queue
+        # Topics & queues, AMQP: 62 queues a page of 50 at a time, filtered; purge the backlog
         page.go("topics/amqp")
+        pager = "#queues + .pager"
+        page.wait.until(lambda d: page.one(f"{pager} .range").text == "1–50 of 62", "no first page")
+        assert len(page.find("#queues tbody tr")) == 50
+        page.one(f"{pager} button.next").click()
+        page.wait.until(lambda d: page.one(f"{pager} .range").text == "51–62 of 62", "no second page")
+        page.one("#queues-filter").send_keys("CONSOLE-")  # case does not matter
+        page.wait.until(lambda d: page.one(f"{pager} .range").text == "1–2 of 2", "the filter")
         key = f"//{BACKLOG}"
         page.wait.until(lambda d: page.cell_text("queues", key, "messages_ready") == "5",
                         "the backlog queue does not show 5 ready messages")

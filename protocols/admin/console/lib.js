@@ -96,6 +96,7 @@ export function text(value) {
   if (value === undefined || value === null) return "–";
   if (typeof value === "boolean") return value ? "yes" : "no";
   if (typeof value === "number") return num(value);
+  if (Array.isArray(value)) return value.map(text).join(", ");
   if (typeof value === "object") return JSON.stringify(value);
   return String(value);
 }

@@ -1,6 +1,6 @@
 // Overview: health, role and cluster, connections, message totals, store, alarms, and charts
 // of the last hour from /overview/history, read again every few seconds.
-import { bytes, html, num, text } from "./lib.js";
+import { bytes, html, text } from "./lib.js";
 import { Fields, Problem, useApi } from "./components.js";
 import { Chart } from "./charts.js";
 
@@ -16,18 +16,24 @@ function Card({ title, id, children }) {
 }
 
 function Alarms({ alarms }) {
-  if (!alarms) return null;
-  const entries = Array.isArray(alarms) ? alarms.map((a) => [a.name || a.kind, a])
-    : Object.entries(alarms);
+  if (!Array.isArray(alarms)) return null;
   return html`<${Card} title="Alarms" id="alarms">
-    <ul class="alarms">${entries.map(([name, alarm]) => {
-      const on = typeof alarm === "object" && alarm !== null ? Boolean(alarm.active ?? alarm.raised ?? alarm.on) : Boolean(alarm);
-      return html`<li class=${on ? "alarm on" : "alarm off"} data-alarm=${name}>
-        <strong>${name}</strong> ${on ? "raised" : "clear"}
-        ${typeof alarm === "object" && alarm !== null && html`<${Fields} value=${alarm} />`}
-      </li>`;
-    })}</ul>
+    <ul class="alarms">${alarms.map((alarm) => html`<li class=${alarm.on ? "alarm on" : "alarm off"}
+        data-alarm=${alarm.name}>
+      <strong>${alarm.name}</strong> ${alarm.on ? "raised" : "clear"}
+      ${alarm.detail && html`<div class="muted">${alarm.detail}</div>`}
+    </li>`)}</ul>
   </${Card}>`;
+}
+
+/** Each check of the health report by its status (the store, the metadata, memory...). */
+function checks(health) {
+  const out = {};
+  for (const [name, value] of Object.entries(health || {})) {
+    if (name === "status" || name === "cluster") continue;
+    out[name] = value && typeof value === "object" && "status" in value ? value.status : value;
+  }
+  return out;
 }
 
 function Cluster() {
@@ -44,25 +50,20 @@ function Cluster() {
 }
 
 function Summary({ overview }) {
-  const { health, role, connections, messages, store, alarms, ...rest } = overview;
-  const status = health && typeof health === "object" ? health.status : health;
+  const { status, role, health, connections, messages, store, alarms } = overview;
   return html`<div class="cards">
     <${Card} title="Health" id="health">
       <p class=${`status ${status === "ok" ? "ok" : "bad"}`}>${text(status)}</p>
-      ${role !== undefined && html`<p>role: <strong id="role">${text(role)}</strong></p>`}
-      ${health && typeof health === "object" && html`<${Fields} value=${health} />`}
+      <p>role: <strong id="role">${text(role)}</strong></p>
+      ${health && html`<${Fields} value=${checks(health)} />`}
     </${Card}>
-    ${connections && html`<${Card} title="Connections" id="connections">
-      ${typeof connections === "object" ? html`<${Fields} value=${connections} />` : num(connections)}
-    </${Card}>`}
-    ${messages && html`<${Card} title="Messages" id="messages-totals"><${Fields} value=${messages} /></${Card}>`}
+    ${connections && html`<${Card} title="Connections" id="connections"><${Fields} value=${connections} /></${Card}>`}
+    ${messages && html`<${Card} title="Messages since start" id="messages-totals"><${Fields} value=${messages} /></${Card}>`}
     ${store && html`<${Card} title="Store" id="store">
-      <dl class="fields">${Object.entries(store).map(([k, v]) => html`<dt>${k}</dt>
-        <dd>${/bytes|free|size|used/.test(k) && typeof v === "number" ? bytes(v) : text(v)}</dd>`)}</dl>
+      <dl class="fields">${Object.entries(store).map(([k, v]) => html`<dt>${k.replace(/_bytes$/, "")}</dt>
+        <dd>${/bytes$/.test(k) ? bytes(v) : text(v)}</dd>`)}</dl>
     </${Card}>`}
     <${Alarms} alarms=${alarms} />
-    ${Object.entries(rest).map(([k, v]) => html`<${Card} title=${k}>
-      ${v && typeof v === "object" ? html`<${Fields} value=${v} />` : text(v)}</${Card}>`)}
   </div>`;
 }
 
