@@ -15,7 +15,8 @@ from aiohttp import web
 
 from core.model import Principal
 
-from . import acl, clients, console_files, dashboard, metrics, sessions, tail, vhosts
+from . import (acl, clients, console_files, dashboard, history, metrics, mqtt_retained,
+               overview, sessions, tail, vhosts)
 from . import handlers as h
 from . import paging
 from .access import Access
@@ -124,6 +125,14 @@ ROUTES: tuple[Route, ...] = (
     R("DELETE", "/session", sessions.sign_out, "Sign out: end the session, clear the cookie",
       "session", A.SESSION, status=204),
 
+    R("GET", "/overview", overview.overview,
+      "The broker at a glance: health, role, connections per protocol, message totals, "
+      "alarms (disk, memory); admins also get store size, disk space and the checks",
+      "service", A.USER, response="Overview"),
+    R("GET", "/overview/history", history.overview_history,
+      f"The last hour, sampled every {history.STEP_S} s: message rates, store size, "
+      "connections per protocol", "service", A.USER, response="OverviewHistory"),
+
     R("GET", "/topics", h.list_topics, "List topics", "topics", A.USER, response="[Topic]",
       **paged("name", query=(Query("internal", "true: include internal topics (%SYS%..., the "
                                    "broker's own state; admins only)", type="boolean"),))),
@@ -202,6 +211,10 @@ ROUTES: tuple[Route, ...] = (
           Query("user", "only this user's clients"),
           Query("connected", "true: only connected clients, not kept sessions",
                 type="boolean")))),
+    R("GET", "/mqtt/retained", mqtt_retained.list_retained,
+      "List MQTT retained messages by topic: size, QoS, when stored (not their bodies)",
+      "clients", A.ADMIN, response="[RetainedMessage]",
+      **paged("topic", query=(Query("prefix", "only topics that start with this"),))),
     R("GET", "/clients/{protocol}/{client_id}", clients.show_client,
       "Show one client: address, user, subscriptions, protocol details", "clients", A.ADMIN,
       response="Client"),

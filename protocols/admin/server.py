@@ -22,7 +22,7 @@ from core.model import Principal
 from core.untrusted import clip
 from protocols import relayed_peers
 
-from . import access, guards, paging, sessions
+from . import access, guards, history, paging, sessions
 from .errors import HttpProblem, error_response
 from .handlers import DEPS, AdminDeps
 from .metrics import METRICS, AdminMetrics
@@ -42,6 +42,7 @@ def build_app(deps: AdminDeps) -> web.Application:
     app[METRICS] = AdminMetrics(deps)
     app[TAILS] = set()
     app[sessions.SESSIONS] = sessions.table_for(deps)
+    history.install(app)
     app.on_shutdown.append(close_tails)
     for route in ROUTES:
         app.router.add_route(route.method, route.path, _guarded(route), name=route.operation_id)

@@ -66,6 +66,9 @@ TABLE = [
          body={"user": "{user}", "password": "{password}"}),
     Cell("GET", "/session", "/session", dict.fromkeys(ROLES, 401)),
     Cell("DELETE", "/session", "/session", dict.fromkeys(ROLES, 401)),
+    Cell("GET", "/overview", "/overview", USERS_200),  # admins get more: test_admin_console_api.py
+    Cell("GET", "/overview/history", "/overview/history", USERS_200),
+    Cell("GET", "/mqtt/retained", "/mqtt/retained", only_admin(200)),
     Cell("GET", "/topics", "/topics", USERS_200),
     Cell("POST", "/topics", "/topics", only_admin(201), body={"name": "new-topic-{n}"}),
     Cell("GET", "/topics/m-topic", "/topics/{topic}",
