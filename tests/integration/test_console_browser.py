@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
-import shutil
 import subprocess
 import threading
 import urllib.request
@@ -18,10 +16,10 @@ from pathlib import Path
 import pytest
 
 from sluice.client import ClientConfig, Message, Producer
+from tests.browser import headless_chromium
 from tests.conftest import CONFIG, Server
 from tests.integration.test_admin_api import Http
 
-CHROMIUM, CHROMEDRIVER = "/usr/bin/chromium", "/usr/bin/chromedriver"
 ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts" / "console"
 WAIT_S = 60
 PAGE_CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
@@ -33,24 +31,7 @@ BACKLOG, WORK = "console-backlog", "console-work"
 
 @pytest.fixture
 def browser(tmp_path):
-    if not (os.path.exists(CHROMIUM) and shutil.which(CHROMEDRIVER)):
-        if os.environ.get("CI"):
-            pytest.fail("Chromium is missing: apt-get install -y chromium chromium-driver")
-        pytest.skip("Chromium is missing: apt-get install -y chromium chromium-driver")
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
-
-    options = webdriver.ChromeOptions()
-    options.binary_location = CHROMIUM
-    for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                 "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                 "--disable-dev-shm-usage", "--window-size=1400,1000",
-                 f"--user-data-dir={tmp_path / 'chromium-profile'}"):
-        options.add_argument(flag)
-    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})  # CSP violations land there
-    driver = webdriver.Chrome(options=options, service=Service(CHROMEDRIVER))
-    yield driver
-    driver.quit()
+    yield from headless_chromium(tmp_path / "chromium-profile", window="1400,1000")
 
 
 @pytest.fixture
@@ -184,12 +165,6 @@ def publish(server: Server, topic: str, body: bytes) -> str:
     return asyncio.run(send())
 
 
-def wait_for(predicate, what: str, timeout: float = WAIT_S):
-    """Poll ``predicate`` (no fixed sleep: each poll is an API call or a process check)."""
-    from selenium.webdriver.support.ui import WebDriverWait
-    return WebDriverWait(None, timeout, poll_frequency=0.2).until(lambda _: predicate(), what)
-
-
 def test_an_administrator_manages_the_broker_from_the_console(broker, browser, shots):
     admin = Http(broker.admin)
     subscriber = start_mosquitto_sub(broker, "console-sub")
@@ -200,10 +175,10 @@ def test_an_administrator_manages_the_broker_from_the_console(broker, browser, s
         fill_backlog(broker, 5, more_queues=60)
         assert admin("POST", "/topics", {"name": "orders", "queue_count": 2})[0] == 201
         msg_id = publish(broker, "orders", json.dumps({"order": 7, "items": ["tea"]}).encode())
-        wait_for(lambda: {c["client_id"] for c in admin("GET", "/clients")[1]} >= {"console-sub"}
-                 and any(c["protocol"] == "amqp" for c in admin("GET", "/clients")[1]),
-                 "mosquitto_sub and pika are not both connected")
         page = Page(browser, broker.admin)
+        page.wait.until(lambda d: {(c["protocol"], c["user"]) for c in admin("GET", "/clients")[1]}
+                        == {("mqtt", "sluice"), ("amqp", "sluice")},
+                        "mosquitto_sub and pika are not both connected")
         page.sign_in("sluice", "sluice")
         assert "sluice (admin)" in page.one("#whoami").text
 

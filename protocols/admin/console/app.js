@@ -2,7 +2,7 @@
 import {
   api, html, idleFor, onSignedOut, render, setIdleLimit, setCsrfToken, useEffect, useState,
 } from "./lib.js";
-import { Problem } from "./components.js";
+import { Problem, useSubmit } from "./components.js";
 import { OverviewPage } from "./overview.js";
 import { ClientsPage } from "./clients.js";
 import { TopicsPage } from "./topics.js";
@@ -38,22 +38,16 @@ function useRoute() {
 function Login({ onSignedIn, notice }) {
   const [user, setUser] = useState("");
   const [password, setPassword] = useState("");
-  const [error, setError] = useState(null);
-  const [busy, setBusy] = useState(false);
-  const submit = async (event) => {
-    event.preventDefault();
-    setBusy(true);
-    setError(null);
+  const form = useSubmit(async () => {
     try {
       const { data } = await api("POST", "/session", { body: { user, password } });
       onSignedIn(data);
     } catch (e) {
-      setError(e.status === 401 ? new Error("Wrong user name or password.") : e);
-      setBusy(false);
+      throw e.status === 401 ? new Error("Wrong user name or password.") : e;
     }
-  };
+  });
   return html`<main class="login-page">
-    <form id="login" class="login" onSubmit=${submit}>
+    <form id="login" class="login" onSubmit=${form.submit}>
       <h1>Sluice</h1>
       ${notice && html`<p class="notice" id="login-notice">${notice}</p>`}
       <label>User <input id="login-user" name="user" autocomplete="username" required
@@ -61,8 +55,8 @@ function Login({ onSignedIn, notice }) {
       <label>Password <input id="login-password" name="password" type="password" required
         autocomplete="current-password" value=${password}
         onInput=${(e) => setPassword(e.currentTarget.value)} /></label>
-      <${Problem} error=${error} />
-      <button id="login-submit" type="submit" disabled=${busy}>Sign in</button>
+      <${Problem} error=${form.error} />
+      <button id="login-submit" type="submit" disabled=${form.busy}>Sign in</button>
     </form>
   </main>`;
 }

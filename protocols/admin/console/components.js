@@ -168,3 +168,22 @@ export function Fields({ value, id }) {
     ${Object.entries(value).map(([k, v]) => html`<dt>${k}</dt><dd>${text(v)}</dd>`)}
   </dl>`;
 }
+
+/** A form whose submit awaits ``action``; shows its error, calls ``onDone`` after. */
+export function useSubmit(action, onDone) {
+  const [error, setError] = useState(null);
+  const [busy, setBusy] = useState(false);
+  const submit = async (event) => {
+    event.preventDefault();
+    setError(null);
+    setBusy(true);
+    try {
+      await action();
+      if (onDone) onDone();
+    } catch (e) {
+      setError(e);
+    }
+    setBusy(false);
+  };
+  return { submit, error, busy };
+}

@@ -2,27 +2,8 @@
 // hosts and users' permissions on them.
 import { api, html, seg, useState } from "./lib.js";
 import {
-  Confirm, Filter, Pager, Problem, Table, useApi, useConfirm, usePaged,
+  Confirm, Filter, Pager, Problem, Table, useApi, useConfirm, usePaged, useSubmit,
 } from "./components.js";
-
-/** A form whose submit awaits ``action``; shows its error, calls ``onDone`` after. */
-function useSubmit(action, onDone) {
-  const [error, setError] = useState(null);
-  const [busy, setBusy] = useState(false);
-  const submit = async (event) => {
-    event.preventDefault();
-    setError(null);
-    setBusy(true);
-    try {
-      await action();
-      if (onDone) onDone();
-    } catch (e) {
-      setError(e);
-    }
-    setBusy(false);
-  };
-  return { submit, error, busy };
-}
 
 function Checks({ options, value, onChange, name }) {
   return html`<span class="checks">${options.map((option) => html`<label><input type="checkbox"
