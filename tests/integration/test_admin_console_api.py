@@ -266,6 +266,10 @@ def test_overview_and_its_history_show_real_mqtt_traffic(broker, admin):
     try:
         wait_for(lambda: admin("GET", "/overview")[1]["connections"]["mqtt"] >= 1,
                  "the MQTT connection shows in the overview")
+        row, = admin("GET", "/clients?q=console-overview&connected=true")[1]
+        assert (row["protocol"], row["user"], row["details"]["mqtt_version"]) == (
+            "mqtt", "sluice", "3.1.1")
+        assert row["address"].startswith("127.0.0.1") and row["details"]["inflight"] == 0
         for n in range(20):
             client.publish("telemetry/console", b"m-%d" % n, qos=1).wait_for_publish(WAIT_S)
 
