@@ -113,6 +113,13 @@ def start_mosquitto_sub(server: Server, client_id: str) -> subprocess.Popen:
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
+def retain(server: Server, topic: str, payload: str) -> None:
+    """Publish a retained QoS 1 message with mosquitto_pub."""
+    host, port = server.mqtt.rsplit(":", 1)
+    subprocess.run(["mosquitto_pub", "-h", host, "-p", port, "-u", "sluice", "-P", "sluice",
+                    "-q", "1", "-r", "-t", topic, "-m", payload], check=True, timeout=WAIT_S)
+
+
 class PikaConsumer(threading.Thread):
     """A pika BlockingConnection consuming ``WORK``; the thread owns the connection."""
 
@@ -175,6 +182,7 @@ def test_an_administrator_manages_the_broker_from_the_console(broker, browser, s
         fill_backlog(broker, 5, more_queues=60)
         assert admin("POST", "/topics", {"name": "orders", "queue_count": 2})[0] == 201
         msg_id = publish(broker, "orders", json.dumps({"order": 7, "items": ["tea"]}).encode())
+        retain(broker, "site/hall/door", "open")
         page = Page(browser, broker.admin)
         page.wait.until(lambda d: {(c["protocol"], c["user"]) for c in admin("GET", "/clients")[1]}
                         == {("mqtt", "sluice"), ("amqp", "sluice")},
@@ -231,6 +239,12 @@ def test_an_administrator_manages_the_broker_from_the_console(broker, browser, s
         page.go("topics/native")
         page.row("topics", "orders")
         screenshot(browser, shots, "topics-native")
+        page.go("topics/retained")
+        assert page.cell_text("retained", "site/hall/door", "qos") == "1"
+        page.one('#retained tr[data-key="site/hall/door"] a').click()  # into the branch site/
+        page.wait.until(lambda d: page.one(".breadcrumb").text.endswith("site"), "no branch")
+        assert page.cell_text("retained", "site/hall/door", "size") == "4 B"
+        screenshot(browser, shots, "topics-retained")
 
         # Messages: look the published message up by id
         page.go("messages")
@@ -301,3 +315,22 @@ def test_a_user_without_admin_rights_sees_only_its_sections(broker, browser, sho
         screenshot(browser, shots, name)
     assert page.csp_violations() == []
     assert page.fetch_status("/clients") == 403  # the API, not only the page, says no
+
+    # The user is deleted while its page is open: the next refresh gets a 401, the form is back
+    page.go("overview")
+    page.one("#chart-rates canvas")
+    assert admin("DELETE", f"/users/{VIEWER}")[0] == 204
+    assert "session ended" in page.one("#login-notice").text
+    assert page.fetch_status("/session") == 401
+
+
+def test_a_page_left_alone_signs_out_after_the_idle_timeout(sluice_server, tmp_path, browser, shots):
+    broker = sluice_server(tmp_path / "data", config=CONFIG + "[admin]\nsession_idle_timeout_s = 3\n")
+    broker.wait_ready()
+    page = Page(browser, broker.admin)
+    page.sign_in("sluice", "sluice")
+    page.one("#chart-rates canvas")  # the overview reads again every few seconds, untouched
+    assert "Signed out after 3 seconds without activity" in page.one("#login-notice").text
+    assert page.fetch_status("/session") == 401
+    assert page.fetch_status("/topics") == 401
+    screenshot(browser, shots, "idle-signed-out")

@@ -1,6 +1,6 @@
 // The console's shell: sign-in form, navigation, hash routing, sign-out and idle timeout.
 import {
-  api, html, idleFor, onSignedOut, render, setIdleLimit, setCsrfToken, useEffect, useState,
+  api, html, isIdle, onSignedOut, render, setIdleLimit, setCsrfToken, useEffect, useState,
 } from "./lib.js";
 import { Problem, useSubmit } from "./components.js";
 import { OverviewPage } from "./overview.js";
@@ -33,6 +33,11 @@ function useRoute() {
     return () => removeEventListener("hashchange", changed);
   }, []);
   return route;
+}
+
+/** Seconds as "90 seconds" or "30 minutes". */
+function duration(seconds) {
+  return seconds < 120 ? `${seconds} seconds` : `${Math.round(seconds / 60)} minutes`;
 }
 
 function Login({ onSignedIn, notice }) {
@@ -98,17 +103,18 @@ function App() {
   };
 
   useEffect(() => {
-    onSignedOut(() => signedOut("Your session ended (signed out, or idle too long). Sign in again."));
     api("GET", "/session").then(({ data }) => signedIn(data)).catch(() => signedOut(null));
   }, []);
 
   useEffect(() => {
     if (!session) return undefined;
-    const limitMs = session.idle_timeout_s * 1000;
+    const idle = `Signed out after ${duration(session.idle_timeout_s)} without activity.`;
+    onSignedOut(() => signedOut(isIdle() ? idle
+      : "Your session ended (signed out elsewhere, or the user changed). Sign in again."));
     const timer = setInterval(() => {
-      if (idleFor(limitMs)) {
+      if (isIdle()) {
         api("DELETE", "/session").catch(() => {});
-        signedOut(`Signed out after ${Math.round(session.idle_timeout_s / 60)} minutes without activity.`);
+        signedOut(idle);
       }
     }, 5000);
     return () => clearInterval(timer);

@@ -106,16 +106,13 @@ for (const event of ["pointerdown", "keydown", "wheel"]) {
   addEventListener(event, () => { lastActivity = Date.now(); }, { passive: true, capture: true });
 }
 
-/**
- * True once nobody touched the page for ``idleMs``: periodic refreshes stop then, so a page
- * left open lets its session reach the server's idle timeout.
- */
-export function idleFor(idleMs) { return Date.now() - lastActivity > idleMs; }
-
 let idleLimitMs = Infinity;
 
-/** The session's idle timeout, from its sign-in answer. */
+/** The session's idle timeout, from its sign-in answer (0: signed out, never idle). */
 export function setIdleLimit(seconds) { idleLimitMs = seconds ? seconds * 1000 : Infinity; }
 
-/** Whether periodic refreshes should pause: the user left the page alone too long. */
-export function isIdle() { return idleFor(idleLimitMs); }
+/**
+ * True once nobody clicked, typed or scrolled in the page for the session's idle timeout:
+ * periodic refreshes stop then, so a page left open still reaches the timeout.
+ */
+export function isIdle() { return Date.now() - lastActivity > idleLimitMs; }
