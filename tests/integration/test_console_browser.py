@@ -194,6 +194,7 @@ def test_an_administrator_manages_the_broker_from_the_console(broker, browser, s
         page.go("clients")
         sub_row = page.row("clients", "mqtt/console-sub")
         assert "sluice" in sub_row.text and "MQTT 5.0" in sub_row.text
+        assert page.cell_text("clients", "mqtt/console-sub", "inflight") == "0"
         page.wait.until(lambda d: page.find("#clients tr[data-key^='amqp/']"), "no AMQP client")
         amqp_rows = page.find("#clients tr[data-key^='amqp/']")
         assert any("AMQP 0-9-1" in row.text for row in amqp_rows)

@@ -55,7 +55,7 @@ function ClientList() {
     { key: "subscriptions", label: "Subscriptions", sortable: false,
       render: (c) => html`<span title=${(c.subscriptions || []).join("\n")}>${(c.subscriptions || []).length}</span>` },
     { key: "inflight", label: "In flight", sortable: false, render: (c) => text(inflight(c)) },
-    { key: "rates", label: "Rates", sortable: false, render: rates },
+    ...(paged.rows.some((c) => rates(c) !== "–") ? [{ key: "rates", label: "Rates", sortable: false, render: rates }] : []),
     { key: "actions", label: "", sortable: false, render: (c) => c.connected && html`<button
         type="button" class="kick danger" onClick=${() => setAsk(kickAsk(c))}>Disconnect</button>` },
   ];
