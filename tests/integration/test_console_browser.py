@@ -105,6 +105,13 @@ class Page:
         return [e["message"] for e in self.driver.get_log("browser") if "Content Security" in e["message"]]
 
 
+SET_INPUT = """
+arguments[0].value = arguments[1];
+arguments[0].dispatchEvent(new Event("input", {bubbles: true}));
+"""
+"""Set an input's value as typing would (a datetime-local field's keys depend on the locale)."""
+
+
 def start_mosquitto_sub(server: Server, client_id: str) -> subprocess.Popen:
     host, port = server.mqtt.rsplit(":", 1)
     return subprocess.Popen(
@@ -183,6 +190,7 @@ def test_an_administrator_manages_the_broker_from_the_console(broker, browser, s
         assert admin("POST", "/topics", {"name": "orders", "queue_count": 2})[0] == 201
         msg_id = publish(broker, "orders", json.dumps({"order": 7, "items": ["tea"]}).encode())
         retain(broker, "site/hall/door", "open")
+        assert admin("POST", "/groups", {"name": "console-group"})[0] == 201
         page = Page(browser, broker.admin)
         page.wait.until(lambda d: {(c["protocol"], c["user"]) for c in admin("GET", "/clients")[1]}
                         == {("mqtt", "sluice"), ("amqp", "sluice")},
@@ -258,6 +266,19 @@ def test_an_administrator_manages_the_broker_from_the_console(broker, browser, s
         page.wait.until(lambda d: any("stored" in r.text for r in page.find("#trace tbody tr")),
                         "the message's trace shows no stored event")
         screenshot(browser, shots, "messages")
+
+        # Groups: move a group's offsets on orders to a time before the message: lag 1
+        page.go("groups/console-group")
+        page.one("#reset-offset input[list]").send_keys("orders")
+        browser.execute_script(SET_INPUT, page.one("#reset-offset input[type=datetime-local]"),
+                               "2020-01-01T00:00:00")
+        page.one("#reset-offset button[type=submit]").click()
+        assert "console-group" in page.one("#confirm").text
+        page.confirm()
+        page.wait.until(lambda d: len(page.find("#group-lag tr[data-key^='orders/']")) == 2,
+                        "no lag per queue of orders")
+        assert sum(int(page.cell_text("group-lag", f"orders/{q}", "lag")) for q in (0, 1)) == 1
+        screenshot(browser, shots, "groups")
 
         # Overview: health and the charts of the last hour, drawn by uPlot
         page.go("overview")
