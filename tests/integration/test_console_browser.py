@@ -27,6 +27,7 @@ PAGE_CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; img-src 's
 CONSOLE_CONFIG = CONFIG + "[core]\nmessage_trace = true\n"
 VIEWER, VIEWER_PASSWORD = "console-viewer", "viewer-pw-1"
 BACKLOG, WORK = "console-backlog", "console-work"
+MARKUP_TOPIC = "site/<img src=x onerror=window.injected=1>"
 
 
 @pytest.fixture
@@ -190,6 +191,7 @@ def test_an_administrator_manages_the_broker_from_the_console(broker, browser, s
         assert admin("POST", "/topics", {"name": "orders", "queue_count": 2})[0] == 201
         msg_id = publish(broker, "orders", json.dumps({"order": 7, "items": ["tea"]}).encode())
         retain(broker, "site/hall/door", "open")
+        retain(broker, MARKUP_TOPIC, "<script>window.injected = 1</script>")
         assert admin("POST", "/groups", {"name": "console-group"})[0] == 201
         page = Page(browser, broker.admin)
         page.wait.until(lambda d: {(c["protocol"], c["user"]) for c in admin("GET", "/clients")[1]}
@@ -253,6 +255,8 @@ def test_an_administrator_manages_the_broker_from_the_console(broker, browser, s
         page.one('#retained tr[data-key="site/hall/door"] a').click()  # into the branch site/
         page.wait.until(lambda d: page.one(".breadcrumb").text.endswith("site"), "no branch")
         assert page.cell_text("retained", "site/hall/door", "size") == "4 B"
+        assert MARKUP_TOPIC in page.row("retained", MARKUP_TOPIC).text  # shown as text
+        assert not page.find("#retained img") and browser.execute_script("return window.injected") is None
         screenshot(browser, shots, "topics-retained")
 
         # Messages: look the published message up by id

@@ -25,7 +25,12 @@ export function usePaged(path, params = {}, { sort: initialSort = "", size = 50,
       .then(({ data, total }) => {
         if (!live) return;
         const rows = Array.isArray(data) ? data : [];
-        setState({ rows, total: total ?? offset + rows.length, loading: false, error: null });
+        const count = total ?? offset + rows.length;
+        if (rows.length === 0 && offset > 0 && count > 0) {
+          setOffset(Math.floor((count - 1) / limit) * limit); // rows went away: the last page
+          return;
+        }
+        setState({ rows, total: count, loading: false, error: null });
       })
       .catch((error) => { if (live) setState((s) => ({ ...s, loading: false, error })); });
     load();
@@ -105,8 +110,8 @@ export function Problem({ error }) {
 export function Confirm({ ask, onClose }) {
   const [busy, setBusy] = useState(false);
   const [error, setError] = useState(null);
-  const yes = useRef(null);
-  useEffect(() => { setError(null); setBusy(false); if (yes.current) yes.current.focus(); }, [ask]);
+  const no = useRef(null);
+  useEffect(() => { setError(null); setBusy(false); if (no.current) no.current.focus(); }, [ask]);
   if (!ask) return null;
   const go = async () => {
     setBusy(true);
@@ -125,8 +130,8 @@ export function Confirm({ ask, onClose }) {
       ${ask.detail && html`<p>${ask.detail}</p>`}
       <${Problem} error=${error} />
       <div class="buttons">
-        <button type="button" id="confirm-no" onClick=${() => onClose(false)}>Cancel</button>
-        <button type="button" id="confirm-yes" class="danger" ref=${yes} disabled=${busy}
+        <button type="button" id="confirm-no" ref=${no} onClick=${() => onClose(false)}>Cancel</button>
+        <button type="button" id="confirm-yes" class="danger" disabled=${busy}
           onClick=${go}>${ask.confirm || "Yes"}</button>
       </div>
     </div>
