@@ -209,6 +209,11 @@ def test_an_administrator_manages_the_broker_from_the_console(broker, browser, s
         amqp_rows = page.find("#clients tr[data-key^='amqp/']")
         assert any("AMQP 0-9-1" in row.text for row in amqp_rows)
         screenshot(browser, shots, "clients")
+        sub_row.find_element("css selector", "td.col-client_id a").click()
+        assert "console/#" in page.one("#client-detail .subscriptions").text
+        screenshot(browser, shots, "client-detail")
+        browser.back()
+        sub_row = page.row("clients", "mqtt/console-sub")
         sub_row.find_element("css selector", "button.kick").click()
         assert "console-sub" in page.one("#confirm").text
         screenshot(browser, shots, "clients-confirm-disconnect")
@@ -225,7 +230,23 @@ def test_an_administrator_manages_the_broker_from_the_console(broker, browser, s
         page.one("#user-create-submit").click()
         assert page.cell_text("users", VIEWER, "admin") == "no"
         assert any(u["name"] == VIEWER and not u["admin"] for u in admin("GET", "/users")[1])
+        page.row("users", VIEWER).find_element("css selector", "button.permissions").click()
+        page.one("#grant-pattern").send_keys("orders")
+        page.one("#grant button[type=submit]").click()
+        page.one('#permissions tr[data-key="topic/orders"]')
+        assert [(p["kind"], p["pattern"], p["actions"]) for p in
+                admin("GET", f"/users/{VIEWER}/permissions")[1]] == [("topic", "orders", ["subscribe"])]
         screenshot(browser, shots, "users")
+        page.go("users/acl")
+        page.one("#acl-pattern").send_keys("site/%u/#")
+        page.one("#acl-add button[type=submit]").click()
+        page.row("acl", "*/allow/site/%u/#")
+        page.go("users/vhosts")
+        page.one("#new-vhost").send_keys("console-vhost")
+        page.one("#vhost-create button[type=submit]").click()
+        page.row("vhosts", "console-vhost")
+        assert "console-vhost" in {v["name"] for v in admin("GET", "/vhosts")[1]}
+        screenshot(browser, shots, "users-vhosts")
 
         # Topics & queues, AMQP: 62 queues a page of 50 at a time, filtered; purge the backlog
         page.go("topics/amqp")
@@ -248,8 +269,10 @@ def test_an_administrator_manages_the_broker_from_the_console(broker, browser, s
         assert page.cell_text("queues", f"//{WORK}", "consumers") == "1"
         screenshot(browser, shots, "topics-amqp")
         page.go("topics/native")
-        page.row("topics", "orders")
-        screenshot(browser, shots, "topics-native")
+        page.row("topics", "orders").find_element("css selector", "a").click()
+        page.one('#topic-queues tr[data-key="1"]')
+        assert sum(int(page.cell_text("topic-queues", str(q), "messages")) for q in (0, 1)) == 1
+        screenshot(browser, shots, "topic-detail")
         page.go("topics/retained")
         assert page.cell_text("retained", "site/hall/door", "qos") == "1"
         page.one('#retained tr[data-key="site/hall/door"] a').click()  # into the branch site/

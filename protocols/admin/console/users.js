@@ -60,10 +60,10 @@ function Permissions({ user }) {
         detail: "It takes effect on the user's next request and next connection.",
         run: () => api("DELETE", `/users/${seg(user)}/permissions`, { params: { kind: p.kind, pattern: p.pattern } }),
       })}>Revoke</button>` }]} />
-    <form class="inline-form" onSubmit=${form.submit}>
+    <form class="inline-form" id="grant" onSubmit=${form.submit}>
       <label>Kind <select value=${kind} onChange=${(e) => setKind(e.currentTarget.value)}>
         <option value="topic">topic</option><option value="group">group</option></select></label>
-      <label>Pattern <input required placeholder="orders.* or a name" value=${pattern}
+      <label>Pattern <input id="grant-pattern" required placeholder="orders-* or a name" value=${pattern}
         onInput=${(e) => setPattern(e.currentTarget.value)} /></label>
       <${Checks} options=${["publish", "subscribe", "admin"]} value=${actions} onChange=${setActions} />
       <button type="submit" disabled=${form.busy}>Grant</button>
@@ -121,7 +121,7 @@ function Acl() {
   return html`<form class="inline-form" id="acl-add" onSubmit=${form.submit}>
       <h4>New rule</h4>
       <label>User <input required value=${user} onInput=${(e) => setUser(e.currentTarget.value)} /></label>
-      <label>Topic filter <input required placeholder="devices/%u/#" value=${pattern}
+      <label>Topic filter <input id="acl-pattern" required placeholder="devices/%u/#" value=${pattern}
         onInput=${(e) => setPattern(e.currentTarget.value)} /></label>
       <${Checks} options=${["publish", "subscribe"]} value=${actions} onChange=${setActions} />
       <label>Effect <select value=${effect} onChange=${(e) => setEffect(e.currentTarget.value)}>
@@ -183,7 +183,7 @@ function Vhosts() {
     })}>Delete</button>` },
   ];
   return html`<form class="inline-form" id="vhost-create" onSubmit=${form.submit}>
-      <label>New vhost <input required value=${name} onInput=${(e) => setName(e.currentTarget.value)} /></label>
+      <label>New vhost <input id="new-vhost" required value=${name} onInput=${(e) => setName(e.currentTarget.value)} /></label>
       <button type="submit" disabled=${form.busy}>Create</button>
       <${Problem} error=${form.error} />
     </form>
