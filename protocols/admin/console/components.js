@@ -88,7 +88,7 @@ export function Table({ paged, columns, rowKey, onPick, id, empty = "nothing to 
     <thead><tr>${columns.map(header)}</tr></thead>
     <tbody>
       ${rows.length === 0 && html`<tr class="empty"><td colspan=${columns.length}>${empty}</td></tr>`}
-      ${rows.map((row) => html`<tr data-key=${rowKey ? rowKey(row) : undefined}
+      ${rows.map((row, index) => html`<tr key=${rowKey ? rowKey(row) : index} data-key=${rowKey ? rowKey(row) : undefined}
           class=${onPick ? "pickable" : undefined} onClick=${onPick ? () => onPick(row) : undefined}>
         ${columns.map((c) => html`<td class=${`col-${c.key}`}>${c.render ? c.render(row) : text(row[c.key])}</td>`)}
       </tr>`)}
