@@ -1,6 +1,6 @@
 // Building blocks shared by the pages: server-side paged lists, sortable tables, page
 // controls, confirmation dialogs and error notices.
-import { api, html, isIdle, text, useCallback, useEffect, useRef, useState } from "./lib.js";
+import { api, html, isIdle, num, text, useCallback, useEffect, useRef, useState } from "./lib.js";
 
 export const PAGE_SIZES = [25, 50, 100, 250];
 
@@ -60,7 +60,7 @@ export function Pager({ paged }) {
   return html`<div class="pager">
     <button type="button" class="prev" disabled=${offset === 0}
       onClick=${() => paged.setOffset(Math.max(0, offset - limit))}>‹ previous</button>
-    <span class="range">${total === 0 ? "none" : `${offset + 1}–${last} of ${total}`}</span>
+    <span class="range">${total === 0 ? "none" : `${num(offset + 1)}–${num(last)} of ${num(total)}`}</span>
     <button type="button" class="next" disabled=${last >= total}
       onClick=${() => paged.setOffset(offset + limit)}>next ›</button>
     <select aria-label="rows per page" value=${limit}
