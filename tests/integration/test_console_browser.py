@@ -259,6 +259,10 @@ def test_an_administrator_manages_the_broker_from_the_console(broker, browser, s
         page.wait.until(lambda d: page.one(f"{pager} .range").text == "51–62 of 62", "no second page")
         page.one("#queues-filter").send_keys("CONSOLE-")  # case does not matter
         page.wait.until(lambda d: page.one(f"{pager} .range").text == "1–2 of 2", "the filter")
+        assert page.find("#queues tbody tr")[0].get_attribute("data-key") == f"//{BACKLOG}"
+        page.one("#queues th[data-sort=name] button").click()  # by name, now descending
+        page.wait.until(lambda d: page.find("#queues tbody tr")[0].get_attribute("data-key") == f"//{WORK}",
+                        "sorting by name in reverse")
         key = f"//{BACKLOG}"
         page.wait.until(lambda d: page.cell_text("queues", key, "messages_ready") == "5",
                         "the backlog queue does not show 5 ready messages")

@@ -79,9 +79,11 @@ export function Table({ paged, columns, rowKey, onPick, id, empty = "nothing to 
   const header = (column) => {
     if (column.sortable === false || !paged) return html`<th>${column.label}</th>`;
     const field = column.sort || column.key;
-    const mark = paged.sort === field ? " ▲" : paged.sort === `-${field}` ? " ▼" : "";
-    return html`<th class="sortable" data-sort=${field}
-      onClick=${() => paged.setSort(paged.sort === field ? `-${field}` : field)}>${column.label}${mark}</th>`;
+    const order = paged.sort === field ? "ascending" : paged.sort === `-${field}` ? "descending" : undefined;
+    return html`<th class="sortable" data-sort=${field} aria-sort=${order}>
+      <button type="button" class="sort" title="sort by this column; again for the reverse order"
+        onClick=${() => paged.setSort(paged.sort === field ? `-${field}` : field)}>
+        ${column.label}${order === "ascending" ? " ▲" : order === "descending" ? " ▼" : ""}</button></th>`;
   };
   const rows = paged ? paged.rows : [];
   return html`<table id=${id} class=${paged && paged.loading ? "data loading" : "data"}>
