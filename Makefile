@@ -9,7 +9,7 @@ DEMO_STAMP := $(VENV)/.demo-stamp
 DOCS_STAMP := $(VENV)/.docs-stamp
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: test bench fuzz run demo cluster docs clean
+.PHONY: test bench fuzz run demo cluster docs clean console-vendor
 
 $(RUN_STAMP): pyproject.toml
 	test -d $(VENV) || python3 -m venv $(VENV)
@@ -60,6 +60,11 @@ demo: $(DEMO_STAMP)
 # anchor) an error. The settings reference is generated from the code (mkdocs_hooks.py).
 docs: $(DOCS_STAMP)
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --site-dir site
+
+# The admin console's browser libraries (preact, htm, uPlot) from the npm registry at the versions
+# protocols/admin/console/vendor/package.json pins; needs npm. The copies are committed.
+console-vendor:
+	protocols/admin/console/vendor/refresh.sh
 
 clean:
 	rm -rf $(VENV) build dist site *.egg-info .pytest_cache .hypothesis

@@ -75,6 +75,10 @@ class ClientDirectory:
         """Connections open now, over every protocol."""
         return sum(source.connected_count() for source in self._sources.values())
 
+    def connected_by_protocol(self) -> dict[str, int]:
+        """Connections open now, per protocol."""
+        return {name: source.connected_count() for name, source in sorted(self._sources.items())}
+
     def list(self, protocol: str | None = None, user: str | None = None) -> list[ClientView]:
         """Clients sorted by protocol and id, optionally of one protocol or one user."""
         found = [view for name, source in sorted(self._sources.items())

@@ -11,10 +11,12 @@ The rule, kept deliberately simple:
   decided by core (as for any consumer) before the topic is looked up, so a refusal says nothing
   about whether the topic exists.
 - ``ADMIN``: every write, and everything about users and permissions.
+- ``SESSION``: ``/session`` itself, a browser's sign-in (``sessions.py``).
 
-Credentials go with every request (curl ``-u``, the CLI, the dashboard's own sign-in form): the
-API never answers with a ``WWW-Authenticate: Basic`` challenge, so browsers neither prompt nor
-keep credentials that other sites' pages could make them replay.
+Credentials go with every request (curl ``-u``, the CLI, the dashboard's own sign-in form), or
+a browser signs in once and sends the session cookie, with the CSRF token on writes
+(``sessions.py``): the API never answers with a ``WWW-Authenticate: Basic`` challenge, so
+browsers neither prompt nor keep credentials that other sites' pages could make them replay.
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ class Access(enum.Enum):
     GROUP = "group"
     SUBSCRIBE = "subscribe"
     ADMIN = "admin"
+    SESSION = "session"
 
     @property
     def describe(self) -> str:
@@ -54,6 +57,9 @@ class Access(enum.Enum):
             Access.GROUP: "An admin user, or a user with any permission matching the group.",
             Access.SUBSCRIBE: "An admin user, or a user with the subscribe right on the topic.",
             Access.ADMIN: "An admin user.",
+            Access.SESSION: "Your own browser session: signing in takes user and password in "
+                            "the body; showing and ending it take the session cookie (ending "
+                            "it, a write, also the X-CSRF-Token header).",
         }[self]
 
 
@@ -89,7 +95,7 @@ def may_read(principal: Principal, kind: ResourceKind, name: str) -> bool:
 def check(principal: Principal, access: Access, request: web.Request, broker: Any) -> None:
     """Raise AccessDenied unless ``principal`` satisfies ``access`` for this request; ``broker``
     (the core facade) decides the subscribe right. Runs on the event loop; no I/O."""
-    if access in (Access.PUBLIC, Access.USER) or principal.admin:
+    if access in (Access.PUBLIC, Access.USER, Access.SESSION) or principal.admin:
         return
     if access is Access.ADMIN:
         raise AccessDenied(f"user {principal.user!r} is not an admin; this call needs an admin "

@@ -52,6 +52,11 @@ class AdminDeps:
     """AMQP virtual hosts, their permissions, queues and connections (``vhosts.py``)."""
     cluster: ClusterView | None = None
     """This node's place in its replica group; None for a broker of its own."""
+    retained: Any = None
+    """The MQTT retained messages (``protocols.mqtt.retained.RetainedMessages``: ``listing``);
+    None without MQTT."""
+    session_idle_timeout_s: int = 1800
+    """A browser session ends after this many seconds without a request (``sessions.py``)."""
 
 
 class ClusterView(Protocol):
@@ -163,18 +168,22 @@ async def health(request: web.Request, principal: Principal) -> web.Response:
     """Store, metadata and memory status; 503 when the store or metadata fails, and 503
     ``degraded`` (with what is wrong) while the store or the metadata database cannot write or
     the memory alarm is on (publishers are blocked then)."""
-    d = deps(request)
+    report = await health_report(deps(request))
+    return web.json_response(report, status=200 if report["status"] == "ok" else 503)
+
+
+async def health_report(d: AdminDeps) -> dict[str, Any]:
+    """What ``/health`` answers: ``status`` ok, degraded or failing, and each check."""
     metadata = await _check_metadata(d)
     memory = _check_memory(d.broker)
     degraded = getattr(d.store, "degraded", None)
     cluster = {"cluster": d.cluster.health()} if d.cluster is not None else {}
     if degraded or memory.get("alarm") or metadata["status"] == "degraded":
-        return web.json_response({"status": "degraded", "store": degraded or _check_store(d.store),
-                                  "metadata": metadata, "memory": memory, **cluster}, status=503)
+        return {"status": "degraded", "store": degraded or _check_store(d.store),
+                "metadata": metadata, "memory": memory, **cluster}
     checks = {"store": _check_store(d.store), "metadata": metadata}
     ok = all(c["status"] == "ok" for c in checks.values())
-    return web.json_response({"status": "ok" if ok else "failing", **checks, "memory": memory,
-                              **cluster}, status=200 if ok else 503)
+    return {"status": "ok" if ok else "failing", **checks, "memory": memory, **cluster}
 
 
 async def cluster(request: web.Request, principal: Principal) -> web.Response:

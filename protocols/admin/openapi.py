@@ -123,6 +123,35 @@ SCHEMAS: dict[str, dict[str, Any]] = {
     "AmqpChannel": _obj([], connection=_STR, number=_INT, user=_STR, vhost=_STR, peer=_STR,
                         consumers=_INT, messages_unacknowledged=_INT, prefetch_count=_INT,
                         global_prefetch_count=_INT, confirm=_BOOL, messages_unconfirmed=_INT),
+    "Overview": _obj(
+        ["status", "role", "connections", "messages", "alarms"],
+        status={"type": "string", "enum": ["ok", "degraded", "failing"]},
+        role={"type": "string", "description": "standalone, or the node's role in its group"},
+        connections={"type": "object", "additionalProperties": _INT,
+                     "description": "open connections per protocol, and total"},
+        messages=_obj([], published=_INT, delivered=_INT, acked=_INT),
+        alarms=_list(_obj(["name", "on"], name={"type": "string", "enum": ["disk", "memory"]},
+                          on=_BOOL, detail={"type": "string", "description": "admins only"})),
+        health={"type": "object", "description": "admins only: what /health answers"},
+        cluster={"type": "object", "nullable": True, "description": "admins only"},
+        store={**_obj([], bytes={"type": "integer", "nullable": True}, disk_free_bytes=_INT,
+                      disk_total_bytes=_INT), "description": "admins only"}),
+    "OverviewHistory": _obj(
+        ["step_s", "t", "series"], step_s=_INT,
+        t={**_list(_INT), "description": "sample times, seconds since the epoch, oldest first"},
+        series={"type": "object", "additionalProperties": _list({"type": "number",
+                                                                 "nullable": True}),
+                "description": "one value per time: published_per_s, delivered_per_s, "
+                               "acked_per_s, store_bytes, connections_mqtt, connections_amqp, "
+                               "connections_native"}),
+    "RetainedMessage": _obj(["topic", "size", "qos", "stored_ms"], topic=_STR, size=_INT,
+                            qos=_INT, stored_ms=_INT),
+    "SessionLogin": _obj(["user", "password"], user=_STR, password=_STR),
+    "Session": _obj(["user", "admin", "csrf_token", "idle_timeout_s"], user=_STR, admin=_BOOL,
+                    csrf_token={"type": "string", "description": "send it as X-CSRF-Token with "
+                                "every write made with the session cookie"},
+                    idle_timeout_s={"type": "integer", "description": "the session ends after "
+                                    "this many seconds without a request"}),
     "AclRule": _obj([], user=_STR, pattern=_STR, actions=_ACTIONS,
                     effect={"type": "string", "enum": ["allow", "deny"]}),
     "AclRuleCreate": _obj(
@@ -144,11 +173,15 @@ def document(routes: Any) -> dict[str, Any]:
         "openapi": "3.0.3",
         "info": {"title": TITLE, "version": VERSION,
                  "description": "Manage topics, consumer groups, users and permissions; look up "
-                                "messages; read health and metrics. Authenticate with HTTP Basic."},
+                                "messages; read health and metrics. Authenticate with HTTP Basic, "
+                                "or sign a browser in with POST /session and send the session "
+                                "cookie (writes also carry X-CSRF-Token)."},
         "paths": paths,
         "components": {"schemas": SCHEMAS,
-                       "securitySchemes": {"basic": {"type": "http", "scheme": "basic"}}},
-        "security": [{"basic": []}],
+                       "securitySchemes": {
+                           "basic": {"type": "http", "scheme": "basic"},
+                           "session": {"type": "apiKey", "in": "cookie", "name": "sluice_session"}}},
+        "security": [{"basic": []}, {"session": []}],
     }
 
 
@@ -167,8 +200,10 @@ def _operation(route: Any) -> dict[str, Any]:
     if route.body:
         operation["requestBody"] = {"required": True, "content": {
             "application/json": {"schema": _ref(route.body)}}}
-    if route.access is Access.PUBLIC:
+    if route.access is Access.PUBLIC or (route.access is Access.SESSION and route.body):
         operation["security"] = []
+    elif route.access is Access.SESSION:
+        operation["security"] = [{"session": []}]
     return operation
 
 

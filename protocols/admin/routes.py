@@ -15,8 +15,10 @@ from aiohttp import web
 
 from core.model import Principal
 
-from . import acl, clients, dashboard, metrics, tail, vhosts
+from . import (acl, clients, console_files, dashboard, history, metrics, mqtt_retained,
+               overview, sessions, tail, vhosts)
 from . import handlers as h
+from . import paging
 from .access import Access
 
 Handler = Callable[[web.Request, Principal], Awaitable[Any]]
@@ -56,6 +58,8 @@ class Route:
     query: tuple[Query, ...] = ()
     headers: tuple[Header, ...] = ()
     """Headers of the success response."""
+    search: tuple[str, ...] = ()
+    """The row fields ``?q=`` searches; a route naming some is a paged list (``paging.py``)."""
 
     @property
     def operation_id(self) -> str:
@@ -76,6 +80,21 @@ IN_TOPIC = Query("topic", "only the message of this topic with the id (producers
                  "several topics may hold one)")
 LINK_NEXT = Header("Link", 'while more messages follow: <URL>; rel="next", URL being this '
                    "lookup with after=CURSOR")
+PAGE = (Query("limit", f"at most this many rows: 1-{paging.MAX_LIMIT} (default: all)",
+               type="integer"),
+        Query("offset", "skip this many rows first (default 0)", type="integer"),
+        Query("sort", "order by this field of the rows; -FIELD for descending"),
+        Query("q", "only rows whose identifying text holds this (case-insensitive)"))
+TOTAL = Header(paging.TOTAL_HEADER, "the number of rows after filtering with q, before limit "
+               "and offset")
+
+
+def paged(*search: str, query: tuple[Query, ...] = ()) -> dict[str, Any]:
+    """A paged list route's ``query`` (its own, then the paging ones), ``headers`` and
+    ``search`` (the fields ``q`` searches)."""
+    return {"query": (*query, *PAGE), "headers": (TOTAL,), "search": search}
+
+
 ROUTES: tuple[Route, ...] = (
     R("GET", "/health", h.health, "Store and metadata status (503 when failing)", "service",
       A.PUBLIC, response="Health"),
@@ -88,11 +107,35 @@ ROUTES: tuple[Route, ...] = (
       "console", A.PUBLIC, response="html"),
     R("GET", "/dashboard/{asset}", dashboard.asset, "The dashboard's script and style sheet",
       "console", A.PUBLIC, response="asset"),
+    R("GET", "/console", console_files.console_page,
+      "The web console (HTML): sign in, then clients, topics, queues, groups, messages, users",
+      "console", A.PUBLIC, response="html"),
+    R("GET", "/console/{file}", console_files.console_asset,
+      "The console's modules and style sheet", "console", A.PUBLIC, response="asset"),
+    R("GET", "/console/vendor/{file}", console_files.console_vendor_asset,
+      "The libraries the console loads (preact, htm, uPlot)", "console", A.PUBLIC,
+      response="asset"),
     R("GET", "/openapi.json", openapi, "This document", "service", A.PUBLIC, response="object"),
+    R("POST", "/session", sessions.sign_in,
+      "Sign a browser in: check user and password (throttled like every login), set the "
+      "session cookie; writes with the cookie send the answer's csrf_token as X-CSRF-Token",
+      "session", A.SESSION, body="SessionLogin", response="Session"),
+    R("GET", "/session", sessions.show, "The browser session of the cookie (401 without one)",
+      "session", A.SESSION, response="Session"),
+    R("DELETE", "/session", sessions.sign_out, "Sign out: end the session, clear the cookie",
+      "session", A.SESSION, status=204),
+
+    R("GET", "/overview", overview.overview,
+      "The broker at a glance: health, role, connections per protocol, message totals, "
+      "alarms (disk, memory); admins also get store size, disk space and the checks",
+      "service", A.USER, response="Overview"),
+    R("GET", "/overview/history", history.overview_history,
+      f"The last hour, sampled every {history.STEP_S} s: message rates, store size, "
+      "connections per protocol", "service", A.USER, response="OverviewHistory"),
 
     R("GET", "/topics", h.list_topics, "List topics", "topics", A.USER, response="[Topic]",
-      query=(Query("internal", "true: include internal topics (%SYS%..., the broker's own "
-                   "state; admins only)", type="boolean"),)),
+      **paged("name", query=(Query("internal", "true: include internal topics (%SYS%..., the "
+                                   "broker's own state; admins only)", type="boolean"),))),
     R("POST", "/topics", h.create_topic, "Create a topic", "topics", A.ADMIN, status=201,
       body="TopicCreate", response="Topic"),
     R("GET", "/topics/{topic}", h.describe_topic, "Describe a topic with per-queue offset ranges",
@@ -122,7 +165,7 @@ ROUTES: tuple[Route, ...] = (
       response="MessageTrace", query=(IN_TOPIC,)),
 
     R("GET", "/groups", h.list_groups, "List consumer groups", "groups", A.USER,
-      response="[Group]"),
+      response="[Group]", **paged("name")),
     R("POST", "/groups", h.create_group, "Create a consumer group", "groups", A.ADMIN,
       status=201, body="GroupCreate", response="Group"),
     R("GET", "/groups/{group}", h.describe_group,
@@ -134,7 +177,8 @@ ROUTES: tuple[Route, ...] = (
       "Move a group's committed offsets on a topic to a time", "groups", A.ADMIN,
       body="ResetOffset", response="ResetResult"),
 
-    R("GET", "/users", h.list_users, "List users", "users", A.ADMIN, response="[User]"),
+    R("GET", "/users", h.list_users, "List users", "users", A.ADMIN, response="[User]",
+      **paged("name")),
     R("POST", "/users", h.create_user, "Create a user", "users", A.ADMIN, status=201,
       body="UserCreate", response="User"),
     R("DELETE", "/users/{user}", h.delete_user, "Delete a user", "users", A.ADMIN, status=204),
@@ -150,8 +194,8 @@ ROUTES: tuple[Route, ...] = (
              Query("pattern", "the granted pattern, exactly as granted", required=True))),
 
     R("GET", "/acl", acl.list_rules, "List access-control rules on MQTT topics", "acl", A.ADMIN,
-      response="[AclRule]",
-      query=(Query("user", "only the rules that apply to this user (its own and everyone's)"),)),
+      response="[AclRule]", **paged("user", "pattern", query=(
+          Query("user", "only the rules that apply to this user (its own and everyone's)"),))),
     R("POST", "/acl", acl.add_rule, "Add an access-control rule (allow or deny)", "acl", A.ADMIN,
       status=201, body="AclRuleCreate", response="AclRule"),
     R("DELETE", "/acl", acl.remove_rule, "Remove an access-control rule", "acl", A.ADMIN,
@@ -162,11 +206,15 @@ ROUTES: tuple[Route, ...] = (
 
     R("GET", "/clients", clients.list_clients,
       "List connected clients and kept sessions of every protocol", "clients", A.ADMIN,
-      response="[Client]",
-      query=(Query("protocol", "only this protocol's clients (mqtt, amqp, native)"),
-             Query("user", "only this user's clients"),
-             Query("connected", "true: only connected clients, not kept sessions",
-                   type="boolean"))),
+      response="[Client]", **paged("client_id", "user", "address", "protocol", query=(
+          Query("protocol", "only this protocol's clients (mqtt, amqp, native)"),
+          Query("user", "only this user's clients"),
+          Query("connected", "true: only connected clients, not kept sessions",
+                type="boolean")))),
+    R("GET", "/mqtt/retained", mqtt_retained.list_retained,
+      "List MQTT retained messages by topic: size, QoS, when stored (not their bodies)",
+      "clients", A.ADMIN, response="[RetainedMessage]",
+      **paged("topic", query=(Query("prefix", "only topics that start with this"),))),
     R("GET", "/clients/{protocol}/{client_id}", clients.show_client,
       "Show one client: address, user, subscriptions, protocol details", "clients", A.ADMIN,
       response="Client"),
@@ -176,7 +224,7 @@ ROUTES: tuple[Route, ...] = (
 
     R("GET", "/vhosts", vhosts.list_vhosts,
       "List AMQP virtual hosts (a user sees those it has a permission on)", "vhosts", A.USER,
-      response="[Vhost]"),
+      response="[Vhost]", **paged("name")),
     R("POST", "/vhosts", vhosts.create_vhost, "Create a virtual host", "vhosts", A.ADMIN,
       status=201, body="VhostCreate", response="Vhost"),
     R("DELETE", "/vhosts/{vhost}", vhosts.delete_vhost,
@@ -184,18 +232,18 @@ ROUTES: tuple[Route, ...] = (
       A.ADMIN, status=204),
     R("GET", "/vhost-permissions", vhosts.list_vhost_permissions,
       "List users' permissions on virtual hosts", "vhosts", A.ADMIN,
-      response="[VhostPermission]",
-      query=(Query("vhost", "only this virtual host's"), Query("user", "only this user's"))),
+      response="[VhostPermission]", **paged("user", "vhost", query=(
+          Query("vhost", "only this virtual host's"), Query("user", "only this user's")))),
     R("PUT", "/vhosts/{vhost}/permissions/{user}", vhosts.set_vhost_permission,
       "Set a user's configure / write / read expressions on a virtual host", "vhosts", A.ADMIN,
       body="VhostPermissionSet", response="VhostPermission"),
     R("DELETE", "/vhosts/{vhost}/permissions/{user}", vhosts.clear_vhost_permission,
       "Clear a user's permission on a virtual host", "vhosts", A.ADMIN, status=204),
     R("GET", "/exchanges", vhosts.list_exchanges, "List AMQP exchanges", "amqp", A.ADMIN,
-      response="[Exchange]", query=(VH,)),
+      response="[Exchange]", **paged("vhost", "name", "type", query=(VH,))),
     R("GET", "/queues", vhosts.list_queues,
       "List AMQP queues: messages ready and unacknowledged, consumers, totals and rates",
-      "amqp", A.ADMIN, response="[AmqpQueue]", query=(VH,)),
+      "amqp", A.ADMIN, response="[AmqpQueue]", **paged("vhost", "name", query=(VH,))),
     R("GET", "/queues/{vhost}/{queue}", vhosts.show_queue, "Show one AMQP queue", "amqp",
       A.ADMIN, response="AmqpQueue"),
     R("DELETE", "/queues/{vhost}/{queue}", vhosts.delete_queue,
@@ -207,9 +255,11 @@ ROUTES: tuple[Route, ...] = (
       "Purge an AMQP queue: settle every ready message (the log keeps them)", "amqp", A.ADMIN,
       response="MessageCount"),
     R("GET", "/bindings", vhosts.list_bindings, "List AMQP bindings", "amqp", A.ADMIN,
-      response="[AmqpBinding]", query=(VH,)),
+      response="[AmqpBinding]",
+      **paged("vhost", "source", "destination", "routing_key", query=(VH,))),
     R("GET", "/amqp/connections", vhosts.list_amqp_connections, "List AMQP connections",
-      "amqp", A.ADMIN, response="[AmqpConnection]"),
+      "amqp", A.ADMIN, response="[AmqpConnection]",
+      **paged("id", "user", "peer", "vhost", "connection_name")),
     R("GET", "/amqp/channels", vhosts.list_channels, "List AMQP channels", "amqp", A.ADMIN,
-      response="[AmqpChannel]"),
+      response="[AmqpChannel]", **paged("connection", "user", "vhost", "peer")),
 )

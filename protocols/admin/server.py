@@ -2,8 +2,9 @@
 
 Every request first passes ``guards.py`` (cross-origin writes refused, bodies bounded, security
 headers on every response). Every route's handler is wrapped once: check the body's media type,
-authenticate (HTTP Basic, checked and throttled by core's ``Broker.authenticate``), check the
-route's access rule, run the handler, encode JSON. Errors, including aiohttp's own 404/405,
+authenticate (HTTP Basic, checked and throttled by core's ``Broker.authenticate``, or a browser
+session's cookie with its CSRF token on writes, ``sessions.py``), check the route's access rule,
+run the handler, encode JSON. Errors, including aiohttp's own 404/405,
 leave as JSON bodies through ``errors.py``.
 """
 
@@ -21,10 +22,11 @@ from core.model import Principal
 from core.untrusted import clip
 from protocols import relayed_peers
 
-from . import access, guards
+from . import access, guards, history, paging, sessions
 from .errors import HttpProblem, error_response
 from .handlers import DEPS, AdminDeps
 from .metrics import METRICS, AdminMetrics
+from .openapi import SCHEMAS
 from .routes import ROUTES, Route
 from .tail import TAILS, close_tails
 
@@ -39,6 +41,8 @@ def build_app(deps: AdminDeps) -> web.Application:
     app[DEPS] = deps
     app[METRICS] = AdminMetrics(deps)
     app[TAILS] = set()
+    app[sessions.SESSIONS] = sessions.table_for(deps)
+    history.install(app)
     app.on_shutdown.append(close_tails)
     for route in ROUTES:
         app.router.add_route(route.method, route.path, _guarded(route), name=route.operation_id)
@@ -46,19 +50,26 @@ def build_app(deps: AdminDeps) -> web.Application:
 
 
 def _guarded(route: Route) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
+    sort_fields = paging.sortable(SCHEMAS[route.response.strip("[]")]) if route.search else ()
+
     async def handle(request: web.Request) -> web.StreamResponse:
         if route.body is not None:
             guards.require_json(request)
         principal = access.ANONYMOUS
-        if route.access is not access.Access.PUBLIC:
+        if route.access not in (access.Access.PUBLIC, access.Access.SESSION):
             principal = await _authenticate(request)
             access.check(principal, route.access, request, request.app[DEPS].broker)
+        page = paging.parse(request.query, route.search, sort_fields) if route.search else None
         result = await route.handler(request, principal)
         if isinstance(result, web.StreamResponse):
             return result
         if route.status == 204:
             return web.Response(status=204)
-        return web.json_response(result, status=route.status, dumps=_dumps)
+        headers = {}
+        if page is not None:
+            total, result = page.apply(result)
+            headers[paging.TOTAL_HEADER] = str(total)
+        return web.json_response(result, status=route.status, headers=headers, dumps=_dumps)
 
     handle.__name__ = route.operation_id
     return handle
@@ -67,8 +78,11 @@ def _guarded(route: Route) -> Callable[[web.Request], Awaitable[web.StreamRespon
 async def _authenticate(request: web.Request) -> Principal:
     given = access.credentials(request)
     if given is None:
-        raise Unauthenticated("this call needs a user: send HTTP Basic credentials "
-                              "(the first start creates sluice/sluice)")
+        token = request.cookies.get(sessions.COOKIE)
+        if token is not None:
+            return (await sessions.principal_of(request, token))[0]
+        raise Unauthenticated("this call needs a user: send HTTP Basic credentials (the first "
+                              "start creates sluice/sluice), or sign in with POST /session")
     user, password = given
     return await request.app[DEPS].broker.authenticate(user, password, relayed_peers.remote(request))
 

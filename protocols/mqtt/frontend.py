@@ -72,7 +72,8 @@ class MqttFrontend:
                 f"$share/{o.share}/{o.topic_filter}" if o.share is not None else o.topic_filter
                 for o in session.subscriptions.values()))
             details: dict[str, object] = {"persistent": session.persistent,
-                                          "session_expiry_s": session.expiry_s}
+                                          "session_expiry_s": session.expiry_s,
+                                          "inflight": session.inflight}
             if link is not None:
                 details |= link.details()
             yield ClientView(PROTOCOL, client_id, session.owner or "",

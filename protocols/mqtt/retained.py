@@ -26,8 +26,8 @@ from .mapping import Inbound, from_stored, now_ms
 from .session_store import RETAINED_QUEUE
 
 
-_Retained = tuple[str, bytes, Mapping[str, str]]
-"""(MQTT topic, payload, stored properties) of one retained message."""
+_Retained = tuple[str, bytes, Mapping[str, str], int]
+"""(MQTT topic, payload, stored properties, stored ms since the epoch) of one retained message."""
 
 
 def as_retained(message: OutgoingMessage, topic: str) -> OutgoingMessage:
@@ -68,7 +68,7 @@ class RetainedMessages:
         for message in state.load(RETAINED_QUEUE):
             topic = message.keys[0] if message.keys else ""
             if topic and not from_stored(topic, b"", message.properties).expired(now):
-                self._put(topic, message.body, message.properties)
+                self._put(topic, message.body, message.properties, message.store_ts)
 
     # ---------------------------------------------------------------- limits
 
@@ -102,15 +102,16 @@ class RetainedMessages:
     # ---------------------------------------------------------------- updates
 
     def update(self, topic: str, payload: bytes, properties: Mapping[str, str]) -> None:
-        """Record a stored retained PUBLISH (ending its admission); an empty payload clears
-        the topic."""
+        """Record a retained PUBLISH stored just now (ending its admission); an empty payload
+        clears the topic."""
         self.cancel(topic)
         if payload:
-            self._put(topic, payload, properties)
+            self._put(topic, payload, properties, now_ms())
         else:
             self._clear(topic)
 
-    def _put(self, topic: str, payload: bytes, properties: Mapping[str, str]) -> None:
+    def _put(self, topic: str, payload: bytes, properties: Mapping[str, str],
+             stored_ms: int) -> None:
         node = self._root
         for level in topic.split("/"):
             node = node.children.setdefault(level, _Node())
@@ -118,7 +119,7 @@ class RetainedMessages:
             self._count += 1
         else:
             self.bytes -= len(node.message[1])
-        node.message = (topic, payload, properties)
+        node.message = (topic, payload, properties, stored_ms)
         self.bytes += len(payload)
 
     def _clear(self, topic: str) -> None:
@@ -154,12 +155,31 @@ class RetainedMessages:
         met on the way are dropped from the table (their room is free again)."""
         now = now_ms()
         found, expired = [], []
-        for topic, payload, properties in self._walk(topic_filter.split("/")):
+        for topic, payload, properties, _ in self._walk(topic_filter.split("/")):
             inbound = from_stored(topic, payload, properties)
             (expired if inbound.expired(now) else found).append(inbound)
         for inbound in expired:
             self._clear(inbound.topic)
         return found
+
+    def listing(self, prefix: str = "") -> list[tuple[str, int, int, int]]:
+        """(topic, payload bytes, QoS, stored ms) of each retained message whose topic starts
+        with ``prefix``, by topic; visits only the subtree below the prefix's whole levels."""
+        *levels, _ = prefix.split("/")
+        node: _Node | None = self._root
+        for level in levels:
+            node = node.children.get(level)
+            if node is None:
+                return []
+        found, below = [], [node]
+        while below:
+            current = below.pop()
+            if current.message is not None and current.message[0].startswith(prefix):
+                topic, payload, properties, stored_ms = current.message
+                found.append((topic, len(payload), from_stored(topic, payload, properties).qos,
+                              stored_ms))
+            below.extend(current.children.values())
+        return sorted(found)
 
     def _walk(self, levels: list[str]) -> list[_Retained]:
         """Every retained message the filter ``levels`` matches, visiting only the nodes its

@@ -151,6 +151,11 @@ class Session:
         self._next_direct = 0
         self._pending: deque[tuple[Inbound, int, bool, tuple[int, ...]]] = deque()
 
+    @property
+    def inflight(self) -> int:
+        """QoS 1 and 2 messages sent to the client and not yet acknowledged."""
+        return len(self._by_pid) + len(self._direct)
+
     # ---------------------------------------------------------------- subscriptions
 
     def subscribe(self, options: SubscriptionOptions) -> bool:

@@ -340,7 +340,9 @@ def _start_native(running: RunningBroker):
 def _admin_deps(running: RunningBroker) -> AdminDeps:
     return AdminDeps(running.broker, running.store, running.metadata, queues=running.core.queues,
                      clients=running.clients, vhosts=running.core.vhost_admin,
-                     dashboard_dir=analytics.DASHBOARD_DIR, cluster=running.cluster)
+                     dashboard_dir=analytics.DASHBOARD_DIR, cluster=running.cluster,
+                     retained=running.mqtt.registry.retained if running.mqtt else None,
+                     session_idle_timeout_s=running.config.admin.session_idle_timeout_s)
 
 
 async def _listen(config: Config, section: str, starting: Any) -> Any:

@@ -81,6 +81,14 @@ class AdminListener:
     """Address the admin HTTP API binds."""
     port: int = 8080
     """Admin HTTP API port, which also serves ``/metrics``, ``/health`` and ``/openapi.json``."""
+    session_idle_timeout_s: int = 1800
+    """A browser session (the console's sign-in, ``POST /session``) ends after this many seconds
+    without a request; the next request needs a new sign-in."""
+
+    def __post_init__(self) -> None:
+        if self.session_idle_timeout_s < 1:
+            raise ValueError(f"admin.session_idle_timeout_s = {self.session_idle_timeout_s} must "
+                             "be at least 1 (seconds; the default is 1800)")
 
 
 @dataclass(frozen=True)

@@ -2,8 +2,6 @@
 results sink show up as charts with data, and new ones appear without a reload."""
 from __future__ import annotations
 
-import os
-import shutil
 from datetime import datetime, timedelta
 from io import BytesIO
 
@@ -11,32 +9,15 @@ import pytest
 
 from analytics.telemetry_job import JobSettings, ResultsTopic, aggregate
 from tests.analytics.test_remote import create_topic
+from tests.browser import headless_chromium
 
-CHROMIUM, CHROMEDRIVER = "/usr/bin/chromium", "/usr/bin/chromedriver"
 LINE_COLOR, ANOMALY_COLOR = (0x1F, 0x6F, 0xD1), (0xD1, 0x49, 0x5B)  # dashboard.js COLOR
 RESULTS = "telemetry.results"
 
 
 @pytest.fixture
 def browser(tmp_path):
-    if not (os.path.exists(CHROMIUM) and shutil.which(CHROMEDRIVER)):
-        if os.environ.get("CI"):
-            pytest.fail("Chromium is missing: apt-get install -y chromium chromium-driver")
-        pytest.skip("Chromium is missing: apt-get install -y chromium chromium-driver")
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
-
-    options = webdriver.ChromeOptions()
-    options.binary_location = CHROMIUM
-    for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                 "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                 "--disable-dev-shm-usage", "--window-size=1280,1800",
-                 f"--user-data-dir={tmp_path / 'chromium-profile'}"):
-        options.add_argument(flag)
-    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})  # CSP violations land there
-    driver = webdriver.Chrome(options=options, service=Service(CHROMEDRIVER))
-    yield driver
-    driver.quit()
+    yield from headless_chromium(tmp_path / "chromium-profile")
 
 
 BASE = datetime.now().replace(second=0, microsecond=0) - timedelta(minutes=6)

@@ -56,7 +56,19 @@ TABLE = [
     Cell("GET", "/cluster", "/cluster", dict.fromkeys(ROLES, 404)),  # a single broker: no group to show
     Cell("GET", "/dashboard", "/dashboard", EVERYONE_200),
     Cell("GET", "/dashboard/dashboard.js", "/dashboard/{asset}", EVERYONE_200),
+    Cell("GET", "/console", "/console", EVERYONE_200),
+    Cell("GET", "/console/app.js", "/console/{file}", EVERYONE_200),
+    Cell("GET", "/console/vendor/preact.mjs", "/console/vendor/{file}", EVERYONE_200),
     Cell("GET", "/openapi.json", "/openapi.json", EVERYONE_200),
+    # signing in takes the credentials in the body ({user}, {password}: the role's own; none for
+    # anonymous); showing and ending a session take its cookie, so Basic alone is a 401
+    Cell("POST", "/session", "/session", {**EVERYONE_200, "anonymous": 400},
+         body={"user": "{user}", "password": "{password}"}),
+    Cell("GET", "/session", "/session", dict.fromkeys(ROLES, 401)),
+    Cell("DELETE", "/session", "/session", dict.fromkeys(ROLES, 401)),
+    Cell("GET", "/overview", "/overview", USERS_200),  # admins get more: test_admin_console_api.py
+    Cell("GET", "/overview/history", "/overview/history", USERS_200),
+    Cell("GET", "/mqtt/retained", "/mqtt/retained", only_admin(200)),
     Cell("GET", "/topics", "/topics", USERS_200),
     Cell("POST", "/topics", "/topics", only_admin(201), body={"name": "new-topic-{n}"}),
     Cell("GET", "/topics/m-topic", "/topics/{topic}",
@@ -204,13 +216,21 @@ def declare_queue(broker: BrokerThread, name: str, messages: int) -> None:
 @pytest.mark.parametrize("role", ROLES)
 @pytest.mark.parametrize("cell", TABLE, ids=lambda c: f"{c.method} {c.route}")
 def test_matrix(world, cell, role):
+    call(world, cell, role, CREDENTIALS[role], cell.expect[role])
+
+
+def call(world: World, cell: Cell, role: str, credentials: dict[str, str], expected: int) -> bytes:
+    """Make ``cell``'s request as ``role`` with ``credentials`` (headers); an error's body."""
     n = next(world.counter)
-    expected = cell.expect[role]
     target = (fresh_target(world, cell.fresh) if expected < 400 else VICTIMS[cell.fresh]) \
         if cell.fresh else ""
     path = cell.path.format(target=target, msg_id=world.msg_id)
-    body = None if cell.body is None else json.loads(json.dumps(cell.body).replace("{n}", str(n)))
-    headers = dict(CREDENTIALS[role])
+    user, password = (None, None) if role == "anonymous" else (
+        ("sluice", "sluice") if role == "admin" else (role, PASSWORD))
+    body = None if cell.body is None else json.loads(
+        json.dumps(cell.body).replace("{n}", str(n)).replace('"{user}"', json.dumps(user))
+        .replace('"{password}"', json.dumps(password)))
+    headers = dict(credentials)
     if body is not None:
         headers["Content-Type"] = "application/json"
     parts = urlsplit(world.broker.running.admin_url)
@@ -219,11 +239,53 @@ def test_matrix(world, cell, role):
         connection.request(cell.method, path, body=None if body is None else json.dumps(body),
                            headers=headers)
         response = connection.getresponse()  # the status line only: a tail would stream on
-        assert response.status == expected, (role, cell.method, path, response.read()[:300])
+        start = response.read(4000) if response.status >= 400 else b""
+        assert response.status == expected, (role, cell.method, path, start)
     finally:
         connection.close()
     if cell.fresh and expected >= 400:
         assert_untouched(world)
+    return start
+
+
+def sign_in(world: World, role: str) -> dict[str, str]:
+    """A fresh browser session of ``role``: the headers of its writes (cookie and CSRF token)."""
+    user, password = ("sluice", "sluice") if role == "admin" else (role, PASSWORD)
+    status, body, headers = Http(world.admin.url, None)("POST", "/session",
+                                                        {"user": user, "password": password})
+    assert status == 200, body
+    cookie = headers["Set-Cookie"].split(";")[0]
+    return {"Cookie": cookie, "X-CSRF-Token": body["csrf_token"]}
+
+
+NOT_BY_SESSION = {"/session"}
+"""Cells the session columns leave out: /session's own are in test_admin_sessions.py."""
+
+
+@pytest.mark.parametrize("role", ROLES)
+@pytest.mark.parametrize("cell", [c for c in TABLE if c.route not in NOT_BY_SESSION],
+                         ids=lambda c: f"{c.method} {c.route}")
+def test_matrix_with_a_browser_session(world, cell, role):
+    """A session cookie with its CSRF token gets what the role's Basic credentials get."""
+    credentials = {} if role == "anonymous" else sign_in(world, role)
+    call(world, cell, role, credentials, cell.expect[role])
+
+
+@pytest.mark.parametrize("csrf", ["missing", "wrong"])
+@pytest.mark.parametrize("role", ["admin", "owner", "none"])
+@pytest.mark.parametrize("cell", [c for c in TABLE if c.method != "GET"
+                                  and c.route not in NOT_BY_SESSION],
+                         ids=lambda c: f"{c.method} {c.route}")
+def test_a_write_with_the_session_cookie_but_not_its_csrf_token_is_refused(world, cell, role,
+                                                                          csrf):
+    credentials = sign_in(world, role)
+    if csrf == "missing":
+        del credentials["X-CSRF-Token"]
+    else:
+        credentials["X-CSRF-Token"] = credentials["X-CSRF-Token"][::-1]
+    refused = call(world, cell, role, credentials, 403)
+    assert json.loads(refused)["error"] == "csrf"
+    assert_untouched(world)
 
 
 def assert_untouched(world: World) -> None:

@@ -44,9 +44,12 @@ def test_routes_returning_message_bodies_need_the_subscribe_right():
 def test_writes_need_an_admin_and_only_probes_and_the_dashboard_page_are_public():
     for route in ROUTES:
         if route.method != "GET":
-            assert route.access is Access.ADMIN, (route.method, route.path)
+            expected = Access.SESSION if route.path == "/session" else Access.ADMIN
+            assert route.access is expected, (route.method, route.path)
+    assert {r.path for r in ROUTES if r.access is Access.SESSION} == {"/session"}
     public = {r.path for r in ROUTES if r.access is Access.PUBLIC}
-    assert public == {"/health", "/cluster", "/metrics", "/openapi.json", "/dashboard", "/dashboard/{asset}"}
+    assert public == {"/health", "/cluster", "/metrics", "/openapi.json", "/dashboard", "/dashboard/{asset}",
+                      "/console", "/console/{file}", "/console/vendor/{file}"}
     doc = document(ROUTES)
     assert doc["paths"]["/health"]["get"]["security"] == []
     assert "401" in doc["paths"]["/topics"]["get"]["responses"]
