@@ -110,10 +110,10 @@ def compose(env: dict[str, str] | None = None) -> dict:
     return interpolate(compose_raw(), {"SLUICE_CLUSTER_SECRET": SECRET} if env is None else env)
 
 
-def dockerfile() -> list[tuple[str, str]]:
+def dockerfile(path: Path = DOCKERFILE) -> list[tuple[str, str]]:
     """(INSTRUCTION, its arguments) in order, continuation lines joined, comments dropped."""
     instructions, pending = [], ""
-    for line in DOCKERFILE.read_text().splitlines():
+    for line in path.read_text().splitlines():
         if not pending and (not line.strip() or line.lstrip().startswith("#")):
             continue
         if pending and line.lstrip().startswith("#"):
@@ -128,17 +128,25 @@ def dockerfile() -> list[tuple[str, str]]:
     return instructions
 
 
-def instruction(name: str) -> list[str]:
-    return [rest for keyword, rest in dockerfile() if keyword == name]
+def instruction(name: str, path: Path = DOCKERFILE) -> list[str]:
+    return [rest for keyword, rest in dockerfile(path) if keyword == name]
 
 
-def image_env() -> dict[str, str]:
-    env = {}
-    for rest in instruction("ENV"):
+def base_image(path: Path = DOCKERFILE) -> str:
+    """The FROM image, its ``${ARG}`` replaced by the ARG's default."""
+    defaults = dict(rest.partition("=")[::2] for rest in instruction("ARG", path) if "=" in rest)
+    [image] = instruction("FROM", path)
+    return interpolate(image, defaults)
+
+
+def image_env(path: Path = DOCKERFILE) -> dict[str, str]:
+    """The image's ENV, ``$NAME`` in a value read as the base image's (here: this machine's)."""
+    env: dict[str, str] = {}
+    for rest in instruction("ENV", path):
         for word in shlex.split(rest):
             key, equals, value = word.partition("=")
             assert equals, f"ENV {rest!r}: write KEY=value"
-            env[key] = value
+            env[key] = interpolate(value, {**os.environ, **env})
     return env
 
 
@@ -148,16 +156,16 @@ def exec_form(text: str) -> list[str]:
     return form
 
 
-def healthcheck() -> list[str]:
+def healthcheck(path: Path = DOCKERFILE) -> list[str]:
     """The HEALTHCHECK's command (exec form)."""
-    [rest] = instruction("HEALTHCHECK")
+    [rest] = instruction("HEALTHCHECK", path)
     options, marker, command = rest.partition(" CMD ")
     assert marker, f"HEALTHCHECK without CMD: {rest!r}"
     return exec_form(command)
 
 
-def image_volume() -> str:
-    [rest] = instruction("VOLUME")
+def image_volume(path: Path = DOCKERFILE) -> str:
+    [rest] = instruction("VOLUME", path)
     volumes = exec_form(rest) if rest.startswith("[") else rest.split()
     assert len(volumes) == 1, volumes
     return volumes[0]
@@ -208,9 +216,10 @@ def volume(service: dict) -> tuple[str, str]:
 # -- the image ----------------------------------------------------------------------------------
 
 def test_the_dockerfile_builds_a_non_root_sluice_image_with_its_data_on_a_volume():
-    assert instruction("FROM") == ["python:3.11-slim-bookworm"]
+    assert base_image() == "python:3.11-slim-bookworm"
     [run] = [rest for rest in instruction("RUN") if "pip install" in rest]
-    assert "pip install --no-cache-dir ." in run
+    assert "python3 -m venv /opt/sluice" in run and "pip install --no-cache-dir ." in run
+    assert image_env()["PATH"].startswith("/opt/sluice/bin:"), "the venv's sluice and python first"
     [user] = instruction("USER")
     assert user == "sluice" and re.search(r"useradd .*\bsluice\b", run), "a non-root user sluice runs it"
     env = image_env()
@@ -218,7 +227,10 @@ def test_the_dockerfile_builds_a_non_root_sluice_image_with_its_data_on_a_volume
     assert not unknown_variables(env), unknown_variables(env)
     assert load_config(env=env).data_dir == "/var/lib/sluice"
     exposed = {int(port) for rest in instruction("EXPOSE") for port in rest.split()}
-    assert exposed == set(dataclasses.asdict(STANDARD).values())
+    config = load_config(env=env)
+    tls = {config.mqtt.tls_port, config.mqtt.wss_port, config.amqp.tls_port}
+    assert exposed == set(dataclasses.asdict(STANDARD).values()) | tls
+    assert instruction("STOPSIGNAL") == ["SIGTERM"]
     [entrypoint] = instruction("ENTRYPOINT")
     assert exec_form(entrypoint) == ["sluice"]
     assert tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]["sluice"] == "sluice.cli:main"
