@@ -1,5 +1,5 @@
-"""docker/compose.cluster.yml and docker/Dockerfile, as far as a machine without a container
-engine can check them (CI has none: no image is built and no container runs here).
+"""docker/compose.cluster.yml and docker/Dockerfile, checked and run without a container engine
+(test_container_engine.py builds and runs the image itself; Compose is not run anywhere).
 
 What is checked: the Dockerfile's settings (a non-root image, its data on a volume, the standard
 ports exposed, `sluice` as entrypoint); that the build context .dockerignore leaves makes a
