@@ -45,6 +45,7 @@ from sluice.cli.dev_cluster import NodeProcess, Ports
 from sluice.cluster.local_etcd import dying_with_parent, find_etcd
 from sluice.client import ClientConfig, Message, SluiceClientError, SyncProducer, SyncSimpleConsumer
 from sluice.server.config import load_config, unknown_variables
+from tests.integration.test_metrics_reference import CLUSTER_SECTION, check_against_reference, scrape
 
 ROOT = Path(__file__).resolve().parents[2]
 COMPOSE = ROOT / "docker" / "compose.cluster.yml"
@@ -540,6 +541,8 @@ def test_the_compose_commands_form_etcd_and_a_replica_group_that_confirms_a_mess
             check = healthcheck()
             done = _in_container(node, sys.executable, *check[1:])
             assert done.returncode == 0, f"HEALTHCHECK of {node.name}: {done.stderr}"
+        # docs/metrics.md's replica-group series, as the leader exports them (followers lack some)
+        check_against_reference(scrape(f"{leader.host}:{ports.admin}"), section_only=CLUSTER_SECTION)
 
         first, second = [node for node in group.nodes if node is not leader]
         body = f"confirmed through {first.name}".encode()

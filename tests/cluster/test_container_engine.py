@@ -118,6 +118,16 @@ def engine(tmp_path_factory) -> Iterator[Engine]:
             daemon.kill()
             daemon.wait()
         log.close()
+        _unmount_under(work)
+
+
+def _unmount_under(folder: Path) -> None:
+    """Unmount what the daemon left mounted under ``folder`` (its default network namespace),
+    so the test's directory can be deleted."""
+    with open("/proc/self/mounts") as mounts:
+        points = [line.split()[1] for line in mounts]
+    for point in sorted((p for p in points if p.startswith(str(folder) + "/")), reverse=True):
+        subprocess.run(["umount", "-l", point], capture_output=True, timeout=30)
 
 
 def _state(engine: Engine, name: str) -> dict:
