@@ -32,11 +32,11 @@ import pytest
 import yaml
 
 from bench.processes import free_ports
-from sluice.client import ClientConfig, Message, SluiceClientError, SyncProducer, SyncSimpleConsumer
+from sluice.client import ClientConfig, Message, SyncProducer
 from sluice.server.app import READY_LINE
 from sluice.server.config import load_config, unknown_variables
-from tests.cluster.test_compose_file import (ROOT, MissingVariable, base_image, exec_form, healthcheck,
-                                             image_env, image_volume, instruction, interpolate)
+from tests.cluster.test_compose_file import (ROOT, MissingVariable, _read_back, base_image, exec_form,
+                                             healthcheck, image_env, image_volume, instruction, interpolate)
 from tests.conftest import write_self_signed_cert
 
 SINGLE = ROOT / "docker" / "compose.yaml"
@@ -221,28 +221,11 @@ def _stop(process: subprocess.Popen, grace: int, log: Path) -> None:
     assert code == 0, f"the broker stopped with status {code}:\n{log.read_text()[-3000:]}"
 
 
-def _read_back(config: ClientConfig, topic: str, body: bytes) -> None:
-    deadline = time.monotonic() + WAIT_S
-    while time.monotonic() < deadline:
-        try:
-            with SyncSimpleConsumer(config, "compose-readers", {topic: "*"}, await_duration=2) as consumer:
-                while time.monotonic() < deadline:
-                    for message in consumer.receive(max_messages=4):
-                        consumer.ack(message)
-                        if message.body == body:
-                            return
-        except SluiceClientError:
-            continue
-    raise AssertionError(f"{body!r} not read back from {topic} in time")
-
-
 def test_the_single_node_starts_answers_its_health_check_and_survives_a_docker_stop(tmp_path):
-    (tmp_path / "tls-source").mkdir()
-    certs = write_self_signed_cert(tmp_path / "tls-source")
     tls_dir = tmp_path / "tls"  # docker/tls, mounted at /etc/sluice/tls
     tls_dir.mkdir()
-    (tls_dir / "cert.pem").write_bytes(Path(certs.cert).read_bytes())
-    (tls_dir / "key.pem").write_bytes(Path(certs.key).read_bytes())
+    certs = write_self_signed_cert(tls_dir)
+    assert {Path(certs.cert).name, Path(certs.key).name} == {"cert.pem", "key.pem"}
     shell = {"SLUICE_TLS_CERT": "/etc/sluice/tls/cert.pem", "SLUICE_TLS_KEY": "/etc/sluice/tls/key.pem"}
     [service] = services(SINGLE, shell).values()
     volume = tmp_path / "volumes" / mounts(service)[image_volume()][0]

@@ -33,7 +33,8 @@ import pytest
 from bench.processes import free_ports
 from sluice.client import ClientConfig, Message, SyncProducer
 from tests.cluster.test_compose_file import ROOT
-from tests.cluster.test_compose_single import PORT_FLAGS, _read_back
+from tests.cluster.test_compose_file import _read_back
+from tests.cluster.test_compose_single import PORT_FLAGS
 
 BASE_IMAGE = "sluice-test-python:bookworm"
 IMAGE = "sluice:engine-test"

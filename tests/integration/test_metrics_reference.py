@@ -15,6 +15,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from sluice.client import ClientConfig, Message, SyncProducer, SyncSimpleConsumer
+from tests.integration.test_clients import MqttTarget
 from tests.interop.scenarios import V5, Client
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -88,15 +89,6 @@ def scrape(admin: str) -> str:
     with urllib.request.urlopen(f"{base.rstrip('/')}/metrics", timeout=10) as reply:
         assert reply.status == 200
         return reply.read().decode()
-
-
-@dataclass(frozen=True)
-class MqttTarget:
-    host: str
-    port: int
-    username: str = "sluice"
-    password: str = "sluice"
-    kind: str = "Sluice"
 
 
 def _mqtt_traffic(address: str) -> None:
