@@ -79,11 +79,6 @@ class Broker:
         """(metric, topic or group) -> count since start (``Engine.counters``)."""
         return self._engine.counters
 
-    @property
-    def store_failure(self) -> str | None:
-        """Why the store takes no writes now (disk full, I/O errors); None while it writes."""
-        return self._engine.waiters.store_failure
-
     def watch_store(self, watcher: Callable[[str | None], None]) -> str | None:
         """Call ``watcher(reason)`` whenever the store stops taking writes (disk full, I/O
         errors) and ``watcher(None)`` once it takes them again; returns the reason now (None:

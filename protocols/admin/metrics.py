@@ -92,12 +92,11 @@ class BrokerCollector(Collector):
         yield CounterMetricFamily("sluice_store_written_bytes",
                                   "Bytes appended to the commit log since it was created",
                                   value=visible)
+        yield GaugeMetricFamily("sluice_disk_alarm", "1 while the store takes no writes (disk "
+                                "full, I/O errors; publishes are refused), else 0",
+                                value=int(bool(getattr(store, "degraded", None))))
 
     def _memory(self, broker: Any) -> Iterator[Metric]:
-        if hasattr(broker, "store_failure"):
-            yield GaugeMetricFamily("sluice_disk_alarm", "1 while the store takes no writes "
-                                    "(disk full, I/O errors; publishes are refused), else 0",
-                                    value=int(broker.store_failure is not None))
         alarm = getattr(broker, "memory_alarm", None)
         if alarm is None:
             return
