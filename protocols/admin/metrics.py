@@ -2,9 +2,10 @@
 
 Each admin server owns its own ``CollectorRegistry`` (never the process-global one), so two
 brokers in one test process do not share or collide on metrics. Everything except the admin
-request counter is read from the ``Broker`` facade and the store when Prometheus scrapes; the
-collector runs inside the request handler, on the event loop, and only calls non-blocking
-facade methods.
+request counter is read from the ``Broker`` facade, the store and the client directory (each
+protocol's connections and ``core.traffic`` counters) when Prometheus scrapes; the collector
+runs inside the request handler, on the event loop, and only calls non-blocking methods.
+docs/metrics.md documents every series (a test keeps the two equal).
 """
 
 from __future__ import annotations

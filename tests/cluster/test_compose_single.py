@@ -226,7 +226,7 @@ def test_the_single_node_starts_answers_its_health_check_and_survives_a_docker_s
     tls_dir.mkdir()
     certs = write_self_signed_cert(tls_dir)
     assert {Path(certs.cert).name, Path(certs.key).name} == {"cert.pem", "key.pem"}
-    shell = {"SLUICE_TLS_CERT": "/etc/sluice/tls/cert.pem", "SLUICE_TLS_KEY": "/etc/sluice/tls/key.pem"}
+    shell = {"SLUICE_MQTT_TLS_CERT": "/etc/sluice/tls/cert.pem", "SLUICE_MQTT_TLS_KEY": "/etc/sluice/tls/key.pem"}
     [service] = services(SINGLE, shell).values()
     volume = tmp_path / "volumes" / mounts(service)[image_volume()][0]
     volume.mkdir(parents=True)  # the named volume, there before the container starts
