@@ -254,6 +254,20 @@ def _ignored(relative: str, patterns: list[str]) -> bool:
     return False
 
 
+def build_context(context: Path) -> Path:
+    """A copy of the repository's files (git's view) less what .dockerignore leaves out."""
+    patterns = [line.strip() for line in DOCKERIGNORE.read_text().splitlines()
+                if line.strip() and not line.lstrip().startswith("#")]
+    tracked = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=ROOT,
+                             capture_output=True, check=True).stdout.decode().split("\0")
+    for relative in filter(None, tracked):
+        source = ROOT / relative
+        if not _ignored(relative, patterns) and source.is_file():
+            (context / relative).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(source, context / relative)
+    return context
+
+
 def test_the_build_context_left_by_dockerignore_makes_a_wheel_with_the_sluice_command(tmp_path):
     patterns = [line.strip() for line in DOCKERIGNORE.read_text().splitlines()
                 if line.strip() and not line.lstrip().startswith("#")]
@@ -262,14 +276,7 @@ def test_the_build_context_left_by_dockerignore_makes_a_wheel_with_the_sluice_co
             f"{pattern!r}: _ignored knows only root names and **/name"
     for kept_out in (".git", ".venv", "data", "cluster-data", "sluice.egg-info", "sluice/__pycache__/x.pyc"):
         assert _ignored(kept_out, patterns), kept_out
-    tracked = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=ROOT,
-                             capture_output=True, check=True).stdout.decode().split("\0")
-    context = tmp_path / "context"
-    for relative in filter(None, tracked):
-        source = ROOT / relative
-        if not _ignored(relative, patterns) and source.is_file():
-            (context / relative).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(source, context / relative)
+    context = build_context(tmp_path / "context")
     # the Dockerfile's `pip install .`, less fetching the dependencies
     subprocess.run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation",
                     "--no-cache-dir", "--wheel-dir", str(tmp_path / "wheels"), str(context)], check=True, timeout=300)

@@ -32,8 +32,7 @@ import pytest
 
 from bench.processes import free_ports
 from sluice.client import ClientConfig, Message, SyncProducer
-from tests.cluster.test_compose_file import ROOT
-from tests.cluster.test_compose_file import _read_back
+from tests.cluster.test_compose_file import _read_back, build_context
 from tests.cluster.test_compose_single import PORT_FLAGS
 
 BASE_IMAGE = "sluice-test-python:bookworm"
@@ -99,15 +98,16 @@ def engine(tmp_path_factory) -> Iterator[Engine]:
             imported = subprocess.run(["docker", "import", "-", BASE_IMAGE], stdin=tar, env=env,
                                       capture_output=True, text=True, timeout=600)
         assert imported.returncode == 0, imported.stderr
+        context = build_context(work / "context")  # pip's build leaves nothing in the repository
         wheels = work / "wheels"
-        done = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", str(ROOT), "-w", str(wheels)],
+        done = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", str(context), "-w", str(wheels)],
                               capture_output=True, text=True, timeout=900)
         assert done.returncode == 0, done.stderr[-3000:]
         server, port = _serve(wheels)
-        found.docker("build", "--network", "host", "-f", "docker/Dockerfile", "-t", IMAGE,
+        found.docker("build", "--network", "host", "-f", str(context / "docker" / "Dockerfile"), "-t", IMAGE,
                      "--build-arg", f"PYTHON_IMAGE={BASE_IMAGE}",
                      "--build-arg", f"PIP_FIND_LINKS=http://127.0.0.1:{port}/",
-                     "--build-arg", "PIP_NO_INDEX=1", str(ROOT), timeout=1200)
+                     "--build-arg", "PIP_NO_INDEX=1", str(context), timeout=1200)
         yield found
     finally:
         if server is not None:
