@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from .errors import ClientNotFound
+from .traffic import Traffic
 from .untrusted import clip
 
 log = logging.getLogger("sluice.clients")
@@ -42,6 +43,8 @@ class ClientSource(Protocol):
     """What an adapter offers the directory."""
 
     protocol: str
+    traffic: Traffic
+    """The protocol's counters since start (`core.traffic`)."""
 
     def clients(self) -> Iterable[ClientView]:
         """Every client: connected ones and kept sessions."""
@@ -76,8 +79,12 @@ class ClientDirectory:
         return sum(source.connected_count() for source in self._sources.values())
 
     def connected_by_protocol(self) -> dict[str, int]:
-        """Connections open now, per protocol."""
+        """Connections open now, by protocol."""
         return {name: source.connected_count() for name, source in sorted(self._sources.items())}
+
+    def traffic(self) -> dict[str, Traffic]:
+        """Each protocol's counters since start."""
+        return {name: source.traffic for name, source in sorted(self._sources.items())}
 
     def list(self, protocol: str | None = None, user: str | None = None) -> list[ClientView]:
         """Clients sorted by protocol and id, optionally of one protocol or one user."""

@@ -2,9 +2,10 @@
 
 Each admin server owns its own ``CollectorRegistry`` (never the process-global one), so two
 brokers in one test process do not share or collide on metrics. Everything except the admin
-request counter is read from the ``Broker`` facade and the store when Prometheus scrapes; the
-collector runs inside the request handler, on the event loop, and only calls non-blocking
-facade methods.
+request counter is read from the ``Broker`` facade, the store and the client directory (each
+protocol's connections and ``core.traffic`` counters) when Prometheus scrapes; the collector
+runs inside the request handler, on the event loop, and only calls non-blocking methods.
+docs/metrics.md documents every series (a test keeps the two equal).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, g
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from core.clients import ClientDirectory
 from core.errors import InvalidArgument, SluiceError
 from core.model import Principal, TopicConfig, check_name
 
@@ -72,6 +74,8 @@ class BrokerCollector(Collector):
         yield from self._topics(broker)
         yield from self._groups(broker)
         yield from self._counters(broker)
+        if self.deps.clients is not None:
+            yield from protocol_metrics(self.deps.clients)
         if getattr(self.deps, "vhosts", None) is not None:
             yield from amqp_queue_metrics(self.deps.vhosts.queues_of())
         if getattr(self.deps, "cluster", None) is not None:
@@ -89,6 +93,9 @@ class BrokerCollector(Collector):
         yield CounterMetricFamily("sluice_store_written_bytes",
                                   "Bytes appended to the commit log since it was created",
                                   value=visible)
+        yield GaugeMetricFamily("sluice_disk_alarm", "1 while the store takes no writes (disk "
+                                "full, I/O errors; publishes are refused), else 0",
+                                value=int(bool(getattr(store, "degraded", None))))
 
     def _memory(self, broker: Any) -> Iterator[Metric]:
         alarm = getattr(broker, "memory_alarm", None)
@@ -161,6 +168,41 @@ class BrokerCollector(Collector):
                                                        labels=["name"])
             families[metric].add_metric([name], value)
         yield from families.values()
+
+
+_TRAFFIC = (("connections_opened", "sluice_protocol_connections_opened",
+             "Connections whose handshake and login succeeded, since the broker started"),
+            ("messages_published", "sluice_protocol_messages_published",
+             "Messages clients sent to the broker, counted as they arrive, since start"),
+            ("messages_delivered", "sluice_protocol_messages_delivered",
+             "Messages the broker sent to clients (redeliveries included) since start"),
+            ("messages_acked", "sluice_protocol_messages_acked",
+             "Deliveries clients acknowledged since start"))
+_BYTES = (("bytes_received", "sluice_protocol_received_bytes",
+           "Bytes read from clients since start (MQTT and AMQP frames, after TLS and WebSocket)"),
+          ("bytes_sent", "sluice_protocol_sent_bytes",
+           "Bytes written to clients since start (MQTT and AMQP frames, before TLS and WebSocket)"))
+
+
+def protocol_metrics(clients: ClientDirectory) -> Iterator[Metric]:
+    """Connections open now and each protocol's counters (``core.traffic``), by protocol."""
+    connections = GaugeMetricFamily("sluice_protocol_connections", "Client connections open now",
+                                    labels=["protocol"])
+    for protocol, count in clients.connected_by_protocol().items():
+        connections.add_metric([protocol], count)
+    yield connections
+    traffic = clients.traffic()
+    for field, name, text in _TRAFFIC:
+        family = CounterMetricFamily(name, text, labels=["protocol"])
+        for protocol, counts in traffic.items():
+            family.add_metric([protocol], getattr(counts, field))
+        yield family
+    for field, name, text in _BYTES:
+        family = CounterMetricFamily(name, text, labels=["protocol"])
+        for protocol, counts in traffic.items():
+            if counts.counts_bytes:
+                family.add_metric([protocol], getattr(counts, field))
+        yield family
 
 
 MAX_QUEUE_SERIES = 1000

@@ -30,6 +30,7 @@ from core.clients import log_connected, log_disconnected
 from core.errors import NotFound, SluiceError
 from core.model import Principal
 from core.service import Broker
+from core.traffic import Traffic
 from core.untrusted import DenialLog, clip
 from core.vhost_permissions import Right, VhostPermissions
 from core.vhosts import VirtualHosts
@@ -95,6 +96,7 @@ class Host(QueueWatch, Protocol):
     connection_options: Options
     denials: DenialLog
     alarms: Alarms
+    traffic: Traffic
 
     def spawn(self, coroutine: Coroutine[Any, Any, None]) -> None: ...
 
@@ -159,6 +161,7 @@ class AmqpAdapter:
     def data_received(self, data: bytes) -> None:
         """Bytes from the client, in order."""
         if not self._done:
+            self.host.traffic.bytes_received += len(data)
             self.conn.receive_data(data, time.monotonic())
             self._drain()
 
@@ -249,6 +252,7 @@ class AmqpAdapter:
         if self._out and not self._done:
             self.host.queues.flush_marks()  # before deliveries go out: redelivered after a crash
             self.wire.write(b"".join(self._out))
+            self.host.traffic.bytes_sent += self._out_size
         self._out.clear()
         self._out_size = 0
 
@@ -264,6 +268,7 @@ class AmqpAdapter:
                     continue
                 self._work.append(event)
                 if kind is PublishReceived:
+                    self.host.traffic.messages_published += 1
                     self.publisher = True
                     if self.host.alarms.reason is not None and not self.blocked:
                         self._block()
@@ -323,10 +328,11 @@ class AmqpAdapter:
         self.topology = Topology(host.vhosts, vhost, self.principal, self.id, host, access)
         self.messages = Messages(host.broker, host.vhosts, host.queues, host.consumers,
                                  self.principal, self.topology, self.conn, self._write_out,
-                                 self._fail, self.gate, host.replies)
+                                 self._fail, self.gate, host.replies, host.traffic)
         self.transactions = Transactions(self.messages)
         self.connected_at_ms = time.time_ns() // 1_000_000
         self.host.opened(self)
+        host.traffic.connections_opened += 1
         log_connected(PROTOCOL, self.id, self.principal.user, self.peer,
                       f"vhost {clip(vhost)}, heartbeat {self.conn.heartbeat} s, "
                       f"{clip(self.conn.client_properties.get('product', ''), 60)}")

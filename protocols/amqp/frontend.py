@@ -18,6 +18,7 @@ from core.errors import NotFound
 from core.model import Principal
 from core.named_queues import NamedQueues
 from core.service import Broker
+from core.traffic import Traffic
 from core.untrusted import DenialLog
 from core.vhost_permissions import Right, VhostPermissions
 from core.vhosts import QueueSettings, VirtualHosts
@@ -58,6 +59,8 @@ class AmqpFrontend:
         self.permissions.add_listener(self._permission_changed)
         self.consumers = Consumers(self._unused)
         self.replies = DirectReplies()
+        self.traffic = Traffic()
+        """What this protocol's clients did since start, for the metrics page."""
         self._named = queues
         self.queues = QueueLimits(queues, vhosts, DeadLetters(broker, vhosts),
                                   self.consumers.count, self.spawn, self.deleted)

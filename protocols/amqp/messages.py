@@ -21,6 +21,7 @@ from core.errors import NotSupported, PreconditionFailed
 from core.model import Delivery, Principal
 from core.queue_features import features, levels
 from core.service import MAX_INVISIBLE_MS, Broker
+from core.traffic import Traffic
 from core.untrusted import clip
 from core.vhost_permissions import Right
 from core.vhosts import QueueSettings, VirtualHosts
@@ -49,7 +50,7 @@ class Messages:
     def __init__(self, broker: Broker, vhosts: VirtualHosts, queues: QueueLimits,
                  consumers: Consumers, principal: Principal, topology: Topology,
                  conn: ServerConnection, write_out: Callable[[], None], fail: Fail,
-                 gate: WriteGate, replies: DirectReplies) -> None:
+                 gate: WriteGate, replies: DirectReplies, traffic: Traffic) -> None:
         self.broker = broker
         self.vhosts = vhosts
         self.queues = queues
@@ -63,6 +64,8 @@ class Messages:
         self.gate = gate
         """Open while the wire takes more; consumers wait on it otherwise."""
         self.replies = replies
+        self.traffic = traffic
+        """The protocol's counters: deliveries and acks are added here."""
         self._channels = Channels()
         self.publisher = Publisher(broker, vhosts, queues, principal, topology, conn,
                                    self._channels, write_out, fail, replies)
@@ -82,6 +85,7 @@ class Messages:
         state = self._channels.get(consumer.channel)
         if state is None or not self.conn.can_send(consumer.channel):
             return
+        self.traffic.messages_delivered += 1
         self.conn.send_content(consumer.channel, frames.Deliver(
             consumer.tag, next(state.delivery_tags), False, "", routing_key), properties, body)
         self.write_out()
@@ -148,6 +152,7 @@ class Messages:
             state.unacked[tag] = Unacked(delivery.topic, delivery.queue_offset, None)
         props = delivery.properties
         ready = sum(self.queues.ready(level) for level in queues)
+        self.traffic.messages_delivered += 1
         self.conn.send_content(channel, frames.GetOk(
             tag, delivery.attempt > 1, *origin(delivery.topic, props), ready),
             to_properties(props, delivery.born_ts), delivery.body)
@@ -180,6 +185,8 @@ class Messages:
             raise PreconditionFailed(f"unknown delivery tag {tag}")
         for t in tags:
             self._done(state.unacked.pop(t), requeue, rejected)
+        if not requeue and not rejected:
+            self.traffic.messages_acked += len(tags)
         if state.global_prefetch:  # room on the channel: any of its consumers may use it
             self._dispatch(state)
 
@@ -291,6 +298,7 @@ class Messages:
             payload = properties.marshal()
         else:
             payload = properties_payload(props, delivery.born_ts)
+        self.traffic.messages_delivered += 1
         self.conn.send_delivery(consumer.channel, consumer.tag, tag, delivery.attempt > 1,
                                 *origin(delivery.topic, props), payload, delivery.body)
 

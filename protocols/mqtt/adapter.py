@@ -20,6 +20,7 @@ from typing import Protocol
 
 from core.clients import log_connected, log_disconnected
 from core.model import Principal
+from core.traffic import Traffic
 from core.untrusted import clip
 
 from .codec import MQTT_5
@@ -55,6 +56,9 @@ class Registry(IntakeServices, Protocol):
     @property
     def limits(self) -> Limits: ...
 
+    @property
+    def traffic(self) -> Traffic: ...
+
     async def log_in(self, event: ConnectRequested, peer: str) -> Login: ...
 
     async def open_session(self, link: MqttAdapter, login: Login,
@@ -84,6 +88,7 @@ class MqttAdapter:
         options = registry.options
         self.registry = registry
         self.wire = wire
+        self.traffic = registry.traffic
         self.conn = ServerConnection(receive_maximum=options.receive_maximum,
                                      topic_alias_maximum=options.topic_alias_maximum,
                                      max_packet_size=options.max_packet_size,
@@ -122,6 +127,7 @@ class MqttAdapter:
     def data_received(self, data: bytes) -> None:
         if self._done:
             return
+        self.traffic.bytes_received += len(data)
         self.conn.receive_data(data, time.monotonic())
         self._drain_events()
 
@@ -158,6 +164,7 @@ class MqttAdapter:
         self._flush_scheduled = False
         if self._out and not self._done:
             self.wire.write(bytes(self._out))
+            self.traffic.bytes_sent += len(self._out)
         self._out.clear()
 
     # ---------------------------------------------------------------- Link for the session
@@ -185,6 +192,7 @@ class MqttAdapter:
                      too_big)
             return None
         self._write(data)
+        self.traffic.messages_delivered += 1
         return packet_id
 
     def release(self, packet_id: int) -> None:
@@ -206,8 +214,11 @@ class MqttAdapter:
         while (event := conn.next_event()) is not None:
             kind = type(event)
             if kind is MessagePublished:
+                self.traffic.messages_published += 1
                 intake.add(event)
             elif kind is PublishAcknowledged:
+                if event.reason_code.value < 0x80:  # a failure code ends the exchange unacked
+                    self.traffic.messages_acked += 1
                 if self.session is not None:
                     self.session.acknowledged(event.packet_id)
             elif kind is SubscribeRequested:
@@ -283,6 +294,7 @@ class MqttAdapter:
                                      properties=login.properties,
                                      resume=registry.resume_state(session)))
         registry.connection_accepted(self)
+        self.traffic.connections_opened += 1
         self.connected_at_ms = now_ms()
         details = self.details()
         log_connected(PROTOCOL, login.client_id, login.principal.user, self.peer,

@@ -24,6 +24,7 @@ from core.model import Principal
 from core.named_queues import NamedQueues
 from core.service import Broker
 from core.state_store import StateStore
+from core.traffic import Traffic
 from core.untrusted import DenialLog
 
 from .adapter import PROTOCOL, MqttAdapter
@@ -60,6 +61,11 @@ class MqttFrontend:
     # ---------------------------------------------------------------- core.clients.ClientSource
 
     protocol = PROTOCOL
+
+    @property
+    def traffic(self) -> Traffic:
+        """What MQTT clients did since start (every listener's connections add to it)."""
+        return self.registry.traffic
 
     def connected_count(self) -> int:
         return self.registry.connected_count

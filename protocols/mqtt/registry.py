@@ -31,6 +31,7 @@ from core.model import Delivery, Principal
 from core.named_queues import NamedQueues
 from core.service import Broker
 from core.state_store import StateStore
+from core.traffic import Traffic
 from core.untrusted import DenialLog, clip
 
 from .connection import Inflight
@@ -105,6 +106,8 @@ class SessionRegistry:
         self.broker = broker
         self.queues = queues
         self.state = state
+        self.traffic = Traffic()
+        """What this protocol's clients did since start, for the metrics page."""
         self.options = options
         self.limits = Limits.from_options(options)
         self.max_connections = connection_limit(options.max_connections)

@@ -17,6 +17,7 @@ from rocketmq.grpc_protocol import definition_pb2 as pb
 
 from core.clients import ClientView, log_connected, log_disconnected
 from core.model import Principal
+from core.traffic import Traffic
 
 from .clients import ClientRegistry
 
@@ -60,11 +61,15 @@ class NativeClients:
     def __init__(self, registry: ClientRegistry) -> None:
         self._registry = registry
         self._streams: dict[str, list[TelemetryStream]] = {}
+        self.traffic = Traffic(counts_bytes=False)
+        """What this protocol's clients did since start, for the metrics page (gRPC frames
+        its own bytes, so they are not counted)."""
 
     def open(self, client_id: str, principal: Principal, peer: str) -> TelemetryStream:
         """Note a stream that opened (and log the connect)."""
         stream = TelemetryStream(client_id, principal, peer_address(peer))
         self._streams.setdefault(client_id, []).append(stream)
+        self.traffic.connections_opened += 1
         log_connected(PROTOCOL, client_id, principal.user, stream.address)
         return stream
 

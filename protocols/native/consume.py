@@ -47,6 +47,7 @@ async def receive_message(edge: Edge, call: Call,
     if not deliveries:
         yield rpc.ReceiveMessageResponse(status=Status(code=Code.MESSAGE_NOT_FOUND, message="no new message"))
         return
+    edge.connections.traffic.messages_delivered += len(deliveries)
     now = now_ms()
     yield rpc.ReceiveMessageResponse(delivery_timestamp=timestamp(now))
     store_host = edge.store_host()
@@ -64,6 +65,7 @@ async def ack_message(edge: Edge, call: Call, request: rpc.AckMessageRequest) ->
     for entry in request.entries:
         try:
             await edge.broker.ack(call.principal, group, topic, entry.receipt_handle)
+            edge.connections.traffic.messages_acked += 1
             status = ok()
         except Exception as error:  # noqa: BLE001 - becomes this entry's status
             status = status_of(error)

@@ -1,5 +1,5 @@
-"""docker/compose.cluster.yml and docker/Dockerfile, as far as a machine without a container
-engine can check them (CI has none: no image is built and no container runs here).
+"""docker/compose.cluster.yml and docker/Dockerfile, checked and run without a container engine
+(test_container_engine.py builds and runs the image itself; Compose is not run anywhere).
 
 What is checked: the Dockerfile's settings (a non-root image, its data on a volume, the standard
 ports exposed, `sluice` as entrypoint); that the build context .dockerignore leaves makes a
@@ -45,6 +45,7 @@ from sluice.cli.dev_cluster import NodeProcess, Ports
 from sluice.cluster.local_etcd import dying_with_parent, find_etcd
 from sluice.client import ClientConfig, Message, SluiceClientError, SyncProducer, SyncSimpleConsumer
 from sluice.server.config import load_config, unknown_variables
+from tests.integration.test_metrics_reference import CLUSTER_SECTION, check_against_reference, scrape
 
 ROOT = Path(__file__).resolve().parents[2]
 COMPOSE = ROOT / "docker" / "compose.cluster.yml"
@@ -110,10 +111,10 @@ def compose(env: dict[str, str] | None = None) -> dict:
     return interpolate(compose_raw(), {"SLUICE_CLUSTER_SECRET": SECRET} if env is None else env)
 
 
-def dockerfile() -> list[tuple[str, str]]:
+def dockerfile(path: Path = DOCKERFILE) -> list[tuple[str, str]]:
     """(INSTRUCTION, its arguments) in order, continuation lines joined, comments dropped."""
     instructions, pending = [], ""
-    for line in DOCKERFILE.read_text().splitlines():
+    for line in path.read_text().splitlines():
         if not pending and (not line.strip() or line.lstrip().startswith("#")):
             continue
         if pending and line.lstrip().startswith("#"):
@@ -128,17 +129,25 @@ def dockerfile() -> list[tuple[str, str]]:
     return instructions
 
 
-def instruction(name: str) -> list[str]:
-    return [rest for keyword, rest in dockerfile() if keyword == name]
+def instruction(name: str, path: Path = DOCKERFILE) -> list[str]:
+    return [rest for keyword, rest in dockerfile(path) if keyword == name]
 
 
-def image_env() -> dict[str, str]:
-    env = {}
-    for rest in instruction("ENV"):
+def base_image(path: Path = DOCKERFILE) -> str:
+    """The FROM image, its ``${ARG}`` replaced by the ARG's default."""
+    defaults = dict(rest.partition("=")[::2] for rest in instruction("ARG", path) if "=" in rest)
+    [image] = instruction("FROM", path)
+    return interpolate(image, defaults)
+
+
+def image_env(path: Path = DOCKERFILE) -> dict[str, str]:
+    """The image's ENV, ``$NAME`` in a value read as the base image's (here: this machine's)."""
+    env: dict[str, str] = {}
+    for rest in instruction("ENV", path):
         for word in shlex.split(rest):
             key, equals, value = word.partition("=")
             assert equals, f"ENV {rest!r}: write KEY=value"
-            env[key] = value
+            env[key] = interpolate(value, {**os.environ, **env})
     return env
 
 
@@ -148,16 +157,16 @@ def exec_form(text: str) -> list[str]:
     return form
 
 
-def healthcheck() -> list[str]:
+def healthcheck(path: Path = DOCKERFILE) -> list[str]:
     """The HEALTHCHECK's command (exec form)."""
-    [rest] = instruction("HEALTHCHECK")
+    [rest] = instruction("HEALTHCHECK", path)
     options, marker, command = rest.partition(" CMD ")
     assert marker, f"HEALTHCHECK without CMD: {rest!r}"
     return exec_form(command)
 
 
-def image_volume() -> str:
-    [rest] = instruction("VOLUME")
+def image_volume(path: Path = DOCKERFILE) -> str:
+    [rest] = instruction("VOLUME", path)
     volumes = exec_form(rest) if rest.startswith("[") else rest.split()
     assert len(volumes) == 1, volumes
     return volumes[0]
@@ -208,9 +217,10 @@ def volume(service: dict) -> tuple[str, str]:
 # -- the image ----------------------------------------------------------------------------------
 
 def test_the_dockerfile_builds_a_non_root_sluice_image_with_its_data_on_a_volume():
-    assert instruction("FROM") == ["python:3.11-slim-bookworm"]
+    assert base_image() == "python:3.11-slim-bookworm"
     [run] = [rest for rest in instruction("RUN") if "pip install" in rest]
-    assert "pip install --no-cache-dir ." in run
+    assert "python3 -m venv /opt/sluice" in run and "pip install --no-cache-dir ." in run
+    assert image_env()["PATH"].startswith("/opt/sluice/bin:"), "the venv's sluice and python first"
     [user] = instruction("USER")
     assert user == "sluice" and re.search(r"useradd .*\bsluice\b", run), "a non-root user sluice runs it"
     env = image_env()
@@ -218,7 +228,10 @@ def test_the_dockerfile_builds_a_non_root_sluice_image_with_its_data_on_a_volume
     assert not unknown_variables(env), unknown_variables(env)
     assert load_config(env=env).data_dir == "/var/lib/sluice"
     exposed = {int(port) for rest in instruction("EXPOSE") for port in rest.split()}
-    assert exposed == set(dataclasses.asdict(STANDARD).values())
+    config = load_config(env=env)
+    tls = {config.mqtt.tls_port, config.mqtt.wss_port, config.amqp.tls_port}
+    assert exposed == set(dataclasses.asdict(STANDARD).values()) | tls
+    assert instruction("STOPSIGNAL") == ["SIGTERM"]
     [entrypoint] = instruction("ENTRYPOINT")
     assert exec_form(entrypoint) == ["sluice"]
     assert tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]["sluice"] == "sluice.cli:main"
@@ -241,6 +254,20 @@ def _ignored(relative: str, patterns: list[str]) -> bool:
     return False
 
 
+def build_context(context: Path) -> Path:
+    """A copy of the repository's files (git's view) less what .dockerignore leaves out."""
+    patterns = [line.strip() for line in DOCKERIGNORE.read_text().splitlines()
+                if line.strip() and not line.lstrip().startswith("#")]
+    tracked = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=ROOT,
+                             capture_output=True, check=True).stdout.decode().split("\0")
+    for relative in filter(None, tracked):
+        source = ROOT / relative
+        if not _ignored(relative, patterns) and source.is_file():
+            (context / relative).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(source, context / relative)
+    return context
+
+
 def test_the_build_context_left_by_dockerignore_makes_a_wheel_with_the_sluice_command(tmp_path):
     patterns = [line.strip() for line in DOCKERIGNORE.read_text().splitlines()
                 if line.strip() and not line.lstrip().startswith("#")]
@@ -249,14 +276,7 @@ def test_the_build_context_left_by_dockerignore_makes_a_wheel_with_the_sluice_co
             f"{pattern!r}: _ignored knows only root names and **/name"
     for kept_out in (".git", ".venv", "data", "cluster-data", "sluice.egg-info", "sluice/__pycache__/x.pyc"):
         assert _ignored(kept_out, patterns), kept_out
-    tracked = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=ROOT,
-                             capture_output=True, check=True).stdout.decode().split("\0")
-    context = tmp_path / "context"
-    for relative in filter(None, tracked):
-        source = ROOT / relative
-        if not _ignored(relative, patterns) and source.is_file():
-            (context / relative).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(source, context / relative)
+    context = build_context(tmp_path / "context")
     # the Dockerfile's `pip install .`, less fetching the dependencies
     subprocess.run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation",
                     "--no-cache-dir", "--wheel-dir", str(tmp_path / "wheels"), str(context)], check=True, timeout=300)
@@ -528,6 +548,8 @@ def test_the_compose_commands_form_etcd_and_a_replica_group_that_confirms_a_mess
             check = healthcheck()
             done = _in_container(node, sys.executable, *check[1:])
             assert done.returncode == 0, f"HEALTHCHECK of {node.name}: {done.stderr}"
+        # docs/metrics.md's replica-group series, as the leader exports them (followers lack some)
+        check_against_reference(scrape(f"{leader.host}:{ports.admin}"), section_only=CLUSTER_SECTION)
 
         first, second = [node for node in group.nodes if node is not leader]
         body = f"confirmed through {first.name}".encode()

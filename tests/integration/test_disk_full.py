@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -133,6 +134,13 @@ def health(server: Server) -> tuple[int, dict]:
         return error.code, json.loads(error.read())
 
 
+def disk_alarm(server: Server) -> float:
+    """``sluice_disk_alarm`` on the broker's /metrics."""
+    with urllib.request.urlopen(f"{server.admin}/metrics", timeout=WAIT) as response:
+        text = response.read().decode()
+    return float(re.search(r"^sluice_disk_alarm (\S+)$", text, re.M).group(1))
+
+
 def payload(label: str) -> bytes:
     head = f"{label} ".encode()
     return head + b"x" * (PAYLOAD - len(head))
@@ -183,6 +191,7 @@ def test_a_full_disk_refuses_publishes_cleanly_and_the_broker_resumes_when_space
         status, body = health(server)
         assert status == 503 and body["status"] == "degraded", body
         assert "ENOSPC" in body["store"] and "free space" in body["store"], body
+        assert disk_alarm(server) == 1
 
         began = time.monotonic()
         assert mqtt5.publish("disk/a", payload("refused")) == QUOTA_EXCEEDED
@@ -199,6 +208,7 @@ def test_a_full_disk_refuses_publishes_cleanly_and_the_broker_resumes_when_space
         while (status := health(server)[0]) != 200 and time.monotonic() < deadline:
             time.sleep(0.05)
         assert status == 200, health(server)
+        assert disk_alarm(server) == 0
         assert mqtt5.publish("disk/a", payload("after")) == 0
         acked.add(payload("after"))
         native.send(Message("disk", payload("native after")))
