@@ -1,4 +1,4 @@
-"""`server_ssl_context`: a real TLS handshake on 127.0.0.1 and clear errors for bad files."""
+"""`ServerTls`: a real TLS handshake on 127.0.0.1, clear errors for bad files, reload in place."""
 from __future__ import annotations
 
 import asyncio
@@ -8,7 +8,11 @@ from pathlib import Path
 import pytest
 from cryptography.hazmat.primitives import serialization
 
-from protocols.mqtt.tls import server_ssl_context
+from protocols.tls import ServerTls, TlsConfig
+
+
+def server_ssl_context(cert: str, key: str) -> ssl.SSLContext:
+    return ServerTls(TlsConfig(cert, key)).context()
 
 
 def test_a_client_trusting_the_certificate_completes_a_handshake_and_gets_an_echo(cert_files):
