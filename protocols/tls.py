@@ -171,7 +171,7 @@ def _load(context: ssl.SSLContext, cert_file: str, key_file: str) -> None:
         context.load_cert_chain(cert_file, key_file, password=lambda: _encrypted(key_file))
     except ssl.SSLError as exc:
         raise ValueError(f"TLS certificate {cert_file!r} with private key {key_file!r} cannot be "
-                         f"used ({exc.reason}): both must be PEM, the certificate first in its "
+                         f"used ({exc.reason or exc}): both must be PEM, the certificate first in its "
                          "chain, and the key must belong to the certificate") from None
     except OSError as exc:
         raise ValueError(f"TLS certificate {cert_file!r} or key {key_file!r} cannot be read "

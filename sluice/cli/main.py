@@ -21,6 +21,7 @@ from .clients import add_client_commands
 from .cluster import add_cluster_commands
 from .data import add_data_commands
 from .demo import add_demo_command
+from .dev_cert import add_dev_cert_command
 from .simulate import add_simulate_command
 from .vhosts import add_vhost_commands
 
@@ -189,6 +190,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_simulate_command(commands)
     add_analytics_commands(commands)
     add_demo_command(commands)
+    add_dev_cert_command(commands)
 
     store = commands.add_parser("store", help="Read an existing store offline.",
                                 description="Read an existing store offline (no broker needed).")
