@@ -8,7 +8,10 @@ from pathlib import Path
 import pytest
 from cryptography.hazmat.primitives import serialization
 
-from protocols.tls import ServerTls, TlsConfig
+from cryptography import x509
+
+from protocols.tls import ServerTls, TlsConfig, certificate_user
+from sluice.cli.dev_cert import write_dev_certs
 
 
 def server_ssl_context(cert: str, key: str) -> ssl.SSLContext:
@@ -75,3 +78,62 @@ def test_an_encrypted_key_is_refused_without_prompting(cert_files, tmp_path):
                                             serialization.BestAvailableEncryption(b"secret")))
     with pytest.raises(ValueError, match="encrypted.pem.*is encrypted"):
         server_ssl_context(cert_files.cert, str(encrypted))
+
+
+def test_reload_serves_the_new_certificate_to_new_handshakes_and_keeps_the_old_on_bad_files(
+        tmp_path):
+    first = write_dev_certs(tmp_path / "certs")
+    tls = ServerTls(TlsConfig(first.cert, first.key))
+    context = tls.context()
+
+    def served_serial() -> int:
+        async def main() -> int:
+            server = await asyncio.start_server(lambda r, w: w.close(), "127.0.0.1", 0,
+                                                ssl=context)
+            port = server.sockets[0].getsockname()[1]
+            async with server:
+                _, writer = await asyncio.open_connection(
+                    "127.0.0.1", port, ssl=ssl.create_default_context(cafile=first.ca))
+                der = writer.get_extra_info("ssl_object").getpeercert(binary_form=True)
+                writer.close()
+            return x509.load_der_x509_certificate(der).serial_number
+        return asyncio.run(main())
+
+    assert served_serial() == tls.certificate.serial_number
+    old_serial = tls.certificate.serial_number
+    write_dev_certs(tmp_path / "certs", overwrite=True)  # same paths, a new CA and certificate
+    assert "CN=localhost" in tls.reload() and tls.generation == 1
+    assert served_serial() == tls.certificate.serial_number != old_serial
+    assert tls.chain()[0] == Path(first.cert).read_bytes()
+    Path(first.key).write_text("not a key\n")
+    with pytest.raises(ValueError, match="server-key.pem"):
+        tls.reload()
+    assert tls.generation == 1 and served_serial() == tls.certificate.serial_number
+
+
+def test_certificate_user_is_the_cn_of_a_verified_client_certificate_only(tmp_path):
+    certs = write_dev_certs(tmp_path / "certs", client="alice")
+    tls = ServerTls(TlsConfig(certs.cert, certs.key, certs.ca, "optional"))
+    context = tls.context(client_certs=True)
+
+    async def user_of(client_cert: tuple[str, str] | None) -> str | None:
+        seen: list[str | None] = []
+
+        async def handle(reader, writer) -> None:
+            seen.append(certificate_user(writer.get_extra_info("ssl_object")))
+            writer.close()
+
+        server = await asyncio.start_server(handle, "127.0.0.1", 0, ssl=context)
+        port = server.sockets[0].getsockname()[1]
+        client = ssl.create_default_context(cafile=certs.ca)
+        if client_cert:
+            client.load_cert_chain(*client_cert)
+        async with server:
+            reader, writer = await asyncio.open_connection("127.0.0.1", port, ssl=client)
+            await reader.read()
+            writer.close()
+        return seen[0]
+
+    assert asyncio.run(user_of((certs.client_cert, certs.client_key))) == "alice"
+    assert asyncio.run(user_of(None)) is None
+    assert certificate_user(None) is None
