@@ -126,6 +126,15 @@ class ServerTls:
         return describe(certificate)
 
 
+def peer_context(config: TlsConfig) -> ssl.SSLContext:
+    """A client context for connecting to another node that serves ``config``'s certificate:
+    it trusts ``client_ca``, else the certificate itself (no chain to a root needed), and
+    checks the host name as any client does."""
+    context = ssl.create_default_context(cafile=config.client_ca or config.cert)
+    context.verify_flags |= ssl.VERIFY_X509_PARTIAL_CHAIN
+    return context
+
+
 def describe(certificate: x509.Certificate) -> str:
     """Subject, serial number and expiry of ``certificate``, for the log."""
     return (f"{certificate.subject.rfc4514_string()} (serial {certificate.serial_number:x}, "

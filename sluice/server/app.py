@@ -168,21 +168,8 @@ class RunningBroker:
         return found
 
     async def reload_tls(self) -> None:
-        """Load the certificate and key files again into every TLS listener (SIGHUP): new
-        handshakes get the new certificate, open connections go on. A file that cannot be
-        used is logged as an error and the old certificate stays. Runs on the event loop."""
-        if self.tls is None:
-            log.info("SIGHUP: no certificate is configured (tls.cert), nothing to reload")
-            return
-        try:
-            served = await asyncio.to_thread(self.tls.reload)
-        except ValueError as error:
-            log.error("SIGHUP: the TLS certificate was not reloaded, the old one is still "
-                      "served: %s", error)
-            return
-        log.info("SIGHUP: reloaded the TLS certificate of every TLS listener (%s, %s); new "
-                 "connections get it, open ones go on: %s", self.tls.config.cert,
-                 self.tls.config.key, served)
+        """Load the certificate and key files again into every TLS listener (SIGHUP)."""
+        await reload_tls(self.tls, "every TLS listener")
 
     async def stop(self) -> None:
         """Stop accepting, stop servers, persist offsets, checkpoint and close store and metadata."""
@@ -318,6 +305,24 @@ async def _start(config: Config, store: FileStore | None = None, cluster: Any = 
         else:
             await asyncio.to_thread(store.close)
         raise
+
+
+async def reload_tls(tls: ServerTls | None, where: str) -> None:
+    """Load ``tls``'s certificate and key files again (SIGHUP): new handshakes on ``where``
+    get the new certificate, open connections go on. A file that cannot be used is logged as
+    an error and the old certificate stays. Runs on the event loop."""
+    if tls is None:
+        log.info("SIGHUP: no certificate is configured for %s (tls.cert), nothing to reload",
+                 where)
+        return
+    try:
+        served = await asyncio.to_thread(tls.reload)
+    except ValueError as error:
+        log.error("SIGHUP: the TLS certificate of %s was not reloaded, the old one is still "
+                  "served: %s", where, error)
+        return
+    log.info("SIGHUP: reloaded the TLS certificate of %s (%s, %s); new connections get it, "
+             "open ones go on: %s", where, tls.config.cert, tls.config.key, served)
 
 
 def _server_tls(config: Config) -> ServerTls | None:
