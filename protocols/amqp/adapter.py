@@ -289,6 +289,7 @@ class AmqpAdapter:
             self._tear_down(self._ended)
 
     async def _login(self, event: LoginRequested) -> None:
+        user = event.user or getattr(self.wire, "certificate_user", None) or ""  # EXTERNAL: the CN
         try:
             principal = await log_in(self.host.broker, event, self.peer,
                                      self.host.options.guest_from_loopback,
@@ -296,12 +297,12 @@ class AmqpAdapter:
         except Refused as refused:
             self.host.denials.denied(peer_host(self.peer), "login",
                                      "AMQP login of user %s from %s refused: %s",
-                                     clip(event.user), self.peer, clip(refused.detail, 300))
+                                     clip(user), self.peer, clip(refused.detail, 300))
             self._refusal_logged = True
             if self.conn.state is State.LOGIN_REQUESTED:
                 self.conn.refuse_login(refused.reason)
         except Exception:  # noqa: BLE001 - one failed login must not leave the client waiting
-            log.exception("AMQP login of user %s from %s failed", clip(event.user), self.peer)
+            log.exception("AMQP login of user %s from %s failed", clip(user), self.peer)
             if self.conn.state is State.LOGIN_REQUESTED:
                 self.conn.refuse_login()
         else:

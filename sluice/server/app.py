@@ -123,10 +123,12 @@ class RunningBroker:
             user = "not created (users exist); log in as one of them"
         return [
             ("native gRPC", f"{self.native_address}  (sluice send/consume --server "
-                            f"{self.native_address}){self._native_tls()}"),
+                            f"{self.native_address}{' --ca CA_FILE' if self._native_tls() else ''})"
+                            f"{self._native_tls()}"),
             *self._mqtt_endpoints(),
             *self._amqp_endpoints(),
-            ("admin API", f"{self.admin_url}  (sluice ... --admin {self.admin_url})"),
+            ("admin API", f"{self.admin_url}  (sluice ... --admin {self.admin_url}"
+                          f"{' --ca CA_FILE' if self.admin_url.startswith('https:') else ''})"),
             ("metrics", f"{self.admin_url}/metrics"),
             ("OpenAPI", f"{self.admin_url}/openapi.json"),
             ("health", f"{self.admin_url}/health"),

@@ -30,6 +30,7 @@ async def run_until_signalled(config: Config) -> None:
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stopping.set)
     loop.add_signal_handler(signal.SIGUSR2, log_tasks)
+    loop.add_signal_handler(signal.SIGHUP, lambda: log.info("SIGHUP while starting: ignored"))
     if config.cluster.enabled:
         await run_cluster_node(config, stopping)
         print("Sluice stopped.", flush=True)
