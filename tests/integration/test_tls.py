@@ -305,3 +305,30 @@ def test_sighup_serves_the_new_certificate_to_new_connections_and_keeps_open_one
     assert peer_serial(host, port, certs.ca) == new  # the old one stays
     for client in (before, after):
         client.stop()
+
+
+def test_the_dev_cert_walkthrough_works_with_mosquitto_pub_and_curl(sluice_server, tmp_path,
+                                                                     certs):
+    server = serve_tls(sluice_server, tmp_path, certs, "--tls-client-ca", certs.ca,
+                       "--tls-client-certs", "optional")
+    _alice(server, certs)
+    host, port = endpoint(server, "MQTT TLS")
+    watcher = Paho(host, port, certs.ca)
+    assert watcher.subscribe("alice/#") == 1
+    common = ["mosquitto_pub", "--cafile", certs.ca, "-h", host, "-p", str(port), "-q", "1"]
+    by_password = subprocess.run([*common, "-u", "sluice", "-P", "sluice", "-t", "alice/a",
+                                  "-m", "by password"], capture_output=True, text=True, timeout=60)
+    assert by_password.returncode == 0, by_password.stderr
+    assert watcher.messages.get(timeout=WAIT) == b"by password"
+    by_certificate = subprocess.run([*common, "--cert", certs.client_cert, "--key",
+                                     certs.client_key, "-t", "alice/b", "-m", "by certificate"],
+                                    capture_output=True, text=True, timeout=60)
+    assert by_certificate.returncode == 0, by_certificate.stderr
+    assert watcher.messages.get(timeout=WAIT) == b"by certificate"
+    watcher.stop()
+    health = subprocess.run(["curl", "-sf", "--cacert", certs.ca, server.admin + "/health"],
+                            capture_output=True, text=True, timeout=60)
+    assert health.returncode == 0 and '"status": "ok"' in health.stdout
+    untrusted = subprocess.run(["curl", "-sf", server.admin + "/health"], capture_output=True,
+                               timeout=60)
+    assert untrusted.returncode == 60  # curl: peer certificate cannot be authenticated
