@@ -137,13 +137,13 @@ class _Client(_Side):
             self.transport.abort()
             return
         assert upstream.transport is not None
+        if self.transport.is_closing():  # the client left while we connected
+            upstream.transport.close()
+            return
         local = upstream.transport.get_extra_info("sockname")
         if self._peer is not None:
             relayed_peers.register((local[0], local[1]), relayed_peers.client(self._peer))
             self._front.relayed[id(self)] = (local[0], local[1])
-        if self.transport.is_closing():
-            upstream.transport.close()
-            return
         upstream.transport.write(self._first)
         self._first = b""
         self.transport.resume_reading()
