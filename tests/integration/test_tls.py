@@ -151,6 +151,8 @@ def test_an_expired_certificate_is_refused_by_every_client_and_the_broker_serves
     with pytest.raises(ssl.SSLCertVerificationError, match="expired"):
         Paho(*endpoint(server, "MQTT TLS"), certs.ca)
     with pytest.raises(ssl.SSLCertVerificationError, match="expired"):
+        Paho(*endpoint(server, "MQTT WSS"), certs.ca, transport="websockets")
+    with pytest.raises(ssl.SSLCertVerificationError, match="expired"):
         pika.BlockingConnection(amqp_parameters(server, certs.ca,
                                                 pika.PlainCredentials("sluice", "sluice")))
     with pytest.raises(urllib.error.URLError, match="expired"):
