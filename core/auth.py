@@ -146,6 +146,16 @@ class Users:
                     self._verified[username] = digest
         return self._principal(username)
 
+    def certificate_login(self, username: str) -> Principal:
+        """The principal of ``username``, named by a client certificate the TLS layer verified;
+        Unauthenticated when no such user exists (the certificate proves the name, not that
+        the broker knows it). Blocks on SQL."""
+        if self._repository.get_user(username) is None:
+            raise Unauthenticated(f"the client certificate names user {username!r}, which does "
+                                  f"not exist: create it (`sluice user create {username}`) or "
+                                  "issue the certificate with an existing user's name as its CN")
+        return self._principal(username)
+
     def cached_signature(self, access_key: str, signed: bytes, signature_hex: str) -> Principal | None:
         """``access_key``'s principal if its secret is in memory and ``signature_hex`` is the
         HMAC-SHA1 of ``signed`` under it; Unauthenticated if the signature is wrong or the key is

@@ -112,6 +112,14 @@ class Broker:
             functools.partial(users.authenticate, username, password),
             shared=users.login_key(username, password))
 
+    async def authenticate_certificate(self, username: str, peer_host: str = "") -> Principal:
+        """Principal of the user that a verified client certificate names (its CN), for a
+        connection from ``peer_host``: the user must exist. Throttled as ``authenticate``; the
+        look-up runs on a login thread."""
+        users = self.users
+        return await self.logins.decide(peer_host, username, lambda: None,
+                                        functools.partial(users.certificate_login, username))
+
     async def authenticate_signature(self, access_key: str, signed: bytes, signature_hex: str,
                                      peer_host: str = "") -> Principal:
         """Principal for an HMAC-SHA1 signature of ``signed`` made with the user's secret, sent

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import logging
+import ssl
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -135,29 +136,33 @@ def _http_error(request: web.Request, http: web.HTTPException) -> web.StreamResp
 class AdminServer:
     """A running admin HTTP server."""
 
-    def __init__(self, runner: web.AppRunner, host: str, port: int) -> None:
+    def __init__(self, runner: web.AppRunner, host: str, port: int, secure: bool = False) -> None:
         self._runner = runner
         self.host = host
         self.port = port
+        self.secure = secure
+        """Whether it serves HTTPS."""
 
     @property
     def url(self) -> str:
         host = f"[{self.host}]" if ":" in self.host else self.host
-        return f"http://{host}:{self.port}"
+        return f"{'https' if self.secure else 'http'}://{host}:{self.port}"
 
     async def stop(self) -> None:
         """Stop accepting, finish requests in progress, release the port."""
         await self._runner.cleanup()
 
 
-async def start_admin_server(deps: AdminDeps, host: str, port: int) -> AdminServer:
-    """Serve the admin API on ``host:port`` (0 picks a free port); OSError if it cannot bind."""
+async def start_admin_server(deps: AdminDeps, host: str, port: int,
+                             ssl_context: ssl.SSLContext | None = None) -> AdminServer:
+    """Serve the admin API on ``host:port`` (0 picks a free port), over HTTPS with
+    ``ssl_context``; OSError if it cannot bind."""
     runner = web.AppRunner(build_app(deps), access_log=None, handle_signals=False)
     await runner.setup()
-    site = web.TCPSite(runner, host, port, reuse_address=True)
+    site = web.TCPSite(runner, host, port, reuse_address=True, ssl_context=ssl_context)
     try:
         await site.start()
     except BaseException:
         await runner.cleanup()
         raise
-    return AdminServer(runner, host, runner.addresses[0][1])
+    return AdminServer(runner, host, runner.addresses[0][1], ssl_context is not None)

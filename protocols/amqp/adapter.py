@@ -22,6 +22,7 @@ import time
 import uuid
 from collections import deque
 from collections.abc import Coroutine
+from dataclasses import replace
 from typing import Any, Protocol
 
 from pamqp.commands import Basic
@@ -46,7 +47,7 @@ from .flow_control import FlowControl, WriteGate
 from .login import Refused, log_in, peer_host
 from .consumers import Consumers
 from .messages import Messages
-from .methods import ids
+from .methods import EXTERNAL, ids
 from .publish_pipeline import PublishPipeline
 from .options import AmqpOptions
 from .queue_limits import QueueLimits
@@ -113,7 +114,10 @@ class AmqpAdapter:
         self.wire = wire
         self.id = f"amqp-{uuid.uuid4().hex[:16]}"
         """The client id in `sluice client list`; owner of its exclusive queues."""
-        self.conn = ServerConnection(host.connection_options, time.monotonic())
+        options = host.connection_options
+        if getattr(wire, "certificate_user", None) is not None:
+            options = replace(options, mechanisms=(*options.mechanisms, EXTERNAL))
+        self.conn = ServerConnection(options, time.monotonic())
         self.flow = FlowControl(wire, MAX_PENDING_METHODS)
         self.gate = WriteGate()
         self.publishing = PublishPipeline(MAX_PENDING_METHODS, lambda error: self.kick(
@@ -290,18 +294,20 @@ class AmqpAdapter:
             self._tear_down(self._ended)
 
     async def _login(self, event: LoginRequested) -> None:
+        user = event.user or getattr(self.wire, "certificate_user", None) or ""  # EXTERNAL: the CN
         try:
             principal = await log_in(self.host.broker, event, self.peer,
-                                     self.host.options.guest_from_loopback)
+                                     self.host.options.guest_from_loopback,
+                                     getattr(self.wire, "certificate_user", None))
         except Refused as refused:
             self.host.denials.denied(peer_host(self.peer), "login",
                                      "AMQP login of user %s from %s refused: %s",
-                                     clip(event.user), self.peer, clip(refused.detail, 300))
+                                     clip(user), self.peer, clip(refused.detail, 300))
             self._refusal_logged = True
             if self.conn.state is State.LOGIN_REQUESTED:
                 self.conn.refuse_login(refused.reason)
         except Exception:  # noqa: BLE001 - one failed login must not leave the client waiting
-            log.exception("AMQP login of user %s from %s failed", clip(event.user), self.peer)
+            log.exception("AMQP login of user %s from %s failed", clip(user), self.peer)
             if self.conn.state is State.LOGIN_REQUESTED:
                 self.conn.refuse_login()
         else:

@@ -32,7 +32,7 @@ from .events import (ChannelClosed, ChannelOpened, CloseRequested, ConnectionClo
                      FlowChanged, LoginRequested, MethodReceived, PublishReceived, VhostRequested)
 from .frames import (FRAME_MIN_SIZE, HEARTBEAT_FRAME, PROTOCOL_HEADER, encode_content,
                      encode_delivery, encode_method)
-from .methods import credentials, ids, start
+from .methods import MECHANISMS, credentials, ids, start
 from .reason_codes import AmqpError, BadProtocolHeader, FrameError, ReplyCode
 from .state_table import (CHANNEL_TRANSITIONS, SENDING_STATES, TRANSITIONS, Action,
                           ChannelState, State, refusal)
@@ -64,6 +64,8 @@ class Options:
     """How long our connection.close waits for close-ok."""
     product: str = "Sluice"
     version: str = "0.1.0"
+    mechanisms: tuple[str, ...] = MECHANISMS
+    """SASL mechanisms offered in connection.start."""
 
     def __post_init__(self) -> None:
         if not FRAME_MIN_SIZE <= self.frame_max <= 0xFFFFFFFF:
@@ -229,10 +231,11 @@ class ServerConnection:
             handler(self, frame, before)
 
     def _on_header(self, frame: ProtocolHeader, before: State) -> None:
-        self._send(encode_method(0, start(self.options.product, self.options.version)))
+        options = self.options
+        self._send(encode_method(0, start(options.product, options.version, options.mechanisms)))
 
     def _on_start_ok(self, frame: Connection.StartOk, before: State) -> None:
-        user, password = credentials(frame.mechanism, frame.response)
+        user, password = credentials(frame.mechanism, frame.response, self.options.mechanisms)
         self._mechanism = frame.mechanism
         self.client_properties = dict(frame.client_properties or {})
         self._events.append(LoginRequested(frame.mechanism, user, password,

@@ -12,6 +12,7 @@ from collections.abc import Callable, Mapping
 
 from core.wrong_protocol import AMQP, WrongProtocol
 from protocols import relayed_peers
+from protocols.tls import certificate_user
 
 from .adapter import AmqpAdapter, Wire
 from .frames import PROTOCOL_HEADER
@@ -28,9 +29,15 @@ class AmqpWire(asyncio.Protocol):
     """A `Wire` over an asyncio transport. Runs on the event loop."""
 
     def __init__(self, new_connection: Callable[[Wire], AmqpAdapter],
-                 wrong_protocol: WrongProtocol | None = None) -> None:
+                 wrong_protocol: WrongProtocol | None = None,
+                 certificate_login: bool = False) -> None:
+        """``certificate_login``: a verified client certificate's CN may log in by SASL
+        EXTERNAL (``certificate_user``)."""
         self._new_connection = new_connection
         self._wrong_protocol = wrong_protocol
+        self._certificate_login = certificate_login
+        self.certificate_user: str | None = None
+        """The user a verified client certificate names (with ``certificate_login``)."""
         self._transport: asyncio.Transport | None = None
         self._adapter: AmqpAdapter | None = None
         self.peer = "?"
@@ -43,6 +50,8 @@ class AmqpWire(asyncio.Protocol):
         if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.peer = relayed_peers.client_address(transport.get_extra_info("peername"))
+        if self._certificate_login:
+            self.certificate_user = certificate_user(transport.get_extra_info("ssl_object"))
         self._adapter = self._new_connection(self)
 
     def data_received(self, data: bytes) -> None:
@@ -111,10 +120,13 @@ class AmqpListener:
 
 async def start_amqp_listener(frontend: AmqpFrontend, options: AmqpOptions,
                               tls: ssl.SSLContext | None = None,
-                              advice: Mapping[str, str] | None = None) -> AmqpListener:
+                              advice: Mapping[str, str] | None = None,
+                              certificate_login: bool = False) -> AmqpListener:
     """Open the TCP listener of ``options``, and its TLS listener with ``tls`` unless
     ``tls_port`` is -1. A client of another protocol is logged with the ``advice`` for its
-    protocol (see ``WrongProtocol``). Raises OSError when a port is taken."""
+    protocol (see ``WrongProtocol``). ``certificate_login``: the TLS listener offers SASL
+    EXTERNAL to a client whose verified certificate names a user. Raises OSError when a port
+    is taken."""
     loop = asyncio.get_running_loop()
     wrong_protocol = WrongProtocol(AMQP, frontend.denials, {} if advice is None else advice)
     server = await loop.create_server(lambda: AmqpWire(frontend.new_connection, wrong_protocol),
@@ -124,7 +136,8 @@ async def start_amqp_listener(frontend: AmqpFrontend, options: AmqpOptions,
     if tls is not None and options.tls_port >= 0:
         try:
             secure = listen(options.host, options.tls_port, tls,
-                            lambda: AmqpWire(frontend.new_connection, wrong_protocol),
+                            lambda: AmqpWire(frontend.new_connection, wrong_protocol,
+                                             certificate_login),
                             timeout=options.connect_timeout_s, backlog=BACKLOG,
                             denials=frontend.denials)
         except BaseException:

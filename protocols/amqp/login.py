@@ -16,6 +16,7 @@ from core.model import Principal
 from core.service import Broker
 
 from .events import LoginRequested
+from .methods import EXTERNAL
 
 GUEST = "guest"
 GUEST_REFUSED = f"user '{GUEST}' can only connect via localhost"
@@ -49,12 +50,19 @@ def is_loopback(peer: str) -> bool:
 
 
 async def log_in(broker: Broker, event: LoginRequested, peer: str,
-                 guest_from_loopback: bool) -> Principal:
-    """The principal for ``event``'s credentials; `Refused` if it may not log in."""
-    if guest_from_loopback and event.user == GUEST and not is_loopback(peer):
+                 guest_from_loopback: bool, certificate_user: str | None = None) -> Principal:
+    """The principal for ``event``'s credentials; `Refused` if it may not log in. SASL
+    EXTERNAL logs in as ``certificate_user``, the user the verified client certificate names."""
+    if event.mechanism == EXTERNAL:
+        if certificate_user is None:  # offered only with one; kept as a refusal all the same
+            raise Refused("", "EXTERNAL needs a verified client certificate naming a user")
+        checking = broker.authenticate_certificate(certificate_user, peer_host(peer))
+    elif guest_from_loopback and event.user == GUEST and not is_loopback(peer):
         raise Refused(GUEST_REFUSED, GUEST_REFUSED)
+    else:
+        checking = broker.authenticate(event.user, event.password, peer_host(peer))
     try:
-        return await broker.authenticate(event.user, event.password, peer_host(peer))
+        return await checking
     except (LoginThrottled, LoginBusy) as refused:  # say why: the client cannot guess it
         raise Refused(str(refused), str(refused)) from None
     except Unauthenticated as refused:

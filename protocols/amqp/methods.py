@@ -3,7 +3,8 @@
 Server properties announce the capabilities RabbitMQ announces, so clients switch on the same
 features (confirms, consumer cancel notifications, connection.blocked, ...). PLAIN's response
 is ``\\0user\\0password``; AMQPLAIN's is a field table, without its length prefix, holding
-LOGIN and PASSWORD.
+LOGIN and PASSWORD. EXTERNAL (offered on a TLS connection whose client certificate names a
+user) carries nothing the broker reads: the certificate is the credential.
 """
 
 from __future__ import annotations
@@ -18,9 +19,10 @@ from pamqp.base import Frame
 from .properties import FieldError, FieldReader
 from .reason_codes import AmqpError, ReplyCode
 
-__all__ = ["MECHANISMS", "credentials", "ids", "start"]
+__all__ = ["EXTERNAL", "MECHANISMS", "credentials", "ids", "start"]
 
 MECHANISMS: Final = ("PLAIN", "AMQPLAIN")
+EXTERNAL: Final = "EXTERNAL"
 CAPABILITIES: Final[common.FieldTable] = {
     "publisher_confirms": True,
     "exchange_exchange_bindings": True,
@@ -34,8 +36,9 @@ CAPABILITIES: Final[common.FieldTable] = {
 }
 
 
-def start(product: str, version: str) -> commands.Connection.Start:
-    """The connection.start the server opens with."""
+def start(product: str, version: str,
+          mechanisms: tuple[str, ...] = MECHANISMS) -> commands.Connection.Start:
+    """The connection.start the server opens with, offering ``mechanisms``."""
     properties: common.FieldTable = {
         "capabilities": CAPABILITIES,
         "product": product,
@@ -43,7 +46,7 @@ def start(product: str, version: str) -> commands.Connection.Start:
         "platform": f"Python {platform.python_version()}",
         "information": "Sluice: AMQP 0-9-1 over a commit log",
     }
-    return commands.Connection.Start(0, 9, properties, " ".join(MECHANISMS), "en_US")
+    return commands.Connection.Start(0, 9, properties, " ".join(mechanisms), "en_US")
 
 
 def ids(method: Frame) -> tuple[int, int]:
@@ -51,15 +54,19 @@ def ids(method: Frame) -> tuple[int, int]:
     return method.index >> 16, method.index & 0xFFFF
 
 
-def credentials(mechanism: str, response: str | bytes) -> tuple[str, str]:
-    """(user, password) from a start-ok response. Raises AmqpError: 503 COMMAND_INVALID for
-    a mechanism we do not offer, 502 SYNTAX_ERROR for a response that does not parse (the
-    codes RabbitMQ answers with)."""
+def credentials(mechanism: str, response: str | bytes,
+                offered: tuple[str, ...] = MECHANISMS) -> tuple[str, str]:
+    """(user, password) from a start-ok response; ("", "") for EXTERNAL. Raises AmqpError: 503
+    COMMAND_INVALID for a mechanism not ``offered``, 502 SYNTAX_ERROR for a response that does
+    not parse (the codes RabbitMQ answers with)."""
     raw = response.encode() if isinstance(response, str) else bytes(response)
-    if mechanism == "PLAIN":
-        return _plain(raw)
-    if mechanism == "AMQPLAIN":
-        return _amqplain(raw)
+    if mechanism in offered:
+        if mechanism == EXTERNAL:
+            return "", ""
+        if mechanism == "PLAIN":
+            return _plain(raw)
+        if mechanism == "AMQPLAIN":
+            return _amqplain(raw)
     raise AmqpError(ReplyCode.COMMAND_INVALID, f"unknown authentication mechanism {mechanism[:64]!r}",
                     *ids(commands.Connection.StartOk()))
 

@@ -17,8 +17,8 @@ MIN_AUTO_CONNECTIONS: Final = 16
 @dataclass(frozen=True)
 class AmqpOptions:
     """The AMQP 0-9-1 listeners and their limits; a port of -1 is not opened (0 picks a free
-    port). The TLS listener serves the certificate of the MQTT TLS listeners (``[mqtt]``
-    ``tls_cert`` and ``tls_key``, ``--tls-cert`` / ``--tls-key``) and opens only with one."""
+    port). The TLS listener serves the certificate of every TLS listener (``[tls]`` cert and
+    key, ``--tls-cert`` / ``--tls-key``) and opens only with one."""
 
     host: str = "127.0.0.1"
     """Address the AMQP listeners bind."""

@@ -59,7 +59,8 @@ class Registry(IntakeServices, Protocol):
     @property
     def traffic(self) -> Traffic: ...
 
-    async def log_in(self, event: ConnectRequested, peer: str) -> Login: ...
+    async def log_in(self, event: ConnectRequested, peer: str,
+                     certificate_user: str | None = None) -> Login: ...
 
     async def open_session(self, link: MqttAdapter, login: Login,
                            clean_start: bool) -> tuple[Session, bool]: ...
@@ -277,7 +278,8 @@ class MqttAdapter:
 
     async def _handshake(self, event: ConnectRequested) -> None:
         registry = self.registry
-        login = await registry.log_in(event, self.peer)
+        login = await registry.log_in(event, self.peer,
+                                      getattr(self.wire, "certificate_user", None))
         self.principal = login.principal
         if self.closed:
             return

@@ -12,10 +12,10 @@ from dataclasses import dataclass, field
 from core.untrusted import DenialLog, clip
 from core.wrong_protocol import MQTT, WrongProtocol
 from protocols import relayed_peers
+from protocols.tls import certificate_user
 
 from .frontend import MqttFrontend
 from .options import MqttOptions
-from .tls import server_ssl_context
 from .websocket import WebSocketListener, parse_origins, start_websocket_listener
 from .wire import ConnectionHandler, Wire
 
@@ -40,9 +40,14 @@ class TcpWire(asyncio.Protocol):
     logged as such and closed. Runs on the event loop."""
 
     def __init__(self, new_connection: Callable[[Wire], ConnectionHandler],
-                 wrong_protocol: WrongProtocol | None = None) -> None:
+                 wrong_protocol: WrongProtocol | None = None,
+                 certificate_login: bool = False) -> None:
+        """``certificate_login``: a verified client certificate's CN is the user it logs in as."""
         self._new_connection = new_connection
         self._wrong_protocol = wrong_protocol
+        self._certificate_login = certificate_login
+        self.certificate_user: str | None = None
+        """The user a verified client certificate names (with ``certificate_login``)."""
         self._transport: asyncio.Transport | None = None
         self._handler: ConnectionHandler | None = None
         self._lingering: asyncio.TimerHandle | None = None
@@ -57,6 +62,8 @@ class TcpWire(asyncio.Protocol):
         if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.peer = relayed_peers.client_address(transport.get_extra_info("peername"))
+        if self._certificate_login:
+            self.certificate_user = certificate_user(transport.get_extra_info("ssl_object"))
         self._handler = self._new_connection(self)
 
     def data_received(self, data: bytes) -> None:
@@ -128,7 +135,8 @@ class TlsListener:
     def __init__(self, sock: socket.socket, context: ssl.SSLContext,
                  new_connection: Callable[[Wire], ConnectionHandler], *, timeout: float,
                  max_handshakes: int, denials: DenialLog,
-                 wrong_protocol: WrongProtocol | None = None) -> None:
+                 wrong_protocol: WrongProtocol | None = None,
+                 certificate_login: bool = False) -> None:
         self.port: int = sock.getsockname()[1]
         self._sock = sock
         self._context = context
@@ -137,6 +145,7 @@ class TlsListener:
         self._max_handshakes = max_handshakes
         self._denials = denials
         self._wrong_protocol = wrong_protocol
+        self._certificate_login = certificate_login
         self._handshakes: set[asyncio.Task] = set()
         self._accepting = asyncio.get_running_loop().create_task(self._accept())
 
@@ -163,7 +172,8 @@ class TlsListener:
     async def _handshake(self, sock: socket.socket, peer: str) -> None:
         try:
             await asyncio.get_running_loop().connect_accepted_socket(
-                lambda: TcpWire(self._new_connection, self._wrong_protocol), sock,
+                lambda: TcpWire(self._new_connection, self._wrong_protocol,
+                                self._certificate_login), sock,
                 ssl=self._context,
                 ssl_handshake_timeout=self._timeout)
         except (OSError, EOFError) as failed:  # ssl.SSLError, resets and timeouts are OSErrors
@@ -196,20 +206,18 @@ class MqttListeners:
 
 
 async def start_mqtt_listeners(frontend: MqttFrontend, options: MqttOptions,
-                               advice: Mapping[str, str] | None = None) -> MqttListeners:
-    """Open TCP and WebSocket listeners, plus TLS and WSS when a certificate is configured.
+                               advice: Mapping[str, str] | None = None,
+                               tls: ssl.SSLContext | None = None,
+                               certificate_login: bool = False) -> MqttListeners:
+    """Open TCP and WebSocket listeners, plus TLS and WSS with the server context ``tls``.
     A client of another protocol on the TCP or TLS port is logged with the ``advice`` for its
-    protocol (see ``WrongProtocol``).
+    protocol (see ``WrongProtocol``). ``certificate_login``: a verified client certificate
+    logs in as the user its CN names.
 
-    A port of -1 is not opened. Raises OSError (port in use) or ValueError (bad certificate)."""
+    A port of -1 is not opened. Raises OSError (port in use)."""
     listeners = MqttListeners()
     wrong_protocol = WrongProtocol(MQTT, frontend.denials, {} if advice is None else advice)
     loop = asyncio.get_running_loop()
-    tls: ssl.SSLContext | None = None
-    if options.tls_cert or options.tls_key:
-        if not (options.tls_cert and options.tls_key):
-            raise ValueError("mqtt.tls_cert and mqtt.tls_key must be set together")
-        tls = server_ssl_context(options.tls_cert, options.tls_key)
     try:
         if options.port >= 0:
             server = await loop.create_server(lambda: TcpWire(frontend.new_connection,
@@ -225,7 +233,8 @@ async def start_mqtt_listeners(frontend: MqttFrontend, options: MqttOptions,
             secure = TlsListener(sock, tls, frontend.new_connection,
                                  timeout=options.connect_timeout_s or DEFAULT_TLS_TIMEOUT,
                                  max_handshakes=options.max_pending_connections,
-                                 denials=frontend.denials, wrong_protocol=wrong_protocol)
+                                 denials=frontend.denials, wrong_protocol=wrong_protocol,
+                                 certificate_login=certificate_login)
             listeners._servers.append(secure)
             listeners.ports["tls"] = secure.port
         for name, port, context in (("ws", options.ws_port, None), ("wss", options.wss_port, tls)):
@@ -234,7 +243,8 @@ async def start_mqtt_listeners(frontend: MqttFrontend, options: MqttOptions,
             websocket = await start_websocket_listener(
                 frontend.new_connection, options.host, port, path=options.ws_path,
                 ssl_context=context, allowed_origins=parse_origins(options.ws_allowed_origins),
-                request_timeout=options.connect_timeout_s)
+                request_timeout=options.connect_timeout_s,
+                certificate_login=certificate_login and context is not None)
             listeners._websockets.append(websocket)
             listeners.ports[name] = websocket.port
     except BaseException:

@@ -73,9 +73,17 @@ class Logins:
         self._anonymous_principal = anonymous_principal
 
     async def authenticate(self, username: str | None, password: bytes | None,
-                           peer: str = "") -> Principal:
+                           peer: str = "", certificate_user: str | None = None) -> Principal:
         """The principal for CONNECT credentials from ``peer`` (``host:port``); Unauthenticated
-        if refused (core throttles failures per address and user name)."""
+        if refused (core throttles failures per address and user name). ``certificate_user``:
+        the user a verified client certificate names, who logs in without a password (a
+        CONNECT user name, if any, must be the same)."""
+        if certificate_user is not None:
+            if username is not None and username != certificate_user:
+                raise Unauthenticated(f"the client certificate names user {certificate_user!r} "
+                                      f"but CONNECT names {clip(username)!r}: connect without a "
+                                      "user name, or with the certificate's")
+            return await self._broker.authenticate_certificate(certificate_user, peer_host(peer))
         if username is None:
             if self._allow_anonymous and self._anonymous_principal is not None:
                 return self._anonymous_principal
@@ -90,11 +98,14 @@ class Logins:
             return limit
         return None
 
-    async def log_in(self, event: ConnectRequested, peer: str) -> Login:
-        """Let ``event`` in, or raise `Refused` (the refusal is logged)."""
+    async def log_in(self, event: ConnectRequested, peer: str,
+                     certificate_user: str | None = None) -> Login:
+        """Let ``event`` in, or raise `Refused` (the refusal is logged); ``certificate_user`` as
+        in ``authenticate``."""
         v5 = event.version == MQTT_5
         try:
-            principal = await self.authenticate(event.username, event.password, peer)
+            principal = await self.authenticate(event.username, event.password, peer,
+                                                certificate_user)
         except Unauthenticated as refused:
             self._denials.denied(peer_host(peer), "login", "MQTT client %s from %s refused: %s",
                                  clip(event.client_id), peer, clip(str(refused), 300))

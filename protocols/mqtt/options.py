@@ -7,8 +7,8 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class MqttOptions:
-    """MQTT listeners and limits. TLS and WSS listen only when ``tls_cert`` and ``tls_key`` are
-    set; any port set to -1 is not opened (0 picks a free port)."""
+    """MQTT listeners and limits. TLS and WSS listen only when a certificate is configured
+    (``[tls]`` cert and key); any port set to -1 is not opened (0 picks a free port)."""
 
     host: str = "127.0.0.1"
     """Address the MQTT listeners bind."""
@@ -23,9 +23,9 @@ class MqttOptions:
     wss_port: int = 8084
     """MQTT over secure WebSocket; opened only with ``tls_cert`` and ``tls_key``."""
     tls_cert: str | None = None
-    """PEM certificate chain for the TLS and WSS listeners."""
+    """Deprecated: write ``tls.cert`` (it serves every TLS listener); still read as it."""
     tls_key: str | None = None
-    """PEM private key for ``tls_cert``."""
+    """Deprecated: write ``tls.key``; still read as it."""
     max_packet_size: int = 4 << 20
     """Largest packet accepted (and advertised in MQTT 5 CONNACK)."""
     receive_maximum: int = 1024

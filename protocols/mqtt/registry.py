@@ -247,9 +247,11 @@ class SessionRegistry:
 
     # ---------------------------------------------------------------- connect / disconnect
 
-    async def log_in(self, event: ConnectRequested, peer: str) -> Login:
-        """Authenticate a CONNECT and settle its client id and expiry; `Refused` if not."""
-        return await self.logins.log_in(event, peer)
+    async def log_in(self, event: ConnectRequested, peer: str,
+                     certificate_user: str | None = None) -> Login:
+        """Authenticate a CONNECT (as ``certificate_user`` when a verified client certificate
+        names one) and settle its client id and expiry; `Refused` if not."""
+        return await self.logins.log_in(event, peer, certificate_user)
 
     async def open_session(self, link: Connection, login: Login,
                            clean_start: bool) -> tuple[Session, bool]:

@@ -22,6 +22,7 @@ from aiohttp.http_exceptions import HttpProcessingError
 
 from core.untrusted import DenialLog, clip
 from protocols import relayed_peers
+from protocols.tls import certificate_user
 from protocols.mqtt.wire import ConnectionHandler, Wire
 
 log = logging.getLogger(__name__)
@@ -43,8 +44,11 @@ SHUTDOWN_TIMEOUT = 5.0
 class WebSocketWire:
     """A `Wire` over one server-side WebSocket. Runs on the event loop; never blocks."""
 
-    def __init__(self, ws: web.WebSocketResponse, transport: asyncio.Transport, peer: str) -> None:
+    def __init__(self, ws: web.WebSocketResponse, transport: asyncio.Transport, peer: str,
+                 certificate_user: str | None = None) -> None:
         self.peer = peer
+        self.certificate_user = certificate_user
+        """The user a verified client certificate names, when certificates log in."""
         self._ws = ws
         self._transport = transport
         self._queue = bytearray()
@@ -209,8 +213,10 @@ class WebSocketListener:
     handshake included) is closed: aiohttp itself waits for a first request for ever."""
 
     def __init__(self, new_connection: Callable[[Wire], ConnectionHandler], path: str,
-                 allowed_origins: Iterable[str] = (), request_timeout: float = 0.0) -> None:
+                 allowed_origins: Iterable[str] = (), request_timeout: float = 0.0,
+                 certificate_login: bool = False) -> None:
         self._new_connection = new_connection
+        self._certificate_login = certificate_login
         self._path = path
         self._allowed_origins = frozenset(_normal(o) for o in allowed_origins)
         self._request_timeout = request_timeout
@@ -301,7 +307,9 @@ class WebSocketListener:
             return web.Response(status=400, text="malformed WebSocket upgrade request\n")
         if request.transport is None:
             return ws
-        wire = WebSocketWire(ws, request.transport, peer)
+        user = (certificate_user(request.transport.get_extra_info("ssl_object"))
+                if self._certificate_login else None)
+        wire = WebSocketWire(ws, request.transport, peer, user)
         self._wires.add(wire)
         try:
             await wire.serve(self._new_connection(wire))
@@ -318,10 +326,13 @@ def _peer(request: web.Request) -> str:
 async def start_websocket_listener(new_connection: Callable[[Wire], ConnectionHandler], host: str, port: int,
                                    *, path: str = "/mqtt", ssl_context: ssl.SSLContext | None = None,
                                    allowed_origins: Iterable[str] = (),
-                                   request_timeout: float = 0.0) -> WebSocketListener:
+                                   request_timeout: float = 0.0,
+                                   certificate_login: bool = False) -> WebSocketListener:
     """Serve MQTT over WebSocket on ``host:port`` (0 picks a free port) at ``path``; wss with
     ``ssl_context``. Browser pages of other origins than ``allowed_origins`` get 403; a
-    connection without a whole request in ``request_timeout`` seconds is closed."""
-    listener = WebSocketListener(new_connection, path, allowed_origins, request_timeout)
+    connection without a whole request in ``request_timeout`` seconds is closed.
+    ``certificate_login``: a verified client certificate logs in as the user its CN names."""
+    listener = WebSocketListener(new_connection, path, allowed_origins, request_timeout,
+                                 certificate_login)
     await listener._start(host, port, ssl_context)
     return listener

@@ -13,6 +13,7 @@ import base64
 import getpass
 import json
 import os
+import ssl
 import sys
 import urllib.error
 import urllib.parse
@@ -36,9 +37,14 @@ class CliError(Exception):
 class AdminClient:
     """A blocking JSON client of the admin API."""
 
-    def __init__(self, url: str, user: str, password: str, timeout: float = 30.0) -> None:
+    def __init__(self, url: str, user: str, password: str, timeout: float = 30.0,
+                 ca: str | None = None) -> None:
+        """``ca``: PEM file of the CA that signed an https admin API's certificate (else the
+        system's trusted CAs)."""
         self.url = url.rstrip("/")
         self.timeout = timeout
+        self._ca = ca
+        self._context: ssl.SSLContext | None = None
         token = base64.b64encode(f"{user}:{password}".encode()).decode()
         self._headers = {"Authorization": f"Basic {token}", "Accept": "application/json"}
 
@@ -67,16 +73,34 @@ class AdminClient:
         headers = dict(self._headers, **({"Content-Type": "application/json"} if data else {}))
         request = urllib.request.Request(target, data=data, method=method, headers=headers)
         try:
-            with urllib.request.urlopen(request, timeout=self.timeout) as response:
+            with urllib.request.urlopen(request, timeout=self.timeout,
+                                        context=self._tls()) as response:
                 raw, answered = response.read(), response.headers
         except urllib.error.HTTPError as error:
             raise _http_error(error) from None
         except urllib.error.URLError as error:
+            if isinstance(error.reason, ssl.SSLCertVerificationError):
+                raise CliError(f"the admin API at {self.url} has a certificate this command does "
+                               f"not trust ({error.reason.verify_message}); pass --ca FILE (or "
+                               "SLUICE_CA) naming the CA that signed it") from None
             raise CliError(f"cannot reach the admin API at {self.url} ({error.reason}); "
                            f"{START_HINT}, or pass --admin URL") from None
         except (ConnectionError, TimeoutError) as error:
             raise CliError(f"the admin API at {self.url} did not answer ({error}); {START_HINT}") from None
         return json.loads(raw) if raw else None, answered
+
+    def _tls(self) -> ssl.SSLContext | None:
+        """The client context of an https URL: ``ca`` if given, else the system's CAs."""
+        if not self.url.startswith("https:"):
+            return None
+        if self._context is None:
+            try:
+                self._context = ssl.create_default_context(cafile=self._ca)
+            except (OSError, ssl.SSLError) as error:
+                raise CliError(f"--ca {self._ca}: cannot read it as PEM CA certificates "
+                               f"({error}); pass the CA file `sluice dev-cert` wrote "
+                               "(ca.pem) or your own") from None
+        return self._context
 
 
 def _http_error(error: urllib.error.HTTPError) -> CliError:
@@ -413,6 +437,9 @@ def admin_options() -> argparse.ArgumentParser:
                        default=os.environ.get("SLUICE_ADMIN_URL", DEFAULT_ADMIN_URL),
                        help="admin API base URL (default: $SLUICE_ADMIN_URL or %(default)s)")
     add_credentials(group)
+    group.add_argument("--ca", metavar="PEM", default=os.environ.get("SLUICE_CA"),
+                       help="CA certificate(s) to verify an https admin API with (default: "
+                       "$SLUICE_CA, else the system's trusted CAs)")
     group.add_argument("--json", action="store_true", help="print the API's JSON answer")
     return common
 
@@ -576,7 +603,7 @@ def _acl_commands(c: Commands) -> None:
 def run(handler: Callable[[AdminClient, argparse.Namespace], int], args: argparse.Namespace) -> int:
     """Run an admin command; print a CliError's message and return its code."""
     try:
-        return handler(AdminClient(args.admin, args.user, args.password), args)
+        return handler(AdminClient(args.admin, args.user, args.password, ca=args.ca), args)
     except CliError as error:
         print(f"error: {error}", file=sys.stderr)
         return error.code

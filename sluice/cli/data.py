@@ -297,9 +297,11 @@ def client_config(args: argparse.Namespace) -> Any:
 
     try:
         return ClientConfig(endpoint=args.server, access_key=args.user, secret_key=args.password,
-                            reconnect_timeout=args.connect_timeout)
+                            reconnect_timeout=args.connect_timeout, tls=args.tls,
+                            ca_file=args.ca)
     except ValueError as error:
-        raise CliError(f"--server {args.server!r}: {error}", 2) from None
+        flag = "--ca" if "ca_file" in str(error) else "--server"
+        raise CliError(f"{flag}: {error}", 2) from None
 
 
 class connected:
@@ -347,6 +349,11 @@ def data_options() -> argparse.ArgumentParser:
                        default=os.environ.get("SLUICE_SERVER", DEFAULT_SERVER),
                        help="native gRPC endpoint (default: $SLUICE_SERVER or %(default)s)")
     add_credentials(group)
+    group.add_argument("--tls", action="store_true",
+                       help="connect over TLS (implied by --ca)")
+    group.add_argument("--ca", metavar="PEM", default=os.environ.get("SLUICE_CA"),
+                       help="CA certificate(s) to verify the broker's TLS certificate with "
+                       "(default: $SLUICE_CA, else the system's trusted CAs); turns TLS on")
     group.add_argument("--connect-timeout", type=float, default=5.0, metavar="SECONDS",
                        help="give up when the broker is unreachable this long (default: 5)")
     return common

@@ -21,6 +21,7 @@ from .clients import add_client_commands
 from .cluster import add_cluster_commands
 from .data import add_data_commands
 from .demo import add_demo_command
+from .dev_cert import add_dev_cert_command
 from .simulate import add_simulate_command
 from .vhosts import add_vhost_commands
 
@@ -31,7 +32,9 @@ SERVE_FLAGS = {  # flag destination -> config path it overrides
     "allow_anonymous": "auth.allow_anonymous", "mqtt_port": "mqtt.port",
     "mqtt_ws_port": "mqtt.ws_port", "mqtt_tls_port": "mqtt.tls_port",
     "mqtt_wss_port": "mqtt.wss_port", "amqp_port": "amqp.port",
-    "amqp_tls_port": "amqp.tls_port", "tls_cert": "mqtt.tls_cert", "tls_key": "mqtt.tls_key",
+    "amqp_tls_port": "amqp.tls_port", "tls_cert": "tls.cert", "tls_key": "tls.key",
+    "tls_client_ca": "tls.client_ca", "tls_client_certs": "tls.client_certs",
+    "native_tls": "native.tls",
     "log_level": "log.level", "log_format": "log.format",
     "cluster_etcd": "cluster.etcd", "node_id": "cluster.node_id",
     "replication_port": "cluster.replication_port",
@@ -41,7 +44,8 @@ SERVE_FLAGS = {  # flag destination -> config path it overrides
 def _serve(args: argparse.Namespace) -> int:
     """Run the broker until SIGTERM/SIGINT with the configuration from file, environment and flags."""
     from ..server.process import serve
-    from ..server.config import ConfigError, describe_sources, load_config, unknown_variables
+    from ..server.config import (ConfigError, deprecation_warnings, describe_sources, load_config,
+                                 unknown_variables)
 
     if args.settings:
         print(f"{'config file key':<40} {'environment variable':<44} default")
@@ -54,7 +58,7 @@ def _serve(args: argparse.Namespace) -> int:
     except ConfigError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
-    return serve(config, unknown_variables(os.environ))
+    return serve(config, deprecation_warnings(config) + unknown_variables(os.environ))
 
 
 def _add_serve(commands: argparse._SubParsersAction) -> None:
@@ -89,8 +93,18 @@ def _add_serve(commands: argparse._SubParsersAction) -> None:
     serve.add_argument("--amqp-tls-port", type=int, metavar="PORT",
                        help="AMQP 0-9-1 over TLS port, opened with --tls-cert/--tls-key "
                        "(default: 5671)")
-    serve.add_argument("--tls-cert", metavar="PEM", help="certificate chain for the TLS listeners")
+    serve.add_argument("--tls-cert", metavar="PEM",
+                       help="certificate chain of every TLS listener: MQTT TLS/WSS, AMQP TLS, "
+                       "admin HTTPS, native gRPC (SIGHUP reloads it; `sluice dev-cert` makes one)")
     serve.add_argument("--tls-key", metavar="PEM", help="private key for --tls-cert")
+    serve.add_argument("--tls-client-ca", metavar="PEM",
+                       help="CA certificates that client certificates must be signed by")
+    serve.add_argument("--tls-client-certs", choices=["none", "optional", "required"],
+                       help="client certificates on MQTT and AMQP TLS: a verified one logs in "
+                       "as the user its CN names (default: none)")
+    serve.add_argument("--native-tls", choices=["on", "off", "mixed"],
+                       help="native gRPC port with a certificate: TLS only (default), "
+                       "plaintext only, or both on one port")
     serve.add_argument("--advertised-host", metavar="HOST",
                        help="host native clients are told to connect to (default: the one they used)")
     serve.add_argument("--metadata-url", metavar="URL",
@@ -176,6 +190,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_simulate_command(commands)
     add_analytics_commands(commands)
     add_demo_command(commands)
+    add_dev_cert_command(commands)
 
     store = commands.add_parser("store", help="Read an existing store offline.",
                                 description="Read an existing store offline (no broker needed).")

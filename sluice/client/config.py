@@ -69,12 +69,21 @@ class ClientConfig:
     """How long a call keeps reconnecting while the broker is unreachable before it fails."""
     heartbeat_interval: float = 10.0
     client_id: str = ""
+    tls: bool = False
+    """Connect over TLS, verifying the broker's certificate against the system's trusted CAs
+    (or ``ca_file``)."""
+    ca_file: str | None = None
+    """PEM file of the CA certificates to verify the broker with (`sluice dev-cert` writes
+    ``ca.pem``); setting it turns ``tls`` on."""
 
     def __post_init__(self) -> None:
         if not self.endpoints:
             raise ValueError("endpoint is empty: give host:port, or several separated by commas")
         for endpoint in self.endpoints:
             split_endpoint(endpoint)
+        if self.ca_file is not None and not os.path.isfile(self.ca_file):
+            raise ValueError(f"ca_file {self.ca_file!r} is not a file: give the PEM file of the CA "
+                             "that signed the broker's certificate")
         if bool(self.access_key) != bool(self.secret_key):
             raise ValueError("set both access_key and secret_key, or neither")
         for name in ("request_timeout", "reconnect_timeout", "heartbeat_interval"):
@@ -85,6 +94,11 @@ class ClientConfig:
     def endpoints(self) -> tuple[str, ...]:
         """Every ``host:port`` of ``endpoint``, in order."""
         return tuple(part.strip() for part in self.endpoint.split(",") if part.strip())
+
+    @property
+    def secure(self) -> bool:
+        """Whether the client connects over TLS."""
+        return self.tls or self.ca_file is not None
 
     @property
     def host(self) -> str:

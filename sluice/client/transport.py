@@ -55,6 +55,7 @@ class Transport:
         """Index of the endpoint the current channel goes to."""
         self._closed = False
         self._retiring: set[asyncio.Task[None]] = set()
+        self._tls: grpc.ChannelCredentials | None = None
 
     def metadata(self) -> tuple[tuple[str, str], ...]:
         """Freshly signed metadata for one request."""
@@ -66,9 +67,23 @@ class Transport:
             raise ClientClosedError("the client is closed")
         if self._stub is None:
             endpoint = self._config.endpoints[self._endpoint]
-            self._channel = grpc.aio.insecure_channel(endpoint, options=CHANNEL_OPTIONS)
+            if self._config.secure:
+                self._channel = grpc.aio.secure_channel(endpoint, self._credentials(),
+                                                        options=CHANNEL_OPTIONS)
+            else:
+                self._channel = grpc.aio.insecure_channel(endpoint, options=CHANNEL_OPTIONS)
             self._stub = MessagingServiceStub(self._channel)
         return self._stub, self._generation
+
+    def _credentials(self) -> grpc.ChannelCredentials:
+        """TLS credentials trusting ``ca_file`` (read once), else the system's CAs."""
+        if self._tls is None:
+            roots = None
+            if self._config.ca_file is not None:
+                with open(self._config.ca_file, "rb") as handle:
+                    roots = handle.read()
+            self._tls = grpc.ssl_channel_credentials(root_certificates=roots)
+        return self._tls
 
     def renew(self, generation: int) -> None:
         """Drop the channel of ``generation`` if it is still current; the next call opens another."""

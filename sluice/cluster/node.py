@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import ssl
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Protocol
@@ -64,11 +65,14 @@ class ReplicaNode:
     def __init__(self, config: ClusterConfig, data_dir: str, open_store: Callable[[], ReplicatedStore],
                  address: str, replication_host: str, on_leading: Callable[[Leading], Awaitable[None]],
                  on_leader: Callable[[Node | None], Awaitable[None]] | None = None,
-                 metadata: Metadata | None = None) -> None:
+                 metadata: Metadata | None = None,
+                 tls: tuple[ssl.SSLContext, ssl.SSLContext] | None = None) -> None:
         """``open_store`` opens the store in ``data_dir`` (the composition root's job); the node
         calls it again after cutting the log back. ``on_leader`` hears of each other node it
         follows, and None when it has no leader. With ``metadata``, a follower behind the
-        leader's log start is sent a snapshot (``snapshots``) rather than refused."""
+        leader's log start is sent a snapshot (``snapshots``) rather than refused. ``tls``:
+        (server context, client context) of the replication port; None: plaintext."""
+        self.tls = tls
         self.config, self.data_dir, self._open_store = config, data_dir, open_store
         self._metadata = metadata
         self.replication_host = replication_host
@@ -151,7 +155,8 @@ class ReplicaNode:
             while not watch.done():
                 follower = LogFollower(self.store, self.epochs, self.coordinator.me.node, self.config.secret,
                                        self.replication_host,
-                                       os.path.join(self.data_dir, SNAPSHOT_FILE) if self._metadata else None)
+                                       os.path.join(self.data_dir, SNAPSHOT_FILE) if self._metadata else None,
+                                       tls=self.tls and self.tls[1])
                 follower.confirmed = self.confirmed
                 follower.add_confirm_listener(self._saw_confirmed)
                 fetch = asyncio.ensure_future(follower.follow(host, int(port)))
@@ -227,7 +232,8 @@ class ReplicaNode:
         shipper = LogShipper(self.store, self.epochs, won.epoch, self.config.secret, self.coordinator.me.node,
                              gate.members, min_insync=self.config.min_insync,
                              may_confirm=lambda: self.coordinator.may_confirm,
-                             snapshot=self._take_snapshot if self._metadata is not None else None)
+                             snapshot=self._take_snapshot if self._metadata is not None else None,
+                             tls=self.tls and self.tls[0])
         await shipper.start(self.replication_host, self.config.replication_port)
         epoch_start = self.epochs.history.latest.start
         keeper = InSyncKeeper(self.coordinator, shipper, gate, recorded, epoch_start)

@@ -15,6 +15,7 @@ import asyncio
 import contextlib
 import logging
 import socket
+import ssl
 import time
 from collections.abc import Awaitable, Callable, Mapping
 
@@ -36,9 +37,11 @@ class Relay:
 
     def __init__(self, listener: str, node: str, secret: str,
                  answer: Callable[[bytes], Awaitable[bytes | None]] | None = None,
-                 local_host: str | None = None) -> None:
+                 local_host: str | None = None, tls: ssl.SSLContext | None = None) -> None:
         """``answer``, for an HTTP port: given a request's head, the whole response this node
-        gives itself (its own health and cluster view), or None to relay the request."""
+        gives itself (its own health and cluster view), or None to relay the request. ``tls``:
+        the client context that verifies the leader's replication port (None: plaintext)."""
+        self._tls = tls
         self.listener, self.node, self._secret = listener, node, secret
         self._answer = answer
         self._local = (local_host, 0) if local_host else None
@@ -92,7 +95,9 @@ class Relay:
                 return
             try:
                 async with asyncio.timeout(CONNECT_TIMEOUT_S):
-                    leader_reader, leader_writer = await asyncio.open_connection(*target, local_addr=self._local)
+                    leader_reader, leader_writer = await asyncio.open_connection(
+                        *target, local_addr=self._local, ssl=self._tls,
+                        server_hostname=self._tls and target[0])
                     await self._introduce(client_writer, leader_reader, leader_writer)
             except (OSError, TimeoutError, asyncio.IncompleteReadError, ProtocolError) as error:
                 self._refused(target, str(error) or type(error).__name__)

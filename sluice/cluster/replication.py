@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import ssl
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -124,16 +125,18 @@ class LogShipper:
     def __init__(self, store: ReplicatedStore, epochs: EpochFile, epoch: int, secret: str, node: str,
                  in_sync: Callable[[], Iterable[str]], clock: Callable[[], float] = time.monotonic, *,
                  min_insync: int = 1, may_confirm: Callable[[], bool] = lambda: True,
-                 relays: RelayIngress | None = None, snapshot: Callable[[], bytes] | None = None) -> None:
+                 relays: RelayIngress | None = None, snapshot: Callable[[], bytes] | None = None,
+                 tls: ssl.SSLContext | None = None) -> None:
         """``may_confirm`` says whether this node still holds its leadership (its lease is
         renewed in time); below ``min_insync`` in-sync replicas or without it, nothing more is
         confirmed and new appends are refused. ``snapshot`` makes the snapshot a follower
         behind the log start gets (``snapshots``; blocking); without it such a follower is
-        refused."""
+        refused. ``tls``: the replication port's server context (None: plaintext)."""
         if not secret:
             raise ValueError("a cluster needs a secret shared by its nodes ([cluster] secret)")
         self.store, self.epochs, self.epoch, self.node = store, epochs, epoch, node
         self._secret = secret
+        self._tls = tls
         self._in_sync = in_sync
         self._clock = clock
         self.min_insync = min_insync
@@ -236,7 +239,9 @@ class LogShipper:
         self.confirmed = self.confirm_offset()
         self.store.confirm(self.confirmed)  # from now on readers and acknowledgements wait for it
         self.update()
-        self._server = await asyncio.start_server(self._accept, host, port)
+        handshake = {"ssl_handshake_timeout": HANDSHAKE_TIMEOUT_S} if self._tls is not None else {}
+        self._server = await asyncio.start_server(self._accept, host, port, ssl=self._tls,
+                                                  **handshake)
         return self._server.sockets[0].getsockname()[1]
 
     async def close(self) -> None:
@@ -386,10 +391,13 @@ class LogFollower:
     """The follower's side: fetch from the leader, append, acknowledge what is durable."""
 
     def __init__(self, store: ReplicatedStore, epochs: EpochFile, node: str, secret: str,
-                 local_host: str | None = None, snapshot_path: str | None = None) -> None:
+                 local_host: str | None = None, snapshot_path: str | None = None,
+                 tls: ssl.SSLContext | None = None) -> None:
         """``local_host``: the address this node connects from (its own), so the leader and any
         firewall see which node it is; ``snapshot_path``: where a snapshot the leader sends is
-        kept (None: one is a protocol error)."""
+        kept (None: one is a protocol error); ``tls``: the client context that verifies the
+        leader's replication port (None: plaintext)."""
+        self._tls = tls
         self.store, self.epochs, self.node = store, epochs, node
         self._snapshot_path = snapshot_path
         self._local = (local_host, 0) if local_host else None
@@ -409,7 +417,9 @@ class LogFollower:
         MustTruncate when the log must be cut first, Refused when the leader refuses, and
         ProtocolError, ConnectionError or IncompleteReadError when the connection fails."""
         self.store.confirm(self.confirmed)  # readers here see only what the group confirmed
-        reader, writer = await asyncio.open_connection(host, port, local_addr=self._local)
+        reader, writer = await asyncio.open_connection(host, port, local_addr=self._local,
+                                                       ssl=self._tls,
+                                                       server_hostname=self._tls and host)
         listener = _watch_store(self.store, self._signal)
         try:
             await self._follow(reader, writer)

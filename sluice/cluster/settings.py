@@ -23,6 +23,10 @@ class ClusterConfig:
     """Where followers fetch the log from this node while it leads (and relay clients to it)."""
     secret: str = ""
     """Shared by the group's nodes; a peer without it gets nothing from the replication port."""
+    tls: bool = True
+    """TLS on the replication port when a certificate is configured (``tls.cert``): followers
+    verify the leader against ``tls.client_ca``, else against the certificate itself (every
+    node serving the same one). Every node of the group must agree."""
     min_insync: int = 2
     """Replicas (the leader included) that must hold a record on disk before it is confirmed;
     below that many in-sync replicas, publishes are refused."""

@@ -19,7 +19,6 @@ import os
 import re
 import shutil
 import socket
-import ssl
 import sys
 from dataclasses import dataclass, field
 from typing import Any, TextIO
@@ -41,7 +40,7 @@ from protocols.amqp.listener import AmqpListener, start_amqp_listener
 from protocols.amqp.login import GUEST
 from protocols.mqtt.frontend import MqttFrontend
 from protocols.mqtt.listeners import MqttListeners, start_mqtt_listeners
-from protocols.mqtt.tls import server_ssl_context
+from protocols.tls import ServerTls, describe, expired
 from protocols.mqtt.topics import SYNTAX as MQTT_TOPIC_SYNTAX
 
 log = logging.getLogger("sluice")
@@ -81,6 +80,8 @@ class RunningBroker:
     """Every protocol's connected clients, for the admin API."""
     cluster: Any = None
     """This node's place in its replica group (``cluster_node.ClusterMember``); None alone."""
+    tls: ServerTls | None = None
+    """The certificate of every TLS listener (None: no ``tls.cert``); ``reload_tls`` reloads it."""
     default_user_created: bool = False
     _stopped: bool = field(default=False, repr=False)
 
@@ -122,10 +123,12 @@ class RunningBroker:
             user = "not created (users exist); log in as one of them"
         return [
             ("native gRPC", f"{self.native_address}  (sluice send/consume --server "
-                            f"{self.native_address})"),
+                            f"{self.native_address}{' --ca CA_FILE' if self._native_tls() else ''})"
+                            f"{self._native_tls()}"),
             *self._mqtt_endpoints(),
             *self._amqp_endpoints(),
-            ("admin API", f"{self.admin_url}  (sluice ... --admin {self.admin_url})"),
+            ("admin API", f"{self.admin_url}  (sluice ... --admin {self.admin_url}"
+                          f"{' --ca CA_FILE' if self.admin_url.startswith('https:') else ''})"),
             ("metrics", f"{self.admin_url}/metrics"),
             ("OpenAPI", f"{self.admin_url}/openapi.json"),
             ("health", f"{self.admin_url}/health"),
@@ -139,6 +142,11 @@ class RunningBroker:
              "= true for `sluice message trace`)"),
             ("default user", user),
         ]
+
+    def _native_tls(self) -> str:
+        if self.tls is None or self.config.native.tls == "off":
+            return ""
+        return "  (TLS)" if self.config.native.tls == "on" else "  (TLS and plaintext)"
 
     def _mqtt_endpoints(self) -> list[tuple[str, str]]:
         if self.mqtt_listeners is None:
@@ -160,6 +168,10 @@ class RunningBroker:
             found.append(("AMQP TLS", _hostport(self.config.amqp.host,
                                                 self.amqp_listener.tls_port) + "  (TLS)"))
         return found
+
+    async def reload_tls(self) -> None:
+        """Load the certificate and key files again into every TLS listener (SIGHUP)."""
+        await reload_tls(self.tls, "every TLS listener")
 
     async def stop(self) -> None:
         """Stop accepting, stop servers, persist offsets, checkpoint and close store and metadata."""
@@ -234,6 +246,7 @@ async def _start(config: Config, store: FileStore | None = None, cluster: Any = 
         raise
     running: RunningBroker | None = None
     try:
+        tls = await asyncio.to_thread(_server_tls, config)
         if metadata is None:
             metadata = await asyncio.to_thread(_open_metadata, config)
         settings = core_settings(config)
@@ -244,7 +257,7 @@ async def _start(config: Config, store: FileStore | None = None, cluster: Any = 
                         config.store.segment_size, settings.max_message_bytes)
         core = Core(store, metadata, config.data_dir, settings, flush=config.store.flush,
                     subject_syntax=MQTT_TOPIC_SYNTAX, topic_rules=topic_rules(config))
-        running = RunningBroker(config, store, metadata, core, cluster=cluster)
+        running = RunningBroker(config, store, metadata, core, cluster=cluster, tls=tls)
         await core.start()
         broker = core.broker
         if config.auth.create_default_user:
@@ -267,16 +280,20 @@ async def _start(config: Config, store: FileStore | None = None, cluster: Any = 
         running.clients.register(running.mqtt)
         running.clients.register(running.amqp)
         core.vhost_admin.live = running.amqp
+        admin_tls = tls.context() if tls is not None and config.admin.tls else None
         running.admin = await _listen(config, "admin",
                                       start_admin_server(_admin_deps(running), config.admin.host,
-                                                         config.admin.port))
+                                                         config.admin.port, admin_tls))
+        client_tls = tls.context(client_certs=True) if tls is not None else None
+        certificate_login = tls is not None and tls.config.verifies_clients \
+            and tls.config.cert_login
         mqtt_advice: dict[str, str] = {}  # filled below, once every port is known
         amqp_advice: dict[str, str] = {}
         running.mqtt_listeners = await _listen(config, "mqtt", start_mqtt_listeners(
-            running.mqtt, config.mqtt, mqtt_advice))
+            running.mqtt, config.mqtt, mqtt_advice, client_tls, certificate_login))
         if config.amqp.port >= 0:
             running.amqp_listener = await _listen(config, "amqp", start_amqp_listener(
-                running.amqp, config.amqp, _tls_context(config), amqp_advice))
+                running.amqp, config.amqp, client_tls, amqp_advice, certificate_login))
         amqp = running.amqp_listener
         advice = wrong_port_advice(running.native.port, running.admin_url,
                                    running.mqtt_listeners.ports, amqp and amqp.port,
@@ -292,11 +309,39 @@ async def _start(config: Config, store: FileStore | None = None, cluster: Any = 
         raise
 
 
-def _tls_context(config: Config) -> ssl.SSLContext | None:
-    """The server context of every TLS listener (MQTT's certificate settings), if configured."""
-    mqtt = config.mqtt
-    return server_ssl_context(mqtt.tls_cert, mqtt.tls_key) if mqtt.tls_cert and mqtt.tls_key \
-        else None
+async def reload_tls(tls: ServerTls | None, where: str) -> None:
+    """Load ``tls``'s certificate and key files again (SIGHUP): new handshakes on ``where``
+    get the new certificate, open connections go on. A file that cannot be used is logged as
+    an error and the old certificate stays. Runs on the event loop."""
+    if tls is None:
+        log.info("SIGHUP: no certificate is configured for %s (tls.cert), nothing to reload",
+                 where)
+        return
+    try:
+        served = await asyncio.to_thread(tls.reload)
+    except ValueError as error:
+        log.error("SIGHUP: the TLS certificate of %s was not reloaded, the old one is still "
+                  "served: %s", where, error)
+        return
+    log.info("SIGHUP: reloaded the TLS certificate of %s (%s, %s); new connections get it, "
+             "open ones go on: %s", where, tls.config.cert, tls.config.key, served)
+
+
+def _server_tls(config: Config) -> ServerTls | None:
+    """The certificate of every TLS listener, if configured; StartupError if it cannot be used.
+    An expired (or not yet valid) one is served, with a warning: clients refuse it, and a
+    SIGHUP after renewing the files fixes that without a restart. Blocks on file reads."""
+    if not config.tls.enabled:
+        return None
+    try:
+        tls = ServerTls(config.tls)
+    except ValueError as error:
+        raise StartupError(f"{error} (tls.cert / tls.key, --tls-cert / --tls-key)") from None
+    if expired(tls.certificate):
+        log.warning("the TLS certificate %s is outside its validity period, so clients will "
+                    "refuse it: renew it and send SIGHUP; it is %s", config.tls.cert,
+                    describe(tls.certificate))
+    return tls
 
 
 def _open_store(config: Config) -> FileStore:
@@ -334,7 +379,8 @@ def _start_native(running: RunningBroker):
     return start_native_server(running.broker, native.host, native.port,
                                advertised_host=native.advertised_host,
                                allow_anonymous=auth.allow_anonymous, anonymous_principal=anonymous,
-                               signature_max_skew_s=native.signature_max_skew_s)
+                               signature_max_skew_s=native.signature_max_skew_s,
+                               tls=running.tls, tls_mode=native.tls)
 
 
 def _admin_deps(running: RunningBroker) -> AdminDeps:
@@ -362,7 +408,7 @@ async def _listen(config: Config, section: str, starting: Any) -> Any:
 def _listening_ports(config: Config) -> list[tuple[str, str, int]]:
     """(config path, host, port) of every listener this configuration opens."""
     mqtt = config.mqtt
-    secure = bool(mqtt.tls_cert and mqtt.tls_key)
+    secure = config.tls.enabled
     found = [("native.port", config.native.host, config.native.port),
              ("admin.port", config.admin.host, config.admin.port),
              ("mqtt.port", mqtt.host, mqtt.port), ("mqtt.ws_port", mqtt.host, mqtt.ws_port),

@@ -15,6 +15,7 @@ import contextlib
 import json
 import logging
 import os
+import signal
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -31,7 +32,10 @@ from sluice.cluster.relay import Relay, RelayIngress
 from sluice.cluster.status import cluster_status
 from store.errors import StoreError
 
-from .app import READY_LINE, RunningBroker, StartupError, _listening_ports, _open_metadata, _open_store, _start, print_endpoints
+from protocols.tls import ServerTls, peer_context
+
+from .app import (READY_LINE, RunningBroker, StartupError, _listening_ports, _open_metadata, _open_store,
+                  _server_tls, _start, print_endpoints, reload_tls)
 from .config import Config
 
 log = logging.getLogger("sluice")
@@ -48,11 +52,16 @@ class ClusterMember:
     def __init__(self, config: Config) -> None:
         self.config = config
         cluster = config.cluster
+        self.tls: ServerTls | None = _server_tls(config) if cluster.tls else None
+        """The replication port's certificate (None: plaintext)."""
         self.metadata = _open_metadata(config, key=group_master_key(cluster.secret))
+        replication_tls = None if self.tls is None else (self.tls.context(),
+                                                         peer_context(config.tls))
         self.node = ReplicaNode(cluster, config.data_dir, lambda: _open_store(config),
                                 address=config.native.advertised_host or config.native.host,
                                 replication_host=cluster.host, on_leading=self._lead,
-                                on_leader=self._follow, metadata=self.metadata)
+                                on_leader=self._follow, metadata=self.metadata,
+                                tls=replication_tls)
         self.relays: list[Relay] = []
         self.running: RunningBroker | None = None
         self.leader: Node | None = None
@@ -65,9 +74,12 @@ class ClusterMember:
     async def start_relays(self) -> None:
         """Listen on every client port, relaying to the leader (refusing while there is none)."""
         cluster = self.config.cluster
+        # Over HTTPS the follower cannot read a request's head: the leader answers them all.
+        https = self.config.tls.enabled and self.config.admin.tls
         for dotted, host, port in _listening_ports(self.config):
-            answer = self._answer if dotted == "admin.port" else None
-            relay = Relay(dotted, cluster.node_id, cluster.secret, answer, local_host=cluster.host)
+            answer = self._answer if dotted == "admin.port" and not https else None
+            relay = Relay(dotted, cluster.node_id, cluster.secret, answer, local_host=cluster.host,
+                          tls=self.node.tls and self.node.tls[1])
             await relay.start(host, port)
             self.relays.append(relay)
 
@@ -186,6 +198,12 @@ class ClusterMember:
         await self.close(give_back_lease=not fenced)
         return fenced
 
+    async def reload_tls(self) -> None:
+        """SIGHUP: reload the replication port's certificate, and the broker's while leading."""
+        await reload_tls(self.tls, "the replication port")
+        if self.running is not None:
+            await self.running.reload_tls()
+
     async def _retain_while_following(self) -> None:
         """Delete a follower's oldest segments by the store's retention limits, as the leader's
         broker does on the leader (only what the group confirmed goes: retention deletes only
@@ -229,9 +247,13 @@ class ClusterMember:
 
 
 async def run_cluster_node(config: Config, stopping: asyncio.Event) -> None:
-    """Serve as a node of the group until ``stopping`` is set, starting over after being fenced."""
+    """Serve as a node of the group until ``stopping`` is set, starting over after being fenced.
+    SIGHUP reloads the TLS certificate."""
+    loop = asyncio.get_running_loop()
     while True:
         member = ClusterMember(config)
+        loop.add_signal_handler(signal.SIGHUP,
+                                lambda: loop.create_task(member.reload_tls(), name="reload-tls"))
         if not await member.run(stopping):
             return
         log.warning("node %s stepped down; it rejoins the group as a follower", config.cluster.node_id)

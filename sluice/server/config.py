@@ -23,7 +23,7 @@ import typing
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from core.errors import InvalidArgument
 from core.memory_alarm import watermark_bytes
@@ -34,6 +34,7 @@ from store.api import StoreConfig
 from protocols.amqp.options import AmqpOptions
 from protocols.mqtt.options import MqttOptions
 from protocols.mqtt.topics import SYNTAX as MQTT_TOPIC_SYNTAX
+from protocols.tls import TlsConfig, check_settings as check_tls
 
 from .logs import LogConfig
 
@@ -46,6 +47,7 @@ TOOL_VARIABLES = {
     "SLUICE_PASSWORD": "its password (--password)",
     "SLUICE_SERVER": "the native endpoint of `sluice send/consume` (--server)",
     "SLUICE_ADMIN_URL": "the admin API of the `sluice` admin commands (--admin)",
+    "SLUICE_CA": "the CA file the `sluice` commands verify the broker's certificate with (--ca)",
     "SLUICE_TEST_POSTGRES_URL": "the PostgreSQL database of the metadata tests",
     "SLUICE_CRASH_SEED": "the seed of the store's SIGKILL test",
     "SLUICE_BENCH_PROGRESS": "progress lines from the latency benchmark",
@@ -71,6 +73,11 @@ class NativeListener:
     signature_max_skew_s: int = 900
     """A signed request is refused when its ``x-mq-date-time`` is further than this many seconds
     from the broker's clock, so a captured request cannot be replayed later."""
+    tls: Literal["on", "off", "mixed"] = "on"
+    """With a certificate (``tls.cert``): "on" serves TLS only; "mixed" serves TLS and plaintext
+    on the same port (told apart by the first byte, as RocketMQ's proxy in its TLS test mode),
+    for moving clients over one by one; "off" serves plaintext only. Without a certificate the
+    port is plaintext whatever this says."""
 
 
 @dataclass(frozen=True)
@@ -81,6 +88,9 @@ class AdminListener:
     """Address the admin HTTP API binds."""
     port: int = 8080
     """Admin HTTP API port, which also serves ``/metrics``, ``/health`` and ``/openapi.json``."""
+    tls: bool = True
+    """Serve HTTPS with ``tls.cert`` when one is configured; false keeps plain HTTP (for a port
+    reachable from this host only, behind a proxy that terminates TLS)."""
     session_idle_timeout_s: int = 1800
     """A browser session (the console's sign-in, ``POST /session``) ends after this many seconds
     without a request; the next request needs a new sign-in."""
@@ -125,6 +135,7 @@ class Config:
     amqp: AmqpOptions = field(default_factory=AmqpOptions)
     log: LogConfig = field(default_factory=LogConfig)
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
+    tls: TlsConfig = field(default_factory=TlsConfig)
 
     @property
     def listeners(self) -> dict[str, NativeListener | AdminListener | MqttOptions | AmqpOptions]:
@@ -146,9 +157,39 @@ def load_config(path: str | Path | None = None, env: Mapping[str, str] | None = 
     for key, value in (overrides or {}).items():
         if value is not None:
             _set(values, _expand(key), value, "command line")
-    config = _build(Config, values, "")
+    config = _tls_aliases(_build(Config, values, ""))
     topic_rules(config)
     return config
+
+
+DEPRECATED = {"mqtt.tls_cert": "tls.cert", "mqtt.tls_key": "tls.key"}
+"""Settings kept working under an old name: old dotted path -> the one to write instead."""
+
+
+def _tls_aliases(config: Config) -> Config:
+    """``mqtt.tls_cert``/``mqtt.tls_key`` (the certificate before ``[tls]``) stand for
+    ``tls.cert``/``tls.key`` when those are unset; both set differently is an error."""
+    mqtt, tls = config.mqtt, config.tls
+    if not (mqtt.tls_cert or mqtt.tls_key):
+        return config
+    if (tls.cert or tls.key) and (tls.cert, tls.key) != (mqtt.tls_cert, mqtt.tls_key):
+        raise ConfigError("mqtt.tls_cert/mqtt.tls_key and tls.cert/tls.key name different files; "
+                          "remove mqtt.tls_cert and mqtt.tls_key (replaced by [tls] cert and key)")
+    if bool(mqtt.tls_cert) != bool(mqtt.tls_key):
+        raise ConfigError("mqtt.tls_cert and mqtt.tls_key must be set together (better: tls.cert "
+                          "and tls.key, which replace them)")
+    tls = dataclasses.replace(tls, cert=mqtt.tls_cert, key=mqtt.tls_key)
+    if (problem := check_tls(tls)) is not None:
+        raise ConfigError(problem)
+    return dataclasses.replace(config, tls=tls)
+
+
+def deprecation_warnings(config: Config) -> list[str]:
+    """A warning for each deprecated setting ``config`` uses, naming the one to use instead."""
+    used = {"mqtt.tls_cert": config.mqtt.tls_cert, "mqtt.tls_key": config.mqtt.tls_key}
+    return [f"{old} ({env_name(old)}) is deprecated and will be removed: write {new} "
+            f"([tls] {new.split('.')[1]}, {env_name(new)}) instead; it applies to every TLS "
+            "listener" for old, new in DEPRECATED.items() if used[old]]
 
 
 def topic_rules(config: Config) -> tuple[tuple[str, str], ...]:
@@ -395,8 +436,8 @@ def _validate(config: Config) -> None:
         config.amqp.connection_options()
     except ValueError as error:
         raise ConfigError(f"[amqp] {error}") from None
-    if bool(mqtt.tls_cert) != bool(mqtt.tls_key):
-        raise ConfigError("mqtt.tls_cert and mqtt.tls_key must be set together")
+    if (problem := check_tls(config.tls)) is not None:
+        raise ConfigError(problem)
     if config.native.port and config.native.port == config.admin.port \
             and config.native.host == config.admin.host:
         raise ConfigError(f"native.port and admin.port are both {config.native.port}; "

@@ -23,17 +23,21 @@ log = logging.getLogger("sluice")
 
 
 async def run_until_signalled(config: Config) -> None:
-    """Start, print the endpoints, wait for SIGTERM/SIGINT, stop gracefully."""
+    """Start, print the endpoints, wait for SIGTERM/SIGINT, stop gracefully; SIGHUP reloads
+    the TLS certificate."""
     loop = asyncio.get_running_loop()
     stopping = asyncio.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stopping.set)
     loop.add_signal_handler(signal.SIGUSR2, log_tasks)
+    loop.add_signal_handler(signal.SIGHUP, lambda: log.info("SIGHUP while starting: ignored"))
     if config.cluster.enabled:
         await run_cluster_node(config, stopping)
         print("Sluice stopped.", flush=True)
         return
     running = await start(config)
+    loop.add_signal_handler(signal.SIGHUP,
+                            lambda: loop.create_task(running.reload_tls(), name="reload-tls"))
     freeze_startup_objects()
     print_endpoints(running)
     await stopping.wait()
@@ -89,7 +93,8 @@ def freeze_startup_objects() -> None:
 
 def serve(config: Config, warnings: Sequence[str] = ()) -> int:
     """`sluice serve`: run until signalled on uvloop; 0 after a clean stop, 1 if it cannot start.
-    ``warnings`` (about the configuration) are logged first. SIGUSR1 prints every thread's
+    ``warnings`` (about the configuration) are logged first. SIGHUP reloads the TLS
+    certificate and key into every TLS listener. SIGUSR1 prints every thread's
     stack to stderr and SIGUSR2 logs where every asyncio task waits, for a broker that seems
     stuck."""
     import uvloop

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from sluice.server.config import (TOOL_VARIABLES, Config, ConfigError, core_settings,
+from sluice.server.config import (TOOL_VARIABLES, Config, ConfigError, core_settings, deprecation_warnings,
                                   describe_sources, env_name, leaf_paths, load_config,
                                   unknown_variables)
 
@@ -228,3 +228,37 @@ def test_cluster_settings_come_from_flags_and_environment_and_name_what_is_missi
     with pytest.raises(ConfigError, match="etcd client URL"):
         load_config(None, {"SLUICE_CLUSTER_ETCD": "127.0.0.1", "SLUICE_CLUSTER_NODE_ID": "n1",
                            "SLUICE_CLUSTER_SECRET": "s"})
+
+
+def test_the_tls_section_is_one_certificate_for_every_listener(tmp_path):
+    config = load_config(write(tmp_path, '[tls]\ncert = "c.pem"\nkey = "k.pem"\n'
+                                         'client_ca = "ca.pem"\nclient_certs = "required"\n'),
+                         env={"SLUICE_NATIVE_TLS": "mixed", "SLUICE_ADMIN_TLS": "false"})
+    assert (config.tls.cert, config.tls.key, config.tls.client_ca) == ("c.pem", "k.pem", "ca.pem")
+    assert config.tls.verifies_clients and config.native.tls == "mixed" and not config.admin.tls
+    assert deprecation_warnings(config) == []
+    flags = load_config(overrides={"tls.cert": "a.pem", "tls.key": "b.pem"})
+    assert flags.tls.enabled and flags.native.tls == "on" and flags.admin.tls
+
+
+def test_mqtt_tls_cert_still_works_with_a_warning_naming_the_new_key():
+    config = load_config(env={"SLUICE_MQTT_TLS_CERT": "c.pem", "SLUICE_MQTT_TLS_KEY": "k.pem"})
+    assert (config.tls.cert, config.tls.key) == ("c.pem", "k.pem")
+    warnings = deprecation_warnings(config)
+    assert len(warnings) == 2 and "write tls.cert" in warnings[0] and "SLUICE_TLS_CERT" in warnings[0]
+    with pytest.raises(ConfigError, match="name different files; remove mqtt.tls_cert"):
+        load_config(overrides={"mqtt.tls_cert": "c.pem", "mqtt.tls_key": "k.pem",
+                               "tls.cert": "other.pem", "tls.key": "k.pem"})
+
+
+@pytest.mark.parametrize("overrides, fragment", [
+    ({"tls.cert": "c.pem"}, "tls.cert and tls.key must be set together"),
+    ({"tls.client_certs": "optional"}, "needs a server certificate"),
+    ({"tls.cert": "c.pem", "tls.key": "k.pem", "tls.client_certs": "required"},
+     "needs tls.client_ca"),
+    ({"tls.client_certs": "sometimes"}, "is not one of 'none', 'optional', 'required'"),
+    ({"native.tls": "both"}, "is not one of 'on', 'off', 'mixed'"),
+])
+def test_a_tls_setting_that_cannot_work_is_an_error_saying_what_to_set(overrides, fragment):
+    with pytest.raises(ConfigError, match=fragment):
+        load_config(overrides=overrides)

@@ -268,3 +268,13 @@ def test_silence_while_reading_is_paused_is_not_a_missed_heartbeat() -> None:
     assert conn.state is State.OPEN, "the silence is counted from the resume on"
     conn.check_timeouts(120.0)
     assert conn.state is State.CLOSED
+
+
+def test_external_is_taken_only_where_it_is_offered():
+    from protocols.amqp.methods import EXTERNAL, MECHANISMS, credentials
+    from protocols.amqp.reason_codes import AmqpError
+
+    assert credentials(EXTERNAL, b"", (*MECHANISMS, EXTERNAL)) == ("", "")
+    with pytest.raises(AmqpError, match="unknown authentication mechanism 'EXTERNAL'"):
+        credentials(EXTERNAL, b"")
+    assert credentials("PLAIN", b"\x00u\x00p", (*MECHANISMS, EXTERNAL)) == ("u", "p")

@@ -9,14 +9,14 @@ import socket
 
 from core.untrusted import DenialLog
 from protocols.amqp.tls import TlsListener
-from protocols.mqtt.tls import server_ssl_context
+from protocols.tls import ServerTls, TlsConfig
 from tests.conftest import write_self_signed_cert
 
 
 def test_handshakes_beyond_the_bound_are_closed_at_once_and_silent_ones_time_out(tmp_path,
                                                                                 caplog):
     files = write_self_signed_cert(tmp_path)
-    context = server_ssl_context(files.cert, files.key)
+    context = ServerTls(TlsConfig(files.cert, files.key)).context()
 
     async def main() -> None:
         sock = socket.create_server(("127.0.0.1", 0))

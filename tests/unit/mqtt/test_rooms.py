@@ -13,7 +13,7 @@ from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[3] / "protocols" / "mqtt"
 ROOMS = [
-    ("edge", {"frontend", "listeners", "websocket", "tls"}),
+    ("edge", {"frontend", "listeners", "websocket"}),
     ("adapter", {"adapter", "flow_control", "publish_intake"}),
     ("registry", {"registry", "login", "wills", "session", "shared", "retained"}),
     ("persistence", {"session_store"}),

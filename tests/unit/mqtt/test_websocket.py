@@ -12,7 +12,7 @@ import paho.mqtt.client as paho
 import pytest
 from aiohttp import WSCloseCode, WSMsgType
 
-from protocols.mqtt.tls import server_ssl_context
+from protocols.tls import ServerTls, TlsConfig
 from protocols.mqtt.websocket import HIGH_WATER, WebSocketListener, WebSocketWire, start_websocket_listener
 
 CONNACK = bytes([0x20, 0x02, 0x00, 0x00])
@@ -85,7 +85,7 @@ async def receive_bytes(ws: aiohttp.ClientWebSocketResponse, count: int) -> byte
 
 @pytest.mark.parametrize("scheme", ["ws", "wss"])
 def test_bytes_round_trip_and_the_server_selects_mqtt(scheme, cert_files):
-    server_tls = server_ssl_context(*cert_files) if scheme == "wss" else None
+    server_tls = ServerTls(TlsConfig(*cert_files)).context() if scheme == "wss" else None
     client_tls = ssl.create_default_context(cafile=cert_files.cert) if scheme == "wss" else None
 
     async def test() -> None:
@@ -330,7 +330,7 @@ class FixedConnack(Echo):
 def test_paho_connects_over_websocket(secure, cert_files):
     async def test() -> None:
         handlers = Handlers(FixedConnack)
-        server_tls = server_ssl_context(*cert_files) if secure else None
+        server_tls = ServerTls(TlsConfig(*cert_files)).context() if secure else None
         async with listening(handlers, server_tls) as listener:
             client = PahoConnect(listener.port, cert_files.cert if secure else None)
             try:
