@@ -22,6 +22,7 @@ from .cluster import add_cluster_commands
 from .data import add_data_commands
 from .demo import add_demo_command
 from .dev_cert import add_dev_cert_command
+from .health import add_health_command
 from .simulate import add_simulate_command
 from .vhosts import add_vhost_commands
 
@@ -191,6 +192,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_analytics_commands(commands)
     add_demo_command(commands)
     add_dev_cert_command(commands)
+    add_health_command(commands)
 
     store = commands.add_parser("store", help="Read an existing store offline.",
                                 description="Read an existing store offline (no broker needed).")

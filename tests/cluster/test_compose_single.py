@@ -7,7 +7,8 @@ a Java runtime, the job reading the broker's volume read-only). Then each servic
 as a container would run it, outside a container: the image's ENTRYPOINT and ENV under the
 service's environment and command, the container on 127.0.0.1, every container port moved to a
 free one and every volume to a directory of the test. The broker must start, answer the
-HEALTHCHECK's command, open its TLS listeners with the certificate the compose file names, stop
+HEALTHCHECK's command (over HTTPS, trusting the broker's own certificate, once the compose file
+names one) and fail it once stopped, open its TLS listeners with that certificate, stop
 on SIGTERM (what `docker stop` sends) with status 0 within the stop grace period, and still have
 the confirmed message after a restart on the same volume; the Spark service's job must turn
 readings stored by such a broker into window aggregates.
@@ -32,12 +33,13 @@ import pytest
 import yaml
 
 from bench.processes import free_ports
+from sluice.cli.dev_cert import write_dev_certs
 from sluice.client import ClientConfig, Message, SyncProducer
 from sluice.server.app import READY_LINE
 from sluice.server.config import load_config, unknown_variables
-from tests.cluster.test_compose_file import (ROOT, MissingVariable, _read_back, base_image, exec_form,
-                                             healthcheck, image_env, image_volume, instruction, interpolate)
-from tests.conftest import write_self_signed_cert
+from tests.cluster.test_compose_file import (ROOT, MissingVariable, _read_back, as_run_here, base_image,
+                                             exec_form, healthcheck, image_env, image_volume, instruction,
+                                             interpolate)
 
 SINGLE = ROOT / "docker" / "compose.yaml"
 SPARK = ROOT / "docker" / "compose.spark.yaml"
@@ -130,7 +132,7 @@ def test_the_spark_job_reads_the_broker_s_volume_read_only_once_the_broker_is_he
 def test_an_unset_tls_variable_leaves_the_tls_listeners_shut():
     [service] = services(SINGLE).values()
     config = load_config(env=image_env() | service["environment"])
-    assert config.mqtt.tls_cert is None and config.mqtt.tls_key is None
+    assert config.tls.cert is None and config.tls.key is None
     with pytest.raises(MissingVariable):
         interpolate({"x": "${SLUICE_CLUSTER_SECRET:?set it}"}, {})
 
@@ -197,9 +199,8 @@ def container(service: dict, dockerfile: Path, volumes: dict[str, Path], log: Pa
 
 
 def _run_healthcheck(node: Container, dockerfile: Path = DOCKERFILE) -> subprocess.CompletedProcess:
-    check = healthcheck(dockerfile)
-    assert check[0] == "python"
-    return subprocess.run([sys.executable, *check[1:]], env=node.env, capture_output=True, text=True, timeout=30)
+    return subprocess.run(as_run_here(healthcheck(dockerfile)), env=node.env, capture_output=True, text=True,
+                          timeout=30)
 
 
 def _tls_handshake(port: int) -> str:
@@ -224,9 +225,9 @@ def _stop(process: subprocess.Popen, grace: int, log: Path) -> None:
 def test_the_single_node_starts_answers_its_health_check_and_survives_a_docker_stop(tmp_path):
     tls_dir = tmp_path / "tls"  # docker/tls, mounted at /etc/sluice/tls
     tls_dir.mkdir()
-    certs = write_self_signed_cert(tls_dir)
-    assert {Path(certs.cert).name, Path(certs.key).name} == {"cert.pem", "key.pem"}
-    shell = {"SLUICE_MQTT_TLS_CERT": "/etc/sluice/tls/cert.pem", "SLUICE_MQTT_TLS_KEY": "/etc/sluice/tls/key.pem"}
+    certs = write_dev_certs(tls_dir)  # `sluice dev-cert --dir docker/tls`: signed by its own CA
+    shell = {"SLUICE_TLS_CERT": f"/etc/sluice/tls/{Path(certs.cert).name}",
+             "SLUICE_TLS_KEY": f"/etc/sluice/tls/{Path(certs.key).name}"}
     [service] = services(SINGLE, shell).values()
     volume = tmp_path / "volumes" / mounts(service)[image_volume()][0]
     volume.mkdir(parents=True)  # the named volume, there before the container starts
@@ -234,15 +235,20 @@ def test_the_single_node_starts_answers_its_health_check_and_survives_a_docker_s
                      tmp_path / "sluice.log")
     process = node.start()
     try:
-        done = _run_healthcheck(node)
+        assert node.env["SLUICE_ADMIN_URL"].startswith("http://"), "the image's URL, as it is"
+        done = _run_healthcheck(node)  # no CA given: the broker's own certificate is trusted
         assert done.returncode == 0, f"HEALTHCHECK: {done.stderr}"
-        for key in ("mqtt.tls_port", "mqtt.wss_port", "amqp.tls_port"):
+        assert f"https://127.0.0.1:{node.ports['admin.port']}/health: ok" in done.stdout
+        for key in ("mqtt.tls_port", "mqtt.wss_port", "amqp.tls_port", "admin.port", "native.port"):
             assert _tls_handshake(node.ports[key]).startswith("TLS"), key
-        config = ClientConfig(f"127.0.0.1:{node.ports['native.port']}", "sluice", "sluice", request_timeout=10)
+        config = ClientConfig(f"127.0.0.1:{node.ports['native.port']}", "sluice", "sluice", request_timeout=10,
+                              ca_file=certs.ca)
         with SyncProducer(config) as producer:
             producer.send(Message("compose-durable", b"stored before docker stop"))
         _stop(process, grace_s(service), node.log)
-        assert _run_healthcheck(node).returncode != 0, "the health check fails once the broker is gone"
+        done = _run_healthcheck(node)
+        assert done.returncode == 1 and "unhealthy" in done.stderr and "unreachable" in done.stderr, \
+            f"the health check fails once the broker is gone: {done.returncode} {done.stderr}"
         process = node.start()  # docker start: the same volume
         _read_back(config, "compose-durable", b"stored before docker stop")
         _stop(process, grace_s(service), node.log)
