@@ -47,7 +47,7 @@ class AdminDeps:
     clients: ClientDirectory | None = None
     """Every protocol's clients, for /clients and /metrics; None if no listener reports them."""
     dashboard_dir: Path | None = None
-    """The telemetry dashboard's static files (``dashboard.py``); None: no dashboard."""
+    """The telemetry dashboard's static files (``dashboard_files.py``); None: no dashboard."""
     vhosts: VhostAdmin | None = None
     """AMQP virtual hosts, their permissions, queues and connections (``vhosts.py``)."""
     cluster: ClusterView | None = None

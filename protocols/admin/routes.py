@@ -15,7 +15,7 @@ from aiohttp import web
 
 from core.model import Principal
 
-from . import (acl, clients, console_files, dashboard, history, metrics, mqtt_retained,
+from . import (acl, clients, console_files, dashboard_files, history, metrics, mqtt_retained,
                overview, sessions, tail, vhosts)
 from . import handlers as h
 from . import paging
@@ -102,10 +102,10 @@ ROUTES: tuple[Route, ...] = (
       "and lag (404 for a single broker)", "service", A.PUBLIC, response="object"),
     R("GET", "/metrics", metrics.metrics, "Prometheus metrics (text exposition format)", "service",
       A.PUBLIC, response="text"),
-    R("GET", "/dashboard", dashboard.page,
+    R("GET", "/dashboard", dashboard_files.page,
       "Live telemetry dashboard (HTML; ?topic=the results topic, default telemetry.results)",
       "console", A.PUBLIC, response="html"),
-    R("GET", "/dashboard/{asset}", dashboard.asset, "The dashboard's script and style sheet",
+    R("GET", "/dashboard/{asset}", dashboard_files.asset, "The dashboard's script and style sheet",
       "console", A.PUBLIC, response="asset"),
     R("GET", "/console", console_files.console_page,
       "The web console (HTML): sign in, then clients, topics, queues, groups, messages, users",

@@ -10,7 +10,7 @@ from aiohttp.test_utils import make_mocked_request
 
 from analytics import DASHBOARD_DIR
 from core.model import RetryPolicy
-from protocols.admin.dashboard import PAGE_CSP
+from protocols.admin.dashboard_files import PAGE_CSP
 from protocols.admin.errors import HttpProblem
 from protocols.admin.guards import check_same_origin, require_json
 from protocols.admin.handlers import RETRY_FIELDS
