@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from .errors import ClientNotFound
-from .traffic import Traffic
+from .traffic import ClientCounters, Traffic
 from .untrusted import clip
 
 log = logging.getLogger("sluice.clients")
@@ -26,7 +26,9 @@ class ClientView:
 
     ``connected`` is False for a persistent session kept while its client is away (MQTT);
     ``subscriptions`` are filters or topics as the protocol writes them; ``details`` holds what
-    only one protocol has (MQTT version, keep alive, session expiry; a native client's group).
+    only one protocol has (MQTT version, keep alive, session expiry; a native client's group;
+    ``inflight``, deliveries the client has not acknowledged yet); ``counters`` are the
+    connection's message totals and rates (None for a kept session with no connection).
     """
 
     protocol: str
@@ -37,6 +39,7 @@ class ClientView:
     connected_at_ms: int | None = None
     subscriptions: tuple[str, ...] = ()
     details: dict[str, Any] = field(default_factory=dict)
+    counters: ClientCounters | None = None
 
 
 class ClientSource(Protocol):
@@ -51,6 +54,9 @@ class ClientSource(Protocol):
 
     def connected_count(self) -> int:
         """Connections open now."""
+
+    def counters(self) -> Iterable[ClientCounters]:
+        """The counters of every connection open now."""
 
     def kick(self, client_id: str) -> bool:
         """End ``client_id``'s connection (its session stays as the protocol keeps it); False if
@@ -85,6 +91,13 @@ class ClientDirectory:
     def traffic(self) -> dict[str, Traffic]:
         """Each protocol's counters since start."""
         return {name: source.traffic for name, source in sorted(self._sources.items())}
+
+    def sample(self, at: float) -> None:
+        """Turn every open connection's counts since the previous call into rates (``at``:
+        now on the ``time.monotonic`` clock); O(connections)."""
+        for source in self._sources.values():
+            for counters in source.counters():
+                counters.sample(at)
 
     def list(self, protocol: str | None = None, user: str | None = None) -> list[ClientView]:
         """Clients sorted by protocol and id, optionally of one protocol or one user."""

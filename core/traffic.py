@@ -29,3 +29,40 @@ class Traffic:
         """Bytes read from clients (the protocol's frames; after TLS and WebSocket framing)."""
         self.bytes_sent = 0
         """Bytes written to clients, in the same terms."""
+
+
+class ClientCounters:
+    """What one connection did since it opened, and how fast over the last sampling interval.
+
+    The connection's front end increments ``published`` and ``delivered`` where it counts its
+    protocol's `Traffic` (plain ints, no lock); a sampler calls ``sample`` every few seconds to
+    turn the change since the previous sample into per-second rates. The object lives and dies
+    with its connection, so nothing needs forgetting when the connection goes. Runs on the event
+    loop; not thread-safe.
+    """
+
+    __slots__ = ("published", "delivered", "publish_rate", "deliver_rate", "_at", "_published",
+                 "_delivered")
+
+    def __init__(self, at: float) -> None:
+        """``at``: now on the sampler's clock (``time.monotonic``); the first rates run from it."""
+        self.published = 0
+        """Messages the client sent to the broker."""
+        self.delivered = 0
+        """Messages the broker sent to the client, redeliveries included."""
+        self.publish_rate = 0.0
+        """Messages published per second over the last sampling interval."""
+        self.deliver_rate = 0.0
+        """Messages delivered per second over the last sampling interval."""
+        self._at = at
+        self._published = 0
+        self._delivered = 0
+
+    def sample(self, at: float) -> None:
+        """Set the rates from the counts since the previous sample (taken at ``self._at``)."""
+        elapsed = at - self._at
+        if elapsed <= 0:
+            return
+        self.publish_rate = round((self.published - self._published) / elapsed, 3)
+        self.deliver_rate = round((self.delivered - self._delivered) / elapsed, 3)
+        self._at, self._published, self._delivered = at, self.published, self.delivered

@@ -2,12 +2,15 @@
 
 Answers come from core's ``ClientDirectory``, which gathers each adapter's view. A kick ends the
 connection the way the protocol says an administrator does (MQTT 5: DISCONNECT 0x98
-Administrative action); the session stays as the protocol keeps it. Admin only: a client list
-names other users and their addresses.
+Administrative action); the session stays as the protocol keeps it. Each connection's message
+totals and rates (the overview sampler turns its counts into rates every few seconds) are row
+fields, so the list sorts by them. Admin only: a client list names other users and their
+addresses.
 """
 
 from __future__ import annotations
 
+from dataclasses import fields
 from typing import Any
 
 from aiohttp import web
@@ -29,8 +32,16 @@ def client_directory(request: web.Request) -> ClientDirectory:
 
 
 def client_json(view: ClientView) -> dict[str, Any]:
-    """A client as the API shows it."""
-    return plain(view) | {"subscriptions": list(view.subscriptions)}
+    """A client as the API shows it: its connection's totals and rates are null for a session
+    kept without one."""
+    row = {f.name: plain(getattr(view, f.name)) for f in fields(view) if f.name != "counters"}
+    counters = view.counters
+    return row | {
+        "subscriptions": list(view.subscriptions),
+        "published": counters.published if counters else None,
+        "delivered": counters.delivered if counters else None,
+        "publish_rate": counters.publish_rate if counters else None,
+        "deliver_rate": counters.deliver_rate if counters else None}
 
 
 async def list_clients(request: web.Request, principal: Principal) -> list[dict[str, Any]]:

@@ -5,7 +5,9 @@ A sampler task, started and stopped with the admin server, reads every ``STEP_S`
 groups' committed offsets, the store's offsets, each protocol's open connections) and keeps the
 last ``SAMPLES`` samples in a ring, so memory stays fixed however long the broker runs. Rates
 are the change of a counter since the previous sample divided by the time between them; a
-counter that went down (an offset reset) counts as no change.
+counter that went down (an offset reset) counts as no change. Each sample also turns every open
+connection's message counts into its rates (``ClientDirectory.sample``), which ``/clients``
+shows.
 """
 
 from __future__ import annotations
@@ -127,6 +129,8 @@ async def _sample_forever(d: AdminDeps, history: History) -> None:
     while True:
         try:
             history.add(totals(d))
+            if d.clients is not None:
+                d.clients.sample(time.monotonic())
             failing = False
         except Exception:  # noqa: BLE001 - a failed sample leaves a gap, never stops the sampler
             if not failing:

@@ -8,6 +8,7 @@ from typing import Any
 from .access import Access
 from .errors import STATUS
 from .guards import SAFE_METHODS
+from .history import STEP_S
 
 TITLE = "Sluice admin API"
 VERSION = "0.1.0"
@@ -28,6 +29,17 @@ def _ref(name: str) -> dict[str, Any]:
 
 def _list(item: Any) -> dict[str, Any]:
     return {"type": "array", "items": item}
+
+
+def _count(what: str) -> dict[str, Any]:
+    return {"type": "integer", "nullable": True,
+            "description": f"{what} (null: a session kept with no connection)"}
+
+
+def _rate(what: str) -> dict[str, Any]:
+    return {"type": "number", "nullable": True,
+            "description": f"{what} per second over the last sampling interval ({STEP_S} s; 0 "
+                           f"until the first sample; null: a session kept with no connection)"}
 
 
 _TOPIC = dict(name=_STR, queue_count=_INT,
@@ -96,7 +108,14 @@ SCHEMAS: dict[str, dict[str, Any]] = {
                    user=_STR, address=_STR, connected=_BOOL,
                    connected_at_ms={"type": "integer", "nullable": True},
                    subscriptions=_list(_STR),
-                   details={"type": "object", "description": "what only this protocol has"}),
+                   details={"type": "object", "description": "what only this protocol has; "
+                            "inflight: deliveries the client has not acknowledged yet (MQTT "
+                            "QoS 1/2, AMQP over every channel)"},
+                   published=_count("messages the client sent since it connected"),
+                   delivered=_count("messages sent to the client since it connected, "
+                                    "redeliveries included"),
+                   publish_rate=_rate("messages the client sent"),
+                   deliver_rate=_rate("messages sent to the client")),
     "Vhost": _obj(["name"], name=_STR, exchanges=_INT, queues=_INT, messages_ready=_INT),
     "VhostCreate": _obj(["name"], name=_STR),
     "VhostPermission": _obj([], user=_STR, vhost=_STR, configure=_STR, write=_STR, read=_STR),

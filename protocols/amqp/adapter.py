@@ -31,7 +31,7 @@ from core.clients import log_connected, log_disconnected
 from core.errors import NotFound, SluiceError
 from core.model import Principal
 from core.service import Broker
-from core.traffic import Traffic
+from core.traffic import ClientCounters, Traffic
 from core.untrusted import DenialLog, clip
 from core.vhost_permissions import Right, VhostPermissions
 from core.vhosts import VirtualHosts
@@ -117,7 +117,10 @@ class AmqpAdapter:
         options = host.connection_options
         if getattr(wire, "certificate_user", None) is not None:
             options = replace(options, mechanisms=(*options.mechanisms, EXTERNAL))
-        self.conn = ServerConnection(options, time.monotonic())
+        opened = time.monotonic()
+        self.conn = ServerConnection(options, opened)
+        self.counters = ClientCounters(opened)
+        """This connection's messages and rates, for the admin API's client list."""
         self.flow = FlowControl(wire, MAX_PENDING_METHODS)
         self.gate = WriteGate()
         self.publishing = PublishPipeline(MAX_PENDING_METHODS, lambda error: self.kick(
@@ -273,6 +276,7 @@ class AmqpAdapter:
                 self._work.append(event)
                 if kind is PublishReceived:
                     self.host.traffic.messages_published += 1
+                    self.counters.published += 1
                     self.publisher = True
                     if self.host.alarms.reason is not None and not self.blocked:
                         self._block()
@@ -334,7 +338,8 @@ class AmqpAdapter:
         self.topology = Topology(host.vhosts, vhost, self.principal, self.id, host, access)
         self.messages = Messages(host.broker, host.vhosts, host.queues, host.consumers,
                                  self.principal, self.topology, self.conn, self._write_out,
-                                 self._fail, self.gate, host.replies, host.traffic)
+                                 self._fail, self.gate, host.replies, host.traffic,
+                                 self.counters)
         self.transactions = Transactions(self.messages)
         self.connected_at_ms = time.time_ns() // 1_000_000
         self.host.opened(self)

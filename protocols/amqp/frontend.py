@@ -18,7 +18,7 @@ from core.errors import NotFound
 from core.model import Principal
 from core.named_queues import NamedQueues
 from core.service import Broker
-from core.traffic import Traffic
+from core.traffic import ClientCounters, Traffic
 from core.untrusted import DenialLog
 from core.vhost_permissions import Right, VhostPermissions
 from core.vhosts import QueueSettings, VirtualHosts
@@ -240,9 +240,15 @@ class AmqpFrontend:
         """Every open connection (AMQP keeps nothing of a client once it is gone)."""
         for adapter in list(self._open.values()):
             user = adapter.principal.user if adapter.principal is not None else ""
-            consumed = adapter.messages.consumed() if adapter.messages is not None else ()
+            messages = adapter.messages
+            consumed = messages.consumed() if messages is not None else ()
+            details = adapter.details() | {"inflight": messages.unacked() if messages else 0}
             yield ClientView(PROTOCOL, adapter.id, user, adapter.peer, True,
-                             adapter.connected_at_ms, consumed, adapter.details())
+                             adapter.connected_at_ms, consumed, details, adapter.counters)
+
+    def counters(self) -> Iterator[ClientCounters]:
+        """The counters of every open connection."""
+        return (adapter.counters for adapter in self._open.values())
 
     def kick(self, client_id: str) -> bool:
         """Close ``client_id``'s connection with 320 CONNECTION_FORCED."""

@@ -21,7 +21,7 @@ from core.errors import NotSupported, PreconditionFailed
 from core.model import Delivery, Principal
 from core.queue_features import features, levels
 from core.service import MAX_INVISIBLE_MS, Broker
-from core.traffic import Traffic
+from core.traffic import ClientCounters, Traffic
 from core.untrusted import clip
 from core.vhost_permissions import Right
 from core.vhosts import QueueSettings, VirtualHosts
@@ -50,7 +50,8 @@ class Messages:
     def __init__(self, broker: Broker, vhosts: VirtualHosts, queues: QueueLimits,
                  consumers: Consumers, principal: Principal, topology: Topology,
                  conn: ServerConnection, write_out: Callable[[], None], fail: Fail,
-                 gate: WriteGate, replies: DirectReplies, traffic: Traffic) -> None:
+                 gate: WriteGate, replies: DirectReplies, traffic: Traffic,
+                 counters: ClientCounters) -> None:
         self.broker = broker
         self.vhosts = vhosts
         self.queues = queues
@@ -66,6 +67,8 @@ class Messages:
         self.replies = replies
         self.traffic = traffic
         """The protocol's counters: deliveries and acks are added here."""
+        self.counters = counters
+        """The connection's own: deliveries are added here too."""
         self._channels = Channels()
         self.publisher = Publisher(broker, vhosts, queues, principal, topology, conn,
                                    self._channels, write_out, fail, replies)
@@ -86,6 +89,7 @@ class Messages:
         if state is None or not self.conn.can_send(consumer.channel):
             return
         self.traffic.messages_delivered += 1
+        self.counters.delivered += 1
         self.conn.send_content(consumer.channel, frames.Deliver(
             consumer.tag, next(state.delivery_tags), False, "", routing_key), properties, body)
         self.write_out()
@@ -153,6 +157,7 @@ class Messages:
         props = delivery.properties
         ready = sum(self.queues.ready(level) for level in queues)
         self.traffic.messages_delivered += 1
+        self.counters.delivered += 1
         self.conn.send_content(channel, frames.GetOk(
             tag, delivery.attempt > 1, *origin(delivery.topic, props), ready),
             to_properties(props, delivery.born_ts), delivery.body)
@@ -299,6 +304,7 @@ class Messages:
         else:
             payload = properties_payload(props, delivery.born_ts)
         self.traffic.messages_delivered += 1
+        self.counters.delivered += 1
         self.conn.send_delivery(consumer.channel, consumer.tag, tag, delivery.attempt > 1,
                                 *origin(delivery.topic, props), payload, delivery.body)
 
@@ -310,6 +316,10 @@ class Messages:
         """The queues this connection's consumers read, each once, sorted."""
         return tuple(sorted({consumer.queue_name for state in self._channels.values()
                              for consumer in state.consumers.values()}))
+
+    def unacked(self) -> int:
+        """Deliveries over every channel the client has not acked or rejected yet."""
+        return sum(len(state.unacked) for state in self._channels.values())
 
     def channel_details(self, channel: int) -> dict[str, Any]:
         """What `sluice channel list` shows of ``channel``: consumers, unacked deliveries,

@@ -20,7 +20,7 @@ from typing import Protocol
 
 from core.clients import log_connected, log_disconnected
 from core.model import Principal
-from core.traffic import Traffic
+from core.traffic import ClientCounters, Traffic
 from core.untrusted import clip
 
 from .codec import MQTT_5
@@ -90,11 +90,14 @@ class MqttAdapter:
         self.registry = registry
         self.wire = wire
         self.traffic = registry.traffic
+        opened = time.monotonic()
+        self.counters = ClientCounters(opened)
+        """This connection's messages and rates, for the admin API's client list."""
         self.conn = ServerConnection(receive_maximum=options.receive_maximum,
                                      topic_alias_maximum=options.topic_alias_maximum,
                                      max_packet_size=options.max_packet_size,
                                      max_outbound_inflight=options.max_inflight_messages,
-                                     limits=registry.limits, opened_at=time.monotonic())
+                                     limits=registry.limits, opened_at=opened)
         self.loop = asyncio.get_running_loop()
         self.flow = FlowControl(wire, options.max_buffered_bytes)
         self.intake = PublishIntake(registry, self.conn, self.flow, self._write, self.kick)
@@ -194,6 +197,7 @@ class MqttAdapter:
             return None
         self._write(data)
         self.traffic.messages_delivered += 1
+        self.counters.delivered += 1
         return packet_id
 
     def release(self, packet_id: int) -> None:
@@ -216,6 +220,7 @@ class MqttAdapter:
             kind = type(event)
             if kind is MessagePublished:
                 self.traffic.messages_published += 1
+                self.counters.published += 1
                 intake.add(event)
             elif kind is PublishAcknowledged:
                 if event.reason_code.value < 0x80:  # a failure code ends the exchange unacked

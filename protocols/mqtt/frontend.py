@@ -24,7 +24,7 @@ from core.model import Principal
 from core.named_queues import NamedQueues
 from core.service import Broker
 from core.state_store import StateStore
-from core.traffic import Traffic
+from core.traffic import ClientCounters, Traffic
 from core.untrusted import DenialLog
 
 from .adapter import PROTOCOL, MqttAdapter
@@ -85,7 +85,11 @@ class MqttFrontend:
             yield ClientView(PROTOCOL, client_id, session.owner or "",
                              link.peer if link is not None else "", link is not None,
                              link.connected_at_ms if link is not None else None, subscriptions,
-                             details)
+                             details, link.counters if link is not None else None)
+
+    def counters(self) -> Iterator[ClientCounters]:
+        """The counters of every connection attached to a session."""
+        return (link.counters for link in self.registry.attached())
 
     def kick(self, client_id: str) -> bool:
         """Disconnect ``client_id`` (MQTT 5: reason 0x98, Administrative action); its will is

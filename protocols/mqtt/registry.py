@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Coroutine, Mapping
+from collections.abc import Coroutine, Iterable, Mapping
 from dataclasses import replace
 from typing import Any, Protocol
 
@@ -31,7 +31,7 @@ from core.model import Delivery, Principal
 from core.named_queues import NamedQueues
 from core.service import Broker
 from core.state_store import StateStore
-from core.traffic import Traffic
+from core.traffic import ClientCounters, Traffic
 from core.untrusted import DenialLog, clip
 
 from .connection import Inflight
@@ -84,6 +84,8 @@ class Connection(Protocol):
 
     connected_at_ms: int | None
     """When its CONNACK was sent; None before."""
+    counters: ClientCounters
+    """Its messages and rates, for the admin API."""
 
     @property
     def peer(self) -> str: ...
@@ -230,6 +232,10 @@ class SessionRegistry:
     def link_of(self, client_id: str) -> Connection | None:
         """The connection attached to the session of ``client_id``, if one is."""
         return self._attached.get(client_id)
+
+    def attached(self) -> Iterable[Connection]:
+        """The connections attached to sessions now."""
+        return self._attached.values()
 
     @property
     def connected_count(self) -> int:

@@ -17,7 +17,7 @@ from rocketmq.grpc_protocol import definition_pb2 as pb
 
 from core.clients import ClientView, log_connected, log_disconnected
 from core.model import Principal
-from core.traffic import Traffic
+from core.traffic import ClientCounters, Traffic
 
 from .clients import ClientRegistry
 
@@ -41,6 +41,8 @@ class TelemetryStream:
     publishing: frozenset[str] = frozenset()
     """The topics a producer named in its settings (it is asked about their transactions)."""
     outbox: asyncio.Queue = field(default_factory=lambda: asyncio.Queue(OUTBOX_LIMIT))
+    counters: ClientCounters = field(default_factory=lambda: ClientCounters(time.monotonic()))
+    """The client's messages and rates while this stream is open, for the admin API."""
 
     @property
     def user(self) -> str:
@@ -82,6 +84,23 @@ class NativeClients:
                 del self._streams[stream.client_id]
         log_disconnected(PROTOCOL, stream.client_id, stream.user, stream.address, reason)
 
+    def published(self, client_id: str, user: str, count: int) -> None:
+        """Count ``count`` messages ``client_id`` sent: the protocol's, and the client's if
+        ``user`` (the caller) holds its stream (a client id is only what the caller says)."""
+        self.traffic.messages_published += count
+        if (stream := self._latest(client_id, user)) is not None:
+            stream.counters.published += count
+
+    def delivered(self, client_id: str, user: str, count: int) -> None:
+        """Count ``count`` messages sent to ``client_id``, as ``published`` does."""
+        self.traffic.messages_delivered += count
+        if (stream := self._latest(client_id, user)) is not None:
+            stream.counters.delivered += count
+
+    def _latest(self, client_id: str, user: str) -> TelemetryStream | None:
+        streams = self._streams.get(client_id)
+        return streams[-1] if streams and streams[-1].user == user else None
+
     def publishers_of(self, topic: str) -> list[TelemetryStream]:
         """The open streams of producers that named ``topic`` in their settings."""
         return [stream for streams in self._streams.values() for stream in streams
@@ -98,7 +117,11 @@ class NativeClients:
             subscriptions = () if known is None else tuple(sorted(known.subscriptions))
             for stream in streams:
                 yield ClientView(PROTOCOL, client_id, stream.user, stream.address, True,
-                                 stream.connected_at_ms, subscriptions, details)
+                                 stream.connected_at_ms, subscriptions, details, stream.counters)
+
+    def counters(self) -> Iterator[ClientCounters]:
+        """The counters of every open stream."""
+        return (stream.counters for streams in self._streams.values() for stream in streams)
 
     def kick(self, client_id: str) -> bool:
         streams = self._streams.get(client_id, [])

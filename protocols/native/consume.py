@@ -47,7 +47,7 @@ async def receive_message(edge: Edge, call: Call,
     if not deliveries:
         yield rpc.ReceiveMessageResponse(status=Status(code=Code.MESSAGE_NOT_FOUND, message="no new message"))
         return
-    edge.connections.traffic.messages_delivered += len(deliveries)
+    edge.connections.delivered(client_id, call.principal.user, len(deliveries))
     now = now_ms()
     yield rpc.ReceiveMessageResponse(delivery_timestamp=timestamp(now))
     store_host = edge.store_host()

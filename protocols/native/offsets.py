@@ -30,7 +30,7 @@ async def pull_message(edge: Edge, call: Call,
     result = await edge.broker.pull(call.principal, group, topic, mq.id, request.offset,
                                     max_messages=request.batch_size or 32, wait_ms=wait_ms,
                                     expression=expression, expression_type=expression_type)
-    edge.connections.traffic.messages_delivered += len(result.messages)
+    edge.connections.delivered(call.client_id, call.principal.user, len(result.messages))
     now, store_host = now_ms(), edge.store_host()
     for delivery in result.messages:
         yield rpc.PullMessageResponse(message=delivered(delivery, mq.topic, config.message_type,

@@ -28,7 +28,7 @@ async def send_message(edge: Edge, call: Call, request: rpc.SendMessageRequest) 
     if not request.messages:
         return rpc.SendMessageResponse(status=Status(code=Code.BAD_REQUEST,
                                                      message="the request carries no message"))
-    edge.connections.traffic.messages_published += len(request.messages)
+    edge.connections.published(call.client_id, call.principal.user, len(request.messages))
     converted: list[OutgoingMessage | Exception] = []
     for message in request.messages:
         try:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import subprocess
 import threading
 import urllib.request
@@ -210,9 +211,13 @@ def test_an_administrator_manages_the_broker_from_the_console(broker, browser, s
         page.wait.until(lambda d: page.find("#clients tr[data-key^='amqp/']"), "no AMQP client")
         amqp_rows = page.find("#clients tr[data-key^='amqp/']")
         assert any("AMQP 0-9-1" in row.text for row in amqp_rows)
+        amqp_key = amqp_rows[0].get_attribute("data-key")
+        assert page.cell_text("clients", amqp_key, "inflight") == "0", "the consumer acks at once"
+        assert re.fullmatch(r"[0-9.,]+", page.cell_text("clients", "mqtt/console-sub", "deliver_rate"))
         screenshot(browser, shots, "clients")
         sub_row.find_element("css selector", "td.col-client_id a").click()
         assert "console/#" in page.one("#client-detail .subscriptions").text
+        assert "delivered (out/s)" in page.one("#client-detail").text
         screenshot(browser, shots, "client-detail")
         browser.back()
         sub_row = page.row("clients", "mqtt/console-sub")

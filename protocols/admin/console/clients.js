@@ -16,16 +16,14 @@ function version(client) {
 }
 
 function inflight(client) {
-  const d = client.details || {};
-  return d.inflight ?? d.in_flight ?? d.messages_unacknowledged;
+  return (client.details || {}).inflight;
 }
 
-function rates(client) {
-  const d = client.details || {};
-  const parts = [["in", d.publish_rate ?? d.published_per_s], ["out", d.deliver_rate ?? d.delivered_per_s]]
-    .filter(([, v]) => v !== undefined && v !== null);
-  return parts.length ? parts.map(([k, v]) => `${k} ${num(v)}/s`).join(", ") : "–";
-}
+/** Whether the row is a connection with message counts (a kept session has none). */
+const counted = (client) => client.publish_rate != null || client.deliver_rate != null;
+
+/** A rate with the total it comes from as its tooltip. */
+const rate = (value, total) => (c) => html`<span title=${`${num(c[total])} since connecting`}>${num(c[value])}</span>`;
 
 const key = (c) => `${c.protocol}/${c.client_id}`;
 const link = (c) => `#/clients/${seg(c.protocol)}/${seg(c.client_id)}`;
@@ -55,7 +53,10 @@ function ClientList() {
     { key: "subscriptions", label: "Subscriptions", sortable: false,
       render: (c) => html`<span title=${(c.subscriptions || []).join("\n")}>${(c.subscriptions || []).length}</span>` },
     { key: "inflight", label: "In flight", sortable: false, render: (c) => text(inflight(c)) },
-    ...(paged.rows.some((c) => rates(c) !== "–") ? [{ key: "rates", label: "Rates", sortable: false, render: rates }] : []),
+    ...(paged.rows.some(counted) ? [
+      { key: "publish_rate", label: "In/s", render: rate("publish_rate", "published") },
+      { key: "deliver_rate", label: "Out/s", render: rate("deliver_rate", "delivered") },
+    ] : []),
     { key: "actions", label: "", sortable: false, render: (c) => c.connected && html`<button
         type="button" class="kick danger" onClick=${() => setAsk(kickAsk(c))}>Disconnect</button>` },
   ];
@@ -84,7 +85,9 @@ function ClientDetail({ protocol, clientId }) {
     ${c && html`<section class="card wide" id="client-detail" data-key=${key(c)}>
       <h3>${c.protocol} client ${c.client_id}</h3>
       <${Fields} value=${{ user: c.user, address: c.address, version: version(c),
-        connected: c.connected ? when(c.connected_at_ms) : "no (session kept)" }} />
+        connected: c.connected ? when(c.connected_at_ms) : "no (session kept)",
+        ...(counted(c) ? { "published (in/s)": `${num(c.published)} (${num(c.publish_rate)}/s)`,
+          "delivered (out/s)": `${num(c.delivered)} (${num(c.deliver_rate)}/s)` } : {}) }} />
       <h4>Subscriptions</h4>
       ${(c.subscriptions || []).length ? html`<ul class="subscriptions">${c.subscriptions.map((s) => html`<li>${s}</li>`)}</ul>` : html`<p>none</p>`}
       <h4>Protocol details</h4>
