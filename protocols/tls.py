@@ -1,16 +1,19 @@
-"""TLS for every listener: the ``[tls]`` settings and the one live server certificate.
+"""TLS for every listener: the ``[tls]`` settings and the one live certificate and client CA.
 
-`ServerTls` loads the certificate and key once, hands every TLS listener its `ssl.SSLContext`
-(MQTT TLS and WSS, AMQP TLS, the admin HTTPS port) and, on ``reload``, loads the files again
-into those same contexts: handshakes from then on get the new certificate, connections open
-before go on with the one they negotiated. The gRPC listener reads ``chain()`` instead (grpc
-takes PEM bytes, not contexts). A verified client certificate names its user by its subject's
-common name (``certificate_user``). Loading blocks on file reads: run it at start or on SIGHUP.
+`ServerTls` loads the certificate, key and client CA, hands every TLS listener its
+`ssl.SSLContext` (MQTT TLS and WSS, AMQP TLS, the admin HTTPS port, a cluster's replication
+port) and, on ``reload``, reads the files again into fresh contexts that every listener's
+handshakes switch to from then on; connections open before go on with what they negotiated.
+The gRPC listener reads ``chain()`` instead (grpc takes PEM bytes, not contexts); a node
+connecting to another takes ``peer()`` for each connection. A verified client certificate names
+its user by its subject's common name (``certificate_user``). Loading blocks on file reads: run
+it at start or on SIGHUP.
 """
 
 from __future__ import annotations
 
 import datetime
+import functools
 import logging
 import ssl
 import threading
@@ -28,7 +31,8 @@ ClientCerts = Literal["none", "optional", "required"]
 @dataclass(frozen=True)
 class TlsConfig:
     """One certificate for every TLS listener: MQTT TLS and WSS, AMQP TLS, the admin HTTPS port
-    and native gRPC. SIGHUP reloads ``cert`` and ``key`` without dropping connections."""
+    and native gRPC. SIGHUP reloads ``cert``, ``key`` and ``client_ca`` without dropping
+    connections."""
 
     cert: str | None = None
     """PEM certificate chain (server certificate first) served by every TLS listener; with
@@ -38,7 +42,7 @@ class TlsConfig:
     """PEM private key of ``cert``, unencrypted, readable only by the broker's user."""
     client_ca: str | None = None
     """PEM file of the CA certificates that client certificates must be signed by; needed when
-    ``client_certs`` is not "none"."""
+    ``client_certs`` is not "none". SIGHUP reloads it for new handshakes."""
     client_certs: ClientCerts = "none"
     """Client certificates on the MQTT TLS/WSS and AMQP TLS listeners: "none" asks for none;
     "optional" verifies one when the client sends it (against ``client_ca``) and lets clients
@@ -73,38 +77,43 @@ def check_settings(config: TlsConfig) -> str | None:
     return None
 
 
+Kind = Literal["server", "verifying", "peer"]
+"""What a context is for: a listener that asks for no client certificate, one that verifies
+them against ``client_ca``, or a client connecting to another node (``peer_context``)."""
+
+
 class ServerTls:
-    """The server certificate of every TLS listener, reloadable in place. Thread-safe."""
+    """The certificate and client CA of every TLS listener, reloadable. Thread-safe.
+
+    Each listener keeps the context it was given, but that context only starts handshakes: its
+    ``sni_callback`` (called for every ClientHello, with or without a server name) switches the
+    handshake to the context of its kind that ``reload`` built last. A fresh context, not files
+    loaded into an old one, so that a CA removed from ``client_ca`` stops being trusted."""
 
     def __init__(self, config: TlsConfig) -> None:
         """Load ``config``'s files; ValueError names the file and what is wrong with it."""
         assert config.cert and config.key, "ServerTls needs tls.cert and tls.key"
         self.config = config
         self._lock = threading.Lock()
-        self._contexts: list[ssl.SSLContext] = []
+        self._current: dict[Kind, ssl.SSLContext] = {}
         self._chain, self.certificate = _read_pair(config.cert, config.key)
         self.generation = 0
         """Grows by one at each successful reload."""
 
     def context(self, *, client_certs: bool = False) -> ssl.SSLContext:
-        """A new TLS 1.2+ server context with the current certificate, kept for ``reload``;
-        ``client_certs``: ask for client certificates as ``tls.client_certs`` says."""
-        context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-        context.minimum_version = ssl.TLSVersion.TLSv1_2
-        config = self.config
-        if client_certs and config.verifies_clients:
-            assert config.client_ca is not None
-            try:
-                context.load_verify_locations(cafile=config.client_ca)
-            except (OSError, ssl.SSLError) as error:
-                raise ValueError(f"tls.client_ca {config.client_ca!r} cannot be used ({error}): "
-                                 "point it at a readable PEM file of CA certificates") from None
-            context.verify_mode = (ssl.CERT_REQUIRED if config.client_certs == "required"
-                                   else ssl.CERT_OPTIONAL)
-        with self._lock:
-            _load(context, config.cert, config.key)  # type: ignore[arg-type]
-            self._contexts.append(context)
-        return context
+        """A listener's TLS 1.2+ server context: every handshake on it gets the certificate (and
+        client CA) last loaded; ``client_certs``: ask for client certificates as
+        ``tls.client_certs`` says. ValueError when ``client_ca`` cannot be used."""
+        kind: Kind = "verifying" if client_certs and self.config.verifies_clients else "server"
+        self._context(kind)
+        listener = self._build(kind)
+        listener.sni_callback = functools.partial(self._switch, kind)
+        return listener
+
+    def peer(self) -> ssl.SSLContext:
+        """The client context for connecting to another node (``peer_context``) as last loaded;
+        take it again for each connection. ValueError when its CA file cannot be used."""
+        return self._context("peer")
 
     def chain(self) -> tuple[bytes, bytes, int]:
         """(certificate chain PEM, key PEM, generation) as last loaded."""
@@ -112,27 +121,70 @@ class ServerTls:
             return self._chain[0], self._chain[1], self.generation
 
     def reload(self) -> str:
-        """Read the certificate and key files again and serve them to new handshakes.
+        """Read the certificate, key and client CA files again for new handshakes; connections
+        open before go on with what they negotiated.
 
-        Returns a line saying what is served now; ValueError (the old certificate stays) when
-        the new files cannot be used. Blocks on file reads."""
+        Returns a line saying what is served and trusted now; ValueError (everything stays as it
+        was) when a file cannot be used. Blocks on file reads."""
         config = self.config
-        chain, certificate = _read_pair(config.cert, config.key)  # type: ignore[arg-type]
         with self._lock:
-            for context in self._contexts:
-                _load(context, config.cert, config.key)  # type: ignore[arg-type]
+            chain, certificate = _read_pair(config.cert, config.key)  # type: ignore[arg-type]
+            current = {kind: self._build(kind) for kind in self._current}
+            self._current = current
             self._chain, self.certificate = chain, certificate
             self.generation += 1
-        return describe(certificate)
+        served = describe(certificate)
+        verifying = current.get("verifying") or (config.client_ca and current.get("peer"))
+        if verifying is not None:
+            served += (f"; trusting the {len(verifying.get_ca_certs())} CA certificate(s) of "
+                       f"tls.client_ca {config.client_ca}")
+        return served
+
+    def _context(self, kind: Kind) -> ssl.SSLContext:
+        with self._lock:
+            if kind not in self._current:
+                self._current[kind] = self._build(kind)
+            return self._current[kind]
+
+    def _switch(self, kind: Kind, ssl_object: ssl.SSLObject | ssl.SSLSocket,
+                _server_name: str | None, _listener: ssl.SSLContext) -> None:
+        ssl_object.context = self._current[kind]
+
+    def _build(self, kind: Kind) -> ssl.SSLContext:
+        config = self.config
+        if kind == "peer":
+            return peer_context(config)
+        context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        context.minimum_version = ssl.TLSVersion.TLSv1_2
+        if kind == "verifying":
+            assert config.client_ca is not None
+            try:
+                context.load_verify_locations(cafile=config.client_ca)
+            except (OSError, ssl.SSLError) as error:
+                raise _bad_ca("tls.client_ca", config.client_ca, error) from None
+            context.verify_mode = (ssl.CERT_REQUIRED if config.client_certs == "required"
+                                   else ssl.CERT_OPTIONAL)
+        _load(context, config.cert, config.key)  # type: ignore[arg-type]
+        return context
 
 
 def peer_context(config: TlsConfig) -> ssl.SSLContext:
     """A client context for connecting to another node that serves ``config``'s certificate:
     it trusts ``client_ca``, else the certificate itself (no chain to a root needed), and
-    checks the host name as any client does."""
-    context = ssl.create_default_context(cafile=config.client_ca or config.cert)
+    checks the host name as any client does. ValueError when the file cannot be used."""
+    setting, cafile = ("tls.client_ca", config.client_ca) if config.client_ca \
+        else ("tls.cert", config.cert)
+    try:
+        context = ssl.create_default_context(cafile=cafile)
+    except (OSError, ssl.SSLError) as error:
+        raise _bad_ca(setting, cafile, error) from None  # type: ignore[arg-type]
     context.verify_flags |= ssl.VERIFY_X509_PARTIAL_CHAIN
     return context
+
+
+def _bad_ca(setting: str, cafile: str, error: Exception) -> ValueError:
+    return ValueError(f"{setting} {cafile!r} cannot be used to verify certificates ({error}): "
+                      "point it at a readable PEM file of CA certificates")
 
 
 def describe(certificate: x509.Certificate) -> str:

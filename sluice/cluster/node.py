@@ -66,12 +66,13 @@ class ReplicaNode:
                  address: str, replication_host: str, on_leading: Callable[[Leading], Awaitable[None]],
                  on_leader: Callable[[Node | None], Awaitable[None]] | None = None,
                  metadata: Metadata | None = None,
-                 tls: tuple[ssl.SSLContext, ssl.SSLContext] | None = None) -> None:
+                 tls: tuple[ssl.SSLContext, Callable[[], ssl.SSLContext]] | None = None) -> None:
         """``open_store`` opens the store in ``data_dir`` (the composition root's job); the node
         calls it again after cutting the log back. ``on_leader`` hears of each other node it
         follows, and None when it has no leader. With ``metadata``, a follower behind the
         leader's log start is sent a snapshot (``snapshots``) rather than refused. ``tls``:
-        (server context, client context) of the replication port; None: plaintext."""
+        (server context, what gives the client context as last loaded) of the replication
+        port; None: plaintext."""
         self.tls = tls
         self.config, self.data_dir, self._open_store = config, data_dir, open_store
         self._metadata = metadata
@@ -156,7 +157,7 @@ class ReplicaNode:
                 follower = LogFollower(self.store, self.epochs, self.coordinator.me.node, self.config.secret,
                                        self.replication_host,
                                        os.path.join(self.data_dir, SNAPSHOT_FILE) if self._metadata else None,
-                                       tls=self.tls and self.tls[1])
+                                       tls=self.tls and self.tls[1]())
                 follower.confirmed = self.confirmed
                 follower.add_confirm_listener(self._saw_confirmed)
                 fetch = asyncio.ensure_future(follower.follow(host, int(port)))

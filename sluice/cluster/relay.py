@@ -37,10 +37,12 @@ class Relay:
 
     def __init__(self, listener: str, node: str, secret: str,
                  answer: Callable[[bytes], Awaitable[bytes | None]] | None = None,
-                 local_host: str | None = None, tls: ssl.SSLContext | None = None) -> None:
+                 local_host: str | None = None,
+                 tls: Callable[[], ssl.SSLContext] | None = None) -> None:
         """``answer``, for an HTTP port: given a request's head, the whole response this node
         gives itself (its own health and cluster view), or None to relay the request. ``tls``:
-        the client context that verifies the leader's replication port (None: plaintext)."""
+        what gives the client context that verifies the leader's replication port, asked for
+        each connection so that a reloaded CA applies (None: plaintext)."""
         self._tls = tls
         self.listener, self.node, self._secret = listener, node, secret
         self._answer = answer
@@ -96,7 +98,7 @@ class Relay:
             try:
                 async with asyncio.timeout(CONNECT_TIMEOUT_S):
                     leader_reader, leader_writer = await asyncio.open_connection(
-                        *target, local_addr=self._local, ssl=self._tls,
+                        *target, local_addr=self._local, ssl=self._tls and self._tls(),
                         server_hostname=self._tls and target[0])
                     await self._introduce(client_writer, leader_reader, leader_writer)
             except (OSError, TimeoutError, asyncio.IncompleteReadError, ProtocolError) as error:

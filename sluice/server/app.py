@@ -170,7 +170,7 @@ class RunningBroker:
         return found
 
     async def reload_tls(self) -> None:
-        """Load the certificate and key files again into every TLS listener (SIGHUP)."""
+        """Load the certificate, key and client CA files again for every TLS listener (SIGHUP)."""
         await reload_tls(self.tls, "every TLS listener")
 
     async def stop(self) -> None:
@@ -310,9 +310,9 @@ async def _start(config: Config, store: FileStore | None = None, cluster: Any = 
 
 
 async def reload_tls(tls: ServerTls | None, where: str) -> None:
-    """Load ``tls``'s certificate and key files again (SIGHUP): new handshakes on ``where``
-    get the new certificate, open connections go on. A file that cannot be used is logged as
-    an error and the old certificate stays. Runs on the event loop."""
+    """Load ``tls``'s certificate, key and client CA files again (SIGHUP): new handshakes on
+    ``where`` get them, open connections go on. A file that cannot be used is logged as an
+    error and the old certificate and CA stay. Runs on the event loop."""
     if tls is None:
         log.info("SIGHUP: no certificate is configured for %s (tls.cert), nothing to reload",
                  where)
@@ -320,8 +320,8 @@ async def reload_tls(tls: ServerTls | None, where: str) -> None:
     try:
         served = await asyncio.to_thread(tls.reload)
     except ValueError as error:
-        log.error("SIGHUP: the TLS certificate of %s was not reloaded, the old one is still "
-                  "served: %s", where, error)
+        log.error("SIGHUP: the TLS files of %s were not reloaded, the old certificate and "
+                  "client CA are still used: %s", where, error)
         return
     log.info("SIGHUP: reloaded the TLS certificate of %s (%s, %s); new connections get it, "
              "open ones go on: %s", where, tls.config.cert, tls.config.key, served)

@@ -32,7 +32,7 @@ from sluice.cluster.relay import Relay, RelayIngress
 from sluice.cluster.status import cluster_status
 from store.errors import StoreError
 
-from protocols.tls import ServerTls, peer_context
+from protocols.tls import ServerTls
 
 from .app import (READY_LINE, RunningBroker, StartupError, _listening_ports, _open_metadata, _open_store,
                   _server_tls, _start, print_endpoints, reload_tls)
@@ -54,9 +54,14 @@ class ClusterMember:
         cluster = config.cluster
         self.tls: ServerTls | None = _server_tls(config) if cluster.tls else None
         """The replication port's certificate (None: plaintext)."""
+        replication_tls = None
+        if self.tls is not None:
+            try:
+                self.tls.peer()  # a bad tls.client_ca stops the start, not every connection
+            except ValueError as error:
+                raise StartupError(str(error)) from None
+            replication_tls = (self.tls.context(), self.tls.peer)
         self.metadata = _open_metadata(config, key=group_master_key(cluster.secret))
-        replication_tls = None if self.tls is None else (self.tls.context(),
-                                                         peer_context(config.tls))
         self.node = ReplicaNode(cluster, config.data_dir, lambda: _open_store(config),
                                 address=config.native.advertised_host or config.native.host,
                                 replication_host=cluster.host, on_leading=self._lead,
@@ -199,7 +204,8 @@ class ClusterMember:
         return fenced
 
     async def reload_tls(self) -> None:
-        """SIGHUP: reload the replication port's certificate, and the broker's while leading."""
+        """SIGHUP: reload the replication port's certificate and client CA, and the broker's
+        while leading."""
         await reload_tls(self.tls, "the replication port")
         if self.running is not None:
             await self.running.reload_tls()

@@ -58,7 +58,7 @@ def test_a_follower_or_relay_that_does_not_trust_the_leader_gets_nothing(nodes, 
                                tls=peer_context(TlsConfig(stranger.cert, stranger.key)))
         with pytest.raises(ssl.SSLCertVerificationError):
             await asyncio.wait_for(follower.follow("127.0.0.1", port), WAIT)
-        trusted = Relay("mqtt", "n2", SECRET, tls=peer_context(TlsConfig(certs.cert, certs.key)))
+        trusted = Relay("mqtt", "n2", SECRET, tls=ServerTls(TlsConfig(certs.cert, certs.key)).peer)
         relay_port = await trusted.start("127.0.0.1", 0)
         await trusted.retarget(("127.0.0.1", port))
         reader, writer = await asyncio.open_connection("127.0.0.1", relay_port)

@@ -302,10 +302,58 @@ def test_sighup_serves_the_new_certificate_to_new_connections_and_keeps_open_one
         broken.write("not a certificate\n")
     server.process.send_signal(signal.SIGHUP)
     for line in server.follow_log():
-        if "was not reloaded" in line:
+        if "were not reloaded" in line:
             break
     assert peer_serial(host, port, certs.ca) == new  # the old one stays
     for client in (before, after):
+        client.stop()
+
+
+def logged(server, text: str, times: int = 1) -> None:
+    """Wait until the broker has logged a line containing ``text`` ``times`` times."""
+    for line in server.follow_log():
+        times -= text in line
+        if times == 0:
+            return
+    raise AssertionError(f"the broker ended without logging {text!r}")
+
+
+def test_sighup_reloads_the_client_ca_for_new_handshakes_and_keeps_open_connections(
+        sluice_server, tmp_path, certs):
+    bob_certs = write_dev_certs(tmp_path / "bob", client="bob")  # another CA
+    client_ca = tmp_path / "client-ca.pem"
+    client_ca.write_bytes(open(certs.ca, "rb").read())
+    server = serve_tls(sluice_server, tmp_path, certs, "--tls-client-ca", str(client_ca),
+                       "--tls-client-certs", "optional")
+    _alice(server, certs)
+    assert cli(server, "user", "create", "bob", "--new-password", "bob-secret",
+               ca=certs.ca).returncode == 0
+    host, port = endpoint(server, "MQTT TLS")
+    alice_cert, bob_cert = (certs.client_cert, certs.client_key), \
+        (bob_certs.client_cert, bob_certs.client_key)
+    plain = pika.PlainCredentials("sluice", "sluice")
+    before = Paho(host, port, certs.ca, user=None, cert=alice_cert)
+    assert before.code == 0 and before.subscribe("alice/#") == 1
+    assert tls_refused(lambda: Paho(host, port, certs.ca, user=None, cert=bob_cert))
+    with pytest.raises(pika.exceptions.AMQPConnectionError):
+        pika.BlockingConnection(amqp_parameters(server, certs.ca, plain, bob_cert))
+    client_ca.write_bytes(open(bob_certs.ca, "rb").read())  # trusts bob's CA, no longer alice's
+    server.process.send_signal(signal.SIGHUP)
+    logged(server, "reloaded the TLS certificate")
+    bob = Paho(host, port, certs.ca, user=None, cert=bob_cert)
+    assert bob.code == 0  # verified, logged in as bob
+    pika.BlockingConnection(amqp_parameters(server, certs.ca, plain, bob_cert)).close()
+    assert tls_refused(lambda: Paho(host, port, certs.ca, user=None, cert=alice_cert))
+    publisher = Paho(host, port, certs.ca)
+    publisher.client.publish("alice/x", b"still here", 1).wait_for_publish(WAIT)
+    assert before.messages.get(timeout=WAIT) == b"still here"  # opened before, goes on
+    client_ca.write_text("not a certificate\n")
+    server.process.send_signal(signal.SIGHUP)
+    logged(server, "were not reloaded")
+    assert "client-ca.pem" in server.log()
+    again = Paho(host, port, certs.ca, user=None, cert=bob_cert)
+    assert again.code == 0  # the CA loaded before stays
+    for client in (before, bob, publisher, again):
         client.stop()
 
 

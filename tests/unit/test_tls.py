@@ -137,3 +137,69 @@ def test_certificate_user_is_the_cn_of_a_verified_client_certificate_only(tmp_pa
     assert asyncio.run(user_of((certs.client_cert, certs.client_key))) == "alice"
     assert asyncio.run(user_of(None)) is None
     assert certificate_user(None) is None
+
+
+def test_reload_trusts_the_new_client_ca_for_new_handshakes_only_and_keeps_it_on_a_bad_file(
+        tmp_path):
+    server = write_dev_certs(tmp_path / "server", client="alice")
+    second = write_dev_certs(tmp_path / "second", client="bob")
+    client_ca = tmp_path / "client-ca.pem"
+    client_ca.write_bytes(Path(server.ca).read_bytes())
+    tls = ServerTls(TlsConfig(server.cert, server.key, str(client_ca), "required"))
+    alice, bob = (server.client_cert, server.client_key), (second.client_cert, second.client_key)
+
+    async def main() -> None:
+        async def echo(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            while line := await reader.readline():
+                writer.write(line)
+                await writer.drain()
+            writer.close()
+
+        listener = await asyncio.start_server(echo, "127.0.0.1", 0, ssl=tls.context(client_certs=True))
+        port = listener.sockets[0].getsockname()[1]
+
+        async def connect(cert: tuple[str, str]):
+            context = ssl.create_default_context(cafile=server.ca)
+            context.load_cert_chain(*cert)
+            reader, writer = await asyncio.open_connection("127.0.0.1", port, ssl=context)
+            return reader, writer
+
+        async def accepted(cert: tuple[str, str]) -> bool:
+            try:
+                reader, writer = await connect(cert)
+                writer.write(b"ping\n")
+                answer = await asyncio.wait_for(reader.readline(), 10)
+                writer.close()
+            except (ssl.SSLError, ConnectionError):  # refused in the handshake (TLS 1.2)
+                return False
+            return answer == b"ping\n"  # TLS 1.3: refused after it, the connection ends
+
+        async with listener:
+            assert await accepted(alice) and not await accepted(bob)
+            opened_reader, opened_writer = await connect(alice)
+            client_ca.write_bytes(Path(second.ca).read_bytes())
+            assert "1 CA certificate(s) of tls.client_ca" in await asyncio.to_thread(tls.reload)
+            assert await accepted(bob)
+            assert not await accepted(alice)  # the CA taken out of the file is trusted no more
+            opened_writer.write(b"still open\n")
+            assert await asyncio.wait_for(opened_reader.readline(), 10) == b"still open\n"
+            client_ca.write_text("not a certificate\n")
+            with pytest.raises(ValueError, match="client-ca.pem.*PEM file of CA certificates"):
+                await asyncio.to_thread(tls.reload)
+            assert await accepted(bob) and not await accepted(alice)
+            opened_writer.close()
+
+    asyncio.run(main())
+
+
+def test_the_peer_context_trusts_the_reloaded_client_ca(tmp_path):
+    first = write_dev_certs(tmp_path / "first")
+    second = write_dev_certs(tmp_path / "second")
+    client_ca = tmp_path / "client-ca.pem"
+    client_ca.write_bytes(Path(first.ca).read_bytes())
+    tls = ServerTls(TlsConfig(first.cert, first.key, str(client_ca)))
+    client_ca.write_bytes(Path(second.ca).read_bytes())
+    tls.reload()
+    trusted = {cert["serialNumber"] for cert in tls.peer().get_ca_certs()}
+    assert trusted == {format(x509.load_pem_x509_certificate(Path(second.ca).read_bytes())
+                              .serial_number, "X")}
