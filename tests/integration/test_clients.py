@@ -134,6 +134,8 @@ def test_a_user_without_admin_rights_cannot_list_or_kick_others(broker):
 
 def test_sluice_client_commands_list_show_and_kick(broker):
     target = MqttTarget("127.0.0.1", broker.running.mqtt_listeners.ports["tcp"])
+    away = Client(target, V5, "sensor-away", clean=False, session_expiry=3600).connect()
+    away.disconnect()
     sensor = Client(target, V5, "sensor-1").connect()
     sensor.subscribe(("alerts/#", 0))
     try:
@@ -142,11 +144,25 @@ def test_sluice_client_commands_list_show_and_kick(broker):
                                    "--admin", broker.running.admin_url], capture_output=True,
                                   text=True, cwd=REPO, timeout=60)
 
+        for body in (b"one", b"two", b"three"):
+            sensor.publish("alerts/fire", body, qos=1)
+        assert len(sensor.collect(3)) == 3
         listed = sluice("list")
         assert listed.returncode == 0, listed.stderr
-        assert re.search(r"^mqtt\s+sensor-1\s+sluice\s+127\.0\.0\.1:\d+", listed.stdout, re.M)
+        header, *rows = listed.stdout.splitlines()
+        assert header.split("  ")[-4:] == ["SUBSCRIPTIONS", "PUBLISHED", "DELIVERED", "INFLIGHT"]
+        assert re.search(r"^mqtt\s+sensor-1\s+sluice\s+127\.0\.0\.1:\d+\s+[\d-]+ [\d:]+\s+1"
+                         r"\s+3 \(\d+\.\d/s\)\s+3 \(\d+\.\d/s\)\s+0$", listed.stdout, re.M), \
+            listed.stdout
+        assert re.search(r"^mqtt\s+sensor-away\s+sluice\s+\(away\)\s+0\s+-\s+-\s+0$",
+                         listed.stdout, re.M), "a kept session has no traffic of its own"
         shown = sluice("show", "mqtt", "sensor-1")
         assert shown.returncode == 0 and "alerts/#" in shown.stdout, shown.stdout
+        assert re.search(r"^  published: 3 \(\d+\.\d/s\)\n  delivered: 3 \(\d+\.\d/s\)$",
+                         shown.stdout, re.M), shown.stdout
+        assert "\n  inflight: 0\n" in shown.stdout
+        kept = sluice("show", "mqtt", "sensor-away")
+        assert "session kept" in kept.stdout and "published:" not in kept.stdout, kept.stdout
         kicked = sluice("kick", "mqtt", "sensor-1")
         assert kicked.returncode == 0 and "disconnected mqtt client sensor-1" in kicked.stdout
         assert sensor.disconnected.wait(10)
@@ -154,3 +170,4 @@ def test_sluice_client_commands_list_show_and_kick(broker):
         assert missing.returncode != 0 and "client list" in missing.stderr
     finally:
         sensor.close()
+        away.close()
