@@ -8,6 +8,12 @@ metrics collector reads them when Prometheus scrapes.
 from __future__ import annotations
 
 
+def per_second(after: int, before: int, elapsed_s: float) -> float:
+    """The rate of a counter that went from ``before`` to ``after`` in ``elapsed_s`` (> 0)
+    seconds, rounded to thousandths; a counter that went down (a reset) counts as no change."""
+    return round(max(0, after - before) / elapsed_s, 3)
+
+
 class Traffic:
     """Counters of one protocol since start. Runs on the event loop; not thread-safe."""
 
@@ -63,6 +69,6 @@ class ClientCounters:
         elapsed = at - self._at
         if elapsed <= 0:
             return
-        self.publish_rate = round((self.published - self._published) / elapsed, 3)
-        self.deliver_rate = round((self.delivered - self._delivered) / elapsed, 3)
+        self.publish_rate = per_second(self.published, self._published, elapsed)
+        self.deliver_rate = per_second(self.delivered, self._delivered, elapsed)
         self._at, self._published, self._delivered = at, self.published, self.delivered

@@ -23,6 +23,7 @@ from typing import Any
 from aiohttp import web
 
 from core.model import Principal
+from core.traffic import per_second
 
 from .handlers import DEPS, AdminDeps
 
@@ -102,7 +103,7 @@ class History:
         rates = (0.0, 0.0, 0.0)
         if self._last is not None and at > self._last[0]:
             then, before = self._last
-            rates = tuple(round(max(0, after - earlier) / (at - then), 3) for after, earlier in (
+            rates = tuple(per_second(after, earlier, at - then) for after, earlier in (
                 (now.published, before.published), (now.delivered, before.delivered),
                 (now.acked, before.acked)))  # type: ignore[assignment]
         self._last = (at, now)
