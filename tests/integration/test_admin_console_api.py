@@ -14,6 +14,7 @@ import paho.mqtt.client as mqtt
 import pytest
 from paho.mqtt.enums import CallbackAPIVersion
 
+from tests import waiting
 from tests.integration.test_admin_api import BrokerThread, Http
 
 WAIT_S = 60
@@ -252,13 +253,7 @@ def mqtt_client(broker, client_id: str) -> mqtt.Client:
 
 def wait_for(predicate, what: str):
     """Poll ``predicate`` until it answers something true; fail after WAIT_S."""
-    deadline = time.monotonic() + WAIT_S
-    while time.monotonic() < deadline:
-        found = predicate()
-        if found:
-            return found
-        time.sleep(0.2)
-    raise AssertionError(f"{what} within {WAIT_S} s")
+    return waiting.wait_for(predicate, what, WAIT_S)
 
 
 def test_overview_and_its_history_show_real_mqtt_traffic(broker, admin):

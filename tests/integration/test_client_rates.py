@@ -4,7 +4,6 @@ reads of each of them while they do."""
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Callable
 
 import pika
@@ -14,6 +13,7 @@ from sluice.client import ClientConfig, Message, SyncProducer, SyncSimpleConsume
 from tests.integration.test_admin_api import BrokerThread, Http
 from tests.integration.test_clients import MqttTarget
 from tests.interop.scenarios import V5, Client
+from tests.waiting import wait_for
 
 PACE_S = 0.05
 """Between two messages of a publisher: a steady, modest pace."""
@@ -36,16 +36,10 @@ def rows(admin: Http, query: str = "") -> list[dict]:
     return body
 
 
-def poll(what: str, check: Callable[[], object], seen: Callable[[], object] = lambda: "") -> object:
+def poll(what: str, check: Callable[[], object], seen: Callable[[], object] | None = None) -> object:
     """``check()`` once it is truthy; after ``WAIT_S`` fails naming ``what`` and what ``seen()``
     says was there instead."""
-    deadline = time.monotonic() + WAIT_S
-    while True:
-        result = check()
-        if result:
-            return result
-        assert time.monotonic() < deadline, f"timed out waiting for {what}; seen: {seen()}"
-        time.sleep(0.2)
+    return wait_for(check, what, WAIT_S, seen)
 
 
 def amqp_connection(broker: BrokerThread, name: str) -> pika.BlockingConnection:
