@@ -101,8 +101,8 @@ class _Operand(NamedTuple):
 
 
 class _Parser:
-    def __init__(self, expression: str) -> None:
-        self.tokens = _tokens(expression)
+    def __init__(self, tokens: list[Token]) -> None:
+        self.tokens = tokens
         self.at = 0
         self.nodes = 0
 
@@ -356,4 +356,10 @@ def compile_sql92(expression: str) -> Evaluate:
                         f"{MAX_EXPRESSION_LENGTH}")
     if not expression.strip():
         raise BadFilter("SQL92 filter is empty; write a condition such as \"a > 5\"")
-    return _Parser(expression).parse()
+    return _Parser(_tokens(expression)).parse()
+
+
+def compile_tokens(tokens: list[Token]) -> Evaluate:
+    """Compile an expression another dialect's lexer read into this grammar's tokens (ending
+    with an ``end`` token); BadFilter, naming the position, if it is malformed or too large."""
+    return _Parser(tokens).parse()
