@@ -356,7 +356,7 @@ def test_a_user_without_admin_rights_sees_only_its_sections(broker, browser, sho
     page.sign_in(VIEWER, VIEWER_PASSWORD)
     assert page.one("#whoami").text == VIEWER
     nav = {a.get_attribute("data-page") for a in page.find("header nav a")}
-    assert nav == {"overview", "topics", "groups", "messages"}
+    assert nav == {"overview", "topics", "groups", "messages", "push"}
 
     for route, name in (("overview", "viewer-overview"), ("topics", "viewer-topics"),
                         ("groups", "viewer-groups"), ("messages", "viewer-messages"),

@@ -9,6 +9,7 @@ import { TopicsPage } from "./topics.js";
 import { GroupsPage } from "./groups.js";
 import { MessagesPage } from "./messages.js";
 import { UsersPage } from "./users.js";
+import { PushPage } from "./push.js";
 
 const PAGES = [
   { id: "overview", label: "Overview", page: OverviewPage },
@@ -16,6 +17,7 @@ const PAGES = [
   { id: "topics", label: "Topics & queues", page: TopicsPage },
   { id: "groups", label: "Groups", page: GroupsPage },
   { id: "messages", label: "Messages", page: MessagesPage },
+  { id: "push", label: "Push", page: PushPage },
   { id: "users", label: "Users & access", page: UsersPage, admin: true },
 ];
 
