@@ -155,7 +155,7 @@ def delivered(delivery: Delivery, topic: pb.Resource, message_type: MessageType,
         props.tag = delivery.tag
     properties = dict(delivery.properties)
     if AMQP_EXCHANGE in properties or MQTT_QOS in properties:
-        properties = _with_event(properties, delivery.body)
+        properties = with_event_properties(properties, delivery.body)
     group = properties.pop(MESSAGE_GROUP_PROPERTY, "")
     if group:
         props.message_group = group
@@ -167,7 +167,7 @@ def delivered(delivery: Delivery, topic: pb.Resource, message_type: MessageType,
                       body=delivery.body)
 
 
-def _with_event(stored: dict[str, str], body: bytes) -> dict[str, str]:
+def with_event_properties(stored: dict[str, str], body: bytes) -> dict[str, str]:
     """The properties of a message MQTT or AMQP stored, for a native consumer: a CloudEvent
     in the RocketMQ binding (``CE_<attribute>`` properties, ``CE_contenttype``, in place of
     the user properties or headers that carried them; a structured one keeps its body, with
