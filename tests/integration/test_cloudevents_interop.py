@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
 import uuid
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
@@ -30,8 +29,10 @@ from dateutil.parser import isoparse
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties as PahoProperties
 
-from sluice.client import ClientConfig, Message, Producer, PullConsumer
+from sluice.client import ClientConfig, Message, PullConsumer
 from tests.conftest import Server
+from tests.integration.amqp.conftest import amqp_server, connect  # noqa: F401 - the fixture
+from tests.integration.amqp.test_cross_protocol import get, name, native_send
 from tests.integration.mqtt.test_robustness import PahoClient
 
 USER = PASSWORD = "sluice"
@@ -44,13 +45,9 @@ CE_NAMES = ("id", "source", "type", "specversion", "subject", "time", "dataschem
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    server = Server(tmp_path_factory.mktemp("cloudevents") / "data")
-    try:
-        server.wait_ready()
-        yield server
-    finally:
-        server.kill()
+def server(amqp_server: Server) -> Server:
+    """One broker for the module."""
+    return amqp_server
 
 
 def an_event(label: str, content_type: str = "application/json") -> CloudEvent:
@@ -126,18 +123,11 @@ def publish(server: Server, protocol: str, subject: str, event: CloudEvent) -> N
 
 def amqp_publish(server: Server, subject: str, body: bytes,
                  properties: pika.BasicProperties) -> None:
-    connection = pika.BlockingConnection(amqp_parameters(server))
+    connection = connect(server)
     channel = connection.channel()
     channel.confirm_delivery()
     channel.basic_publish("amq.topic", subject.replace("/", "."), body, properties)
     connection.close()
-
-
-def native_send(server: Server, message: Message) -> None:
-    async def send() -> None:
-        async with Producer(ClientConfig(server.native, USER, PASSWORD)) as producer:
-            await producer.send(message)
-    asyncio.run(send())
 
 
 # ------------------------------------------------------------------------------- consumers
@@ -157,7 +147,7 @@ class Consumer:
                                    version=version)
             self.paho.subscribe(f"{prefix}/#", qos=1)
         elif protocol == "amqp":
-            self.connection = pika.BlockingConnection(amqp_parameters(server))
+            self.connection = connect(server)
             self.channel = self.connection.channel()
             self.queue = name("ce-events")
             self.channel.queue_declare(self.queue, exclusive=True)
@@ -180,7 +170,7 @@ class Consumer:
             return rebuilt({**dict(users), "datacontenttype": content_type},
                            message.payload), seen
         if self.connection is not None:
-            _, properties, body = amqp_get(self.channel, self.queue)
+            _, properties, body = get(self.channel, self.queue)
             headers = properties.headers or {}
             message = RabbitMQMessage(headers=headers, content_type=properties.content_type,
                                       body=body)
@@ -202,22 +192,6 @@ class Consumer:
             self.connection.close()
 
 
-def amqp_parameters(server: Server) -> pika.ConnectionParameters:
-    host, port = server.amqp.rsplit(":", 1)
-    return pika.ConnectionParameters(host, int(port), credentials=pika.PlainCredentials(
-        "guest", "guest"), connection_attempts=1, socket_timeout=10)
-
-
-def amqp_get(channel, queue: str):
-    deadline = time.monotonic() + WAIT_S
-    while time.monotonic() < deadline:
-        method, properties, body = channel.basic_get(queue, auto_ack=True)
-        if method is not None:
-            return method, properties, body
-        channel.connection.process_data_events(0.05)
-    raise AssertionError(f"nothing in queue {queue} within {WAIT_S} s")
-
-
 def native_read(server: Server, prefix: str):
     async def read():
         async with PullConsumer(ClientConfig(server.native, USER, PASSWORD), name("reader"),
@@ -228,10 +202,6 @@ def native_read(server: Server, prefix: str):
                         if message.properties.get("sluice.subject", "").startswith(prefix + "/"):
                             return message
     return asyncio.run(read())
-
-
-def name(prefix: str) -> str:
-    return f"{prefix}-{uuid.uuid4().hex[:8]}"
 
 
 @pytest.fixture
