@@ -27,8 +27,11 @@ import binascii
 import json
 import re
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Any, Final
+
+from .interop import (AMQP_CONTENT_TYPE, AMQP_EXCHANGE, AMQP_HEADERS, MQTT_CONTENT_TYPE,
+                      MQTT_QOS, MQTT_USER_PROPERTIES, stored_headers, stored_user_properties)
 
 SPECVERSION: Final = "1.0"
 REQUIRED: Final = ("id", "source", "specversion", "type")
@@ -49,6 +52,7 @@ MAX_STRUCTURED_BYTES: Final = 1 << 20
 """Bodies longer than this are not parsed as structured events."""
 
 _NAME = re.compile(r"[a-z0-9]{1,20}\Z")
+_MARKER: Final = b'"specversion"'
 
 
 def is_attribute_name(name: str) -> bool:
@@ -65,6 +69,10 @@ class CloudEvent:
     data: bytes = b""
     structured: bool = False
     """It arrived in structured mode (the stored body is the JSON envelope)."""
+    carried: frozenset[str] = field(default=frozenset(), compare=False)
+    """The names of the stored properties, user properties or headers its attributes were
+    read from: a consumer of another protocol gets them once, in its own binding, not also
+    as they were stored."""
 
     @property
     def id(self) -> str:
@@ -99,9 +107,16 @@ def valid_attributes(pairs: Iterable[tuple[str, str]]) -> dict[str, str] | None:
 
 # --- structured mode (JSON event format) ---
 
+def may_be_structured(body: bytes) -> bool:
+    """Whether ``body`` may hold a structured-mode event: a JSON object naming a
+    ``specversion`` member. A substring test, so that ordinary messages (JSON telemetry
+    included) are told apart without parsing them."""
+    return _MARKER in body and body.lstrip()[:1] == b"{"
+
+
 def from_structured(body: bytes) -> CloudEvent | None:
     """The event a structured-mode body holds, or None."""
-    if len(body) > MAX_STRUCTURED_BYTES or not body.lstrip()[:1] == b"{":
+    if len(body) > MAX_STRUCTURED_BYTES or not may_be_structured(body):
         return None
     try:
         envelope = json.loads(body)
@@ -186,19 +201,26 @@ def from_prefixed(properties: Mapping[str, str], prefixes: Iterable[str], data: 
     if content_type is not None:
         pairs.append(("datacontenttype", content_type))
     attributes = valid_attributes(pairs)
-    return None if attributes is None else CloudEvent(attributes, data)
+    if attributes is None:
+        return None
+    carried = frozenset(name for name in properties for prefix in prefixes
+                        if name.startswith(prefix) and is_attribute_name(name[len(prefix):]))
+    return CloudEvent(attributes, data, carried=carried)
 
 
 def from_native(properties: Mapping[str, str], body: bytes) -> CloudEvent | None:
     """The event of a native send or an HTTP ingress (RocketMQ ``CE_`` properties, or
     Kafka-style ``ce_`` ones), binary or structured."""
     content_type = properties.get(NATIVE_CONTENT_TYPE)
+    if content_type is not None and content_type.startswith(STRUCTURED_TYPE):
+        return from_structured(body)
     for prefix in (NATIVE_PREFIX, KAFKA_PREFIX):
         if any(name.startswith(prefix) for name in properties):
             named = {name: value for name, value in properties.items() if name != NATIVE_CONTENT_TYPE}
             event = from_prefixed(named, (prefix,), body, content_type)
             if event is not None:
-                return event
+                return event if content_type is None else \
+                    replace(event, carried=event.carried | {NATIVE_CONTENT_TYPE})
     return from_structured(body)
 
 
@@ -218,7 +240,8 @@ def from_user_properties(pairs: Iterable[tuple[str, str]], content_type: str | N
         with_type = pairs + ([("datacontenttype", content_type)] if content_type else [])
         attributes = valid_attributes(with_type)
         if attributes is not None:
-            return CloudEvent(attributes, body)
+            carried = frozenset(name for name, _ in pairs if name in attributes)
+            return CloudEvent(attributes, body, carried=carried)
     if content_type is None or content_type.startswith(STRUCTURED_TYPE):
         return from_structured(body)
     return None
@@ -237,3 +260,53 @@ def from_amqp_headers(headers: Iterable[tuple[str, str]], content_type: str | No
             if event is not None:
                 return event
     return None
+
+
+def user_properties(event: CloudEvent) -> list[tuple[str, str]]:
+    """MQTT 5 binary mode: each attribute but ``datacontenttype`` (the Content Type property)
+    as a user property of its own name."""
+    return [(name, value) for name, value in event.attributes.items()
+            if name != "datacontenttype"]
+
+
+def amqp_headers(event: CloudEvent) -> dict[str, str]:
+    """The RabbitMQ binding: each attribute but ``datacontenttype`` (the ``content_type``
+    property) as a ``ce-<attribute>`` header."""
+    return {AMQP_PREFIX + name: value for name, value in event.attributes.items()
+            if name != "datacontenttype"}
+
+
+# --- by writer ---
+
+def event_of(stored: Mapping[str, str], body: bytes) -> CloudEvent | None:
+    """The event a stored message is, or None, read the way its writer stores events: an
+    AMQP publish (``amqp.exchange``), an MQTT publish (``mqtt.qos``), else a native send or
+    an HTTP ingress. A message with no CloudEvents marker costs a few look-ups and one
+    substring test of its body, never a parse."""
+    if AMQP_EXCHANGE in stored:
+        return amqp_event(stored, body)
+    if MQTT_QOS in stored:
+        return mqtt_event(stored, body)
+    return from_native(stored, body)
+
+
+def mqtt_event(stored: Mapping[str, str], body: bytes, structured: bool = True) -> CloudEvent | None:
+    """The event of a stored MQTT publish; binary mode only unless ``structured``."""
+    raw = stored.get(MQTT_USER_PROPERTIES)
+    pairs = stored_user_properties(raw) if raw is not None and "specversion" in raw else ()
+    if not pairs and not structured:
+        return None
+    event = from_user_properties(pairs, stored.get(MQTT_CONTENT_TYPE), body)
+    return None if event is not None and event.structured and not structured else event
+
+
+def amqp_event(stored: Mapping[str, str], body: bytes) -> CloudEvent | None:
+    """The event of a stored AMQP publish: structured by its content type, else binary when
+    a header names a ``specversion``."""
+    content_type = stored.get(AMQP_CONTENT_TYPE)
+    if content_type is not None and content_type.startswith(STRUCTURED_TYPE):
+        return from_structured(body)
+    raw = stored.get(AMQP_HEADERS)
+    if raw is None or "specversion" not in raw:
+        return None
+    return from_amqp_headers(stored_headers(raw), content_type, body)

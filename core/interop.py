@@ -140,7 +140,7 @@ def _from_amqp(stored: Mapping[str, str], born_ms: int) -> Common:
         content_type=stored.get(AMQP_CONTENT_TYPE),
         correlation=None if correlation is None else correlation.encode(errors="replace"),
         reply_subject=None if reply_to is None else subject_of_key(reply_to),
-        user_properties=_headers(stored.get(AMQP_HEADERS)),
+        user_properties=stored_headers(stored.get(AMQP_HEADERS)),
         extra=tuple((name, stored[name]) for name in AMQP_EXTRA if name in stored))
 
 
@@ -157,7 +157,7 @@ def _from_mqtt(stored: Mapping[str, str]) -> Common:
         content_type=stored.get(MQTT_CONTENT_TYPE),
         correlation=data,
         reply_subject=stored.get(MQTT_RESPONSE_TOPIC),
-        user_properties=_user_properties(stored.get(MQTT_USER_PROPERTIES)),
+        user_properties=stored_user_properties(stored.get(MQTT_USER_PROPERTIES)),
         extra=tuple((name, stored[name]) for name in MQTT_EXTRA if name in stored))
 
 
@@ -169,7 +169,9 @@ def _int(raw: str | None) -> int | None:
     return value if value < _MAX_EXPIRY_MS else None
 
 
-def _user_properties(raw: str | None) -> tuple[tuple[str, str], ...]:
+def stored_user_properties(raw: str | None) -> tuple[tuple[str, str], ...]:
+    """MQTT 5 user properties as stored (``mqtt.user_properties``), in order; () when they
+    do not parse."""
     pairs = _json(raw)
     if not isinstance(pairs, list):
         return ()
@@ -177,14 +179,35 @@ def _user_properties(raw: str | None) -> tuple[tuple[str, str], ...]:
                  and isinstance(p[0], str) and isinstance(p[1], str))
 
 
-def _headers(raw: str | None) -> tuple[tuple[str, str], ...]:
-    """AMQP headers (stored as tagged JSON by the AMQP mapping) as text pairs, in order."""
+def stored_headers(raw: str | None) -> tuple[tuple[str, str], ...]:
+    """AMQP headers (stored as tagged JSON by the AMQP mapping, ``amqp.headers``) as text
+    pairs, in order; () when they do not parse."""
     table = _json(raw)
     if isinstance(table, dict) and len(table) == 1 and isinstance(table.get("$table"), dict):
         table = table["$table"]  # a table whose only name is a tag
     if not isinstance(table, dict):
         return ()
     return tuple((str(name), _text(value)) for name, value in table.items())
+
+
+def without_user_properties(stored: Mapping[str, str], names: frozenset[str]) -> dict[str, str]:
+    """``stored`` with the MQTT user properties and AMQP headers named in ``names`` left out
+    (the rest as stored; a property that does not parse is kept as it is)."""
+    changed = dict(stored)
+    pairs = _json(stored.get(MQTT_USER_PROPERTIES))
+    if isinstance(pairs, list):
+        changed[MQTT_USER_PROPERTIES] = json.dumps(
+            [pair for pair in pairs if not (isinstance(pair, list) and pair and pair[0] in names)],
+            ensure_ascii=False, separators=(",", ":"))
+    table = _json(stored.get(AMQP_HEADERS))
+    if isinstance(table, dict):
+        if len(table) == 1 and isinstance(table.get("$table"), dict):
+            table = table["$table"]
+        kept = {name: value for name, value in table.items() if name not in names}
+        if len(kept) == 1 and next(iter(kept)).startswith("$"):  # as the AMQP mapping tags it
+            kept = {"$table": kept}
+        changed[AMQP_HEADERS] = json.dumps(kept, ensure_ascii=False, separators=(",", ":"))
+    return changed
 
 
 def _text(value: Any) -> str:

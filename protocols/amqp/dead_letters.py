@@ -111,8 +111,8 @@ class DeadLetters:
         stored = letter.properties
         old_exchange = stored.get(EXCHANGE_PROPERTY, "")
         old_key = stored.get(ROUTING_KEY_PROPERTY, "")
-        properties = record_death(to_properties(stored), queue, letter.reason, old_exchange,
-                                  [old_key], now)
+        properties = record_death(to_properties(stored, body=letter.body), queue, letter.reason,
+                                  old_exchange, [old_key], now)
         key = old_key if routing_key is None else routing_key
         host = self._vhosts.get(vhost)
         try:

@@ -24,7 +24,10 @@ reply_to, the time it was published as timestamp (s), MQTT 5 user properties as 
 field table has no order: pamqp writes it sorted by name; a repeated name's values become an
 array in their order), the publishing MQTT client id as the ``mqtt.client_id`` header and its
 QoS as ``x-mqtt-publish-qos`` (as RabbitMQ names it), the rest as ``mqtt.*`` headers; a native
-producer's own properties are headers too.
+producer's own properties are headers too. A CloudEvent (``core.cloudevents.event_of``) is
+delivered in the RabbitMQ binding: its attributes as ``ce-<attribute>`` headers (instead of the
+user properties or properties that carried them), ``datacontenttype`` as content_type; a
+structured one keeps its body, with content_type ``application/cloudevents+json``.
 """
 
 from __future__ import annotations
@@ -41,7 +44,7 @@ from typing import Any, Final
 
 from pamqp.commands import Basic
 
-from core import interop
+from core import cloudevents, interop
 from core.clock import now_ms
 from core.interop import key_of_subject, subject_of_key  # noqa: F401 - re-exported
 from core.model import SUBJECT_PROPERTY, OutgoingMessage
@@ -186,12 +189,12 @@ def to_outgoing(topic: str, subject: str | None, exchange: str, routing_key: str
     return OutgoingMessage(topic, body, properties=props, also_into=also_into)
 
 
-def to_properties(stored: Mapping[str, str], born_ms: int = 0) -> Basic.Properties:
-    """The AMQP properties of a stored message published at ``born_ms``: they marshal
-    without raising, whatever was stored (values that do not parse or that AMQP cannot carry
-    are left out)."""
+def to_properties(stored: Mapping[str, str], born_ms: int = 0, body: bytes = b"") -> Basic.Properties:
+    """The AMQP properties of a stored message published at ``born_ms`` with ``body``: they
+    marshal without raising, whatever was stored (values that do not parse or that AMQP cannot
+    carry are left out)."""
     if EXCHANGE_PROPERTY not in stored:
-        return _from_other(stored, born_ms)
+        return _from_other(stored, born_ms, body)
     fields: dict[str, Any] = {}
     for name in _TEXT_FIELDS:
         value = stored.get(f"amqp.{name}")
@@ -242,12 +245,12 @@ def _timestamp(seconds: int | None) -> datetime | None:
     return datetime.fromtimestamp(seconds, UTC)
 
 
-def properties_payload(stored: Mapping[str, str], born_ms: int = 0) -> bytes:
+def properties_payload(stored: Mapping[str, str], born_ms: int = 0, body: bytes = b"") -> bytes:
     """``to_properties`` marshalled, as a content header carries them. Those of an AMQP
     publish depend on the stored properties alone and are cached by value: a run of messages
     mostly shares them, and building and marshalling them is most of a delivery's cost."""
     if EXCHANGE_PROPERTY not in stored:
-        return to_properties(stored, born_ms).marshal()
+        return to_properties(stored, born_ms, body).marshal()
     return _published_payload(tuple(stored.items()))
 
 
@@ -256,12 +259,21 @@ def _published_payload(stored: tuple[tuple[str, str], ...]) -> bytes:
     return to_properties(dict(stored)).marshal()
 
 
-def _from_other(stored: Mapping[str, str], born_ms: int) -> Basic.Properties:
-    """The AMQP properties of a message MQTT or a native producer stored."""
+def _from_other(stored: Mapping[str, str], born_ms: int, body: bytes) -> Basic.Properties:
+    """The AMQP properties of a message MQTT or a native producer stored; a CloudEvent in
+    the RabbitMQ binding (``ce-`` headers, or a structured one's content type)."""
     common = interop.common(stored, born_ms)
+    event = cloudevents.event_of(stored, body)
+    content_type, carried = common.content_type, frozenset[str]()
     headers: dict[str, Any] = {}
+    if event is not None and event.structured:
+        content_type = content_type or cloudevents.STRUCTURED_TYPE
+    elif event is not None:
+        content_type, carried = event.content_type, event.carried
+        headers.update(cloudevents.amqp_headers(event))
     for name, value in common.user_properties:
-        _add_header(headers, name, value)
+        if name not in carried:
+            _add_header(headers, name, value)
     qos = stored.get(interop.MQTT_QOS)
     if qos in ("0", "1", "2"):
         headers[QOS_HEADER] = int(qos)
@@ -269,7 +281,7 @@ def _from_other(stored: Mapping[str, str], born_ms: int) -> Basic.Properties:
         headers[CLIENT_ID_HEADER] = stored[interop.MQTT_CLIENT]
     headers.update(common.extra)
     for name, value in stored.items():  # a native producer's own properties
-        if interop.namespace_of(name) is None:
+        if interop.namespace_of(name) is None and name not in carried:
             _add_header(headers, name, value)
     fields: dict[str, Any] = {"delivery_mode": 2 if common.persistent else 1}
     timestamp = _timestamp(born_ms // 1000) if born_ms > 0 else None
@@ -277,7 +289,7 @@ def _from_other(stored: Mapping[str, str], born_ms: int) -> Basic.Properties:
         fields["timestamp"] = timestamp
     if common.expiry_at_ms is not None:
         fields["expiration"] = str(max(0, common.expiry_at_ms - now_ms()))
-    _short(fields, headers, "content_type", common.content_type, interop.MQTT_CONTENT_TYPE)
+    _short(fields, headers, "content_type", content_type, interop.MQTT_CONTENT_TYPE)
     if common.correlation is not None:
         try:
             _short(fields, headers, "correlation_id", common.correlation.decode(),

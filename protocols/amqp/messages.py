@@ -160,7 +160,7 @@ class Messages:
         self.counters.delivered += 1
         self.conn.send_content(channel, frames.GetOk(
             tag, delivery.attempt > 1, *origin(delivery.topic, props), ready),
-            to_properties(props, delivery.born_ts), delivery.body)
+            to_properties(props, delivery.born_ts, delivery.body), delivery.body)
         return None
 
     def ack(self, channel: int, m: Basic.Ack) -> None:
@@ -297,12 +297,12 @@ class Messages:
             consumer.unacked += 1
         props = delivery.properties
         if stream:
-            properties = to_properties(props, delivery.born_ts)
+            properties = to_properties(props, delivery.born_ts, delivery.body)
             properties.headers = {**(properties.headers or {}),
                                   OFFSET_ARGUMENT: delivery.queue_offset}
             payload = properties.marshal()
         else:
-            payload = properties_payload(props, delivery.born_ts)
+            payload = properties_payload(props, delivery.born_ts, delivery.body)
         self.traffic.messages_delivered += 1
         self.counters.delivered += 1
         self.conn.send_delivery(consumer.channel, consumer.tag, tag, delivery.attempt > 1,

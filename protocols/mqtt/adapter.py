@@ -181,6 +181,10 @@ class MqttAdapter:
     def congested(self) -> bool:
         return self.flow.congested(len(self._out))
 
+    @property
+    def has_properties(self) -> bool:
+        return self.conn.version == MQTT_5
+
     def publish(self, topic: str, payload: bytes, qos: int, retain: bool, properties: Properties,
                 packet_id: int | None = None, dup: bool = False,
                 encoded: dict | None = None) -> int | None:

@@ -11,6 +11,13 @@
   (``core.interop``): QoS 1 when persistent (delivery_mode 2) else 0, its expiration as message
   expiry, content type, correlation id, reply_to as response topic, headers as user properties
   in order, and its other AMQP properties as ``amqp.*`` user properties.
+- CloudEvents (``core.cloudevents``): an event an AMQP publish or a native send carries is
+  delivered in MQTT 5 binary mode, its attributes as user properties of their own names
+  (instead of the headers or properties that carried them), ``datacontenttype`` as the
+  Content Type; a structured one keeps its body, with Content Type
+  ``application/cloudevents+json``. MQTT 3.1.1 has no properties: a subscriber on it gets a
+  binary-mode event (an MQTT 5 publish's included) in structured mode, the one case where
+  the payload is rewritten (``Inbound.structured_payload``).
 - ``from_stored`` never raises, whatever a sender stored: an ``mqtt.*`` value MQTT itself would
   not have written (``mqtt.qos=x``, bad base64, a subject with wildcards) is ignored and passed
   on as a user property (its name, its value) when it can travel as one, else dropped; either
@@ -23,11 +30,12 @@ import base64
 import json
 import logging
 import time
-from collections.abc import Callable
-from dataclasses import dataclass, replace
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field, replace
 from typing import Final, Mapping, TypeVar
 
-from core import interop
+from core import cloudevents, interop
+from core.cloudevents import CloudEvent
 from core.model import SUBJECT_PROPERTY, OutgoingMessage
 from core.untrusted import DenialLog, clip
 
@@ -91,6 +99,19 @@ class Inbound:
     encoded: dict[tuple[int, bool, bool, int | None], tuple[bytes, bytes]] | None = None
     """The PUBLISH encodings connections made of this delivery, shared by the sessions it
     reaches (`ServerConnection.publish`); None: not shared (a retained message)."""
+    event: CloudEvent | None = None
+    """A binary-mode CloudEvent, which subscribers without properties (MQTT 3.1.1) get in
+    structured mode (``structured_payload``)."""
+    _structured: bytes | None = field(default=None, init=False, repr=False)
+
+    def structured_payload(self) -> bytes:
+        """The payload for a subscriber without properties: the event in structured mode
+        (made once, on first use), or the payload when this is no binary-mode event."""
+        if self.event is None:
+            return self.payload
+        if self._structured is None:
+            self._structured = cloudevents.to_structured(self.event)
+        return self._structured
 
     def with_payload(self, payload: bytes) -> Inbound:
         """The same message view for another message with the same stored properties."""
@@ -127,7 +148,8 @@ def from_stored(topic_name: str, body: bytes, properties: Mapping[str, str],
     invalid: list[tuple[str, str]] = []
     topic = _value(properties, SUBJECT_PROPERTY, _subject, topic_name, invalid) or topic_name
     if interop.AMQP_EXCHANGE in properties and QOS_PROPERTY not in properties:
-        return _from_amqp(topic, body, interop.common(properties, born_ms), invalid)
+        return _from_amqp(topic, body, interop.common(properties, born_ms),
+                          cloudevents.amqp_event(properties, body), invalid)
     qos = _value(properties, QOS_PROPERTY, _QOS.__getitem__, topic_name, invalid)
     retain = _value(properties, RETAIN_PROPERTY, _FLAG.__getitem__, topic_name, invalid)
     expiry = _value(properties, EXPIRY_PROPERTY, _expiry_at, topic_name, invalid)
@@ -143,8 +165,15 @@ def from_stored(topic_name: str, body: bytes, properties: Mapping[str, str],
             response_topic=value(RESPONSE_TOPIC_PROPERTY, _topic_name),
             correlation_data=value(CORRELATION_PROPERTY, _binary),
             user_properties=users + tuple(invalid))
+    if QOS_PROPERTY in properties:  # an MQTT publish: delivered as it came, but to MQTT 3.1.1
+        event = cloudevents.mqtt_event(properties, body, structured=False)
+    else:
+        event = cloudevents.from_native(properties, body)
+        if event is not None:
+            mqtt_props = _with_event(mqtt_props, event)
     return Inbound(topic, body, NATIVE_QOS if qos is None else qos, bool(retain),
-                   publisher if isinstance(publisher, str) else "", expiry, mqtt_props)
+                   publisher if isinstance(publisher, str) else "", expiry, mqtt_props,
+                   event=None if event is None or event.structured else event)
 
 
 def born_independent(properties: Mapping[str, str]) -> bool:
@@ -153,12 +182,17 @@ def born_independent(properties: Mapping[str, str]) -> bool:
     return QOS_PROPERTY in properties or interop.AMQP_EXCHANGE not in properties
 
 
-def _from_amqp(topic: str, body: bytes, common: interop.Common,
+def same_view(properties: Mapping[str, str], body: bytes) -> bool:
+    """Whether a message with ``properties`` and ``body`` gets the view (``from_stored``) of
+    another with the same properties: unless it is a native send whose body may be a
+    structured CloudEvent, which gets that event's content type."""
+    return QOS_PROPERTY in properties or not cloudevents.may_be_structured(body)
+
+
+def _from_amqp(topic: str, body: bytes, common: interop.Common, event: CloudEvent | None,
                invalid: list[tuple[str, str]]) -> Inbound:
     """An AMQP publish as MQTT sees it; what MQTT cannot take is left out."""
-    users = tuple(pair for pair in common.user_properties + common.extra
-                  if _fits(_wire_text, pair[0]) is not None
-                  and _fits(_wire_text, pair[1]) is not None)
+    users = _fitting(common.user_properties + common.extra)
     correlation = common.correlation
     properties = Properties(
         content_type=_fits(_wire_text, common.content_type),
@@ -166,8 +200,28 @@ def _from_amqp(topic: str, body: bytes, common: interop.Common,
         correlation_data=correlation if correlation and len(correlation) <= MAX_WIRE_LENGTH
         else None,
         user_properties=users + tuple(invalid))
+    if event is not None:
+        properties = _with_event(properties, event)
     return Inbound(topic, body, 1 if common.persistent else 0, False, "", common.expiry_at_ms,
-                   properties)
+                   properties, event=None if event is None or event.structured else event)
+
+
+def _with_event(properties: Properties, event: CloudEvent) -> Properties:
+    """``properties`` with ``event`` in MQTT 5 binary mode (its attributes as user
+    properties, in place of the ones that carried them), or a structured event's content
+    type."""
+    if event.structured:
+        return replace(properties, content_type=properties.content_type
+                       or cloudevents.STRUCTURED_TYPE)
+    kept = tuple(pair for pair in properties.user_properties if pair[0] not in event.carried)
+    return replace(properties, content_type=_fits(_wire_text, event.content_type),
+                   user_properties=_fitting(cloudevents.user_properties(event)) + kept)
+
+
+def _fitting(pairs: Iterable[tuple[str, str]]) -> tuple[tuple[str, str], ...]:
+    """The (name, value) ``pairs`` MQTT can take as user properties."""
+    return tuple(pair for pair in pairs if _fits(_wire_text, pair[0]) is not None
+                 and _fits(_wire_text, pair[1]) is not None)
 
 
 def _fits(parse: Callable[[str], str], value: str | None) -> str | None:

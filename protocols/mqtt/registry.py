@@ -38,7 +38,7 @@ from .connection import Inflight
 from .events import ConnectRequested, SubscribeRequested
 from .limits import Limits, connection_limit
 from .login import Login, Logins, Refused
-from .mapping import Inbound, born_independent, from_stored, now_ms
+from .mapping import Inbound, born_independent, from_stored, now_ms, same_view
 from .options import MqttOptions
 from .packets import Publish, Will
 from .reason_codes import PacketType, ReasonCode
@@ -558,12 +558,13 @@ class SessionRegistry:
             return self._last_inbound
         topic_name, properties = delivery.home_topic or delivery.topic, delivery.properties
         known = self.views.get(properties)
-        if known is not None and known[0] == topic_name:
+        if known is not None and known[0] == topic_name and same_view(properties, delivery.body):
             inbound = known[1].with_payload(delivery.body)  # a publisher's next message, same topic
         else:
             inbound = from_stored(topic_name, delivery.body, properties, delivery.born_ts)
             inbound.encoded = {}
-            if born_independent(properties) and len(inbound.topic) <= VIEW_CACHE_MAX_TOPIC:
+            if inbound.event is None and born_independent(properties) \
+                    and len(inbound.topic) <= VIEW_CACHE_MAX_TOPIC:
                 self.views.put(properties, (topic_name, inbound),
                                 2 * len(inbound.topic) + len(topic_name) + _VIEW_OVERHEAD)
         self._last_delivery, self._last_inbound = delivery, inbound

@@ -62,6 +62,10 @@ class Link(Protocol):
     @property
     def congested(self) -> bool: ...
 
+    @property
+    def has_properties(self) -> bool:
+        """Whether the client takes PUBLISH properties (MQTT 5)."""
+
     def publish(self, topic: str, payload: bytes, qos: int, retain: bool, properties: Properties,
                 packet_id: int | None = None, dup: bool = False,
                 encoded: dict | None = None) -> int | None:
@@ -293,7 +297,9 @@ class Session:
         assert self.link is not None
         properties = inbound.properties if inbound.expiry_at_ms is None and not ids \
             else inbound.properties_at(now_ms(), ids)
-        return self.link.publish(inbound.topic, inbound.payload, qos, retain, properties,
+        payload = inbound.payload if inbound.event is None or self.link.has_properties \
+            else inbound.structured_payload()
+        return self.link.publish(inbound.topic, payload, qos, retain, properties,
                                  packet_id, dup, inbound.encoded)
 
     def _allocate_direct(self) -> int | None:

@@ -11,7 +11,8 @@ from google.protobuf.timestamp_pb2 import Timestamp
 from rocketmq.grpc_protocol import definition_pb2 as pb
 
 from core.errors import InvalidArgument, NotSupported
-from core.interop import check_sender_properties
+from core import cloudevents
+from core.interop import AMQP_EXCHANGE, MQTT_QOS, check_sender_properties, without_user_properties
 from core.model import Delivery, MessageType, OutgoingMessage, Subscription, TopicConfig
 from core.model import MESSAGE_GROUP_PROPERTY
 
@@ -153,6 +154,8 @@ def delivered(delivery: Delivery, topic: pb.Resource, message_type: MessageType,
     if delivery.tag:
         props.tag = delivery.tag
     properties = dict(delivery.properties)
+    if AMQP_EXCHANGE in properties or MQTT_QOS in properties:
+        properties = with_event_properties(properties, delivery.body)
     group = properties.pop(MESSAGE_GROUP_PROPERTY, "")
     if group:
         props.message_group = group
@@ -162,3 +165,17 @@ def delivered(delivery: Delivery, topic: pb.Resource, message_type: MessageType,
     return pb.Message(topic=pb.Resource(name=delivery.topic, resource_namespace=topic.resource_namespace),
                       user_properties=properties, system_properties=props,
                       body=delivery.body)
+
+
+def with_event_properties(stored: dict[str, str], body: bytes) -> dict[str, str]:
+    """The properties of a message MQTT or AMQP stored, for a native consumer: a CloudEvent
+    in the RocketMQ binding (``CE_<attribute>`` properties, ``CE_contenttype``, in place of
+    the user properties or headers that carried them; a structured one keeps its body, with
+    ``CE_contenttype`` ``application/cloudevents+json``); anything else as stored."""
+    event = cloudevents.event_of(stored, body)
+    if event is None:
+        return stored
+    if event.structured:
+        return {**stored, cloudevents.NATIVE_CONTENT_TYPE: cloudevents.STRUCTURED_TYPE}
+    return {**without_user_properties(stored, event.carried),
+            **cloudevents.native_properties(event)}

@@ -60,6 +60,7 @@ EXPECTED = {
     "pika-delayed": ["received b'try again' after"],
     "celery": ["5"],
     "amqp-operations": ["billing", "amq.topic", "purged"],
+    "cloudevents-pika": ["'ce-tenant': 'acme'", "event reading-1 com.example.reading acme {'t': 21.5}"],
     "trace": ["stored", "delivered  billing"],
     "operations-health": ['"status": "ok"'],
 }
