@@ -38,7 +38,7 @@ class AdminMetrics:
 
 
 class IngressCounters:
-    """What ``POST /events/{topic}`` took and refused (``events.py``). Runs on the event loop."""
+    """What ``POST /events/{topic}`` took and refused (``ingress.py``). Runs on the event loop."""
 
     def __init__(self, registry: CollectorRegistry) -> None:
         self.requests = Counter("sluice_ingress_requests", "HTTP ingress requests by content "

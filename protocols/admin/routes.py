@@ -16,7 +16,7 @@ from aiohttp import web
 
 from core.model import Principal
 
-from . import (acl, clients, console_files, dashboard_files, events, history, metrics,
+from . import (acl, clients, console_files, dashboard_files, history, ingress, metrics,
                mqtt_retained, overview, sessions, tail, tokens, vhosts)
 from . import handlers as h
 from . import paging
@@ -170,7 +170,7 @@ ROUTES: tuple[Route, ...] = (
       "dead-lettered, with times (needs core.message_trace)", "messages", A.USER,
       response="MessageTrace", query=(IN_TOPIC,)),
 
-    R("POST", "/events/{topic:.+}", events.post_event,
+    R("POST", "/events/{topic:.+}", ingress.post_event,
       "Publish CloudEvents to a subject (the path after /events/, levels separated by /): "
       "binary mode (ce- headers, the body as data), structured or batched mode (JSON); 202 "
       "once stored durably, with the message ids", "events", A.PUBLISH, status=202,
