@@ -88,8 +88,8 @@ def live_post(broker, path: str, headers: list[tuple[str, str]], body: bytes) ->
     try:
         connection.putrequest("POST", path, skip_accept_encoding=True)
         connection.putheader("Authorization", "Basic c2x1aWNlOnNsdWljZQ==")  # sluice:sluice
-        for name, value in headers:
-            connection.putheader(name, value)
+        for name, value in headers:  # sent as UTF-8, as curl sends what it is given
+            connection.putheader(name, value.encode("utf-8", "surrogatepass"))
         connection.putheader("Content-Length", str(len(body)))
         connection.endheaders(body)
         response = connection.getresponse()
