@@ -175,6 +175,18 @@ class User:
 
 
 @dataclass(frozen=True)
+class StoredToken:
+    """A user's API token as the metadata keeps it: the SHA-256 of the token, never the token."""
+
+    id: str
+    user: str
+    token_hash: str
+    """Hex SHA-256 of the whole token text."""
+    created_ms: int
+    last_used_ms: int | None = None
+
+
+@dataclass(frozen=True)
 class Permission:
     """Allows ``actions`` on resources of ``kind`` whose names match ``pattern`` (``*`` wildcards)."""
 

@@ -19,22 +19,22 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 from cryptography.fernet import Fernet, InvalidToken
-from sqlalchemy import Connection, Engine, Row, Table, exists, select
+from sqlalchemy import Connection, Engine, Row, Table, exists, func, select
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DBAPIError, IntegrityError
 from sqlalchemy.sql.dml import Insert
 
-from core.errors import (AlreadyExists, GroupNotFound, InvalidArgument, QuotaExceeded,
-                         TopicNotFound, UserNotFound)
+from core.errors import (AlreadyExists, GroupNotFound, InvalidArgument, PreconditionFailed,
+                         QuotaExceeded, TopicNotFound, UserNotFound)
 from core.model import (AclRule, Action, ConsumeMode, GroupConfig, MessageType, Permission,
-                        ResourceKind, RetryPolicy, Subscription, TopicConfig, User)
+                        ResourceKind, RetryPolicy, StoredToken, Subscription, TopicConfig, User)
 
 from . import journal, master_key
 from .engine import WRITE_OPTION, open_engine, open_snapshot, refused_by_disk
 from .passwords import check_password, hash_password, waste_check
 from .schema import (LATEST_VERSION, acl_rules, amqp_permissions, amqp_topology, consumer_groups,
-                     current_version, migrate, subscriptions, topics, users)
+                     current_version, migrate, subscriptions, topics, user_tokens, users)
 from .schema import permissions as permission_table
 
 log = logging.getLogger(__name__)
@@ -292,6 +292,7 @@ class MetadataRepository:
         """Delete a user, its permissions and its rules; whether it existed."""
         with self._writing() as conn:
             conn.execute(acl_rules.delete().where(acl_rules.c.user_name == name))
+            conn.execute(user_tokens.delete().where(user_tokens.c.user_name == name))
             return conn.execute(users.delete().where(users.c.name == name)).rowcount > 0
 
     def get_user(self, name: str) -> User | None:
@@ -326,6 +327,48 @@ class MetadataRepository:
             raise master_key.BadMasterKey(
                 f"the signing secret of user {name!r} was encrypted under another master key: "
                 "restore the original master.key, or set the user's password again") from None
+
+    # --- API tokens (core.tokens) ---
+    def add_token(self, token: StoredToken, most: int) -> None:
+        """Store a token's hash; UserNotFound without its user, PreconditionFailed when the
+        user has ``most`` tokens already."""
+        with self._writing() as conn:
+            self._require_user(conn, token.user)
+            count = conn.execute(select(func.count()).select_from(user_tokens).where(
+                user_tokens.c.user_name == token.user)).scalar_one()
+            if count >= most:
+                raise PreconditionFailed(
+                    f"user {token.user!r} has {count} API tokens, the most one user may have; "
+                    f"delete unused ones (`sluice user token delete {token.user} ID`)")
+            conn.execute(user_tokens.insert().values(
+                id=token.id, user_name=token.user, token_hash=token.token_hash,
+                created_ms=token.created_ms, last_used_ms=None))
+
+    def tokens(self, user: str) -> list[StoredToken]:
+        """The user's tokens, oldest first; UserNotFound if the user does not exist."""
+        with self._engine.begin() as conn:
+            self._require_user(conn, user)
+            rows = conn.execute(select(user_tokens).where(user_tokens.c.user_name == user)
+                                .order_by(user_tokens.c.created_ms, user_tokens.c.id))
+            return [_token(row) for row in rows]
+
+    def token(self, token_id: str) -> StoredToken | None:
+        """The token with id ``token_id``, None if there is none."""
+        with self._engine.connect() as conn:
+            row = conn.execute(select(user_tokens).where(user_tokens.c.id == token_id)).first()
+        return _token(row) if row else None
+
+    def delete_token(self, user: str, token_id: str) -> bool:
+        """Delete one of the user's tokens; whether it existed."""
+        with self._writing() as conn:
+            return conn.execute(user_tokens.delete().where(
+                user_tokens.c.user_name == user, user_tokens.c.id == token_id)).rowcount > 0
+
+    def token_used(self, token_id: str, at_ms: int) -> None:
+        """Record that the token was last used at ``at_ms``."""
+        with self._writing() as conn:
+            conn.execute(user_tokens.update().where(user_tokens.c.id == token_id)
+                         .values(last_used_ms=at_ms))
 
     # --- permissions ---
     def grant(self, permission: Permission) -> None:
@@ -516,6 +559,10 @@ def _check_user_name(name: str) -> None:
 def _user_not_found(name: str) -> UserNotFound:
     return UserNotFound(f"user {name!r} does not exist; check the name or create the user "
                         f"(`sluice user create {name}`)")
+
+
+def _token(row: Row) -> StoredToken:
+    return StoredToken(row.id, row.user_name, row.token_hash, row.created_ms, row.last_used_ms)
 
 
 def _topic_row(config: TopicConfig) -> dict[str, Any]:

@@ -115,6 +115,19 @@ journal_position = Table(
 )
 
 
+user_tokens = Table(
+    "user_tokens", metadata,
+    # API tokens (``core.tokens``): only the SHA-256 of each token is kept; deleting the user
+    # deletes its tokens.
+    Column("id", String(32), primary_key=True),
+    Column("user_name", String(127), ForeignKey(users.c.name, ondelete="CASCADE"),
+           nullable=False, index=True),
+    Column("token_hash", String(64), nullable=False),  # hex SHA-256 of the whole token
+    Column("created_ms", BigInteger, nullable=False),
+    Column("last_used_ms", BigInteger),
+)
+
+
 def _v1(conn: Connection) -> None:
     metadata.create_all(conn, tables=[topics, consumer_groups, subscriptions, users, permissions])
 
@@ -135,7 +148,11 @@ def _v5(conn: Connection) -> None:
     metadata.create_all(conn, tables=[journal_position])
 
 
-MIGRATIONS: tuple[Callable[[Connection], None], ...] = (_v1, _v2, _v3, _v4, _v5)
+def _v6(conn: Connection) -> None:
+    metadata.create_all(conn, tables=[user_tokens])
+
+
+MIGRATIONS: tuple[Callable[[Connection], None], ...] = (_v1, _v2, _v3, _v4, _v5, _v6)
 LATEST_VERSION = len(MIGRATIONS)
 
 _PG_MIGRATION_LOCK = 0x51CE_0001

@@ -10,13 +10,17 @@ The rule, kept deliberately simple:
 - ``SUBSCRIBE``: anything that returns message bodies needs the subscribe right on the topic,
   decided by core (as for any consumer) before the topic is looked up, so a refusal says nothing
   about whether the topic exists.
-- ``ADMIN``: every write, and everything about users and permissions.
+- ``PUBLISH``: sending events (``POST /events/{topic}``): any user, the handler checks the
+  publish right on the subject as core decides it for an MQTT publish.
+- ``SELF``: a user's own API tokens: an admin, or the user the path names.
+- ``ADMIN``: every other write, and everything about users and permissions.
 - ``SESSION``: ``/session`` itself, a browser's sign-in (``sessions.py``).
 
-Credentials go with every request (curl ``-u``, the CLI, the dashboard's own sign-in form), or
-a browser signs in once and sends the session cookie, with the CSRF token on writes
-(``sessions.py``): the API never answers with a ``WWW-Authenticate: Basic`` challenge, so
-browsers neither prompt nor keep credentials that other sites' pages could make them replay.
+Credentials go with every request (curl ``-u``, the CLI, the dashboard's own sign-in form, or
+a user's API token as ``Authorization: Bearer slt_...``, ``core.tokens``), or a browser signs in
+once and sends the session cookie, with the CSRF token on writes (``sessions.py``): the API
+never answers with a ``WWW-Authenticate: Basic`` challenge, so browsers neither prompt nor keep
+credentials that other sites' pages could make them replay.
 """
 
 from __future__ import annotations
@@ -43,6 +47,8 @@ class Access(enum.Enum):
     TOPIC = "topic"
     GROUP = "group"
     SUBSCRIBE = "subscribe"
+    PUBLISH = "publish"
+    SELF = "self"
     ADMIN = "admin"
     SESSION = "session"
 
@@ -56,11 +62,21 @@ class Access(enum.Enum):
             Access.TOPIC: "An admin user, or a user with any permission matching the topic.",
             Access.GROUP: "An admin user, or a user with any permission matching the group.",
             Access.SUBSCRIBE: "An admin user, or a user with the subscribe right on the topic.",
+            Access.PUBLISH: "Any user with the publish right on the subject (an admin, a topic "
+                            "permission on its first level, or an access rule allowing it).",
+            Access.SELF: "An admin user, or the user the path names, signed in with its "
+                         "password (not with a bearer token).",
             Access.ADMIN: "An admin user.",
             Access.SESSION: "Your own browser session: signing in takes user and password in "
                             "the body; showing and ending it take the session cookie (ending "
                             "it, a write, also the X-CSRF-Token header).",
         }[self]
+
+
+def bearer_token(request: web.Request) -> str | None:
+    """The token of a Bearer Authorization header, None if the request sends no Bearer."""
+    scheme, _, token = request.headers.get("Authorization", "").partition(" ")
+    return token.strip() if scheme.lower() == "bearer" else None
 
 
 def credentials(request: web.Request) -> tuple[str, str] | None:
@@ -70,8 +86,9 @@ def credentials(request: web.Request) -> tuple[str, str] | None:
         return None
     scheme, _, encoded = header.partition(" ")
     if scheme.lower() != "basic":
-        raise Unauthenticated(f"the admin API takes HTTP Basic credentials, not {scheme!r}; "
-                              "send -u USER:PASSWORD (curl) or --user/--password (sluice)")
+        raise Unauthenticated(f"the admin API takes HTTP Basic credentials or a Bearer API "
+                              f"token, not {scheme!r}; send -u USER:PASSWORD (curl), "
+                              "--user/--password (sluice) or Authorization: Bearer slt_...")
     try:
         user, sep, password = base64.b64decode(encoded.strip(), validate=True).decode().partition(":")
     except (binascii.Error, UnicodeDecodeError):
@@ -95,7 +112,12 @@ def may_read(principal: Principal, kind: ResourceKind, name: str) -> bool:
 def check(principal: Principal, access: Access, request: web.Request, broker: Any) -> None:
     """Raise AccessDenied unless ``principal`` satisfies ``access`` for this request; ``broker``
     (the core facade) decides the subscribe right. Runs on the event loop; no I/O."""
-    if access in (Access.PUBLIC, Access.USER, Access.SESSION) or principal.admin:
+    if access in (Access.PUBLIC, Access.USER, Access.SESSION, Access.PUBLISH) or principal.admin:
+        return
+    if access is Access.SELF:
+        if request.match_info["user"] != principal.user:
+            raise AccessDenied(f"user {principal.user!r} may manage only its own API tokens; "
+                               "an admin manages every user's")
         return
     if access is Access.ADMIN:
         raise AccessDenied(f"user {principal.user!r} is not an admin; this call needs an admin "

@@ -57,6 +57,10 @@ class AdminDeps:
     None without MQTT."""
     session_idle_timeout_s: int = 1800
     """A browser session ends after this many seconds without a request (``sessions.py``)."""
+    events_max_body_bytes: int = 1 << 20
+    """The largest body ``POST /events/{topic}`` reads (``ingress.py``)."""
+    tokens: Any = None
+    """The users' API tokens (``core.tokens.UserTokens``); None: bearer tokens are refused."""
 
 
 class ClusterView(Protocol):

@@ -30,10 +30,28 @@ class AdminMetrics:
         self.registry = CollectorRegistry(auto_describe=False)
         self.requests = Counter("sluice_admin_requests", "Admin API requests by route and status",
                                 ["method", "route", "status"], registry=self.registry)
+        self.ingress = IngressCounters(self.registry)
         self.registry.register(BrokerCollector(deps))
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+class IngressCounters:
+    """What ``POST /events/{topic}`` took and refused (``ingress.py``). Runs on the event loop."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.requests = Counter("sluice_ingress_requests", "HTTP ingress requests by content "
+                                "mode and result", ["mode", "result"], registry=registry)
+        self.events = Counter("sluice_ingress_events", "CloudEvents stored by the HTTP ingress, "
+                              "by content mode", ["mode"], registry=registry)
+
+    def accepted(self, mode: str, events: int) -> None:
+        self.requests.labels(mode, "accepted").inc()
+        self.events.labels(mode).inc(events)
+
+    def refused(self, mode: str, result: str) -> None:
+        self.requests.labels(mode, result).inc()
 
 
 METRICS: web.AppKey[AdminMetrics] = web.AppKey("metrics", AdminMetrics)

@@ -180,6 +180,24 @@ SCHEMAS: dict[str, dict[str, Any]] = {
                                                   "%c the client id"},
         actions={"type": "array", "items": {"type": "string", "enum": ["publish", "subscribe"]}},
         effect={"type": "string", "enum": ["allow", "deny"]}),
+    "CloudEvent": {**_obj(["id", "source", "specversion", "type"], id=_STR, source=_STR,
+                          specversion={"type": "string", "enum": ["1.0"]}, type=_STR,
+                          datacontenttype=_STR, dataschema=_STR, subject=_STR, time=_STR,
+                          data={"description": "the data: JSON, or text when datacontenttype "
+                                               "is not JSON"},
+                          data_base64=_STR),
+                   "additionalProperties": True,
+                   "description": "CloudEvents 1.0 in the JSON event format; extension "
+                                  "attributes as further members"},
+    "EventsAccepted": _obj(["subject", "topic", "ids"], subject=_STR, topic={
+        "type": "string", "description": "the topic the subject is stored in (its first level)"},
+        ids={**_list(_STR), "description": "the stored message ids, one per event, in order"}),
+    "ApiToken": _obj(["id", "user", "created_ms"], id=_STR, user=_STR, created_ms=_INT,
+                     last_used_ms={"type": "integer", "nullable": True,
+                                   "description": "last use, to about a minute (null: never)"}),
+    "ApiTokenCreated": {"allOf": [_ref("ApiToken"), _obj(["token"], token={
+        "type": "string", "description": "the token (slt_...), shown only here: send it as "
+                                         "Authorization: Bearer TOKEN"})]},
 }
 
 
@@ -187,26 +205,29 @@ def document(routes: Any) -> dict[str, Any]:
     """The OpenAPI 3.0 document describing exactly ``routes``."""
     paths: dict[str, dict[str, Any]] = {}
     for route in routes:
-        paths.setdefault(route.path, {})[route.method.lower()] = _operation(route)
+        paths.setdefault(route.template, {})[route.method.lower()] = _operation(route)
     return {
         "openapi": "3.0.3",
         "info": {"title": TITLE, "version": VERSION,
                  "description": "Manage topics, consumer groups, users and permissions; look up "
-                                "messages; read health and metrics. Authenticate with HTTP Basic, "
+                                "messages; publish CloudEvents; read health and metrics. "
+                                "Authenticate with HTTP Basic or a user's API token (Bearer), "
                                 "or sign a browser in with POST /session and send the session "
                                 "cookie (writes also carry X-CSRF-Token)."},
         "paths": paths,
         "components": {"schemas": SCHEMAS,
                        "securitySchemes": {
                            "basic": {"type": "http", "scheme": "basic"},
+                           "bearer": {"type": "http", "scheme": "bearer",
+                                      "description": "a user's API token (POST /users/{user}/tokens)"},
                            "session": {"type": "apiKey", "in": "cookie", "name": "sluice_session"}}},
-        "security": [{"basic": []}, {"session": []}],
+        "security": [{"basic": []}, {"bearer": []}, {"session": []}],
     }
 
 
 def _operation(route: Any) -> dict[str, Any]:
     parameters = [{"name": name, "in": "path", "required": True, "schema": _STR}
-                  for name in re.findall(r"{(\w+)}", route.path)]
+                  for name in re.findall(r"{(\w+)}", route.template)]
     parameters += [{"name": q.name, "in": "query", "required": q.required,
                     "description": q.description, "schema": {"type": q.type}} for q in route.query]
     operation: dict[str, Any] = {
@@ -216,7 +237,9 @@ def _operation(route: Any) -> dict[str, Any]:
     }
     if parameters:
         operation["parameters"] = parameters
-    if route.body:
+    if route.body in RAW_BODIES:
+        operation["requestBody"] = {"required": False, "content": RAW_BODIES[route.body]}
+    elif route.body:
         operation["requestBody"] = {"required": True, "content": {
             "application/json": {"schema": _ref(route.body)}}}
     if route.access is Access.PUBLIC or (route.access is Access.SESSION and route.body):
@@ -225,6 +248,14 @@ def _operation(route: Any) -> dict[str, Any]:
         operation["security"] = [{"session": []}]
     return operation
 
+
+RAW_BODIES = {"CloudEvent": {
+    "application/cloudevents+json": {"schema": _ref("CloudEvent")},
+    "application/cloudevents-batch+json": {"schema": _list(_ref("CloudEvent"))},
+    "*/*": {"schema": {"type": "string", "format": "binary", "description": "binary mode: the "
+                       "event's data; its attributes as ce-id, ce-source, ce-specversion, "
+                       "ce-type (and ce-<extension>) headers"}}}}
+"""Request bodies a handler reads itself, in these media types, rather than as JSON."""
 
 MEDIA_TYPES = {"text": "text/plain", "html": "text/html", "asset": "text/plain",
                 "ndjson": "application/x-ndjson"}
@@ -263,6 +294,8 @@ def _errors(route: Any) -> dict[str, Any]:
         statuses |= {400, 404, 409} if route.body else {404}
     if route.body:
         statuses |= {413, 415}
+    if route.body in RAW_BODIES:
+        statuses -= {404, 409}
     if route.query:
         statuses.add(400)
     known = {status for status, _ in STATUS.values()} | {415}
@@ -274,5 +307,5 @@ def _reason(status: int) -> str:
     return {400: "invalid request", 401: "missing or wrong credentials",
             403: "not allowed for this user, or a write from another origin",
             404: "no such resource", 409: "already exists", 413: "request body too large",
-            415: "body not sent as application/json", 500: "internal error",
+            415: "body not sent in a media type the call takes", 500: "internal error",
             503: "unavailable"}.get(status, "error")

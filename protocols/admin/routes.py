@@ -8,6 +8,7 @@ documents exactly these routes, so the two cannot drift.
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -15,8 +16,8 @@ from aiohttp import web
 
 from core.model import Principal
 
-from . import (acl, clients, console_files, dashboard_files, history, metrics, mqtt_retained,
-               overview, sessions, tail, vhosts)
+from . import (acl, clients, console_files, dashboard_files, history, ingress, metrics,
+               mqtt_retained, overview, sessions, tail, tokens, vhosts)
 from . import handlers as h
 from . import paging
 from .access import Access
@@ -64,6 +65,11 @@ class Route:
     @property
     def operation_id(self) -> str:
         return self.handler.__name__
+
+    @property
+    def template(self) -> str:
+        """The path as OpenAPI and the request counter name it: ``{topic:.+}`` is ``{topic}``."""
+        return re.sub(r"{(\w+):[^}]+}", r"{\1}", self.path)
 
 
 async def openapi(request: web.Request, principal: Principal) -> dict[str, Any]:
@@ -164,6 +170,12 @@ ROUTES: tuple[Route, ...] = (
       "dead-lettered, with times (needs core.message_trace)", "messages", A.USER,
       response="MessageTrace", query=(IN_TOPIC,)),
 
+    R("POST", "/events/{topic:.+}", ingress.post_event,
+      "Publish CloudEvents to a subject (the path after /events/, levels separated by /): "
+      "binary mode (ce- headers, the body as data), structured or batched mode (JSON); 202 "
+      "once stored durably, with the message ids", "events", A.PUBLISH, status=202,
+      body="CloudEvent", response="EventsAccepted"),
+
     R("GET", "/groups", h.list_groups, "List consumer groups", "groups", A.USER,
       response="[Group]", **paged("name")),
     R("POST", "/groups", h.create_group, "Create a consumer group", "groups", A.ADMIN,
@@ -184,6 +196,15 @@ ROUTES: tuple[Route, ...] = (
     R("DELETE", "/users/{user}", h.delete_user, "Delete a user", "users", A.ADMIN, status=204),
     R("PUT", "/users/{user}/password", h.set_password, "Set a user's password", "users", A.ADMIN,
       status=204, body="Password"),
+    R("GET", "/users/{user}/tokens", tokens.list_tokens,
+      "List a user's API tokens: ids, when made and last used (never the tokens)", "users",
+      A.SELF, response="[ApiToken]"),
+    R("POST", "/users/{user}/tokens", tokens.create_token,
+      "Make an API token for a user (send it as Authorization: Bearer TOKEN); the answer is the "
+      "only place the token is shown", "users", A.SELF, status=201, response="ApiTokenCreated"),
+    R("DELETE", "/users/{user}/tokens/{token_id}", tokens.delete_token,
+      "Delete one of a user's API tokens: it stops working at once", "users", A.SELF,
+      status=204),
     R("GET", "/users/{user}/permissions", h.list_permissions, "List a user's permissions",
       "permissions", A.ADMIN, response="[Permission]"),
     R("POST", "/users/{user}/permissions", h.grant, "Grant a permission", "permissions", A.ADMIN,

@@ -2,8 +2,9 @@
 
 Every request first passes ``guards.py`` (cross-origin writes refused, bodies bounded, security
 headers on every response). Every route's handler is wrapped once: check the body's media type,
-authenticate (HTTP Basic, checked and throttled by core's ``Broker.authenticate``, or a browser
-session's cookie with its CSRF token on writes, ``sessions.py``), check the route's access rule,
+authenticate (HTTP Basic, checked and throttled by core's ``Broker.authenticate``, a user's
+API token as a Bearer, ``tokens.py``, or a browser session's cookie with its CSRF token on
+writes, ``sessions.py``), check the route's access rule,
 run the handler, encode JSON. Errors, including aiohttp's own 404/405,
 leave as JSON bodies through ``errors.py``.
 """
@@ -23,11 +24,11 @@ from core.model import Principal
 from core.untrusted import clip
 from protocols import relayed_peers
 
-from . import access, guards, history, paging, sessions
+from . import access, guards, history, paging, sessions, tokens
 from .errors import HttpProblem, error_response
 from .handlers import DEPS, AdminDeps
 from .metrics import METRICS, AdminMetrics
-from .openapi import SCHEMAS
+from .openapi import RAW_BODIES, SCHEMAS
 from .routes import ROUTES, Route
 from .tail import TAILS, close_tails
 
@@ -54,7 +55,7 @@ def _guarded(route: Route) -> Callable[[web.Request], Awaitable[web.StreamRespon
     sort_fields = paging.sortable(SCHEMAS[route.response.strip("[]")]) if route.search else ()
 
     async def handle(request: web.Request) -> web.StreamResponse:
-        if route.body is not None:
+        if route.body is not None and route.body not in RAW_BODIES:
             guards.require_json(request)
         principal = access.ANONYMOUS
         if route.access not in (access.Access.PUBLIC, access.Access.SESSION):
@@ -77,6 +78,9 @@ def _guarded(route: Route) -> Callable[[web.Request], Awaitable[web.StreamRespon
 
 
 async def _authenticate(request: web.Request) -> Principal:
+    token = access.bearer_token(request)
+    if token is not None:
+        return await tokens.authenticate(request, token)
     given = access.credentials(request)
     if given is None:
         token = request.cookies.get(sessions.COOKIE)

@@ -561,7 +561,7 @@ def _user_commands(c: Commands) -> None:
             sub.add_argument("--superuser", dest="make_admin", action="store_true",
                              help="make the user an admin: it may do anything")
     c.add(user, "list", "List users.", user_list)
-    c.add(user, "delete", "Delete a user and its permissions.", user_delete).add_argument("name", metavar="NAME")
+    c.add(user, "delete", "Delete a user, its permissions and its API tokens.", user_delete).add_argument("name", metavar="NAME")
     c.add(user, "permissions", "List a user's permissions.", user_permissions).add_argument(
         "name", metavar="NAME")
     for name, text, handler in [("grant", "Grant actions on topics or groups matching a pattern.",
@@ -574,6 +574,8 @@ def _user_commands(c: Commands) -> None:
         if name == "grant":
             sub.add_argument("actions", nargs="+", choices=["publish", "subscribe", "admin"],
                              metavar="ACTION", help="publish, subscribe and/or admin")
+    from .tokens import add_token_commands  # tokens.py builds on this module's Commands
+    add_token_commands(c, user)
 
 
 def _acl_commands(c: Commands) -> None:

@@ -28,6 +28,7 @@ from core.clients import ClientDirectory
 from core.errors import SluiceError
 from core.assembly import Core
 from core.metadata import MetadataRepository
+from core.tokens import UserTokens
 from core.service import Broker
 from store.errors import StoreLockedError
 from store.file_store import FileStore
@@ -388,7 +389,9 @@ def _admin_deps(running: RunningBroker) -> AdminDeps:
                      clients=running.clients, vhosts=running.core.vhost_admin,
                      dashboard_dir=analytics.DASHBOARD_DIR, cluster=running.cluster,
                      retained=running.mqtt.registry.retained if running.mqtt else None,
-                     session_idle_timeout_s=running.config.admin.session_idle_timeout_s)
+                     session_idle_timeout_s=running.config.admin.session_idle_timeout_s,
+                     events_max_body_bytes=running.config.admin.events_max_body_bytes,
+                     tokens=UserTokens(running.metadata, running.broker.users))
 
 
 async def _listen(config: Config, section: str, starting: Any) -> Any:

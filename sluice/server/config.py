@@ -94,11 +94,17 @@ class AdminListener:
     session_idle_timeout_s: int = 1800
     """A browser session (the console's sign-in, ``POST /session``) ends after this many seconds
     without a request; the next request needs a new sign-in."""
+    events_max_body_bytes: int = 1 << 20
+    """The largest request body ``POST /events/{topic}`` (the CloudEvents ingress) reads;
+    longer ones are refused with 413."""
 
     def __post_init__(self) -> None:
         if self.session_idle_timeout_s < 1:
             raise ValueError(f"admin.session_idle_timeout_s = {self.session_idle_timeout_s} must "
                              "be at least 1 (seconds; the default is 1800)")
+        if self.events_max_body_bytes < 1:
+            raise ValueError(f"admin.events_max_body_bytes = {self.events_max_body_bytes} must "
+                             "be at least 1 (bytes; the default is 1048576)")
 
 
 @dataclass(frozen=True)

@@ -47,6 +47,8 @@ class Cell:
     expect: dict[str, int]
     body: dict | None = None
     fresh: str | None = None
+    headers: dict[str, str] | None = None
+    """Headers of the request besides the credentials (a CloudEvent's ce- headers)."""
     """What the admin's call consumes (topic, group, user, rule, vhost, queue): ``x-{kind}-{n}``."""
 
 
@@ -82,6 +84,11 @@ TABLE = [
          {"admin": 200, "owner": 200, "publisher": 404, "other": 404, "none": 404, "anonymous": 401}),
     Cell("GET", "/messages/{msg_id}/trace", "/messages/{msg_id}/trace",
          {"admin": 200, "owner": 200, "publisher": 404, "other": 404, "none": 404, "anonymous": 401}),
+    # a binary-mode CloudEvent: publishing needs the publish right on the subject's topic
+    Cell("POST", "/events/m-topic/a/b", "/events/{topic:.+}",
+         {"admin": 202, "owner": 202, "publisher": 202, "other": 403, "none": 403,
+          "anonymous": 401}, body={"v": 1},
+         headers={"ce-id": "1", "ce-source": "/matrix", "ce-specversion": "1.0", "ce-type": "t"}),
     Cell("GET", "/groups", "/groups", USERS_200),
     Cell("POST", "/groups", "/groups", only_admin(201), body={"name": "new-group-{n}"}),
     Cell("GET", "/groups/m-group", "/groups/{group}",
@@ -94,6 +101,11 @@ TABLE = [
     Cell("DELETE", "/users/{target}", "/users/{user}", only_admin(204), fresh="user"),
     Cell("PUT", "/users/{target}/password", "/users/{user}/password", only_admin(204),
          body={"password": "changed"}, fresh="user"),
+    # a user's API tokens: an admin's or the user's own (owner's, here)
+    Cell("GET", "/users/owner/tokens", "/users/{user}/tokens", {**only_admin(200), "owner": 200}),
+    Cell("POST", "/users/owner/tokens", "/users/{user}/tokens", {**only_admin(201), "owner": 201}),
+    Cell("DELETE", "/users/owner/tokens/{target}", "/users/{user}/tokens/{token_id}",
+         {**only_admin(204), "owner": 204}, fresh="token"),
     Cell("GET", "/users/owner/permissions", "/users/{user}/permissions", only_admin(200)),
     Cell("POST", "/users/{target}/permissions", "/users/{user}/permissions", only_admin(201),
          body={"kind": "topic", "pattern": "m-topic", "actions": ["subscribe"]}, fresh="user"),
@@ -137,6 +149,8 @@ class World:
     admin: Http
     msg_id: str
     counter: itertools.count
+    victim_token: str
+    """The id of an API token of owner's that no refused call may delete."""
 
 
 @pytest.fixture(scope="module")
@@ -161,7 +175,9 @@ def world(tmp_path_factory):
     rights = {"configure": "^m-", "write": "^m-", "read": "^m-"}
     assert admin("PUT", "/vhosts/m-vhost/permissions/owner", rights)[0] == 200
     declare_queue(broker, "m-queue", MESSAGES_IN_M_QUEUE)
-    yield World(broker, admin, sent[0].msg_id, itertools.count())
+    status, token, _ = admin("POST", "/users/owner/tokens")
+    assert status == 201, token
+    yield World(broker, admin, sent[0].msg_id, itertools.count(), token["id"])
     broker.stop()
 
 
@@ -176,6 +192,10 @@ def fresh_target(world: World, kind: str) -> str:
     if kind == "queue":
         declare_queue(world.broker, name, 1)
         return name
+    if kind == "token":
+        status, made, _ = world.admin("POST", "/users/owner/tokens")
+        assert status == 201, made
+        return made["id"]
     if kind == "rule":
         rule = {"pattern": name + "/#", "actions": ["subscribe"], "effect": "allow"}
         assert world.admin("POST", "/acl", rule)[0] == 201
@@ -192,7 +212,7 @@ def fresh_target(world: World, kind: str) -> str:
 
 
 VICTIMS = {"topic": "m-topic", "group": "m-group", "user": "owner", "rule": "m-rule/%23",
-           "vhost": "m-vhost", "queue": "m-queue"}
+           "vhost": "m-vhost", "queue": "m-queue", "token": "{victim_token}"}
 MESSAGES_IN_M_QUEUE = 3
 
 
@@ -224,13 +244,14 @@ def call(world: World, cell: Cell, role: str, credentials: dict[str, str], expec
     n = next(world.counter)
     target = (fresh_target(world, cell.fresh) if expected < 400 else VICTIMS[cell.fresh]) \
         if cell.fresh else ""
+    target = target.replace("{victim_token}", world.victim_token)
     path = cell.path.format(target=target, msg_id=world.msg_id)
     user, password = (None, None) if role == "anonymous" else (
         ("sluice", "sluice") if role == "admin" else (role, PASSWORD))
     body = None if cell.body is None else json.loads(
         json.dumps(cell.body).replace("{n}", str(n)).replace('"{user}"', json.dumps(user))
         .replace('"{password}"', json.dumps(password)))
-    headers = dict(credentials)
+    headers = {**(cell.headers or {}), **credentials}
     if body is not None:
         headers["Content-Type"] = "application/json"
     parts = urlsplit(world.broker.running.admin_url)
@@ -271,6 +292,34 @@ def test_matrix_with_a_browser_session(world, cell, role):
     call(world, cell, role, credentials, cell.expect[role])
 
 
+@pytest.fixture(scope="module")
+def bearers(world) -> dict[str, dict[str, str]]:
+    """Each role's API token as its Authorization header (none for anonymous), made with the
+    role's password."""
+    headers: dict[str, dict[str, str]] = {"anonymous": {}}
+    for role in ROLES[:-1]:
+        user, password = ("sluice", "sluice") if role == "admin" else (role, PASSWORD)
+        status, made, _ = Http(world.admin.url, user, password)("POST", f"/users/{user}/tokens")
+        assert status == 201, made
+        headers[role] = {"Authorization": f"Bearer {made['token']}"}
+    return headers
+
+
+TOKEN_ROUTES = {"/users/{user}/tokens", "/users/{user}/tokens/{token_id}"}
+"""Managing tokens takes the password: a token gets 403 there, whoever's it is."""
+
+
+@pytest.mark.parametrize("role", ROLES)
+@pytest.mark.parametrize("cell", [c for c in TABLE if c.route not in NOT_BY_SESSION],
+                         ids=lambda c: f"{c.method} {c.route}")
+def test_matrix_with_an_api_token(world, bearers, cell, role):
+    """A role's API token gets what the role's Basic credentials get, but no token management."""
+    expected = cell.expect[role]
+    if cell.route in TOKEN_ROUTES and expected < 400:
+        expected = 403
+    call(world, cell, role, bearers[role], expected)
+
+
 @pytest.mark.parametrize("csrf", ["missing", "wrong"])
 @pytest.mark.parametrize("role", ["admin", "owner", "none"])
 @pytest.mark.parametrize("cell", [c for c in TABLE if c.method != "GET"
@@ -302,6 +351,7 @@ def assert_untouched(world: World) -> None:
         "GET", "/vhost-permissions?user=owner")[1]] == [("owner", "^m-", "^m-", "^m-")]
     queue = world.admin("GET", "/queues/m-vhost/m-queue")[1]
     assert queue["messages_ready"] == MESSAGES_IN_M_QUEUE, queue
+    assert world.victim_token in {t["id"] for t in world.admin("GET", "/users/owner/tokens")[1]}
 
 
 LISTED = {  # role -> (topics, groups) its lists show, of those the fixture made

@@ -57,6 +57,8 @@ EXPECTED = {
     "mqtt-tour": ["subject=devices/d1/telemetry", '{"t": 21.5}'],
     "paho": ["received devices/d2/telemetry b'{\"t\": 19.0}'"],
     "pika": ["received order.created b'{\"id\": 1}'"],
+    "http-ingress-curl": ['"subject": "evt2/orders/created"', '"topic": "evt2"'],
+    "http-ingress-pika": ["received evt2.orders.created b'{\"id\": 7}'"],
     "pika-delayed": ["received b'try again' after"],
     "celery": ["5"],
     "amqp-operations": ["billing", "amq.topic", "purged"],

@@ -70,7 +70,7 @@ def test_json_with_a_charset_is_json():
 def test_the_document_lists_the_guards_refusals():
     paths = document(ROUTES)["paths"]
     for route in ROUTES:
-        responses = paths[route.path][route.method.lower()]["responses"]
+        responses = paths[route.template][route.method.lower()]["responses"]
         if route.method != "GET":
             assert "403" in responses, (route.method, route.path)
         if route.body:
