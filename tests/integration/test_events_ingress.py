@@ -144,9 +144,6 @@ def test_a_binary_mode_event_is_stored_durably_and_reaches_mqtt_and_amqp_subscri
         amqp_queue.close()
 
 
-@pytest.mark.xfail(reason="AMQP deliveries render CE_ properties as ce- headers once the "
-                          "CloudEvents-mapping branch is merged; remove this mark then",
-                   strict=False)
 def test_amqp_consumers_read_the_event_with_the_sdk_rabbitmq_binding(broker):
     from cloudevents.core.bindings.rabbitmq import RabbitMQMessage, from_rabbitmq
     amqp_queue = AmqpQueue(broker, "evt2.rendered.#")
