@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
+import contextlib
 import dataclasses
 import json
 import logging
@@ -23,9 +24,9 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from .clock import now_ms
-from .errors import AccessDenied, InvalidArgument, NotFound, NotSupported, TopicNotFound
+from .errors import AccessDenied, AlreadyExists, InvalidArgument, NotFound, NotSupported, TopicNotFound
 from .metadata import MetadataRepository
-from .model import Action, Principal
+from .model import SYSTEM, Action, Principal, TopicConfig
 from .push_model import EDITABLE, PushSubscription, from_json
 from .service import Broker
 from .sink_policy import SinkPolicy
@@ -128,6 +129,9 @@ class PushSubscriptions:
         subscription = from_json(data)
         self._authorize(principal, subscription)
         compile_options(subscription)
+        with contextlib.suppress(AlreadyExists):  # there to read from the start
+            await self._broker.create_topic(SYSTEM, TopicConfig(subscription.dead_letters,
+                                                                queue_count=1))
         await asyncio.to_thread(self._metadata.create_push_subscription, subscription.name,
                                 subscription.owner, _spec(subscription), secret)
         self._subscriptions[subscription.name] = (subscription, secret)

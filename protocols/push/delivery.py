@@ -32,7 +32,8 @@ import aiohttp
 from standardwebhooks import Webhook
 
 from core.cloudevents import native_properties
-from core.errors import AlreadyExists, ReceiptExpired, InvalidReceiptHandle, SluiceError
+from core.errors import (AlreadyExists, InvalidReceiptHandle, ReceiptExpired, SluiceError,
+                         TopicNotFound)
 from core.model import (MAX_ATTEMPTS, ORIGIN_SUBJECT_PROPERTY, SUBJECT_PROPERTY, SYSTEM, Action,
                         Delivery, GroupConfig, OutgoingMessage, Principal, RetryPolicy,
                         TopicConfig)
@@ -82,6 +83,7 @@ class Delivering:
         self._retrying: set[tuple[int, int]] = set()
         self._bucket = TokenBucket(subscription.rate_limit)
         self._poller: asyncio.Task[None] | None = None
+        self._pop_failed = False
         self._workers: list[asyncio.Task[None]] = []
         self._host = urlsplit(subscription.sink).hostname or ""
         self._timeout = aiohttp.ClientTimeout(total=subscription.timeout_ms / 1000)
@@ -136,8 +138,8 @@ class Delivering:
                     self.stats.state, self.stats.last_error = "refused", refused
                     await asyncio.sleep(RIGHTS_RECHECK_S)
                     continue
-                if self.stats.state == "refused":
-                    self.stats.state = "running"
+                if self.stats.state == "refused" or self._pop_failed:
+                    self.stats.state, self._pop_failed = "running", False
                 while self._in_flight >= subscription.concurrency:
                     self._room.clear()
                     await self._room.wait()
@@ -155,9 +157,16 @@ class Delivering:
                     self._dispatch(message)
         except asyncio.CancelledError:
             raise
+        except TopicNotFound:
+            self.stats.state, self._pop_failed = "failing", True
+            self.stats.last_error = (f"topic {subscription.topic!r} does not exist (yet); "
+                                     "delivery starts once it does")
+            await asyncio.sleep(RIGHTS_RECHECK_S)
+            self._poller = asyncio.create_task(self._poll(), name=f"push-{subscription.name}")
         except Exception as error:  # noqa: BLE001 - report, then start over after a pause
             log.exception("push subscription %s stopped popping", subscription.name)
             self.stats.state, self.stats.last_error = "failing", f"popping failed: {error}"
+            self._pop_failed = True
             await asyncio.sleep(RIGHTS_RECHECK_S)
             self._poller = asyncio.create_task(self._poll(), name=f"push-{subscription.name}")
 

@@ -35,21 +35,22 @@ def ok(_: Seen, __: int) -> web.StreamResponse:
 class Receiver:
     """Started on construction; ``url`` is where it listens, ``seen`` what it got."""
 
-    def __init__(self, answer: Answer = ok) -> None:
+    def __init__(self, answer: Answer = ok, host: str = "127.0.0.1") -> None:
         self.answer = answer
+        self.host = host
         self.seen: list[Seen] = []
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         self.thread.start()
         self.port = asyncio.run_coroutine_threadsafe(self._start(), self.loop).result(10)
-        self.url = f"http://127.0.0.1:{self.port}/hook"
+        self.url = f"http://{host}:{self.port}/hook"
 
     async def _start(self) -> int:
         app = web.Application()
         app.router.add_route("*", "/{tail:.*}", self._handle)
         self.runner = web.AppRunner(app)
         await self.runner.setup()
-        site = web.TCPSite(self.runner, "127.0.0.1", 0)
+        site = web.TCPSite(self.runner, self.host, 0)
         await site.start()
         return site._server.sockets[0].getsockname()[1]
 
