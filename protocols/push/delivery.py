@@ -23,7 +23,7 @@ import logging
 import random
 import time
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import urlsplit
@@ -39,6 +39,7 @@ from core.model import (MAX_ATTEMPTS, ORIGIN_SUBJECT_PROPERTY, SUBJECT_PROPERTY,
                         TopicConfig)
 from core.push_model import PushSubscription
 from core.push_subscriptions import compile_options
+from core.trace import DEAD_LETTERED, PUSH_FAILED, PUSHED
 from core.service import MAX_INVISIBLE_MS, Broker
 
 from .guard import SinkRefused, check_literal
@@ -63,8 +64,7 @@ class Delivering:
     """The running part of one subscription."""
 
     def __init__(self, broker: Broker, session: aiohttp.ClientSession, policy: Any,
-                 subscription: PushSubscription, secret: str,
-                 on_trace: Callable[[str, Delivery, str], None]) -> None:
+                 subscription: PushSubscription, secret: str) -> None:
         self.broker = broker
         self.session = session
         self.policy = policy
@@ -72,7 +72,6 @@ class Delivering:
         self.stats = PushStats(state="paused" if subscription.paused else "running")
         self._webhook = Webhook(secret)
         self._secret_key = self._webhook._whsecret
-        self._trace = on_trace
         self._match, self._transform = compile_options(subscription)
         self._principal: Principal | None = None
         self._generation = -1
@@ -329,7 +328,7 @@ class Delivering:
                 stats.state = "running"
             if subscription.reply_topic:
                 await self._reply(response_headers, body)
-            self._trace("pushed", message, f"{status} from {subscription.sink}")
+            self._trace(PUSHED, message, f"{status} from {subscription.sink}")
             return "ok", None
         if 300 <= status < 400:
             where = response_headers.get("Location", "")
@@ -347,8 +346,11 @@ class Delivering:
         stats.last_error = reason
         if stats.state == "running":
             stats.state = "failing"
-        self._trace("push-failed", message, reason)
+        self._trace(PUSH_FAILED, message, reason)
         return ("dead" if permanent else "retry"), retry_after
+
+    def _trace(self, event: str, message: Delivery, detail: str) -> None:
+        self.broker.trace_push(self.subscription.group, message, event, detail)
 
     def _signature(self, event_id: str, body: bytes) -> dict[str, str]:
         now = datetime.now(UTC)
@@ -394,7 +396,7 @@ class Delivering:
                                                         message.keys, properties,
                                                         born_ts=message.born_ts)])
         self.stats.dead_lettered += 1
-        self._trace("dead-lettered", message, f"to {topic} after {attempt} attempt(s): "
+        self._trace(DEAD_LETTERED, message, f"to {topic} after {attempt} attempt(s): "
                     f"{self.stats.last_error}")
 
 

@@ -17,7 +17,6 @@ from collections.abc import Iterator
 import aiohttp
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from core.model import Delivery
 from core.push_model import PushSubscription
 from core.push_subscriptions import PushSubscriptions
 from core.service import Broker
@@ -69,7 +68,7 @@ class PushEngine:
         assert self._session is not None
         try:
             delivering = Delivering(self.broker, self._session, self.registry.policy,
-                                    subscription, secret, self._trace)
+                                    subscription, secret)
         except Exception as error:  # noqa: BLE001 - one bad subscription must not stop the rest
             log.error("push subscription %s cannot start: %s", subscription.name, error)
             return
@@ -88,11 +87,6 @@ class PushEngine:
             self._start(subscription, secret)
         else:
             running.set_paused(subscription)
-
-    def _trace(self, event: str, message: Delivery, detail: str) -> None:
-        tracer = getattr(self.broker, "trace_push", None)
-        if tracer is not None:
-            tracer(event, message, detail)
 
     def metrics(self) -> Iterator[Metric]:
         """Prometheus series of every subscription, by name."""

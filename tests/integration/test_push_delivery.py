@@ -31,7 +31,7 @@ NAMES = itertools.count()
 @pytest.fixture(scope="module")
 def broker(tmp_path_factory):
     thread = BrokerThread(str(tmp_path_factory.mktemp("push") / "data"),
-                          **{"push.allowed_sinks": "127.0.0.0/8"})
+                          **{"push.allowed_sinks": "127.0.0.0/8", "core.message_trace": True})
     yield thread
     thread.stop()
 
@@ -224,7 +224,7 @@ def test_a_failing_receiver_gets_the_message_again_until_it_takes_it(broker, htt
     receiver = receivers(lambda _, n: web.Response(status=500 if n == 0 else 200))
     name = topic(http)
     created = subscribe(http, name, receiver.url, backoff_min_ms=100, backoff_max_ms=200)
-    native_send(broker, name, b"again")
+    msg_id = native_send(broker, name, b"again")
     first, second = receiver.wait(2)
     assert first.headers["webhook-id"] == second.headers["webhook-id"]
     wait_for(lambda: stats(http, created["name"])["delivered"] == 1, "the delivery counted", WAIT_S)
@@ -232,6 +232,14 @@ def test_a_failing_receiver_gets_the_message_again_until_it_takes_it(broker, htt
     assert counted["failed"] == 1 and counted["dead_lettered"] == 0
     assert counted["last_status"] == 200
     assert len(receiver.seen) == 2
+
+    def pushes():
+        status, trace, _ = http("GET", f"/messages/{msg_id}/trace?topic={name}")
+        assert status == 200, trace
+        return [(e["event"], e["attempt"]) for e in trace["events"]
+                if e["event"] in ("pushed", "push_failed")]
+    assert wait_for(lambda: pushes() == [("push_failed", 1), ("pushed", 2)] and pushes(),
+                    "the pushes in the message's trace", WAIT_S, pushes)
 
 
 def test_a_receiver_that_does_not_answer_in_time_is_retried(broker, http, receivers):
