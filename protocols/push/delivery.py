@@ -42,7 +42,7 @@ from core.push_subscriptions import compile_options
 from core.trace import DEAD_LETTERED, PUSH_FAILED, PUSHED
 from core.service import MAX_INVISIBLE_MS, Broker
 
-from .guard import SinkRefused, check_literal
+from .guard import SinkRefused, literal_refusal
 from .render import event_of, render, synthesized
 from .reply import reply_event
 from .stats import PushStats
@@ -83,8 +83,12 @@ class Delivering:
         self._bucket = TokenBucket(subscription.rate_limit)
         self._poller: asyncio.Task[None] | None = None
         self._pop_failed = False
+        self._batch = max(1, subscription.concurrency // 8)
+        """Pop once this many workers are free: fewer, larger pops under load."""
         self._workers: list[asyncio.Task[None]] = []
-        self._host = urlsplit(subscription.sink).hostname or ""
+        self._literal_refused = literal_refusal(policy, urlsplit(subscription.sink).hostname or "")
+        """Why the sink's literal address is refused ('' when allowed, or a host name): aiohttp
+        connects to a literal address without asking the resolver."""
         self._timeout = aiohttp.ClientTimeout(total=subscription.timeout_ms / 1000)
         wait_ms = 1000 * subscription.concurrency / subscription.rate_limit if subscription.rate_limit else 0
         self._invisible_ms = int(min(MAX_INVISIBLE_MS, subscription.timeout_ms + INVISIBLE_MARGIN_MS + wait_ms))
@@ -139,7 +143,7 @@ class Delivering:
                     continue
                 if self.stats.state == "refused" or self._pop_failed:
                     self.stats.state, self._pop_failed = "running", False
-                while self._in_flight >= subscription.concurrency:
+                while self._in_flight > subscription.concurrency - self._batch:  # pop in batches
                     self._room.clear()
                     await self._room.wait()
                 room = subscription.concurrency - self._in_flight
@@ -302,7 +306,8 @@ class Delivering:
         headers.update(self._signature(rendered.event_id, rendered.body))
         await self._bucket.take()
         try:
-            check_literal(self.policy, self._host)
+            if self._literal_refused:
+                raise SinkRefused(self._literal_refused)
             async with self.session.post(subscription.sink, data=rendered.body, headers=headers,
                                          timeout=self._timeout, allow_redirects=False) as response:
                 status = response.status
@@ -353,16 +358,16 @@ class Delivering:
         self.broker.trace_push(self.subscription.group, message, event, detail)
 
     def _signature(self, event_id: str, body: bytes) -> dict[str, str]:
-        now = datetime.now(UTC)
+        now = int(time.time())
         try:
             text = body.decode()
         except UnicodeDecodeError:  # signed as the bytes they are, as the scheme defines
-            signed = f"{event_id}.{int(now.timestamp())}.".encode() + body
+            signed = f"{event_id}.{now}.".encode() + body
             digest = hmac.new(self._secret_key, signed, hashlib.sha256).digest()
             signature = "v1," + base64.b64encode(digest).decode()
         else:
-            signature = self._webhook.sign(event_id, now, text)
-        return {"webhook-id": event_id, "webhook-timestamp": str(int(now.timestamp())),
+            signature = self._webhook.sign(event_id, datetime.fromtimestamp(now, UTC), text)
+        return {"webhook-id": event_id, "webhook-timestamp": str(now),
                 "webhook-signature": signature}
 
     async def _reply(self, headers: Mapping[str, str], body: bytes) -> None:

@@ -39,11 +39,11 @@ class GuardedResolver(AbstractResolver):
         await self._resolver.close()
 
 
-def check_literal(policy: SinkPolicy, host: str) -> None:
-    """SinkRefused when ``host`` is a literal address the policy refuses."""
+def literal_refusal(policy: SinkPolicy, host: str) -> str:
+    """Why the policy refuses ``host`` when it is a literal address; '' when it is allowed or
+    a host name (checked by ``GuardedResolver`` on every address it resolves to)."""
     try:
         address: Any = ipaddress.ip_address(host.strip("[]"))
     except ValueError:
-        return
-    if not policy.address_allowed(address):
-        raise SinkRefused(refusal(str(address)))
+        return ""
+    return "" if policy.address_allowed(address) else refusal(str(address))

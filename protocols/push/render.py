@@ -10,6 +10,7 @@ every attempt, so receivers can drop repeats.
 from __future__ import annotations
 
 import datetime
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from urllib.parse import quote
@@ -23,6 +24,8 @@ SYNTHESIZED_TYPE = "sluice.message"
 _CE_SAFE = "".join(c for c in map(chr, range(0x21, 0x7F)) if c not in ' "%')
 """Printable ASCII but space, double quote and percent: left as is in ``ce-`` headers (HTTP
 binding 3.1.3.2); everything else is percent-encoded."""
+_SAFE = re.compile(r"[!#-$&-~]*")
+"""A value made of ``_CE_SAFE`` characters only, sent as it is (most are)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,6 +93,7 @@ def render(message: Delivery, event: CloudEvent | None, mode: str,
         return Rendered(event.id, {"Content-Type": cloudevents.STRUCTURED_TYPE},
                         cloudevents.to_structured(event))
     headers = {("Content-Type" if name == "datacontenttype" else "ce-" + name):
-               (value if name == "datacontenttype" else quote(value, safe=_CE_SAFE))
+               (value if name == "datacontenttype" or _SAFE.fullmatch(value)
+                else quote(value, safe=_CE_SAFE))
                for name, value in event.attributes.items()}
     return Rendered(event.id, headers, event.data)
