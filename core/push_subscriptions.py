@@ -62,12 +62,16 @@ def compile_options(subscription: PushSubscription) -> tuple[Callable[[Mapping[s
     """The compiled filters and transform of ``subscription`` (None: none); InvalidArgument
     when either is invalid."""
     match = transform = None
-    if subscription.filters:
-        from .event_filters import compile_filters
-        match = compile_filters(subscription.filters)
-    if subscription.transform:
-        from .event_transform import compile_transform
-        transform = compile_transform(subscription.transform)
+    try:
+        if subscription.filters:
+            from .event_filters import compile_filters
+            match = compile_filters(subscription.filters)
+        if subscription.transform:
+            from .event_transform import compile_transform
+            transform = compile_transform(subscription.transform)
+    except ImportError:
+        raise NotSupported("this broker cannot filter or transform events yet: create the "
+                           "subscription without filters and transform") from None
     return match, transform
 
 

@@ -131,49 +131,61 @@ class Delivering:
     # --- popping ---
 
     async def _poll(self) -> None:
+        """Pop and dispatch until cancelled; a failure is reported in the stats and popping
+        starts again after a pause."""
         subscription = self.subscription
-        try:
-            await self._ensure_group()
-            while True:
-                principal = await self._owner()
-                refused = self._refusal(principal)
-                if refused:
-                    self.stats.state, self.stats.last_error = "refused", refused
-                    await asyncio.sleep(RIGHTS_RECHECK_S)
-                    continue
-                if self.stats.state == "refused" or self._pop_failed:
-                    self.stats.state, self._pop_failed = "running", False
-                while self._in_flight > subscription.concurrency - self._batch:  # pop in batches
-                    self._room.clear()
-                    await self._room.wait()
-                room = subscription.concurrency - self._in_flight
-                batch = await self.broker.receive(
-                    SYSTEM, subscription.group, subscription.topic, CLIENT_ID,
-                    max_messages=min(1024, room), wait_ms=POLL_WAIT_MS,
-                    invisible_ms=self._invisible_ms)
-                withheld = self.broker.withheld_by_rules(principal)
-                for message in batch:
-                    if withheld is not None and withheld(message) or not self._wanted(message):
-                        self.stats.filtered += 1
-                        await self._settle(message.receipt_handle)
-                        continue
-                    self._dispatch(message)
-        except asyncio.CancelledError:
-            raise
-        except TopicNotFound:
-            self.stats.state, self._pop_failed = "failing", True
-            self.stats.last_error = (f"topic {subscription.topic!r} does not exist (yet); "
-                                     "delivery starts once it does")
+        await self._ensure_group()
+        while True:
+            try:
+                await self._pop()
+            except asyncio.CancelledError:
+                raise
+            except TopicNotFound:
+                self.stats.state, self._pop_failed = "failing", True
+                self.stats.last_error = (f"topic {subscription.topic!r} does not exist (yet); "
+                                         "delivery starts once it does")
+                await asyncio.sleep(RIGHTS_RECHECK_S)
+            except Exception as error:  # noqa: BLE001 - report, then start over after a pause
+                log.exception("push subscription %s failed to pop", subscription.name)
+                self.stats.state, self._pop_failed = "failing", True
+                self.stats.last_error = f"popping failed: {error}"
+                await asyncio.sleep(RIGHTS_RECHECK_S)
+
+    async def _pop(self) -> None:
+        """Pop one batch (as large as the free workers) and hand it to the workers."""
+        subscription = self.subscription
+        principal = await self._owner()
+        refused = self._refusal(principal)
+        if refused:
+            self.stats.state, self.stats.last_error = "refused", refused
             await asyncio.sleep(RIGHTS_RECHECK_S)
-            self._poller = asyncio.create_task(self._poll(), name=f"push-{subscription.name}")
-        except Exception as error:  # noqa: BLE001 - report, then start over after a pause
-            log.exception("push subscription %s stopped popping", subscription.name)
-            self.stats.state, self.stats.last_error = "failing", f"popping failed: {error}"
-            self._pop_failed = True
-            await asyncio.sleep(RIGHTS_RECHECK_S)
-            self._poller = asyncio.create_task(self._poll(), name=f"push-{subscription.name}")
+            return
+        if self.stats.state == "refused" or self._pop_failed:
+            self.stats.state, self._pop_failed = "running", False
+        while self._in_flight > subscription.concurrency - self._batch:
+            self._room.clear()
+            await self._room.wait()
+        batch = await self.broker.receive(
+            SYSTEM, subscription.group, subscription.topic, CLIENT_ID,
+            max_messages=min(1024, subscription.concurrency - self._in_flight),
+            wait_ms=POLL_WAIT_MS, invisible_ms=self._invisible_ms)
+        principal = await self._owner()  # rights may have changed during the long poll
+        if batch and self._refusal(principal):
+            for message in batch:  # handed out again once the owner may read them
+                await self.broker.change_invisible(SYSTEM, subscription.group, subscription.topic,
+                                                   message.receipt_handle, 0)
+            return
+        withheld = self.broker.withheld_by_rules(principal)
+        for message in batch:
+            if withheld is not None and withheld(message) or not self._wanted(message):
+                self.stats.filtered += 1
+                await self._settle(message.receipt_handle)
+                continue
+            self._dispatch(message)
 
     async def _ensure_group(self) -> None:
+        """The group holding the position: FIFO for an ordered subscription; attempts are
+        counted here, so the group itself never dead-letters."""
         config = GroupConfig(self.subscription.group, retry=RetryPolicy(max_attempts=MAX_ATTEMPTS),
                              fifo=self.subscription.ordered)
         with contextlib.suppress(AlreadyExists):

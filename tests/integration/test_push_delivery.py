@@ -476,3 +476,22 @@ def test_a_redirect_is_not_followed(tmp_path, receivers):
         assert hidden.seen == [] and len(redirecting.seen) == 1
     finally:
         narrow.stop()
+
+
+def test_a_revoked_right_stops_delivery_until_granted_again(broker, http, receivers):
+    receiver = receivers()
+    name = topic(http)
+    assert http("POST", "/users", {"name": "cid", "password": "pw"})[0] == 201
+    grant = {"kind": "topic", "pattern": name, "actions": ["subscribe"]}
+    assert http("POST", "/users/cid/permissions", grant)[0] == 201
+    created = subscribe(Http(http.url, "cid", "pw"), name, receiver.url)
+    native_send(broker, name, b"before")
+    receiver.wait(1)
+    assert http("DELETE", f"/users/cid/permissions?kind=topic&pattern={name}")[0] == 204
+    wait_for(lambda: stats(http, created["name"])["state"] == "refused", "the refusal", WAIT_S)
+    assert "may no longer subscribe" in stats(http, created["name"])["last_error"]
+    native_send(broker, name, b"while revoked")
+    wait_for(lambda: stats(http, created["name"])["lag"] == 1 or None, "the lag to show it", WAIT_S)
+    assert len(receiver.seen) == 1
+    assert http("POST", "/users/cid/permissions", grant)[0] == 201
+    assert receiver.wait(2)[1].body == b"while revoked"
