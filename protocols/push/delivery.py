@@ -34,7 +34,8 @@ from standardwebhooks import Webhook
 from core.cloudevents import native_properties
 from core.errors import (AlreadyExists, InvalidReceiptHandle, ReceiptExpired, SluiceError,
                          TopicNotFound)
-from core.model import (MAX_ATTEMPTS, ORIGIN_SUBJECT_PROPERTY, SUBJECT_PROPERTY, SYSTEM, Action,
+from core.dead_letter import dead_letter_properties
+from core.model import (MAX_ATTEMPTS, SUBJECT_PROPERTY, SYSTEM, Action,
                         Delivery, GroupConfig, OutgoingMessage, Principal, RetryPolicy,
                         TopicConfig)
 from core.push_model import PushSubscription
@@ -400,14 +401,8 @@ class Delivering:
         topic = self.subscription.dead_letters
         with contextlib.suppress(AlreadyExists):
             await self.broker.create_topic(SYSTEM, TopicConfig(topic, queue_count=1))
-        properties = dict(message.properties)
-        subject = properties.pop(SUBJECT_PROPERTY, None)
-        if subject:
-            properties[ORIGIN_SUBJECT_PROPERTY] = subject
-        properties.update({"sluice.dlq.origin_topic": message.topic,
-                           "sluice.dlq.origin_msg_id": message.msg_id,
-                           "sluice.dlq.attempts": str(attempt),
-                           "sluice.push.subscription": self.subscription.name,
+        properties = dead_letter_properties(message, attempt)
+        properties.update({"sluice.push.subscription": self.subscription.name,
                            "sluice.push.last_error": self.stats.last_error[:500]})
         await self.broker.send(SYSTEM, [OutgoingMessage(topic, message.body, message.tag,
                                                         message.keys, properties,
