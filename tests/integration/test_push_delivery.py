@@ -495,3 +495,19 @@ def test_a_revoked_right_stops_delivery_until_granted_again(broker, http, receiv
     assert len(receiver.seen) == 1
     assert http("POST", "/users/cid/permissions", grant)[0] == 201
     assert receiver.wait(2)[1].body == b"while revoked"
+
+
+def test_each_subscription_has_its_prometheus_series(broker, http, receivers):
+    receiver = receivers()
+    name = topic(http)
+    created = subscribe(http, name, receiver.url)
+    native_send(broker, name, b"counted")
+    receiver.wait(1)
+    label = f'subscription="{created["name"]}"'
+
+    def series() -> str:
+        return "\n".join(line for line in http("GET", "/metrics")[1].splitlines() if label in line)
+    text = wait_for(lambda: f"sluice_push_delivered_total{{{label}}} 1.0" in series() and series(),
+                    "the delivery in /metrics", WAIT_S, series)
+    assert f"sluice_push_dead_lettered_total{{{label}}} 0.0" in text
+    assert f'sluice_push_latency_ms{{quantile="0.99",{label}}}' in text
