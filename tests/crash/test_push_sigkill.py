@@ -19,6 +19,7 @@ import paho.mqtt.client as mqtt
 import pytest
 from aiohttp import web
 from paho.mqtt.enums import CallbackAPIVersion
+from standardwebhooks import Webhook
 
 from tests.integration.push_receiver import Receiver, Seen
 from tests.waiting import wait_for
@@ -88,7 +89,7 @@ def test_every_event_reaches_the_receiver_after_sigkill(sluice_server, tmp_path)
     try:
         server.wait_ready()
         publish(server.mqtt, EVENTS)
-        admin(server.admin, "/push-subscriptions", {
+        created = admin(server.admin, "/push-subscriptions", {
             "name": "hook", "topic": "events", "sink": receiver.url,
             "concurrency": CONCURRENCY, "timeout_ms": 60_000})
         wait_for(lambda: gate.held >= CONCURRENCY, "every worker holding a request", WAIT_S,
@@ -106,6 +107,8 @@ def test_every_event_reaches_the_receiver_after_sigkill(sluice_server, tmp_path)
         repeated = {body: n for body, n in bodies().items() if n > 1}
         assert len(repeated) <= CONCURRENCY, repeated
         assert gate.held == CONCURRENCY
+        last = receiver.seen[-1]  # signed after the restart with the secret stored encrypted
+        Webhook(created["secret"]).verify(last.body, last.headers, json_parse=False)
         restarted.stop()
     finally:
         gate.open = True
