@@ -42,6 +42,7 @@ from core.push_model import PushSubscription
 from core.push_subscriptions import compile_options
 from core.trace import DEAD_LETTERED, PUSH_FAILED, PUSHED
 from core.service import MAX_INVISIBLE_MS, Broker
+from core.sink_policy import SinkPolicy
 
 from .guard import SinkRefused, literal_refusal
 from .render import event_of, render, synthesized
@@ -64,7 +65,7 @@ USER_AGENT = "Sluice-Push/1"
 class Delivering:
     """The running part of one subscription."""
 
-    def __init__(self, broker: Broker, session: aiohttp.ClientSession, policy: Any,
+    def __init__(self, broker: Broker, session: aiohttp.ClientSession, policy: SinkPolicy,
                  subscription: PushSubscription, secret: str) -> None:
         self.broker = broker
         self.session = session
