@@ -500,6 +500,13 @@ class Broker:
         else:
             await self._receiver.forward_to_dead_letter(group, topic, receipt_handle)
 
+    def trace_push(self, group: str, message: Delivery, event: str, detail: str) -> None:
+        """Record a push subscription's step with ``message`` (``core.trace.PUSH_EVENTS``) in
+        its trace, when message tracing is on."""
+        tracer = self._engine.tracer
+        if tracer.on:
+            tracer.pushed(group, message, event, detail)
+
     # --- queue-level consumption and offsets ---
 
     async def pull(self, principal: Principal, group: str, topic: str, queue_id: int, offset: int, *,

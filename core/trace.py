@@ -53,6 +53,10 @@ ACKED = "acked"
 RETRIED = "retried"
 DEAD_LETTERED = "dead_lettered"
 REJECTED = "rejected"
+PUSHED = "pushed"
+PUSH_FAILED = "push_failed"
+PUSH_EVENTS = (PUSHED, PUSH_FAILED, DEAD_LETTERED)
+"""What a push subscription reports of a message (``pushed``)."""
 
 Place = tuple[str, str, int, int]
 """(consumer, topic, queue id, offset): one consumer's delivery of one message."""
@@ -182,6 +186,12 @@ class Tracer:
             client = remembered[2]
         self._add(trace_key(message.home_topic or message.topic, message.msg_id), now_ms(),
                   DEAD_LETTERED, group, client, message.attempt, dead_letter_topic)
+
+    def pushed(self, group: str, message: Delivery, event: str, detail: str) -> None:
+        """A push subscription's step with ``message``: one of ``PUSH_EVENTS``; ``detail``
+        names the sink's answer, the failure, or the dead-letter topic."""
+        self._add(trace_key(message.home_topic or message.topic, message.msg_id), now_ms(),
+                  event, group, "push", message.attempt, detail)
 
     def _settled(self, consumer: str, topic: str, queue_id: int, offset: int, event: str,
                  attempt: int, detail: str) -> None:

@@ -34,7 +34,8 @@ from . import journal, master_key
 from .engine import WRITE_OPTION, open_engine, open_snapshot, refused_by_disk
 from .passwords import check_password, hash_password, waste_check
 from .schema import (LATEST_VERSION, acl_rules, amqp_permissions, amqp_topology, consumer_groups,
-                     current_version, migrate, subscriptions, topics, user_tokens, users)
+                     current_version, migrate, push_subscriptions, subscriptions, topics,
+                     user_tokens, users)
 from .schema import permissions as permission_table
 
 log = logging.getLogger(__name__)
@@ -506,6 +507,36 @@ class MetadataRepository:
         with self._engine.connect() as conn:
             return [(row.user_name, row.vhost, row.configure, row.write, row.read)
                     for row in conn.execute(query)]
+
+    # --- push subscriptions: settings as JSON, the signing secret encrypted ---
+
+    def create_push_subscription(self, name: str, owner: str, spec: str, secret: str) -> None:
+        """Store a new push subscription; AlreadyExists if the name is taken."""
+        row = {"name": name, "owner": owner, "spec": spec,
+               "secret": self._fernet.encrypt(secret.encode()).decode()}
+        self._insert_new(push_subscriptions, row, f"push subscription {name!r}")
+
+    def update_push_subscription(self, name: str, spec: str) -> bool:
+        """Replace a push subscription's settings; whether it exists."""
+        return self._update(push_subscriptions, name, {"spec": spec})
+
+    def delete_push_subscription(self, name: str) -> bool:
+        """Delete a push subscription; whether it existed."""
+        return self._delete(push_subscriptions, name)
+
+    def push_subscriptions(self) -> list[tuple[str, str]]:
+        """Every push subscription as (spec, signing secret), by name."""
+        found = []
+        for row in self._all(push_subscriptions):
+            try:
+                secret = self._fernet.decrypt(row.secret.encode()).decode()
+            except InvalidToken:
+                raise master_key.BadMasterKey(
+                    f"the signing secret of push subscription {row.name!r} was encrypted under "
+                    "another master key: restore the original master.key, or delete and "
+                    "re-create the subscription") from None
+            found.append((row.spec, secret))
+        return found
 
     def _secrets(self, password: str) -> dict[str, str]:
         if not password:

@@ -128,6 +128,17 @@ user_tokens = Table(
 )
 
 
+push_subscriptions = Table(
+    "push_subscriptions", metadata,
+    # ``spec`` is the subscription's settings as JSON (core.push_model), written and read by
+    # core; ``secret`` its signing secret encrypted under the master key (Fernet).
+    Column("name", String(127), primary_key=True),
+    Column("owner", String(127), nullable=False),
+    Column("spec", String, nullable=False),
+    Column("secret", String, nullable=False),
+)
+
+
 def _v1(conn: Connection) -> None:
     metadata.create_all(conn, tables=[topics, consumer_groups, subscriptions, users, permissions])
 
@@ -152,7 +163,11 @@ def _v6(conn: Connection) -> None:
     metadata.create_all(conn, tables=[user_tokens])
 
 
-MIGRATIONS: tuple[Callable[[Connection], None], ...] = (_v1, _v2, _v3, _v4, _v5, _v6)
+def _v7(conn: Connection) -> None:
+    metadata.create_all(conn, tables=[push_subscriptions])
+
+
+MIGRATIONS: tuple[Callable[[Connection], None], ...] = (_v1, _v2, _v3, _v4, _v5, _v6, _v7)
 LATEST_VERSION = len(MIGRATIONS)
 
 _PG_MIGRATION_LOCK = 0x51CE_0001

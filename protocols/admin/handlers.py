@@ -55,6 +55,9 @@ class AdminDeps:
     retained: Any = None
     """The MQTT retained messages (``protocols.mqtt.retained.RetainedMessages``: ``listing``);
     None without MQTT."""
+    push: Any = None
+    """Push subscriptions: their registry and delivery stats (``protocols.push.engine.PushEngine``);
+    None without them."""
     session_idle_timeout_s: int = 1800
     """A browser session ends after this many seconds without a request (``sessions.py``)."""
     events_max_body_bytes: int = 1 << 20

@@ -98,6 +98,8 @@ class BrokerCollector(Collector):
             yield from amqp_queue_metrics(self.deps.vhosts.queues_of())
         if getattr(self.deps, "cluster", None) is not None:
             yield from self.deps.cluster.metrics()
+        if getattr(self.deps, "push", None) is not None:
+            yield from self.deps.push.metrics()
 
     def _store(self, store: Any) -> Iterator[Metric]:
         if store is None:

@@ -51,7 +51,33 @@ _GROUP = dict(name=_STR, consume_mode={"type": "string", "enum": ["clustering", 
               retry=_RETRY, fifo=_BOOL)
 _ACTIONS = _list({"type": "string", "enum": ["publish", "subscribe", "admin"]})
 
+_NUM = {"type": "number"}
+_PUSH_FIELDS = dict(
+    name=_STR, sink={"type": "string", "description": "the http(s) URL events are POSTed to"},
+    topic={"type": "string", "description": "the source topic (or vhost and queue)"},
+    subject_filter={"type": "string", "description": "MQTT-style filter on the subject"},
+    vhost=_STR, queue=_STR,
+    filters=_list({"type": "object", "description": "a CloudEvents Subscriptions API filter"}),
+    format={"type": "string", "enum": ["binary", "structured", "raw"]},
+    transform={"type": "string", "description": "JMESPath over the JSON data"},
+    concurrency=_INT, rate_limit={"type": "number", "description": "requests/s, 0: unlimited"},
+    timeout_ms=_INT, max_attempts=_INT, backoff_min_ms=_INT, backoff_max_ms=_INT,
+    dead_letter_topic={"type": "string", "description": "default NAME.dlq"},
+    ordered=_BOOL, reply_topic=_STR)
+_PUSH_STATS = _obj(
+    ["state"], state={"type": "string", "enum": ["running", "paused", "failing", "refused",
+                                                 "stopped"]},
+    delivered=_INT, failed=_INT, retrying=_INT, dead_lettered=_INT, replies=_INT, filtered=_INT,
+    lag=_INT, latency_ms=_obj([], p50={**_NUM, "nullable": True}, p99={**_NUM, "nullable": True}),
+    last_error=_STR, last_status={"type": "integer", "nullable": True})
+_PUSH = dict(_PUSH_FIELDS, owner=_STR, paused=_BOOL, created_ms=_INT, stats=_PUSH_STATS)
+
 SCHEMAS: dict[str, dict[str, Any]] = {
+    "PushSubscription": _obj(["name", "owner", "sink"], **_PUSH),
+    "PushSubscriptionCreate": _obj(["name", "sink"], **_PUSH_FIELDS, secret={
+        "type": "string", "description": "whsec_ + base64 of 24+ bytes; made for you if left out"}),
+    "PushSubscriptionCreated": _obj(["name", "owner", "sink", "secret"], **_PUSH, secret={
+        "type": "string", "description": "the Standard Webhooks signing secret: shown only here"}),
     "Error": _obj(["error", "message"], error=_STR, message={
         "type": "string", "description": "what went wrong and what to do next"}),
     "Health": _obj(["status"], status={"type": "string", "enum": ["ok", "failing"]},

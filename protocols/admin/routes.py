@@ -17,7 +17,7 @@ from aiohttp import web
 from core.model import Principal
 
 from . import (acl, clients, console_files, dashboard_files, history, ingress, metrics,
-               mqtt_retained, overview, sessions, tail, tokens, vhosts)
+               mqtt_retained, overview, push, sessions, tail, tokens, vhosts)
 from . import handlers as h
 from . import paging
 from .access import Access
@@ -283,4 +283,23 @@ ROUTES: tuple[Route, ...] = (
       **paged("id", "user", "peer", "vhost", "connection_name")),
     R("GET", "/amqp/channels", vhosts.list_channels, "List AMQP channels", "amqp", A.ADMIN,
       response="[AmqpChannel]", **paged("connection", "user", "vhost", "peer")),
+
+    R("GET", "/push-subscriptions", push.list_push_subscriptions,
+      "List push subscriptions with their delivery stats (a user sees its own, an admin all)",
+      "push", A.USER, response="[PushSubscription]", **paged("name", "owner", "topic", "sink")),
+    R("POST", "/push-subscriptions", push.create_push_subscription,
+      "Create a push subscription owned by the caller (needs subscribe on its topic, publish on "
+      "its reply topic); the answer holds the signing secret, shown only here", "push", A.USER,
+      status=201, body="PushSubscriptionCreate", response="PushSubscriptionCreated"),
+    R("GET", "/push-subscriptions/{name}", push.show_push_subscription,
+      "Show a push subscription with its delivery stats (owner or admin; 404 to others)",
+      "push", A.USER, response="PushSubscription"),
+    R("POST", "/push-subscriptions/{name}/pause", push.pause_push_subscription,
+      "Pause a push subscription: stop taking messages, keep its position", "push", A.USER,
+      response="PushSubscription"),
+    R("POST", "/push-subscriptions/{name}/resume", push.resume_push_subscription,
+      "Resume a paused push subscription from its position", "push", A.USER,
+      response="PushSubscription"),
+    R("DELETE", "/push-subscriptions/{name}", push.delete_push_subscription,
+      "Delete a push subscription and its position", "push", A.USER, status=204),
 )

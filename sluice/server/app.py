@@ -28,6 +28,8 @@ from core.clients import ClientDirectory
 from core.errors import SluiceError
 from core.assembly import Core
 from core.metadata import MetadataRepository
+from core.push_subscriptions import PushSubscriptions
+from core.sink_policy import SinkPolicy
 from core.tokens import UserTokens
 from core.service import Broker
 from store.errors import StoreLockedError
@@ -43,6 +45,7 @@ from protocols.mqtt.frontend import MqttFrontend
 from protocols.mqtt.listeners import MqttListeners, start_mqtt_listeners
 from protocols.tls import ServerTls, describe, expired
 from protocols.mqtt.topics import SYNTAX as MQTT_TOPIC_SYNTAX
+from protocols.push.engine import PushEngine
 
 log = logging.getLogger("sluice")
 
@@ -79,6 +82,8 @@ class RunningBroker:
     amqp_listener: AmqpListener | None = None
     clients: ClientDirectory = field(default_factory=ClientDirectory)
     """Every protocol's connected clients, for the admin API."""
+    push: PushEngine | None = None
+    """Push subscriptions' delivery over HTTP (on the leader only, in a replica group)."""
     cluster: Any = None
     """This node's place in its replica group (``cluster_node.ClusterMember``); None alone."""
     tls: ServerTls | None = None
@@ -188,6 +193,8 @@ class RunningBroker:
             await self.mqtt.stop()
         if self.amqp is not None:
             await self.amqp.stop()
+        if self.push is not None:
+            await self.push.stop()
         servers = [self.native.stop(grace)] if self.native is not None else []
         servers += [self.admin.stop()] if self.admin is not None else []
         stopping = asyncio.gather(*servers)  # each stops accepting at once, then drains
@@ -276,6 +283,9 @@ async def _start(config: Config, store: FileStore | None = None, cluster: Any = 
         running.amqp = AmqpFrontend(broker, core.vhosts, core.queues, config.amqp,
                                     core.vhost_permissions)
         await running.amqp.start()  # and so are the queues bound to amq.topic
+        registry = PushSubscriptions(broker, metadata, SinkPolicy.parse(config.push.allowed_sinks))
+        running.push = PushEngine(broker, registry, config.push)
+        await running.push.start()
         running.native = await _listen(config, "native", _start_native(running))
         running.clients.register(running.native.clients)
         running.clients.register(running.mqtt)
@@ -389,6 +399,7 @@ def _admin_deps(running: RunningBroker) -> AdminDeps:
                      clients=running.clients, vhosts=running.core.vhost_admin,
                      dashboard_dir=analytics.DASHBOARD_DIR, cluster=running.cluster,
                      retained=running.mqtt.registry.retained if running.mqtt else None,
+                     push=running.push,
                      session_idle_timeout_s=running.config.admin.session_idle_timeout_s,
                      events_max_body_bytes=running.config.admin.events_max_body_bytes,
                      tokens=UserTokens(running.metadata, running.broker.users))

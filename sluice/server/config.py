@@ -34,6 +34,7 @@ from store.api import StoreConfig
 from protocols.amqp.options import AmqpOptions
 from protocols.mqtt.options import MqttOptions
 from protocols.mqtt.topics import SYNTAX as MQTT_TOPIC_SYNTAX
+from protocols.push.options import PushOptions
 from protocols.tls import TlsConfig, check_settings as check_tls
 
 from .logs import LogConfig
@@ -142,6 +143,7 @@ class Config:
     log: LogConfig = field(default_factory=LogConfig)
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
     tls: TlsConfig = field(default_factory=TlsConfig)
+    push: PushOptions = field(default_factory=PushOptions)
 
     @property
     def listeners(self) -> dict[str, NativeListener | AdminListener | MqttOptions | AmqpOptions]:

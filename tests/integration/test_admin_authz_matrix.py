@@ -33,6 +33,14 @@ def only_admin(code: int) -> dict[str, int]:
             "anonymous": 401}
 
 
+def OWNED_PUSH(code: int) -> dict[str, int]:  # noqa: N802 - reads as a constant in the table
+    """A push subscription the owner made: its owner and admins, and a 404 for others."""
+    return {"admin": code, "owner": code, "publisher": 404, "other": 404, "none": 404,
+            "anonymous": 401}
+
+
+PUSH_SINK = "http://127.0.0.1:9/hook"
+"""Nothing listens there: deliveries fail and retry, which no cell depends on."""
 EVERYONE_200 = dict.fromkeys(ROLES, 200)
 USERS_200 = {**dict.fromkeys(ROLES, 200), "anonymous": 401}
 
@@ -136,6 +144,20 @@ TABLE = [
     Cell("GET", "/bindings", "/bindings", only_admin(200)),
     Cell("GET", "/amqp/connections", "/amqp/connections", only_admin(200)),
     Cell("GET", "/amqp/channels", "/amqp/channels", only_admin(200)),
+    # push subscriptions: any user may create one on a topic it may subscribe to; only its
+    # owner and admins see or change it, to everyone else it does not exist (404)
+    Cell("GET", "/push-subscriptions", "/push-subscriptions", USERS_200),
+    Cell("POST", "/push-subscriptions", "/push-subscriptions",
+         {"admin": 201, "owner": 201, "publisher": 403, "other": 403, "none": 403,
+          "anonymous": 401},
+         body={"name": "new-push-{n}", "topic": "m-topic", "sink": PUSH_SINK}),
+    Cell("GET", "/push-subscriptions/m-push", "/push-subscriptions/{name}", OWNED_PUSH(200)),
+    Cell("POST", "/push-subscriptions/m-push/pause", "/push-subscriptions/{name}/pause",
+         OWNED_PUSH(200)),
+    Cell("POST", "/push-subscriptions/m-push/resume", "/push-subscriptions/{name}/resume",
+         OWNED_PUSH(200)),
+    Cell("DELETE", "/push-subscriptions/{target}", "/push-subscriptions/{name}", OWNED_PUSH(204),
+         fresh="push"),
 ]
 """Every cell of a non-admin write names a resource that exists, so a 403 is the rule, not a
 missing thing; the victims of refused writes are checked to be untouched afterwards. (The
@@ -156,7 +178,7 @@ class World:
 @pytest.fixture(scope="module")
 def world(tmp_path_factory):
     broker = BrokerThread(str(tmp_path_factory.mktemp("matrix") / "data"),
-                          **{"core.message_trace": True})
+                          **{"core.message_trace": True, "push.allowed_sinks": "127.0.0.0/8"})
     admin = Http(broker.running.admin_url)
     for name in ("m-topic", "o-topic"):
         assert admin("POST", "/topics", {"name": name, "queue_count": 1})[0] == 201
@@ -177,6 +199,7 @@ def world(tmp_path_factory):
     declare_queue(broker, "m-queue", MESSAGES_IN_M_QUEUE)
     status, token, _ = admin("POST", "/users/owner/tokens")
     assert status == 201, token
+    create_push(admin.url, "m-push")
     yield World(broker, admin, sent[0].msg_id, itertools.count(), token["id"])
     broker.stop()
 
@@ -186,9 +209,18 @@ def test_the_table_names_every_route_the_api_serves():
     assert all(set(c.expect) == set(ROLES) for c in TABLE)
 
 
+def create_push(url: str, name: str) -> None:
+    """A push subscription of m-topic owned by the owner role."""
+    body = {"name": name, "topic": "m-topic", "sink": PUSH_SINK}
+    assert Http(url, "owner", PASSWORD)("POST", "/push-subscriptions", body)[0] == 201
+
+
 def fresh_target(world: World, kind: str) -> str:
     """A resource only this cell uses: the admin may delete or change it."""
     name = f"x-{kind}-{next(world.counter)}"
+    if kind == "push":
+        create_push(world.admin.url, name)
+        return name
     if kind == "queue":
         declare_queue(world.broker, name, 1)
         return name
@@ -212,7 +244,7 @@ def fresh_target(world: World, kind: str) -> str:
 
 
 VICTIMS = {"topic": "m-topic", "group": "m-group", "user": "owner", "rule": "m-rule/%23",
-           "vhost": "m-vhost", "queue": "m-queue", "token": "{victim_token}"}
+           "vhost": "m-vhost", "queue": "m-queue", "token": "{victim_token}", "push": "m-push"}
 MESSAGES_IN_M_QUEUE = 3
 
 
@@ -347,6 +379,7 @@ def assert_untouched(world: World) -> None:
     assert Http(world.admin.url, "owner", PASSWORD)("GET", "/topics")[0] == 200  # password kept
     assert {r["pattern"] for r in world.admin("GET", "/acl")[1]} >= {"m-rule/#"}
     assert "m-vhost" in {v["name"] for v in world.admin("GET", "/vhosts")[1]}
+    assert world.admin("GET", "/push-subscriptions/m-push")[0] == 200
     assert [(p["user"], p["configure"], p["write"], p["read"]) for p in world.admin(
         "GET", "/vhost-permissions?user=owner")[1]] == [("owner", "^m-", "^m-", "^m-")]
     queue = world.admin("GET", "/queues/m-vhost/m-queue")[1]

@@ -32,7 +32,7 @@ def _perm(user: str, pattern: str, *actions: Action, kind: ResourceKind = Resour
 def test_a_new_database_gets_the_latest_schema_and_reopening_changes_nothing(metadata_url, master_key):
     MetadataRepository(metadata_url, master_key).close()
     repo = MetadataRepository(metadata_url, master_key)
-    assert repo.schema_version() == LATEST_VERSION == 6
+    assert repo.schema_version() == LATEST_VERSION == 7
     repo.create_topic(TOPIC)
     repo.close()
     repo = MetadataRepository(metadata_url, master_key)

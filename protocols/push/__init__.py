@@ -1,0 +1,1 @@
+"""Push subscriptions delivered over HTTP: an outbound protocol adapter (``engine.PushEngine``)."""

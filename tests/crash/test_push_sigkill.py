@@ -1,0 +1,116 @@
+"""SIGKILL `sluice serve` while a push subscription has requests in flight: after the restart
+every event reaches the receiver at least once, and the repeats are only what was in flight.
+
+The receiver answers the first events (slowly), then holds every further request unanswered,
+so at the kill exactly ``CONCURRENCY`` requests are in flight and nothing is acknowledged after
+the last answer. The kill happens on events (answers counted, requests held), not on a timer.
+"""
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import threading
+import time
+import urllib.request
+from collections import Counter
+
+import paho.mqtt.client as mqtt
+import pytest
+from aiohttp import web
+from paho.mqtt.enums import CallbackAPIVersion
+from standardwebhooks import Webhook
+
+from tests.integration.push_receiver import Receiver, Seen
+from tests.waiting import wait_for
+
+pytestmark = pytest.mark.crash
+
+EVENTS = 120
+ANSWERED_BEFORE_KILL = 40
+CONCURRENCY = 4
+COMMIT_INTERVAL_MS = 100
+ENV = {"SLUICE_PUSH_ALLOWED_SINKS": "127.0.0.0/8",
+       "SLUICE_CORE_OFFSET_COMMIT_INTERVAL_MS": str(COMMIT_INTERVAL_MS)}
+WAIT_S = 120
+
+
+def admin(url: str, path: str, body: dict) -> dict:
+    token = base64.b64encode(b"sluice:sluice").decode()
+    request = urllib.request.Request(url + path, data=json.dumps(body).encode(), method="POST",
+                                     headers={"Content-Type": "application/json",
+                                              "Authorization": f"Basic {token}"})
+    with urllib.request.urlopen(request, timeout=30) as response:
+        return json.loads(response.read())
+
+
+def publish(address: str, count: int) -> None:
+    host, port = address.rsplit(":", 1)
+    client = mqtt.Client(CallbackAPIVersion.VERSION2, client_id="pusher")
+    client.username_pw_set("sluice", "sluice")
+    client.connect(host, int(port), keepalive=60)
+    client.loop_start()
+    try:
+        for n in range(count):
+            client.publish(f"events/e{n}", b"e-%d" % n, qos=1).wait_for_publish(WAIT_S)
+    finally:
+        client.disconnect()
+        client.loop_stop()
+
+
+class Gate:
+    """Answers the first ``ANSWERED_BEFORE_KILL`` requests, then holds the rest until opened."""
+
+    def __init__(self) -> None:
+        self.answered = 0
+        self.held = 0
+        self.open = False
+        self._lock = threading.Lock()
+
+    async def __call__(self, seen: Seen, _: int) -> web.StreamResponse:
+        with self._lock:
+            take = self.open or self.answered < ANSWERED_BEFORE_KILL
+            if take:
+                self.answered += 1
+            else:
+                self.held += 1
+        if not take:
+            while not self.open:
+                await asyncio.sleep(0.05)
+            return web.Response(status=503)  # its broker is gone; nobody reads this
+        await asyncio.sleep(0.01)
+        return web.Response(status=204)
+
+
+def test_every_event_reaches_the_receiver_after_sigkill(sluice_server, tmp_path):
+    gate = Gate()
+    receiver = Receiver(gate)
+    server = sluice_server(tmp_path / "data", "--flush", "sync", env=ENV)
+    try:
+        server.wait_ready()
+        publish(server.mqtt, EVENTS)
+        created = admin(server.admin, "/push-subscriptions", {
+            "name": "hook", "topic": "events", "sink": receiver.url,
+            "concurrency": CONCURRENCY, "timeout_ms": 60_000})
+        wait_for(lambda: gate.held >= CONCURRENCY, "every worker holding a request", WAIT_S,
+                 lambda: (gate.answered, gate.held))
+        time.sleep(20 * COMMIT_INTERVAL_MS / 1000)  # the answered ones' offsets are committed
+        server.kill()  # SIGKILL mid-push: CONCURRENCY requests unanswered
+
+        gate.open = True
+        restarted = sluice_server(tmp_path / "data", "--flush", "sync", env=ENV)
+        restarted.wait_ready()
+        bodies = lambda: Counter(s.body for s in receiver.seen)  # noqa: E731
+        wait_for(lambda: len(bodies()) == EVENTS, "every event at the receiver", WAIT_S,
+                 lambda: len(bodies()))
+        assert set(bodies()) == {b"e-%d" % n for n in range(EVENTS)}
+        repeated = {body: n for body, n in bodies().items() if n > 1}
+        assert len(repeated) <= CONCURRENCY, repeated
+        assert gate.held == CONCURRENCY
+        last = receiver.seen[-1]  # signed after the restart with the secret stored encrypted
+        Webhook(created["secret"]).verify(last.body, last.headers, json_parse=False)
+        restarted.stop()
+    finally:
+        gate.open = True
+        server.kill()
+        receiver.stop()
