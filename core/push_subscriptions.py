@@ -24,6 +24,8 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from .clock import now_ms
+from .event_filters import compile_filters
+from .event_transform import compile_transform
 from .errors import AccessDenied, AlreadyExists, InvalidArgument, NotFound, NotSupported, TopicNotFound
 from .metadata import MetadataRepository
 from .model import SYSTEM, Action, Principal, TopicConfig
@@ -61,17 +63,8 @@ def compile_options(subscription: PushSubscription) -> tuple[Callable[[Mapping[s
                                                              Callable[[bytes], bytes] | None]:
     """The compiled filters and transform of ``subscription`` (None: none); InvalidArgument
     when either is invalid."""
-    match = transform = None
-    try:
-        if subscription.filters:
-            from .event_filters import compile_filters
-            match = compile_filters(subscription.filters)
-        if subscription.transform:
-            from .event_transform import compile_transform
-            transform = compile_transform(subscription.transform)
-    except ImportError:
-        raise NotSupported("this broker cannot filter or transform events yet: create the "
-                           "subscription without filters and transform") from None
+    match = compile_filters(subscription.filters) if subscription.filters else None
+    transform = compile_transform(subscription.transform) if subscription.transform else None
     return match, transform
 
 

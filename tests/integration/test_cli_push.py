@@ -21,7 +21,6 @@ from standardwebhooks import Webhook
 from tests.conftest import SLUICE, clean_env
 from tests.integration.mqtt.test_robustness import PahoClient
 
-pytest.importorskip("core.push_model")  # the push engine: runs once it is part of the broker
 
 WAIT_S = 60
 
