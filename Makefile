@@ -46,8 +46,9 @@ bench: $(STAMP)
 fuzz: $(STAMP)
 	$(PYTHON) -m tests.fuzz.live_fuzz $(FUZZ_ARGS)
 
+# Push subscriptions may call endpoints on this machine (a plain `sluice serve` refuses loopback).
 run: $(RUN_STAMP)
-	$(VENV)/bin/sluice serve
+	SLUICE_PUSH_ALLOWED_SINKS="$${SLUICE_PUSH_ALLOWED_SINKS-127.0.0.0/8}" $(VENV)/bin/sluice serve
 
 # A one-member etcd and three nodes on 127.0.0.2-4 (needs etcd: apt-get install -y etcd-server).
 cluster: $(RUN_STAMP)

@@ -14,7 +14,8 @@ differs from a reader's terminal, and only so that the test never needs the defa
 - ``.venv/bin/sluice``, ``.venv/bin/python`` and ``.venv/bin/celery`` in the working directory
   run this interpreter's;
 - the broker runs with message trace on, as the quick start says to start it for
-  `sluice message trace`.
+  `sluice message trace`, and lets push subscriptions call loopback endpoints, as `make run`
+  does.
 
 Each block must exit 0, print no traceback and, for those in ``EXPECTED``, print what it says.
 """
@@ -39,6 +40,9 @@ EXPECTED = {
     "tour-mqtt": ["rooms/kitchen/temperature 21.5"],
     "tour-pika": ["received b'hello from pika'"],
     "tour-sdk": ["sent ", "received rooms/kitchen/temperature b'21.5'"],
+    "tour-push": ["com.example.reading from /sensors/t1: {'temp': 21.5}"],
+    "tour-ingress": ['"subject": "shop/orders/created"'],
+    "tour-ingress-pika": ["com.example.order.created order-7 b'{\"order\": 7}'"],
     "quick-start": ["created topic orders (4 queues, normal)", "sent 1000 messages",
                     "received 1000 messages from orders", "group billing: clustering",
                     "body: order 7", "delivered  billing", "acked"],
@@ -75,7 +79,8 @@ def runnable() -> list[Block]:
 @pytest.fixture(scope="module")
 def tour(tmp_path_factory: pytest.TempPathFactory) -> Iterator["Tour"]:
     work = tmp_path_factory.mktemp("readme")
-    server = Server(work / "data", env={"SLUICE_CORE_MESSAGE_TRACE": "true"})
+    server = Server(work / "data", env={"SLUICE_CORE_MESSAGE_TRACE": "true",
+                                        "SLUICE_PUSH_ALLOWED_SINKS": "127.0.0.0/8"})
     tour = Tour(work, server)
     try:
         server.wait_ready()
