@@ -162,8 +162,8 @@ class Delivering:
             self.stats.state, self.stats.last_error = "refused", refused
             await asyncio.sleep(RIGHTS_RECHECK_S)
             return
-        if self.stats.state == "refused" or self._pop_failed:
-            self.stats.state, self._pop_failed = "running", False
+        if self.stats.state == "refused" or self._pop_failed:  # what stopped it is over
+            self.stats.state, self._pop_failed, self.stats.last_error = "running", False, ""
         while self._in_flight > subscription.concurrency - self._batch:
             self._room.clear()
             await self._room.wait()

@@ -19,13 +19,14 @@ import pytest
 from sluice.client import ClientConfig, Message, Producer
 from tests.browser import headless_chromium
 from tests.conftest import CONFIG, Server
+from tests.integration.push_receiver import Receiver
 from tests.integration.test_admin_api import Http
 
 ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts" / "console"
 WAIT_S = 60
 PAGE_CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
             "connect-src 'self'; base-uri 'none'; form-action 'self'; frame-ancestors 'none'")
-CONSOLE_CONFIG = CONFIG + "[core]\nmessage_trace = true\n"
+CONSOLE_CONFIG = CONFIG + "[core]\nmessage_trace = true\n[push]\nallowed_sinks = \"127.0.0.0/8\"\n"
 VIEWER, VIEWER_PASSWORD = "console-viewer", "viewer-pw-1"
 BACKLOG, WORK = "console-backlog", "console-work"
 MARKUP_TOPIC = "site/<img src=x onerror=window.injected=1>"
@@ -393,3 +394,40 @@ def test_a_page_left_alone_signs_out_after_the_idle_timeout(sluice_server, tmp_p
     assert page.fetch_status("/session") == 401
     assert page.fetch_status("/topics") == 401
     screenshot(browser, shots, "idle-signed-out")
+
+
+def test_push_subscriptions_are_watched_paused_and_deleted_from_the_console(broker, browser, shots):
+    admin = Http(broker.admin)
+    receiver = Receiver()
+    try:
+        status, created, _ = admin("POST", "/push-subscriptions",
+                                {"name": "console-push", "topic": "alerts", "sink": receiver.url})
+        assert status == 201, created
+        publish(broker, "alerts", b'{"level": "high"}')
+        receiver.wait(1)
+        page = Page(browser, broker.admin)
+        page.sign_in("sluice", "sluice")
+        page.go("push")
+        page.wait.until(lambda d: page.cell_text("push-subscriptions", "console-push", "delivered") == "1",
+                        "the list does not show the delivered event")
+        assert page.cell_text("push-subscriptions", "console-push", "sink") == receiver.url
+        assert page.cell_text("push-subscriptions", "console-push", "state") == "running"
+        screenshot(browser, shots, "push")
+        page.row("push-subscriptions", "console-push").find_element("css selector", "button.push-pause").click()
+        page.wait.until(lambda d: admin("GET", "/push-subscriptions/console-push")[1]["paused"],
+                        "pausing from the list did not pause the subscription")
+        page.row("push-subscriptions", "console-push").find_element("css selector", "a").click()
+        page.wait.until(lambda d: "paused" in page.one("#push-stats").text, "the detail is not paused")
+        assert receiver.url in page.one("#push-settings").text
+        screenshot(browser, shots, "push-detail")
+        page.one("#push-detail button.push-resume").click()
+        page.wait.until(lambda d: not admin("GET", "/push-subscriptions/console-push")[1]["paused"],
+                        "resuming from the detail did not resume the subscription")
+        page.one("#push-detail button.push-delete").click()
+        assert "console-push" in page.one("#confirm").text
+        page.confirm()
+        page.wait.until(lambda d: admin("GET", "/push-subscriptions/console-push")[0] == 404,
+                        "the subscription was not deleted")
+        assert page.csp_violations() == []
+    finally:
+        receiver.stop()
