@@ -472,12 +472,13 @@ class Commands:
         return sub
 
 
-def add_admin_commands(commands: argparse._SubParsersAction) -> None:
-    """Register `topic`, `group`, `message`, `user` and `acl` under ``commands``."""
+def add_admin_commands(commands: argparse._SubParsersAction) -> argparse._SubParsersAction:
+    """Register `topic`, `group`, `message`, `user` and `acl` under ``commands``; the `user`
+    family, for the commands other modules add to it (`user token`)."""
     adder = Commands(commands)
-    for add_family in (_topic_commands, _group_commands, _message_commands, _user_commands,
-                       _acl_commands):
+    for add_family in (_topic_commands, _group_commands, _message_commands, _acl_commands):
         add_family(adder)
+    return _user_commands(adder)
 
 
 def _topic_commands(c: Commands) -> None:
@@ -549,7 +550,7 @@ def _message_commands(c: Commands) -> None:
     sub.add_argument("--limit", type=int, default=32, help="at most this many (default: %(default)s)")
 
 
-def _user_commands(c: Commands) -> None:
+def _user_commands(c: Commands) -> argparse._SubParsersAction:
     user = c.section("user", "Manage users and their permissions.")
     for name, text, handler in [("create", "Create a user.", user_create),
                                 ("passwd", "Set a user's password.", user_passwd)]:
@@ -574,8 +575,7 @@ def _user_commands(c: Commands) -> None:
         if name == "grant":
             sub.add_argument("actions", nargs="+", choices=["publish", "subscribe", "admin"],
                              metavar="ACTION", help="publish, subscribe and/or admin")
-    from .tokens import add_token_commands  # tokens.py builds on this module's Commands
-    add_token_commands(c, user)
+    return user
 
 
 def _acl_commands(c: Commands) -> None:

@@ -24,6 +24,7 @@ from .demo import add_demo_command
 from .dev_cert import add_dev_cert_command
 from .health import add_health_command
 from .push import add_push_commands
+from .tokens import add_token_commands
 from .simulate import add_simulate_command
 from .vhosts import add_vhost_commands
 
@@ -184,7 +185,7 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     _add_serve(commands)
-    add_admin_commands(commands)
+    add_token_commands(commands, add_admin_commands(commands))
     add_client_commands(commands)
     add_cluster_commands(commands)
     add_vhost_commands(commands)

@@ -168,13 +168,13 @@ def add_push_commands(commands: argparse._SubParsersAction) -> None:
             ("pause", "Stop delivering; events wait in the source.", push_pause),
             ("resume", "Deliver again, from where it paused.", push_resume),
             ("delete", "Delete a push subscription.", push_delete)):
-        c.add(family, name, text, handler).add_argument("name", metavar="NAME")
+        c.add(family, name, text, handler).add_argument("name", metavar="NAME", help="the subscription's name")
 
 
 def _add_create(c: Commands, family: argparse._SubParsersAction) -> None:
     create = c.add(family, "create", "Create a push subscription; prints its signing secret "
                    "once.", push_create)
-    create.add_argument("name", metavar="NAME")
+    create.add_argument("name", metavar="NAME", help="a name for the subscription, unique in the broker")
     where = create.add_argument_group("source (one of)")
     where.add_argument("--topic", metavar="TOPIC", help="a topic's events (its subjects)")
     where.add_argument("--subject-filter", metavar="FILTER",
@@ -183,8 +183,8 @@ def _add_create(c: Commands, family: argparse._SubParsersAction) -> None:
     where.add_argument("--queue", metavar="VHOST/QUEUE",
                        help="an AMQP queue's messages, e.g. //orders (queue orders on vhost /)")
     create.add_argument("--sink", metavar="URL", required=True,
-                        help="the http(s) URL events are POSTed to; the broker's "
-                             "push.allowed_sinks must allow loopback and private addresses")
+                        help="the http(s) URL events are POSTed to; a loopback or private "
+                             "address needs the broker's push.allowed_sinks to list it")
     create.add_argument("--filter", metavar="JSON", action="append",
                         help="a CloudEvents Subscriptions API filter, e.g. "
                              "'{\"prefix\": {\"type\": \"com.example.\"}}' or "

@@ -41,8 +41,9 @@ def token_delete(client: AdminClient, args: argparse.Namespace) -> int:
     return 0
 
 
-def add_token_commands(c: Commands, user: argparse._SubParsersAction) -> None:
-    """Register `sluice user token ...` under the `user` family."""
+def add_token_commands(commands: argparse._SubParsersAction, user: argparse._SubParsersAction) -> None:
+    """Register `sluice user token ...` under the `user` family of ``commands``."""
+    c = Commands(commands)
     text = ("Make, list and delete a user's API tokens, sent as `Authorization: Bearer TOKEN` "
             "(e.g. by a Knative sink or curl) to act as the user.")
     parser = user.add_parser("token", help=text, description=text)
