@@ -280,12 +280,12 @@ class Delivering:
         subscription = self.subscription
         handle, attempt = message.receipt_handle, message.attempt
         while True:
-            outcome, delay_ms = await self._attempt(message)
+            outcome, delay_ms, reason = await self._attempt(message)
             if outcome == "ok":
                 await self._settle(handle)
                 return
             if outcome == "dead" or attempt >= subscription.max_attempts:
-                await self._dead_letter(message, attempt)
+                await self._dead_letter(message, attempt, reason)
                 await self._settle(handle)
                 return
             delay_ms = delay_ms if delay_ms is not None else backoff_ms(
@@ -306,15 +306,16 @@ class Delivering:
     async def _settle(self, handle: str) -> None:
         await self.broker.ack(SYSTEM, self.subscription.group, self.subscription.topic, handle)
 
-    async def _attempt(self, message: Delivery) -> tuple[str, int | None]:
-        """POST ``message`` once: ("ok" | "retry" | "dead", Retry-After in ms or None)."""
+    async def _attempt(self, message: Delivery) -> tuple[str, int | None, str]:
+        """POST ``message`` once: ("ok" | "retry" | "dead", Retry-After in ms or None, why it
+        failed)."""
         subscription, stats = self.subscription, self.stats
         event = event_of(message.properties, message.body)
         try:
             rendered = render(message, event, subscription.format, self._transform)
         except Exception as error:  # noqa: BLE001 - a transform's failure on this data
             stats.last_error = f"transform failed on message {message.msg_id}: {error}"
-            return "dead", None
+            return "dead", None, stats.last_error
         headers = dict(rendered.headers)
         headers["User-Agent"] = USER_AGENT
         headers.update(self._signature(rendered.event_id, rendered.body))
@@ -348,7 +349,7 @@ class Delivering:
             if subscription.reply_topic:
                 await self._reply(response_headers, body)
             self._trace(PUSHED, message, f"{status} from {subscription.sink}")
-            return "ok", None
+            return "ok", None, ""
         if 300 <= status < 400:
             where = response_headers.get("Location", "")
             return self._failed(message, status, f"answered {status} (redirect to {where[:200]!r}, "
@@ -358,7 +359,7 @@ class Delivering:
                             retry_after=retry_after_ms(response_headers.get("Retry-After")))
 
     def _failed(self, message: Delivery, status: int | None, reason: str, permanent: bool = False,
-                retry_after: int | None = None) -> tuple[str, int | None]:
+                retry_after: int | None = None) -> tuple[str, int | None, str]:
         stats = self.stats
         stats.failed += 1
         stats.last_status = status
@@ -366,7 +367,7 @@ class Delivering:
         if stats.state == "running":
             stats.state = "failing"
         self._trace(PUSH_FAILED, message, reason)
-        return ("dead" if permanent else "retry"), retry_after
+        return ("dead" if permanent else "retry"), retry_after, reason
 
     def _trace(self, event: str, message: Delivery, detail: str) -> None:
         self.broker.trace_push(self.subscription.group, message, event, detail)
@@ -398,19 +399,20 @@ class Delivering:
             return
         self.stats.replies += 1
 
-    async def _dead_letter(self, message: Delivery, attempt: int) -> None:
+    async def _dead_letter(self, message: Delivery, attempt: int, reason: str) -> None:
+        """Store ``message`` in the dead-letter topic with why its last attempt failed (this
+        message's own reason: other workers change the stats' last error meanwhile)."""
         topic = self.subscription.dead_letters
         with contextlib.suppress(AlreadyExists):
             await self.broker.create_topic(SYSTEM, TopicConfig(topic, queue_count=1))
         properties = dead_letter_properties(message, attempt)
         properties.update({"sluice.push.subscription": self.subscription.name,
-                           "sluice.push.last_error": self.stats.last_error[:500]})
+                           "sluice.push.last_error": reason[:500]})
         await self.broker.send(SYSTEM, [OutgoingMessage(topic, message.body, message.tag,
                                                         message.keys, properties,
                                                         born_ts=message.born_ts)])
         self.stats.dead_lettered += 1
-        self._trace(DEAD_LETTERED, message, f"to {topic} after {attempt} attempt(s): "
-                    f"{self.stats.last_error}")
+        self._trace(DEAD_LETTERED, message, f"to {topic} after {attempt} attempt(s): {reason}")
 
 
 class TokenBucket:
