@@ -110,6 +110,8 @@ class QueueSource:
         if batch:
             return batch
         await self.reader.wait(vhost, queue, POLL_WAIT_MS)
+        if self.refusal(principal):  # revoked meanwhile: the caller reports it
+            return []
         return self.reader.pop(principal, vhost, queue, max_messages, invisible_ms)
 
     async def settle(self, message: Delivery, handle: str) -> None:

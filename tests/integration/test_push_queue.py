@@ -208,3 +208,22 @@ def test_creating_one_needs_the_read_permission_on_the_queue(broker, http, recei
     assert status == 403, body  # no right on it: whether it exists is not told
     status, body = subscribe_queue(http, fresh("missing"), receiver.url)
     assert status == 404 and "no queue" in body["message"], body
+
+
+def test_a_revoked_read_permission_stops_delivery_until_given_back(broker, http, receivers):
+    receiver = receivers()
+    queue = declare(broker)
+    user = fresh("revoked")
+    assert http("POST", "/users", {"name": user, "password": "pw"})[0] == 201
+    permission = {"configure": "", "write": "", "read": f"^{queue}$"}
+    assert http("PUT", f"/vhosts/%2F/permissions/{user}", permission)[0] == 200
+    status, created = subscribe_queue(Http(http.url, user, "pw"), queue, receiver.url)
+    assert status == 201, created
+    assert http("DELETE", f"/vhosts/%2F/permissions/{user}")[0] == 204
+    wait_for(lambda: stats(http, created["name"])["state"] == "refused", "the refusal", WAIT_S)
+    assert "may no longer read" in stats(http, created["name"])["last_error"]
+    publish(broker, queue, [b"while revoked"])
+    assert depth(broker, queue) == 1 and receiver.seen == []
+    assert http("PUT", f"/vhosts/%2F/permissions/{user}", permission)[0] == 200
+    assert receiver.wait(1)[0].body == b"while revoked"
+    wait_for(lambda: drained(broker, http, queue), "the queue empty", WAIT_S)
