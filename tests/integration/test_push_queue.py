@@ -11,9 +11,9 @@ import pika
 import pytest
 from aiohttp import web
 
-from tests.integration.push_receiver import Receiver
 from tests.integration.test_admin_api import BrokerThread, Http
-from tests.integration.test_push_delivery import WAIT_S, consume, event_of, fresh, stats, verify
+from tests.integration.test_push_delivery import (  # noqa: F401 - receivers is a fixture
+    WAIT_S, consume, event_of, fresh, receivers, stats, verify)
 from tests.waiting import wait_for
 
 EXCHANGE = "amq.direct"
@@ -30,19 +30,6 @@ def broker(tmp_path_factory):
 @pytest.fixture(scope="module")
 def http(broker):
     return Http(broker.running.admin_url)
-
-
-@pytest.fixture
-def receivers():
-    started: list[Receiver] = []
-
-    def start(answer=None) -> Receiver:
-        receiver = Receiver(answer) if answer else Receiver()
-        started.append(receiver)
-        return receiver
-    yield start
-    for receiver in started:
-        receiver.stop()
 
 
 def connect(broker: BrokerThread, user: str = "sluice", password: str = "sluice"):
