@@ -80,10 +80,8 @@ class VhostQueueReader:
         ``timeout_ms``; NotFound."""
         names = self.levels(vhost, queue)
         signal = self._queues.watch(names[0]) if len(names) == 1 else self._queues.signal_any(names)
-        try:
-            await asyncio.wait_for(asyncio.shield(signal), timeout_ms / 1000)
-        except TimeoutError:
-            pass
+        try:  # not wait_for: Python 3.11's swallows a cancellation coming as the signal does
+            await asyncio.wait((signal,), timeout=timeout_ms / 1000)
         finally:
             signal.cancel()
 
