@@ -5,7 +5,9 @@
 - ``state``: compacted state (``core.state_store.StateStore``);
 - ``vhosts``: AMQP virtual hosts, their exchanges, queues and bindings (``core.vhosts``);
 - ``vhost_permissions``: who may configure, write and read what in each of them;
-- ``vhost_admin``: what the admin API lists and does with them (``core.vhost_admin``).
+- ``vhost_admin``: what the admin API lists and does with them (``core.vhost_admin``);
+- ``queue_reader``: their queues read message by message outside the AMQP adapter, on the
+  reader's vhost permission (``core.vhost_queue_reader``).
 
 The composition root builds one ``Core`` and passes each adapter only the faces it uses.
 ``await start()`` on the event loop that will call it; ``await close()`` before closing the
@@ -31,6 +33,7 @@ from .state_store import StateStore
 from .topic_map import SubjectTopics
 from .vhost_admin import VhostAdmin
 from .vhost_permissions import VhostPermissions
+from .vhost_queue_reader import VhostQueueReader
 from .vhosts import VirtualHosts
 
 
@@ -56,6 +59,8 @@ class Core:
         self.vhost_permissions = VhostPermissions(metadata)
         self.broker.users.add_listener(self.vhost_permissions.user_changed)
         self.vhost_admin = VhostAdmin(self.vhosts, self.vhost_permissions, self.queues)
+        self.queue_reader = VhostQueueReader(self.broker, self.vhosts, self.vhost_permissions,
+                                             self.queues)
         self._metadata = metadata
         self.first_start = False
         """Whether ``start`` found no virtual host and created ``/`` (RabbitMQ's first start)."""

@@ -117,10 +117,9 @@ class TopicSignals:
         topics = list(topics)
         for topic in topics:
             self._waiters.setdefault(topic, set()).add(future)
-        try:
-            await asyncio.wait_for(future, timeout_s)
-        except asyncio.TimeoutError:
-            pass
+        try:  # not wait_for: Python 3.11's swallows a cancellation that comes as the future
+            # resolves, and the cancelled long poll would go on polling
+            await asyncio.wait((future,), timeout=timeout_s)
         finally:
             for topic in topics:
                 waiting = self._waiters.get(topic)

@@ -164,14 +164,15 @@ class NamedQueues:
             return popped
 
     def pop_first(self, queues: tuple[str, ...], max_messages: int, invisible_ms: int, *,
-                  mark: bool = False) -> list[Delivery]:
+                  mark: bool = False, withheld: Withheld | None = None) -> list[Delivery]:
         """``pop`` from each of ``queues`` in turn (a priority queue's levels, highest first)
         until ``max_messages`` are taken; levels with nothing to take are passed over."""
         popped: list[Delivery] = []
         for queue in self.with_work(queues):
             if len(popped) >= max_messages:
                 break
-            popped += self.pop(queue, max_messages - len(popped), invisible_ms, mark=mark)
+            popped += self.pop(queue, max_messages - len(popped), invisible_ms, mark=mark,
+                               withheld=withheld)
         return popped
 
     def with_work(self, queues: tuple[str, ...]) -> Iterator[str]:

@@ -3,8 +3,9 @@ with authorization, and announced to the delivery engine as they change.
 
 A subscription belongs to the user that created it and pushes with that user's rights; only
 it and admins see or change it (to anyone else it does not exist). Creating one needs the
-subscribe right on its topic (and on its subject filter), and the publish right on its reply
-topic and on an explicit dead-letter topic. The signing secret (Standard Webhooks ``whsec_``)
+subscribe right on its topic (and on its subject filter), or the read right on its AMQP queue
+(the owner's permission on the queue's virtual host), and the publish right on its reply topic
+and on an explicit dead-letter topic. The signing secret (Standard Webhooks ``whsec_``)
 is stored encrypted under the master key and shown once, in the answer to the create.
 Runs on the event loop; database calls run on a thread.
 """
@@ -32,6 +33,7 @@ from .model import SYSTEM, Action, Principal, TopicConfig
 from .push_model import EDITABLE, PushSubscription, from_json
 from .service import Broker
 from .sink_policy import SinkPolicy
+from .vhost_queue_reader import VhostQueueReader
 from .untrusted import clip
 
 log = logging.getLogger(__name__)
@@ -71,8 +73,11 @@ def compile_options(subscription: PushSubscription) -> tuple[Callable[[Mapping[s
 class PushSubscriptions:
     """Every push subscription, by name, with its secret."""
 
-    def __init__(self, broker: Broker, metadata: MetadataRepository, policy: SinkPolicy) -> None:
+    def __init__(self, broker: Broker, metadata: MetadataRepository, policy: SinkPolicy,
+                 queues: VhostQueueReader | None = None) -> None:
+        """``queues``: the virtual hosts' queues (None: AMQP queue sources are refused)."""
         self._broker = broker
+        self._queues = queues
         self._metadata = metadata
         self.policy = policy
         self._subscriptions: dict[str, tuple[PushSubscription, str]] = {}
@@ -137,13 +142,14 @@ class PushSubscriptions:
 
     def _authorize(self, principal: Principal, subscription: PushSubscription) -> None:
         broker = self._broker
-        if subscription.queue:
-            raise NotSupported("push subscriptions read topics on this broker; an AMQP queue "
-                               "source is not supported yet: bind the queue's messages to a "
-                               "topic (amq.topic) and push from that topic")
+        if subscription.queue and self._queues is None:
+            raise NotSupported("this broker runs without AMQP queues: push from a topic")
         self.policy.check_sink_host(_host_of(subscription.sink))
         topic = subscription.topic
-        if not broker.allowed(principal, Action.SUBSCRIBE, topic):
+        if subscription.queue:
+            assert self._queues is not None
+            self._queues.check(principal, subscription.vhost, subscription.queue)
+        elif not broker.allowed(principal, Action.SUBSCRIBE, topic):
             raise AccessDenied(f"user {clip(principal.user)} may not subscribe to topic "
                                f"{clip(topic)}; a push subscription reads it with its owner's "
                                "rights: ask an administrator to grant subscribe on it")

@@ -1,11 +1,12 @@
-"""One push subscription at work: a poll loop that pops batches of its topic for its consumer
-group, and a fixed set of worker coroutines (``concurrency``) that POST them.
+"""One push subscription at work: a poll loop that pops batches of its source (a topic, for
+its consumer group, or an AMQP queue: ``sources``), and a fixed set of worker coroutines
+(``concurrency``) that POST them.
 
-At-least-once: a message is acknowledged only after its receiver answered 2xx (and its reply,
-if any, is stored); until then it is in flight in the group (``core.receive``), so after a
-crash it is delivered again when its invisible time ends. A 408, 429, 5xx or a connection
-error or timeout retries after an exponential backoff with full jitter (or the receiver's
-Retry-After), by hiding the message that long; any other status dead-letters it at once, and
+At-least-once: a message is settled only after its receiver answered 2xx (and its reply, if
+any, is stored); until then it is in flight (popped and hidden), so after a crash it is
+delivered again when its invisible time ends. A 408, 429, 5xx or a connection error or timeout
+retries after an exponential backoff with full jitter (or the receiver's Retry-After), by
+hiding the message that long; any other status dead-letters it at once (and settles it), and
 so does the last allowed attempt. Ordered subscriptions pop through a FIFO group and deliver
 the messages of one key (the FIFO message group, else the subject) one at a time, in order,
 retrying in place. Runs on the event loop.
@@ -32,27 +33,25 @@ import aiohttp
 from standardwebhooks import Webhook
 
 from core.cloudevents import native_properties
-from core.errors import (AlreadyExists, InvalidReceiptHandle, ReceiptExpired, SluiceError,
-                         TopicNotFound)
+from core.errors import (AlreadyExists, InvalidReceiptHandle, NotFound, ReceiptExpired,
+                         SluiceError)
 from core.dead_letter import dead_letter_properties
-from core.model import (MAX_ATTEMPTS, SUBJECT_PROPERTY, SYSTEM, Action,
-                        Delivery, GroupConfig, OutgoingMessage, Principal, RetryPolicy,
-                        TopicConfig)
+from core.model import SUBJECT_PROPERTY, SYSTEM, Delivery, OutgoingMessage, Principal, TopicConfig
 from core.push_model import PushSubscription
 from core.push_subscriptions import compile_options
 from core.trace import DEAD_LETTERED, PUSH_FAILED, PUSHED
 from core.service import MAX_INVISIBLE_MS, Broker
 from core.sink_policy import SinkPolicy
+from core.vhost_queue_reader import VhostQueueReader
 
 from .guard import SinkRefused, literal_refusal
 from .render import event_of, render, synthesized
 from .reply import reply_event
+from .sources import QueueSource, Source, TopicSource
 from .stats import PushStats
 
 log = logging.getLogger(__name__)
 
-CLIENT_ID = "push"
-POLL_WAIT_MS = 5_000
 RIGHTS_RECHECK_S = 1.0
 INVISIBLE_MARGIN_MS = 30_000
 """Added to the request timeout (and any rate-limit wait) while a message is in flight, so it
@@ -66,8 +65,14 @@ class Delivering:
     """The running part of one subscription."""
 
     def __init__(self, broker: Broker, session: aiohttp.ClientSession, policy: SinkPolicy,
-                 subscription: PushSubscription, secret: str) -> None:
+                 subscription: PushSubscription, secret: str,
+                 queues: VhostQueueReader | None = None) -> None:
+        """``queues``: the virtual hosts' queues, for a subscription whose source is one."""
         self.broker = broker
+        self.source: Source = (QueueSource(queues, subscription) if subscription.queue and queues
+                               else TopicSource(broker, subscription))
+        if subscription.queue and queues is None:
+            raise ValueError("an AMQP queue source needs the virtual hosts' queues")
         self.session = session
         self.policy = policy
         self.subscription = subscription
@@ -81,7 +86,7 @@ class Delivering:
         self._chains: dict[str, deque[Delivery]] = {}
         self._in_flight = 0
         self._room = asyncio.Event()
-        self._retrying: set[tuple[int, int]] = set()
+        self._retrying: set[tuple[str, int, int]] = set()
         self._bucket = TokenBucket(subscription.rate_limit)
         self._poller: asyncio.Task[None] | None = None
         self._pop_failed = False
@@ -107,6 +112,7 @@ class Delivering:
         """Apply a pause or resume: a paused subscription stops popping at once (what it holds
         already is still delivered)."""
         self.subscription = subscription
+        self.source.subscription = subscription
         if subscription.paused:
             self.stats.state = "paused"
             if self._poller is not None:
@@ -125,10 +131,9 @@ class Delivering:
         await asyncio.gather(*tasks, return_exceptions=True)
 
     async def remove(self) -> None:
-        """Stop, then delete the group that held the subscription's position."""
+        """Stop, then forget the subscription's position (a topic source's group)."""
         await self.stop()
-        with contextlib.suppress(SluiceError):
-            await self.broker.delete_group(SYSTEM, self.subscription.group)
+        await self.source.remove()
 
     # --- popping ---
 
@@ -136,16 +141,16 @@ class Delivering:
         """Pop and dispatch until cancelled; a failure is reported in the stats and popping
         starts again after a pause."""
         subscription = self.subscription
-        await self._ensure_group()
+        await self.source.prepare()
         while True:
             try:
                 await self._pop()
             except asyncio.CancelledError:
                 raise
-            except TopicNotFound:
+            except NotFound as error:  # the topic or queue is not there (yet)
                 self.stats.state, self._pop_failed = "failing", True
-                self.stats.last_error = (f"topic {subscription.topic!r} does not exist (yet); "
-                                         "delivery starts once it does")
+                self.stats.last_error = (f"cannot read {self.source.describe()}: {error}; "
+                                         "delivery starts once it exists")
                 await asyncio.sleep(RIGHTS_RECHECK_S)
             except Exception as error:  # noqa: BLE001 - report, then start over after a pause
                 log.exception("push subscription %s failed to pop", subscription.name)
@@ -167,31 +172,20 @@ class Delivering:
         while self._in_flight > subscription.concurrency - self._batch:
             self._room.clear()
             await self._room.wait()
-        batch = await self.broker.receive(
-            SYSTEM, subscription.group, subscription.topic, CLIENT_ID,
-            max_messages=min(1024, subscription.concurrency - self._in_flight),
-            wait_ms=POLL_WAIT_MS, invisible_ms=self._invisible_ms)
+        batch = await self.source.pop(principal, min(1024, subscription.concurrency - self._in_flight),
+                                      self._invisible_ms)
         principal = await self._owner()  # rights may have changed during the long poll
         if batch and self._refusal(principal):
             for message in batch:  # handed out again once the owner may read them
-                await self.broker.change_invisible(SYSTEM, subscription.group, subscription.topic,
-                                                   message.receipt_handle, 0)
+                await self.source.give_back(message, message.receipt_handle)
             return
         withheld = self.broker.withheld_by_rules(principal)
         for message in batch:
             if withheld is not None and withheld(message) or not self._wanted(message):
                 self.stats.filtered += 1
-                await self._settle(message.receipt_handle)
+                await self.source.settle(message, message.receipt_handle)
                 continue
             self._dispatch(message)
-
-    async def _ensure_group(self) -> None:
-        """The group holding the position: FIFO for an ordered subscription; attempts are
-        counted here, so the group itself never dead-letters."""
-        config = GroupConfig(self.subscription.group, retry=RetryPolicy(max_attempts=MAX_ATTEMPTS),
-                             fifo=self.subscription.ordered)
-        with contextlib.suppress(AlreadyExists):
-            await self.broker.create_group(SYSTEM, config)
 
     async def _owner(self) -> Principal:
         """The owner's principal with its current rights (loaded again when rights change)."""
@@ -203,14 +197,7 @@ class Delivering:
 
     def _refusal(self, principal: Principal) -> str:
         """Why the owner may not read the source now ('' when it may)."""
-        subscription = self.subscription
-        if not self.broker.allowed(principal, Action.SUBSCRIBE, subscription.topic):
-            return (f"user {subscription.owner!r} may no longer subscribe to topic "
-                    f"{subscription.topic!r}; delivery resumes once it may")
-        if subscription.subject_filter and not self.broker.filter_allowed(principal, subscription.subject_filter):
-            return (f"user {subscription.owner!r} may no longer subscribe to "
-                    f"{subscription.subject_filter!r}; delivery resumes once it may")
-        return ""
+        return self.source.refusal(principal)
 
     def _wanted(self, message: Delivery) -> bool:
         subscription = self.subscription
@@ -224,14 +211,14 @@ class Delivering:
         return True
 
     def current_stats(self) -> PushStats:
-        """The stats, their lag (messages of the topic not yet settled) taken now."""
+        """The stats, their lag (messages of the source not yet settled) taken now."""
         with contextlib.suppress(SluiceError):
-            self.stats.lag = sum(q.lag for q in self.broker.lag(self.subscription.group))
+            self.stats.lag = self.source.lag()
         return self.stats
 
     def _dispatch(self, message: Delivery) -> None:
         self._in_flight += 1
-        self._retrying.discard((message.queue_id, message.queue_offset))
+        self._retrying.discard((message.topic, message.queue_id, message.queue_offset))
         self.stats.retrying = len(self._retrying)
         if not self.subscription.ordered:
             self._queue.put_nowait(message)
@@ -280,41 +267,39 @@ class Delivering:
         subscription = self.subscription
         handle, attempt = message.receipt_handle, message.attempt
         while True:
-            outcome, delay_ms = await self._attempt(message)
+            outcome, delay_ms, reason = await self._attempt(message)
             if outcome == "ok":
-                await self._settle(handle)
+                await self.source.settle(message, handle)
                 return
             if outcome == "dead" or attempt >= subscription.max_attempts:
-                await self._dead_letter(message, attempt)
-                await self._settle(handle)
+                await self._dead_letter(message, attempt, reason)
+                await self.source.settle(message, handle)
                 return
             delay_ms = delay_ms if delay_ms is not None else backoff_ms(
                 attempt, subscription.backoff_min_ms, subscription.backoff_max_ms)
-            place = (message.queue_id, message.queue_offset)
+            place = (message.topic, message.queue_id, message.queue_offset)
             self._retrying.add(place)
             self.stats.retrying = len(self._retrying)
-            hidden = min(MAX_INVISIBLE_MS, delay_ms + (self._invisible_ms if hold else 0))
-            handle = await self.broker.change_invisible(SYSTEM, subscription.group,
-                                                        subscription.topic, handle, hidden)
-            if not hold:
-                return  # popped again, as attempt + 1, once the delay is over
+            if not hold:  # popped again, as attempt + 1, once the delay is over
+                await self.source.retry_later(message, handle, min(MAX_INVISIBLE_MS, delay_ms))
+                return
+            handle = await self.source.hide(message, handle, min(
+                MAX_INVISIBLE_MS, delay_ms + self._invisible_ms))
             await asyncio.sleep(delay_ms / 1000)
             self._retrying.discard(place)
             self.stats.retrying = len(self._retrying)
             attempt += 1
 
-    async def _settle(self, handle: str) -> None:
-        await self.broker.ack(SYSTEM, self.subscription.group, self.subscription.topic, handle)
-
-    async def _attempt(self, message: Delivery) -> tuple[str, int | None]:
-        """POST ``message`` once: ("ok" | "retry" | "dead", Retry-After in ms or None)."""
+    async def _attempt(self, message: Delivery) -> tuple[str, int | None, str]:
+        """POST ``message`` once: ("ok" | "retry" | "dead", Retry-After in ms or None, why it
+        failed)."""
         subscription, stats = self.subscription, self.stats
         event = event_of(message.properties, message.body)
         try:
             rendered = render(message, event, subscription.format, self._transform)
         except Exception as error:  # noqa: BLE001 - a transform's failure on this data
             stats.last_error = f"transform failed on message {message.msg_id}: {error}"
-            return "dead", None
+            return "dead", None, stats.last_error
         headers = dict(rendered.headers)
         headers["User-Agent"] = USER_AGENT
         headers.update(self._signature(rendered.event_id, rendered.body))
@@ -348,7 +333,7 @@ class Delivering:
             if subscription.reply_topic:
                 await self._reply(response_headers, body)
             self._trace(PUSHED, message, f"{status} from {subscription.sink}")
-            return "ok", None
+            return "ok", None, ""
         if 300 <= status < 400:
             where = response_headers.get("Location", "")
             return self._failed(message, status, f"answered {status} (redirect to {where[:200]!r}, "
@@ -358,7 +343,7 @@ class Delivering:
                             retry_after=retry_after_ms(response_headers.get("Retry-After")))
 
     def _failed(self, message: Delivery, status: int | None, reason: str, permanent: bool = False,
-                retry_after: int | None = None) -> tuple[str, int | None]:
+                retry_after: int | None = None) -> tuple[str, int | None, str]:
         stats = self.stats
         stats.failed += 1
         stats.last_status = status
@@ -366,7 +351,7 @@ class Delivering:
         if stats.state == "running":
             stats.state = "failing"
         self._trace(PUSH_FAILED, message, reason)
-        return ("dead" if permanent else "retry"), retry_after
+        return ("dead" if permanent else "retry"), retry_after, reason
 
     def _trace(self, event: str, message: Delivery, detail: str) -> None:
         self.broker.trace_push(self.subscription.group, message, event, detail)
@@ -398,19 +383,20 @@ class Delivering:
             return
         self.stats.replies += 1
 
-    async def _dead_letter(self, message: Delivery, attempt: int) -> None:
+    async def _dead_letter(self, message: Delivery, attempt: int, reason: str) -> None:
+        """Store ``message`` in the dead-letter topic with why its last attempt failed (this
+        message's own reason: other workers change the stats' last error meanwhile)."""
         topic = self.subscription.dead_letters
         with contextlib.suppress(AlreadyExists):
             await self.broker.create_topic(SYSTEM, TopicConfig(topic, queue_count=1))
         properties = dead_letter_properties(message, attempt)
         properties.update({"sluice.push.subscription": self.subscription.name,
-                           "sluice.push.last_error": self.stats.last_error[:500]})
+                           "sluice.push.last_error": reason[:500]})
         await self.broker.send(SYSTEM, [OutgoingMessage(topic, message.body, message.tag,
                                                         message.keys, properties,
                                                         born_ts=message.born_ts)])
         self.stats.dead_lettered += 1
-        self._trace(DEAD_LETTERED, message, f"to {topic} after {attempt} attempt(s): "
-                    f"{self.stats.last_error}")
+        self._trace(DEAD_LETTERED, message, f"to {topic} after {attempt} attempt(s): {reason}")
 
 
 class TokenBucket:

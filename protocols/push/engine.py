@@ -20,6 +20,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from core.push_model import PushSubscription
 from core.push_subscriptions import PushSubscriptions
 from core.service import Broker
+from core.vhost_queue_reader import VhostQueueReader
 
 from .delivery import Delivering
 from .guard import GuardedResolver
@@ -32,8 +33,11 @@ log = logging.getLogger(__name__)
 class PushEngine:
     """Runs every push subscription of ``registry``. Runs on the event loop."""
 
-    def __init__(self, broker: Broker, registry: PushSubscriptions, options: PushOptions) -> None:
+    def __init__(self, broker: Broker, registry: PushSubscriptions, options: PushOptions,
+                 queues: VhostQueueReader | None = None) -> None:
+        """``queues``: the virtual hosts' queues, for subscriptions whose source is one."""
         self.broker = broker
+        self.queues = queues
         self.registry = registry
         self.options = options
         self._session: aiohttp.ClientSession | None = None
@@ -68,7 +72,7 @@ class PushEngine:
         assert self._session is not None
         try:
             delivering = Delivering(self.broker, self._session, self.registry.policy,
-                                    subscription, secret)
+                                    subscription, secret, self.queues)
         except Exception as error:  # noqa: BLE001 - one bad subscription must not stop the rest
             log.error("push subscription %s cannot start: %s", subscription.name, error)
             return
@@ -119,4 +123,4 @@ _COUNTERS = (("delivered", "Messages a push subscription delivered (2xx) since t
                                "since the broker started"),
              ("replies", "Reply events a push subscription stored since the broker started"))
 _GAUGES = (("retrying", "Messages of a push subscription waiting for their next attempt"),
-           ("lag", "Messages of a push subscription's topic not yet delivered"))
+           ("lag", "Messages of a push subscription's topic or queue not yet delivered"))

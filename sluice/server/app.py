@@ -283,8 +283,9 @@ async def _start(config: Config, store: FileStore | None = None, cluster: Any = 
         running.amqp = AmqpFrontend(broker, core.vhosts, core.queues, config.amqp,
                                     core.vhost_permissions)
         await running.amqp.start()  # and so are the queues bound to amq.topic
-        registry = PushSubscriptions(broker, metadata, SinkPolicy.parse(config.push.allowed_sinks))
-        running.push = PushEngine(broker, registry, config.push)
+        registry = PushSubscriptions(broker, metadata, SinkPolicy.parse(config.push.allowed_sinks),
+                                     core.queue_reader)
+        running.push = PushEngine(broker, registry, config.push, core.queue_reader)
         await running.push.start()
         running.native = await _listen(config, "native", _start_native(running))
         running.clients.register(running.native.clients)

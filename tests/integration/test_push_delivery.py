@@ -87,7 +87,8 @@ def verify(secret: str, seen: Seen) -> None:
     Webhook(secret).verify(seen.body, seen.headers)  # raises unless signed with the secret
 
 
-def mqtt_publish(broker: BrokerThread, subject: str, payload: bytes, user_properties=()) -> None:
+def mqtt_publish(broker: BrokerThread, subject: str, payload: bytes, user_properties=(),
+                 content_type: str = "application/json") -> None:
     client = mqtt.Client(CallbackAPIVersion.VERSION2, client_id=fresh("pub"),
                          protocol=mqtt.MQTTv5)
     client.username_pw_set("sluice", "sluice")
@@ -97,7 +98,7 @@ def mqtt_publish(broker: BrokerThread, subject: str, payload: bytes, user_proper
         properties = Properties(PacketTypes.PUBLISH)
         if user_properties:
             properties.UserProperty = list(user_properties)
-            properties.ContentType = "application/json"
+            properties.ContentType = content_type
         client.publish(subject, payload, qos=1, properties=properties).wait_for_publish(WAIT_S)
     finally:
         client.disconnect()

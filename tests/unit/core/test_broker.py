@@ -181,6 +181,23 @@ def test_long_poll_is_woken_by_a_send(tmp_path):
     run(tmp_path, scenario)
 
 
+def test_a_long_poll_cancelled_as_it_is_woken_ends_cancelled(tmp_path):
+    """A consumer stopping (its task cancelled) while a send wakes its long poll must stop,
+    not go on polling with the cancellation lost."""
+    async def scenario(core: Core) -> None:
+        broker = core.broker
+        await topic(broker, queues=1)
+        await broker.create_group(SYSTEM, GroupConfig("g"))
+        waiting = asyncio.create_task(broker.receive(SYSTEM, "g", "orders", "c1", wait_ms=60_000))
+        await asyncio.sleep(0)  # one turn: the receive finds nothing and parks on the topic
+        assert not waiting.done()
+        core.engine.signals.notify("orders")  # woken ...
+        waiting.cancel()  # ... and cancelled in the same turn
+        with pytest.raises(asyncio.CancelledError):
+            await asyncio.wait_for(waiting, 10)
+    run_core(tmp_path, scenario)
+
+
 def test_queues_are_split_and_rebalanced_when_a_member_leaves_or_dies(tmp_path):
     async def scenario(broker: Broker) -> None:
         await topic(broker, queues=8)
