@@ -45,6 +45,7 @@ from .errors import InvalidArgument, NotRecallable, NotFound, QuotaExceeded, Slu
 from .model import (INTERNAL_PREFIX, MESSAGE_GROUP_PROPERTY, OutgoingMessage, SendResult,
                     TopicConfig)
 from .produce import Producer
+from .waiting import wait_set
 
 log = logging.getLogger(__name__)
 
@@ -291,10 +292,7 @@ class DelayTimer:
             if self._pending:
                 wait = min(wait, (self._pending[0] * 1000 - LOAD_AHEAD_MS - now) / 1000)
             self._wake.clear()
-            try:
-                await asyncio.wait_for(self._wake.wait(), max(wait, 0.001))
-            except TimeoutError:
-                pass
+            await wait_set(self._wake, max(wait, 0.001))
 
     async def _fire_due(self, now: int) -> None:
         """Fire one batch of what is due; a failure is logged and retried after ``RETRY_S``,
@@ -309,10 +307,7 @@ class DelayTimer:
                 return
             log.warning("delayed messages could not be sent (%s); sending them again once the "
                         "store writes", error)
-            try:
-                await asyncio.wait_for(self._store_writes.wait(), RETRY_S)
-            except TimeoutError:
-                pass
+            await wait_set(self._store_writes, RETRY_S)
         except SluiceError as error:
             log.warning("delayed messages could not be sent (%s); retrying in %.0f s", error,
                         RETRY_S)

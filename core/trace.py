@@ -37,6 +37,7 @@ from .consume import Reader
 from .errors import SluiceError
 from .model import INTERNAL_PREFIX, Delivery
 from .produce import Producer
+from .waiting import wait_set
 
 log = logging.getLogger(__name__)
 
@@ -241,10 +242,7 @@ class Tracer:
         while True:
             await self._wake.wait()
             if len(self._buffer) < FLUSH_EVENTS:
-                try:
-                    await asyncio.wait_for(self._full.wait(), FLUSH_INTERVAL_S)
-                except TimeoutError:
-                    pass
+                await wait_set(self._full, FLUSH_INTERVAL_S)
             self._wake.clear()
             self._full.clear()
             await self.flush()

@@ -40,6 +40,7 @@ from .model import (INTERNAL_PREFIX, MESSAGE_GROUP_PROPERTY, Delivery, OutgoingM
                     TopicConfig)
 from .produce import Producer
 from .settings import CoreConfig
+from .waiting import wait_set
 
 log = logging.getLogger(__name__)
 
@@ -273,10 +274,7 @@ class Transactions:
                 continue
             wait = 1.0 if not self._due else min(1.0, (self._due[0][0] - now) / 1000)
             self._wake.clear()
-            try:
-                await asyncio.wait_for(self._wake.wait(), max(wait, 0.001))
-            except TimeoutError:
-                pass
+            await wait_set(self._wake, max(wait, 0.001))
 
     async def _check(self, batch: list[tuple[int, OpenTransaction]], now: int) -> None:
         """Ask producers about open transactions; discard those asked too often. Until an
