@@ -277,3 +277,28 @@ def _holds_socket(pid: int, inode: str) -> bool:
         except OSError:
             continue
     return False
+
+
+def test_a_follower_with_no_leader_answers_ingress_with_503_saying_so(tmp_path, etcd_installed):
+    """A node of a group that has no leader (here: its etcd is not running) refuses an event
+    with a clear 503 instead of dropping the connection."""
+    native, admin, mqtt, ws, amqp, replication, etcd_client, etcd_peer = free_ports(8)
+    cluster = DevCluster(tmp_path / "group", count=1, ports=Ports(native, admin, mqtt, ws, amqp, replication),
+                         etcd_ports=(etcd_client, etcd_peer), extra_env=ENV)
+    node = cluster.nodes[0]
+    cluster.directory.mkdir(parents=True)
+    node.start()  # and no etcd
+    try:
+        node.wait_ready()
+        request = urllib.request.Request(
+            f"http://{node.host}:{admin}/events/load/http", data=b"x", method="POST",
+            headers={"Authorization": BASIC, "Content-Type": "text/plain", "ce-specversion": "1.0",
+                     "ce-id": "1", "ce-source": "/tests", "ce-type": "test.event"})
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(request, timeout=30)
+        assert refused.value.code == 503 and refused.value.headers["Retry-After"]
+        answer = json.load(refused.value)
+        assert answer["error"] == "no_leader" and answer["leader"] is None
+        assert "no leader" in answer["message"] and "send it again" in answer["message"]
+    finally:
+        node.kill()
