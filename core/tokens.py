@@ -10,8 +10,8 @@ does not).
 Checking a token costs a SHA-256 and a constant-time comparison with the stored hash, an
 unknown id the same against a decoy hash. A token checked once is recognised in memory for
 ``CACHE_S`` seconds; after that it is looked up again, which also records its last use (so
-``last_used_ms`` is exact to about a minute, and a token deleted on another node of a replica
-group stops working here within ``CACHE_S``).
+``last_used_ms`` is exact to about a minute). In a replica group only the leader checks
+tokens (followers relay the admin API to it), so deleting a token ends it at once everywhere.
 """
 
 from __future__ import annotations

@@ -157,7 +157,8 @@ class FileStore(StoreView):
         """Append records copied verbatim from the leader's log, at the offsets they have there
         (a follower): each must be whole and valid for its offset, and the first must start
         where this log ends. Nothing is appended unless all are. Returns the new end; the
-        bytes are durable once ``durable_offset`` reaches it."""
+        bytes are durable once ``durable_offset`` reaches it. The queues' next offsets move
+        past the copied records, so this store's own appends (once it leads) follow them."""
         requests = []
         pos = 0
         while pos < len(data):
@@ -179,6 +180,10 @@ class FileStore(StoreView):
                 array[at:at + request[1]] = view[start:start + request[1]]
             if requests:
                 self._buffer.added_many(requests)
+            next_offsets = self._builder.next_queue_offsets
+            for request in requests:
+                for topic, queue_id, queue_offset in request[4]:
+                    next_offsets[(topic, queue_id)] = queue_offset + 1
             return self._buffer.next_offset
 
     def confirm(self, offset: int) -> None:

@@ -7,7 +7,7 @@ header, the client (``wire.RELAY``); the leader connects it to its own listener 
 client's address for that connection (``protocols.relayed_peers``), so logs, ``client list`` and
 loopback-only users see the client. The follower acknowledges nothing itself. When the leader
 changes, every relayed connection is closed and clients reconnect to any node; while no leader is
-known, connections are closed at once.
+known, connections are closed at once (an HTTP request gets an answer saying why first).
 """
 from __future__ import annotations
 
@@ -38,14 +38,17 @@ class Relay:
     def __init__(self, listener: str, node: str, secret: str,
                  answer: Callable[[bytes], Awaitable[bytes | None]] | None = None,
                  local_host: str | None = None,
-                 tls: Callable[[], ssl.SSLContext] | None = None) -> None:
+                 tls: Callable[[], ssl.SSLContext] | None = None,
+                 unrelayed: Callable[[str], bytes] | None = None) -> None:
         """``answer``, for an HTTP port: given a request's head, the whole response this node
-        gives itself (its own health and cluster view), or None to relay the request. ``tls``:
-        what gives the client context that verifies the leader's replication port, asked for
-        each connection so that a reloaded CA applies (None: plaintext)."""
+        gives itself (its own health and cluster view), or None to relay the request;
+        ``unrelayed``, with it: the whole response to a request that cannot be relayed, given
+        why. ``tls``: what gives the client context that verifies the leader's replication
+        port, asked for each connection so that a reloaded CA applies (None: plaintext)."""
         self._tls = tls
         self.listener, self.node, self._secret = listener, node, secret
         self._answer = answer
+        self._unrelayed = unrelayed if answer is not None else None
         self._local = (local_host, 0) if local_host else None
         self._refusals = 0
         self._refusal_logged_at = -REFUSAL_LOG_S
@@ -94,6 +97,7 @@ class Relay:
                     return
             target = self.target
             if target is None:
+                self._not_relayed(client_writer, "the group has no leader right now")
                 return
             try:
                 async with asyncio.timeout(CONNECT_TIMEOUT_S):
@@ -102,7 +106,10 @@ class Relay:
                         server_hostname=self._tls and target[0])
                     await self._introduce(client_writer, leader_reader, leader_writer)
             except (OSError, TimeoutError, asyncio.IncompleteReadError, ProtocolError) as error:
-                self._refused(target, str(error) or type(error).__name__)
+                why = str(error) or type(error).__name__
+                self._refused(target, why)
+                self._not_relayed(client_writer, f"the leader at {target[0]}:{target[1]} did not take "
+                                                 f"the request ({why})")
                 return
             leader_writer.write(head)
             await _pump_both(client_reader, client_writer, leader_reader, leader_writer)
@@ -115,6 +122,12 @@ class Relay:
                     writer.close()
                     with contextlib.suppress(Exception):
                         await writer.wait_closed()
+
+    def _not_relayed(self, client: asyncio.StreamWriter, why: str) -> None:
+        """Answer an HTTP request that was read and will not be relayed (nothing reached the
+        leader), when this port has such an answer."""
+        if self._unrelayed is not None:
+            client.write(self._unrelayed(why))
 
     def _refused(self, target: tuple[str, int], why: str) -> None:
         """Log that the leader did not take a connection: the first time, then once a minute

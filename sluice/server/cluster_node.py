@@ -84,7 +84,7 @@ class ClusterMember:
         for dotted, host, port in _listening_ports(self.config):
             answer = self._answer if dotted == "admin.port" and not https else None
             relay = Relay(dotted, cluster.node_id, cluster.secret, answer, local_host=cluster.host,
-                          tls=self.node.tls and self.node.tls[1])
+                          tls=self.node.tls and self.node.tls[1], unrelayed=self._unrelayed)
             await relay.start(host, port)
             self.relays.append(relay)
 
@@ -123,6 +123,16 @@ class ClusterMember:
                 return _http(503, {"error": "etcd_unavailable", "message": f"etcd does not answer ({error}); "
                                    "the group's state is unknown"})
         return None
+
+    def _unrelayed(self, why: str) -> bytes:
+        """A follower's answer to an admin request it cannot pass to the leader: 503, naming the
+        leader it follows (if any) and what to do."""
+        leader = self.leader.node if self.leader is not None else None
+        return _http(503, {"error": "no_leader" if leader is None else "leader_unreachable", "leader": leader,
+                           "message": f"node {self.config.cluster.node_id} is a follower and could not pass "
+                                      f"this request to the leader{' ' + leader if leader else ''}: {why}; "
+                                      "nothing was done: send it again in a few seconds, once a leader "
+                                      "serves (GET /cluster on any node shows the group)"})
 
     # -- the view the admin API shows -------------------------------------------------------------
 
@@ -273,6 +283,7 @@ class _Families(Collector):
 def _http(status: int, body: dict[str, Any]) -> bytes:
     data = json.dumps(body).encode()
     reason = {200: "OK", 503: "Service Unavailable"}[status]
-    return (f"HTTP/1.1 {status} {reason}\r\nContent-Type: application/json\r\nContent-Length: {len(data)}\r\n"
+    retry = "Retry-After: 2\r\n" if status == 503 else ""
+    return (f"HTTP/1.1 {status} {reason}\r\nContent-Type: application/json\r\nContent-Length: {len(data)}\r\n{retry}"
             "Cache-Control: no-store\r\nX-Content-Type-Options: nosniff\r\nConnection: close\r\n\r\n").encode() + data
 

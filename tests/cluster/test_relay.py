@@ -1,6 +1,7 @@
 """A follower's relay: bytes both ways through the leader's replication port, the client's
 address known to the leader's listener, connections closed when the leader changes and refused
-while there is none, and nothing relayed for a peer without the cluster secret."""
+while there is none (an HTTP request answered with why), and nothing relayed for a peer without
+the cluster secret."""
 from __future__ import annotations
 
 import asyncio
@@ -94,4 +95,34 @@ def test_a_relay_without_the_cluster_secret_reaches_no_listener(tmp_path):
             await closing.close()
         listener.server.close()
         store.close()
+    asyncio.run(scenario())
+
+
+def test_an_http_request_that_cannot_be_relayed_gets_the_ports_answer_saying_why(tmp_path):
+    """The admin port's relay reads each request's head: one it can pass to no leader is answered
+    (the follower's 503), not dropped; nothing reaches a leader's listener."""
+    async def scenario():
+        async def relay_everything(head: bytes) -> None:
+            return None
+        relay = Relay("admin.port", "n2", SECRET, relay_everything,
+                      unrelayed=lambda why: b"HTTP/1.1 503 Service Unavailable\r\n\r\n" + why.encode())
+        port = await relay.start("127.0.0.1", 0)
+        request = b"POST /events/evt2/a HTTP/1.1\r\nHost: n2\r\nContent-Length: 2\r\n\r\n{}"
+
+        async def answer() -> bytes:
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.write(request)
+            answered = await asyncio.wait_for(reader.read(), WAIT)
+            writer.close()
+            return answered
+        assert await answer() == b"HTTP/1.1 503 Service Unavailable\r\n\r\nthe group has no leader right now"
+        closed = await asyncio.start_server(lambda r, w: w.close(), "127.0.0.1", 0)
+        gone = closed.sockets[0].getsockname()[1]
+        closed.close()
+        await closed.wait_closed()  # a leader that died: nothing listens there any more
+        await relay.retarget(("127.0.0.1", gone))
+        answered = await answer()
+        assert answered.startswith(b"HTTP/1.1 503 Service Unavailable\r\n\r\nthe leader at 127.0.0.1:%d did "
+                                   b"not take the request (" % gone), answered
+        await relay.close()
     asyncio.run(scenario())

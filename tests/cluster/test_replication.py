@@ -180,8 +180,10 @@ def test_a_rejoining_node_is_cut_back_to_the_new_leaders_history_then_catches_up
             n2.reopen()
             _, task = following(n2, "n2", port)
             await confirmed(shipper, end)
+            assert await asyncio.to_thread(n2.store.wait_visible, end, WAIT)
             await stop(task)
         assert bodies(n2.store, 0) == bodies(n1.store, 0)
+        assert len(bodies(n1.store, 0)) == 20 + 13, "the new leader's appends follow the copied records"
         assert n2.epochs.history.entries == [Epoch(5, 0), Epoch(9, shared)]
     asyncio.run(scenario())
 

@@ -22,6 +22,8 @@ class Seen:
     headers: dict[str, str]
     body: bytes
     at: float = field(default_factory=time.monotonic)
+    peer: tuple[str, int] | None = None
+    """The sender's (address, port), while its connection is open."""
 
 
 Answer = Callable[[Seen, int], Awaitable[web.StreamResponse] | web.StreamResponse]
@@ -55,7 +57,9 @@ class Receiver:
         return site._server.sockets[0].getsockname()[1]
 
     async def _handle(self, request: web.Request) -> web.StreamResponse:
-        seen = Seen(request.path, dict(request.headers), await request.read())
+        peer = request.transport.get_extra_info("peername") if request.transport else None
+        seen = Seen(request.path, dict(request.headers), await request.read(),
+                    peer=tuple(peer[:2]) if peer else None)
         count = len(self.seen)
         self.seen.append(seen)
         answer: Any = self.answer(seen, count)

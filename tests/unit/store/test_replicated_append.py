@@ -61,6 +61,22 @@ def test_a_follower_holds_the_leaders_records_at_the_same_offsets_and_queue_posi
         reopened.close()
 
 
+def test_a_follower_that_leads_appends_after_the_queue_positions_it_copied(pair):
+    """A follower taking the lead keeps its open store: its own appends continue each queue
+    (fan-out targets too) where the leader's copied records ended, never at a position a copied
+    record holds."""
+    leader, follower = pair
+    results = [leader.append("t", b"x%d" % i, queue_id=i % 2, extra_queues=[("fan", 0)]) for i in range(5)]
+    assert leader.wait_durable(results[-1].end_offset, timeout=WAIT)
+    copy(leader, follower, 1 << 20)
+    own = follower.append("t", b"own", queue_id=0, extra_queues=[("fan", 0)])
+    assert (own.queue_offset, own.extra) == (3, (("fan", 0, 5),))
+    assert follower.append("t", b"own1", queue_id=1).queue_offset == 2
+    assert follower.wait_visible(follower.appended_end, timeout=WAIT)
+    assert [m.body for m in follower.read("t", 0, 0, max_count=10)] == [b"x0", b"x2", b"x4", b"own"]
+    assert [m.body for m in follower.read("fan", 0, 0, max_count=10)] == [b"x0", b"x1", b"x2", b"x3", b"x4", b"own"]
+
+
 def test_bytes_that_do_not_start_at_the_followers_end_are_refused(pair):
     leader, follower = pair
     results = [leader.append("t", b"x" * 100) for _ in range(3)]
