@@ -230,6 +230,11 @@ class Broker:
         return TopicStats(topic, tuple(QueueStats(q, *reader.range(name, q))
                                        for q in range(topic.queue_count)))
 
+    async def wait_for_topic(self, name: str, timeout_s: float) -> None:
+        """Return once topic ``name`` takes a message (the first one creates it), or after
+        ``timeout_s``: for readers of a topic that does not exist yet."""
+        await self._engine.signals.wait((name,), timeout_s)
+
     async def delete_topic(self, principal: Principal, name: str) -> None:
         """Delete a topic's metadata; its stored messages age out with retention."""
         self._allow(principal, Action.ADMIN, ResourceKind.TOPIC, name)

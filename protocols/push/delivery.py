@@ -151,7 +151,7 @@ class Delivering:
                 self.stats.state, self._pop_failed = "failing", True
                 self.stats.last_error = (f"cannot read {self.source.describe()}: {error}; "
                                          "delivery starts once it exists")
-                await asyncio.sleep(RIGHTS_RECHECK_S)
+                await self.source.wait_to_exist(RIGHTS_RECHECK_S)
             except Exception as error:  # noqa: BLE001 - report, then start over after a pause
                 log.exception("push subscription %s failed to pop", subscription.name)
                 self.stats.state, self._pop_failed = "failing", True

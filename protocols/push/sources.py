@@ -36,6 +36,10 @@ class TopicSource:
         with contextlib.suppress(AlreadyExists):
             await self.broker.create_group(SYSTEM, config)
 
+    async def wait_to_exist(self, timeout_s: float) -> None:
+        """Return once the topic takes its first message, or after ``timeout_s``."""
+        await self.broker.wait_for_topic(self.subscription.topic, timeout_s)
+
     def refusal(self, principal: Principal) -> str:
         """Why the owner may not read the topic now ('' when it may)."""
         subscription = self.subscription
@@ -93,6 +97,10 @@ class QueueSource:
 
     async def prepare(self) -> None:
         pass
+
+    async def wait_to_exist(self, timeout_s: float) -> None:
+        """Wait ``timeout_s`` before looking for the queue again (declared over AMQP)."""
+        await asyncio.sleep(timeout_s)
 
     def refusal(self, principal: Principal) -> str:
         """Why the owner may not read the queue now ('' when it may)."""

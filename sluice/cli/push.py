@@ -90,7 +90,9 @@ def render_list(rows: list[dict[str, Any]]) -> str:
 
 
 def _ms(value: Any) -> str:
-    return "-" if value is None else f"{value} ms"
+    if value is None:
+        return "-"
+    return f"{value} ms" if isinstance(value, int) else f"{value:.1f} ms"
 
 
 def render_subscription(s: dict[str, Any]) -> str:
