@@ -79,6 +79,20 @@ def bearer_token(request: web.Request) -> str | None:
     return token.strip() if scheme.lower() == "bearer" else None
 
 
+QUERY_TOKEN = "access_token"
+"""RFC 6750's URI query parameter for a bearer token."""
+INGRESS_PREFIX = "/events/"
+
+
+def query_token(request: web.Request) -> str | None:
+    """An API token in the ``access_token`` query parameter of ``POST /events/...`` (RFC 6750,
+    section 2.3), for event sources that cannot set headers, as Knative's PingSource; None
+    elsewhere: no other route takes a token in its URL."""
+    if request.method == "POST" and request.path.startswith(INGRESS_PREFIX):
+        return request.query.get(QUERY_TOKEN)
+    return None
+
+
 def credentials(request: web.Request) -> tuple[str, str] | None:
     """The (user, password) of a Basic Authorization header, None if there is none."""
     header = request.headers.get("Authorization")

@@ -78,7 +78,7 @@ def _guarded(route: Route) -> Callable[[web.Request], Awaitable[web.StreamRespon
 
 
 async def _authenticate(request: web.Request) -> Principal:
-    token = access.bearer_token(request)
+    token = access.bearer_token(request) or access.query_token(request)
     if token is not None:
         return await tokens.authenticate(request, token)
     given = access.credentials(request)

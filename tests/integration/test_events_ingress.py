@@ -306,6 +306,22 @@ def test_a_token_publishes_as_its_user_until_it_is_deleted(broker, admin):
     assert writer("DELETE", f"/users/writer/tokens/{made['id']}")[0] == 404
 
 
+def test_an_event_source_that_cannot_set_headers_sends_its_token_in_the_url(broker, admin):
+    token = admin("POST", "/users/writer/tokens")[1]["token"]
+    status, answer = post(broker, f"/events/evt2/ping?access_token={token}", BINARY, b"{}", auth=None)
+    assert status == 202, answer
+    assert stored(admin, answer["ids"][0])["properties"]["CE_id"] == BINARY["ce-id"]
+    assert post(broker, f"/events/evt2/ping?access_token={token[:-4]}AAAA", BINARY, b"{}",
+                auth=None)[0] == 401
+    assert post(broker, "/events/evt2/ping?access_token=", BINARY, b"{}", auth=None)[0] == 401
+    # no other route takes a token in its URL
+    async def list_topics() -> int:
+        async with aiohttp.ClientSession() as session:
+            async with session.get(f"{broker.running.admin_url}/topics?access_token={token}") as response:
+                return response.status
+    assert asyncio.run(list_topics()) == 401
+
+
 def test_deleting_a_user_ends_its_tokens(broker, admin):
     assert admin("POST", "/users", {"name": "shortlived", "password": "pw"})[0] == 201
     assert admin("POST", "/users/shortlived/permissions",
