@@ -174,7 +174,9 @@ ROUTES: tuple[Route, ...] = (
       "Publish CloudEvents to a subject (the path after /events/, levels separated by /): "
       "binary mode (ce- headers, the body as data), structured or batched mode (JSON); 202 "
       "once stored durably, with the message ids", "events", A.PUBLISH, status=202,
-      body="CloudEvent", response="EventsAccepted"),
+      body="CloudEvent", response="EventsAccepted",
+      query=(Query("access_token", "an API token, for senders that cannot set an Authorization "
+                   "header (RFC 6750, section 2.3); only this route takes one in its URL"),)),
 
     R("GET", "/groups", h.list_groups, "List consumer groups", "groups", A.USER,
       response="[Group]", **paged("name")),
