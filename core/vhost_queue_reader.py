@@ -9,15 +9,18 @@ administrator may read any queue); a message whose subject an access rule denies
 dropped from the queue, as the AMQP adapter does. Exclusive queues (one connection's), queues
 with a single active consumer and stream queues cannot be read this way.
 
-The queue's AMQP policies that the AMQP adapter applies as it pops (message TTL, the delivery
-limit of quorum queues, the byte count of ``x-max-length-bytes``) are not applied here.
+Reads go through the AMQP adapter's queue policies once the composition root hands them over
+(``use``): then an expired message or one past its quorum queue's delivery limit is
+dead-lettered (or dropped) rather than read, and byte lengths are kept, as for AMQP consumers.
 Runs on the event loop; not thread-safe.
 """
 
 from __future__ import annotations
 
 import asyncio
+from typing import Protocol
 
+from .acl import Withheld
 from .errors import AccessDenied, InvalidArgument, NotFound
 from .model import Delivery, Principal
 from .named_queues import NamedQueues
@@ -28,6 +31,28 @@ from .vhost_permissions import Right, VhostPermissions
 from .vhosts import VirtualHosts
 
 
+class QueueAccess(Protocol):
+    """What the reader does to named queues: ``NamedQueues`` itself, or the AMQP adapter's
+    view of them that applies each queue's policies on the way."""
+
+    def pop_first(self, queues: tuple[str, ...], max_messages: int, invisible_ms: int, *,
+                  mark: bool = False, withheld: Withheld | None = None) -> list[Delivery]: ...
+
+    def watch(self, queue: str) -> asyncio.Future[None]: ...
+
+    def signal_any(self, queues: tuple[str, ...]) -> asyncio.Future[None]: ...
+
+    def settle(self, queue: str, offset: int) -> None: ...
+
+    def take(self, queue: str, offset: int, invisible_ms: int) -> None: ...
+
+    def release(self, queue: str, offset: int) -> None: ...
+
+    def ready(self, queue: str) -> int: ...
+
+    def unsettled(self, queue: str) -> int: ...
+
+
 class VhostQueueReader:
     """Pop, settle, hide and release the messages of virtual hosts' queues."""
 
@@ -36,6 +61,11 @@ class VhostQueueReader:
         self._broker = broker
         self._vhosts = vhosts
         self._permissions = permissions
+        self._queues: QueueAccess = queues
+
+    def use(self, queues: QueueAccess) -> None:
+        """Read through ``queues`` from now on (the AMQP adapter's, with the queues' TTL,
+        delivery limits, byte lengths and dead-lettering)."""
         self._queues = queues
 
     def check(self, principal: Principal, vhost: str, queue: str) -> None:

@@ -356,6 +356,15 @@ class QueueLimits:
     def ready(self, named: str) -> int:
         return self._named.ready(named)
 
+    def unsettled(self, named: str) -> int:
+        return self._named.unsettled(named)
+
+    def take(self, named: str, offset: int, invisible_ms: int) -> None:
+        self._named.take(named, offset, invisible_ms)
+
+    def watch(self, named: str) -> asyncio.Future[None]:
+        return self._named.watch(named)
+
     def signal_any(self, queues: tuple[str, ...]) -> asyncio.Future[None]:
         return self._named.signal_any(queues)
 

@@ -285,6 +285,7 @@ async def _start(config: Config, store: FileStore | None = None, cluster: Any = 
         await running.amqp.start()  # and so are the queues bound to amq.topic
         registry = PushSubscriptions(broker, metadata, SinkPolicy.parse(config.push.allowed_sinks),
                                      core.queue_reader)
+        core.queue_reader.use(running.amqp.queues)  # push reads them with their TTL, limits, DLX
         running.push = PushEngine(broker, registry, config.push, core.queue_reader)
         await running.push.start()
         running.native = await _listen(config, "native", _start_native(running))

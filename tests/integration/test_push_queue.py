@@ -173,6 +173,37 @@ def test_a_refused_message_is_dead_lettered_and_leaves_the_queue(broker, http, r
     assert len(receiver.seen) == 1
 
 
+def test_the_queue_s_own_policies_hold_for_push_a_delivery_limit_dead_letters_to_its_dlx(
+        broker, http, receivers):
+    receiver = receivers(lambda _, __: web.Response(status=503))
+    queue, dead_letters = fresh("limited"), fresh("limited-dlq")
+    connection = connect(broker)
+    try:
+        channel = connection.channel()
+        channel.queue_declare(dead_letters, durable=True)
+        channel.queue_declare(queue, durable=True, arguments={
+            "x-queue-type": "quorum", "x-delivery-limit": 1, "x-dead-letter-exchange": "",
+            "x-dead-letter-routing-key": dead_letters})
+        channel.queue_bind(queue, EXCHANGE, routing_key=queue)
+    finally:
+        connection.close()
+    status, created = subscribe_queue(http, queue, receiver.url, max_attempts=10,
+                                      backoff_min_ms=100, backoff_max_ms=200)
+    assert status == 201, created
+    publish(broker, queue, [b"limited"])
+    wait_for(lambda: depth(broker, dead_letters) == 1, "the message in the queue's DLX target",
+             WAIT_S)
+    connection = connect(broker)
+    try:
+        method, properties, body = connection.channel().basic_get(dead_letters, auto_ack=True)
+    finally:
+        connection.close()
+    assert body == b"limited"
+    assert properties.headers["x-death"][0]["reason"] == "delivery_limit"
+    assert len(receiver.seen) == 2  # the first attempt and the one redelivery the limit allows
+    wait_for(lambda: drained(broker, http, queue), "the queue empty", WAIT_S)
+
+
 def test_creating_one_needs_the_read_permission_on_the_queue(broker, http, receivers):
     receiver = receivers()
     queue = declare(broker)
