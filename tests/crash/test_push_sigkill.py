@@ -76,6 +76,21 @@ class Gate:
         self.held = 0
         self.open = False
         self._lock = threading.Lock()
+        self._opened: asyncio.Event | None = None
+        """Set on the receiver's loop when the gate opens; made there by the first held request."""
+
+    def release(self, receiver: Receiver) -> None:
+        """Open the gate: answer every request from now on, held ones included."""
+        with self._lock:
+            self.open = True
+        receiver.loop.call_soon_threadsafe(lambda: self._event().set())
+
+    def _event(self) -> asyncio.Event:
+        if self._opened is None:
+            self._opened = asyncio.Event()
+            if self.open:
+                self._opened.set()
+        return self._opened
 
     async def __call__(self, seen: Seen, _: int) -> web.StreamResponse:
         with self._lock:
@@ -85,8 +100,7 @@ class Gate:
             else:
                 self.held += 1
         if not take:
-            while not self.open:
-                await asyncio.sleep(0.05)
+            await self._event().wait()
             return web.Response(status=503)  # its broker is gone; nobody reads this
         await asyncio.sleep(0.01)
         return web.Response(status=204)
@@ -109,7 +123,7 @@ def test_every_event_reaches_the_receiver_after_sigkill(sluice_server, tmp_path)
                  lambda: (saved_acks(tmp_path / "data"), gate.answered))
         server.kill()  # SIGKILL mid-push: CONCURRENCY requests unanswered
 
-        gate.open = True
+        gate.release(receiver)
         restarted = sluice_server(tmp_path / "data", "--flush", "sync", env=ENV)
         restarted.wait_ready()
         bodies = lambda: Counter(s.body for s in receiver.seen)  # noqa: E731
@@ -123,6 +137,6 @@ def test_every_event_reaches_the_receiver_after_sigkill(sluice_server, tmp_path)
         Webhook(created["secret"]).verify(last.body, last.headers, json_parse=False)
         restarted.stop()
     finally:
-        gate.open = True
+        gate.release(receiver)
         server.kill()
         receiver.stop()
