@@ -97,6 +97,10 @@ class TierReader:
             self._catalog = catalog
         self._files.forget(lambda key: key in catalog.keys)
 
+    def queues(self) -> list[tuple[str, int]]:
+        """Every (topic, queue id) with tiered messages."""
+        return sorted(self._catalog.queues)
+
     def queue_start(self, topic: str, queue: int) -> int | None:
         """The first tiered offset of a queue; None when none of it is tiered."""
         spans = self._catalog.queues.get((topic, queue))
