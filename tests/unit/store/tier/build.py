@@ -64,7 +64,7 @@ def data_rows(messages) -> pa.Table:
 
 def parquet(table: pa.Table, row_group_size: int = 131072) -> bytes:
     sink = io.BytesIO()
-    pq.write_table(table, sink, compression="zstd", row_group_size=row_group_size)
+    pq.write_table(table, sink, compression="zstd", row_group_size=row_group_size, write_page_checksum=True)
     return sink.getvalue()
 
 
