@@ -25,20 +25,13 @@ from .manifest import Manifest, TieredFile, load_latest
 from .objects import ObjectStore
 from .positions import Positions
 from .rebuild import TierDataError, rebuild
+from .schema import DATA_SCHEMA, INDEX_SCHEMA
 
-_TS = pa.timestamp("us", tz="UTC")
-_TARGET = pa.struct([("topic", pa.string()), ("queue", pa.int32()), ("offset", pa.int64())])
-DATA_TYPES: dict[str, pa.DataType] = {
-    "queue": pa.int32(), "offset": pa.int64(), "batch_index": pa.int32(), "msg_id": pa.string(),
-    "keys": pa.list_(pa.string()), "tag": pa.string(), "subject": pa.string(),
-    "properties": pa.map_(pa.string(), pa.string()), "body": pa.binary(), "born_ts": _TS,
-    "store_ts": _TS, "log_offset": pa.int64(), "log_size": pa.int32(), "dispatch": pa.list_(_TARGET),
-}
+DATA_TYPES: dict[str, pa.DataType] = {field.name: field.type for field in DATA_SCHEMA}
 """The data file columns a reader relies on (``data`` is the body schema's, not checked)."""
 _RECORD_COLUMNS = ("queue", "offset", "batch_index", "msg_id", "keys", "tag", "properties", "body",
                    "born_ts", "store_ts", "log_offset", "log_size", "dispatch")
-INDEX_TYPES: dict[str, pa.DataType] = {"kind": pa.string(), "value": pa.string(), "topic": pa.string(),
-                                       "log_offset": pa.int64(), "store_ts": _TS}
+INDEX_TYPES: dict[str, pa.DataType] = {field.name: field.type for field in INDEX_SCHEMA}
 
 
 @dataclass(frozen=True)
