@@ -203,8 +203,10 @@ class TierReader:
         for first, _, file in spans.meeting(spans.start, spans.end) if spans else ():
             if best is not None and first >= best:
                 break
+            if file.store_ts_max < timestamp_ms:
+                continue
             where = self._positions(file).get((topic, queue))
-            if file.store_ts_max < timestamp_ms or where is None:
+            if where is None:
                 continue
             hits = np.flatnonzero(where.stamps >= timestamp_ms)
             if len(hits):
