@@ -21,7 +21,8 @@ from typing import TYPE_CHECKING
 from . import layout
 from . import manifest as manifests
 from .manifest import Manifest, ManifestConflict, TieredSegment
-from .objects import ObjectStore, ObjectStoreError
+from ..errors import StoreError
+from .objects import ObjectStore
 from .writer import write_segment
 
 if TYPE_CHECKING:
@@ -120,10 +121,11 @@ class Tierer:
 
     def tier_once(self) -> TieredSegment | None:
         """Tier the oldest pending segment; None if nothing is pending. Raises
-        ObjectStoreError (ManifestConflict when fenced or beaten to the commit)."""
+        ObjectStoreError (ManifestConflict when fenced or beaten to the commit), or StoreError
+        if the segment cannot be read."""
         try:
             return self._tier_once()
-        except ObjectStoreError as error:
+        except StoreError as error:
             self._failed(error)
             raise
 
@@ -164,10 +166,14 @@ class Tierer:
         chunks = []
         offset = start
         while offset < end:
-            chunk = self.store.log.read(offset, min(_READ_CHUNK, end - offset))[0]
+            try:
+                chunk = self.store.log.read(offset, min(_READ_CHUNK, end - offset))[0]
+            except FileNotFoundError:
+                chunk = b""
             if not chunk:
-                raise ObjectStoreError(f"commit-log bytes at offset {offset} are gone; the segment "
-                                       "was deleted before it was tiered")
+                raise StoreError(f"commit-log bytes at offset {offset} are gone: retention deleted the "
+                                 "segment before it was tiered (set the store's tier_floor); the next "
+                                 "segment is tiered next")
             chunks.append(chunk)
             offset += len(chunk)
         return b"".join(chunks)
@@ -195,7 +201,7 @@ class Tierer:
         self._state.last_error = None
         self._prune_manifests()
 
-    def _failed(self, error: ObjectStoreError) -> None:
+    def _failed(self, error: StoreError) -> None:
         self._state.errors += 1
         self._state.last_error = str(error)
         log.warning("tiering to %s failed: %s", self.objects.description, error)
@@ -225,7 +231,7 @@ class Tierer:
         index files of segments left with no data file). Returns the keys deleted."""
         try:
             return self._apply_tier_retention(now_ms, retention_ms)
-        except ObjectStoreError as error:
+        except StoreError as error:
             self._failed(error)
             raise
 

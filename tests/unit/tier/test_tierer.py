@@ -188,7 +188,8 @@ def test_a_newer_epoch_fences_the_old_writer(file_store, objects) -> None:
     assert new.tier_once() is not None
 
 
-def test_a_writer_killed_before_its_commit_is_repaired_by_the_next(tmp_path: Path, objects) -> None:
+@pytest.mark.parametrize("pause_at", ["upload", "manifest"])
+def test_a_writer_killed_before_its_commit_is_repaired_by_the_next(tmp_path: Path, objects, pause_at: str) -> None:
     data = tmp_path / "killed"
     pause = tmp_path / "paused"
     script = f"""
@@ -202,13 +203,14 @@ store.wait_durable(store.appended_end, 30)
 Tierer(store, LocalDirectory({objects.root!r})).tier_once()
 """
     child = subprocess.Popen([sys.executable, "-c", script], cwd=ROOT,
-                             env={**os.environ, PAUSE_AT_ENV: "manifest", PAUSE_FILE_ENV: str(pause)})
+                             env={**os.environ, PAUSE_AT_ENV: pause_at, PAUSE_FILE_ENV: str(pause)})
     try:
-        wait_for(pause.exists, "the tierer to pause before its manifest commit", WAIT_S * 2)
+        wait_for(pause.exists, f"the tierer to pause at {pause_at}", WAIT_S * 2)
     finally:
         child.kill()
         child.wait()
-    assert objects.list(layout.DATA) and objects.list(layout.INDEX) and not objects.list(layout.MANIFEST)
+    assert objects.list(layout.DATA) and not objects.list(layout.MANIFEST)
+    assert bool(objects.list(layout.INDEX)) == (pause_at == "manifest")
     from store import FileStore, StoreConfig
     with FileStore(str(data), StoreConfig(segment_size=4096)) as store:
         tierer = Tierer(store, objects)
