@@ -192,10 +192,11 @@ class Tierer:
         try:
             manifests.commit(self.objects, manifest)
         except ManifestConflict:
-            self.refresh()
-            if self.manifest is not None and self.manifest.epoch > manifest.epoch:
-                self._state.fenced = True
-            raise
+            # a put whose answer was lost and whose retry found its own object is no conflict
+            if self.refresh() != manifest:
+                if self.manifest is not None and self.manifest.epoch > manifest.epoch:
+                    self._state.fenced = True
+                raise
         self.manifest = manifest
         self._state.last_success_ms = int(time.time() * 1000)
         self._state.last_error = None

@@ -235,3 +235,18 @@ def test_object_store_down_keeps_segments_until_it_is_back(file_store, seaweedfs
     assert tier_all(tierer) == len(store.log.segments()) - 1
     assert load_latest(objects) == tierer.manifest
     assert len(store.apply_retention().deleted_segments) == len(tierer.manifest.segments)
+
+
+def test_a_commit_whose_answer_was_lost_counts_as_done(file_store, objects) -> None:
+    store = file_store()
+    fill(store, "t", 60)
+    tierer = Tierer(store, objects)
+    original = objects.put_if_absent
+
+    def put_then_lose_the_answer(key: str, data: bytes) -> bool:
+        original(key, data)  # stored; the writer's retry then finds the key taken
+        return original(key, data)
+    objects.put_if_absent = put_then_lose_the_answer
+    assert tierer.tier_once() is not None
+    assert tierer.manifest == load_latest(objects) and tierer.manifest.version == 1
+    assert not tierer.status().fenced and tierer.status().last_error is None
