@@ -3,9 +3,11 @@ without leaving duplicates, gates local retention on what is tiered, applies tie
 stops when a newer leader writes the tier, and sweeps objects no manifest names."""
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
+from dataclasses import asdict
 from pathlib import Path
 
 import pyarrow.dataset as ds
@@ -14,7 +16,7 @@ import pytest
 from store.tier import layout
 from store.tier.manifest import ManifestConflict, load_latest
 from store.tier.objects import ObjectStoreError, TierLocation
-from store.tier.tierer import PAUSE_AT_ENV, PAUSE_FILE_ENV, Tierer
+from store.tier.tierer import PAUSE_AT_ENV, PAUSE_FILE_ENV, Tierer, TierStatus
 from tests.tier_support import SeaweedFS
 from tests.waiting import wait_for
 
@@ -188,7 +190,8 @@ def test_a_newer_epoch_fences_the_old_writer(file_store, objects) -> None:
     assert new.tier_once() is not None
 
 
-def test_a_writer_killed_before_its_commit_is_repaired_by_the_next(tmp_path: Path, objects) -> None:
+@pytest.mark.parametrize("pause_at", ["upload", "manifest"])
+def test_a_writer_killed_before_its_commit_is_repaired_by_the_next(tmp_path: Path, objects, pause_at: str) -> None:
     data = tmp_path / "killed"
     pause = tmp_path / "paused"
     script = f"""
@@ -202,13 +205,14 @@ store.wait_durable(store.appended_end, 30)
 Tierer(store, LocalDirectory({objects.root!r})).tier_once()
 """
     child = subprocess.Popen([sys.executable, "-c", script], cwd=ROOT,
-                             env={**os.environ, PAUSE_AT_ENV: "manifest", PAUSE_FILE_ENV: str(pause)})
+                             env={**os.environ, PAUSE_AT_ENV: pause_at, PAUSE_FILE_ENV: str(pause)})
     try:
-        wait_for(pause.exists, "the tierer to pause before its manifest commit", WAIT_S * 2)
+        wait_for(pause.exists, f"the tierer to pause at {pause_at}", WAIT_S * 2)
     finally:
         child.kill()
         child.wait()
-    assert objects.list(layout.DATA) and objects.list(layout.INDEX) and not objects.list(layout.MANIFEST)
+    assert objects.list(layout.DATA) and not objects.list(layout.MANIFEST)
+    assert bool(objects.list(layout.INDEX)) == (pause_at == "manifest")
     from store import FileStore, StoreConfig
     with FileStore(str(data), StoreConfig(segment_size=4096)) as store:
         tierer = Tierer(store, objects)
@@ -233,3 +237,31 @@ def test_object_store_down_keeps_segments_until_it_is_back(file_store, seaweedfs
     assert tier_all(tierer) == len(store.log.segments()) - 1
     assert load_latest(objects) == tierer.manifest
     assert len(store.apply_retention().deleted_segments) == len(tierer.manifest.segments)
+
+
+def test_a_commit_whose_answer_was_lost_counts_as_done(file_store, objects) -> None:
+    store = file_store()
+    fill(store, "t", 60)
+    tierer = Tierer(store, objects)
+    original = objects.put_if_absent
+
+    def put_then_lose_the_answer(key: str, data: bytes) -> bool:
+        original(key, data)  # stored; the writer's retry then finds the key taken
+        return original(key, data)
+    objects.put_if_absent = put_then_lose_the_answer
+    assert tierer.tier_once() is not None
+    assert tierer.manifest == load_latest(objects) and tierer.manifest.version == 1
+    assert not tierer.status().fenced and tierer.status().last_error is None
+
+
+def test_status_is_json(file_store, objects) -> None:
+    store = file_store()
+    fill(store, "t", 60)
+    tierer = Tierer(store, objects)
+    pending = tierer.status()
+    assert pending.pending_segments == len(store.log.segments()) - 1 and pending.oldest_pending_age_ms >= 0
+    tierer.tier_once()
+    document = json.loads(json.dumps(asdict(tierer.status())))
+    assert document["enabled"] and document["segments"] == 1 and document["topics"]["t"]["files"] == 1
+    assert document["description"] == objects.description and document["last_success_ms"] > 0
+    assert json.loads(json.dumps(asdict(TierStatus.disabled())))["enabled"] is False
