@@ -36,8 +36,10 @@ STORE_PUBLIC = ("store.api", "store.errors", *exported("store"), "store.tier.bod
 """The store's public API: its contract (`store/api.py`), its errors, the names that
 `store/__init__.py` exports, and the tier's documented contract (body schemas, the manifest,
 object store errors). Everything else in `store/` is its own business."""
-STORE_READER_API = ("store.StoreReader", "store.reader", "store.record_columns", "store.errors")
-"""The read-only part of it, for code that reads a data directory with no broker running."""
+STORE_READER_API = ("store.StoreReader", "store.reader", "store.record_columns", "store.record_arrow",
+                    "store.errors", "store.tier")
+"""The read-only part of it, for code that reads a data directory (and its tier, in object
+storage) with no broker running."""
 STORE_BUILDERS = ("store.FileStore", "store.file_store", "store.MemoryStore", "store.memory_store")
 """What builds a store."""
 
