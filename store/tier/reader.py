@@ -195,6 +195,11 @@ class TierReader:
         for _, _, file in self._catalog.by_log.meeting(log_offset, log_offset):
             found = self._records(file, [log_offset]).get(log_offset)
             if found is not None:
+                where = self._positions(file).get((found.topic, found.queue_id))
+                index = np.searchsorted(where.offsets, found.queue_offset) if where is not None else 0
+                if where is None or index == len(where.logs) or where.logs[index] != log_offset:
+                    raise TierDataError(file.key, f"the record at log offset {log_offset} is not where "
+                                                  "its queue offset says")
                 return found
         raise KeyError(log_offset)
 

@@ -46,8 +46,15 @@ def rebuild(topic: str, rows: dict[str, list], key: str) -> StoredMessage:
                                  f"record ({type(error).__name__}: {error})") from None
 
 
+_REQUIRED = ("queue", "offset", "msg_id", "keys", "properties", "body", "born_ts", "store_ts", "log_offset",
+             "log_size", "dispatch")
+
+
 def _rebuild(topic: str, rows: dict[str, list], key: str) -> StoredMessage:
     log_offset = rows["log_offset"][0]
+    missing = [name for name in _REQUIRED if any(value is None for value in rows[name])]
+    if missing:
+        raise TierDataError(key, f"the rows of log offset {log_offset} hold nulls in {', '.join(missing)}")
     indexes = rows["batch_index"]
     if indexes[0] is None:
         if len(indexes) != 1:

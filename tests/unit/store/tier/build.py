@@ -2,15 +2,14 @@
 contract's column tables say: a second, independent writer for the reader's tests."""
 from __future__ import annotations
 
-import datetime
 import io
 import struct
-from urllib.parse import quote
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from store import record
+from store.tier import layout
 from store.tier.manifest import Manifest, QueueSpan, TieredFile, TieredSegment, commit, load_latest
 from store.tier.reader import DATA_TYPES, INDEX_TYPES
 
@@ -64,12 +63,8 @@ def data_rows(messages) -> pa.Table:
 
 def parquet(table: pa.Table, row_group_size: int = 131072) -> bytes:
     sink = io.BytesIO()
-    pq.write_table(table, sink, compression="zstd", row_group_size=row_group_size)
+    pq.write_table(table, sink, compression="zstd", row_group_size=row_group_size, write_page_checksum=True)
     return sink.getvalue()
-
-
-def day(ms: int) -> str:
-    return datetime.datetime.fromtimestamp(ms / 1000, datetime.timezone.utc).strftime("%Y-%m-%d")
 
 
 def tier_segments(store, objects, count: int, row_group_size: int = 131072) -> Manifest:
@@ -81,10 +76,10 @@ def tier_segments(store, objects, count: int, row_group_size: int = 131072) -> M
         messages = segment_records(store, segment)
         groups: dict[tuple[str, str], list] = {}
         for message in messages:
-            groups.setdefault((message.topic, day(message.store_ts)), []).append(message)
+            groups.setdefault((message.topic, layout.day_of(message.store_ts)), []).append(message)
         keys = []
         for (topic, when), found in sorted(groups.items()):
-            key = f"data/topic={quote(topic, safe='')}/day={when}/{segment.base:020d}.parquet"
+            key = layout.data_key(topic, when, segment.base)
             data = parquet(data_rows(found), row_group_size)
             objects.put(key, data)
             spans: dict[tuple[str, int], list[int]] = {}
@@ -99,7 +94,7 @@ def tier_segments(store, objects, count: int, row_group_size: int = 131072) -> M
             keys.append(key)
         index = sorted([("id", m.msg_id, m.topic, m.phys_offset, m.store_ts * 1000) for m in messages]
                        + [("key", k, m.topic, m.phys_offset, m.store_ts * 1000) for m in messages for k in m.keys])
-        index_key = f"index/{segment.base:020d}.parquet"
+        index_key = layout.index_key(segment.base)
         objects.put(index_key, parquet(pa.table(dict(zip(INDEX_SCHEMA.names, zip(*index))) if index else
                                                 {n: [] for n in INDEX_SCHEMA.names}, schema=INDEX_SCHEMA),
                                        row_group_size))
