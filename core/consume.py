@@ -26,6 +26,7 @@ from .cursors import Cursor
 from .delivery import RecentMessages
 from .errors import CorruptMessage, InvalidReceiptHandle, OffsetOutOfRange, ReceiptExpired, Unavailable
 from .filters import Filter
+from .history import HistoryFetches, HistoryPending
 from .model import Delivery
 
 log = logging.getLogger(__name__)
@@ -94,7 +95,8 @@ class Reader:
 
     A read below the earliest retained offset is empty (retention removed those messages); a
     corrupt record is an error (``CorruptMessage``, logged), never an empty read: nothing
-    corrupt is delivered, and a consumer is told why it gets nothing.
+    corrupt is delivered, and a consumer is told why it gets nothing. A read of tiered history
+    not cached raises ``HistoryPending`` while ``history`` fetches it off the loop.
     """
 
     def __init__(self, store: Store, recent: RecentMessages, deliverable_end: Callable[[str, int], int],
@@ -103,6 +105,7 @@ class Reader:
         self._recent = recent
         self.deliverable_end = deliverable_end
         self._floors = floors
+        self.history = HistoryFetches(store)
 
     def range(self, topic: str, queue_id: int) -> tuple[int, int]:
         """(earliest offset, deliverable end) of a queue; the earliest respects the topic's
@@ -120,7 +123,9 @@ class Reader:
         if cached:
             return cached
         try:
-            stored = self._store.read(topic, queue_id, offset, limit)
+            stored = self.history.read(
+                ("read", topic, queue_id, offset), f"queue {queue_id} of topic {topic!r} from offset {offset}",
+                functools.partial(self._store.read, topic, queue_id, offset, limit))[:limit]
         except OffsetOutOfRangeError:
             return []
         except CorruptRecordError as corrupt:
@@ -174,11 +179,17 @@ def pop_queue(reader: Reader, cursor: Cursor, consumer: str, topic: str, queue_i
     A message ``withheld`` from this reader (an access rule denies its subject), new or due
     again, is settled like one the selector does not match: never handed out, never retried
     nor dead-lettered, and it blocks nothing behind it.
-    CorruptMessage if the first new message to take is corrupt."""
+    CorruptMessage if the first new message to take is corrupt; HistoryPending if it is tiered
+    history still being fetched (nothing taken yet: run the pop again once it is ready)."""
     out: list[Delivery] = []
     dead: list[Delivery] = []
     for offset in cursor.expired(now_ms, limit):
-        message = reader.read_one(topic, queue_id, offset)
+        try:
+            message = reader.read_one(topic, queue_id, offset)
+        except HistoryPending:
+            if out or dead:  # hand out what was taken; the fetch goes on for the next pop
+                return Popped(out, dead)
+            raise
         if message is None or (withheld is not None and withheld(message)):
             cursor.ack(offset)
         elif cursor.inflight[offset].attempt >= max_attempts:
@@ -194,7 +205,7 @@ def pop_queue(reader: Reader, cursor: Cursor, consumer: str, topic: str, queue_i
     while len(out) < limit and cursor.next < end and cursor.next - cursor.committed < MAX_IN_FLIGHT_SPAN:
         try:
             batch = reader.read(topic, queue_id, cursor.next, min(limit - len(out), end - cursor.next) + 16)
-        except CorruptMessage:
+        except (CorruptMessage, HistoryPending):
             if out or dead:  # hand out what was taken; the next pop reports the corruption
                 break
             raise
@@ -263,7 +274,8 @@ def pull_queue(reader: Reader, topic: str, queue_id: int, offset: int, limit: in
     """Read by offset: (matching messages, next offset, earliest, deliverable end). Messages
     ``withheld`` from this reader (an access rule denies their subject) are skipped like those
     the selector does not match, and the next offset moves past them.
-    CorruptMessage if the message at ``offset`` is corrupt."""
+    CorruptMessage if the message at ``offset`` is corrupt; HistoryPending if it is tiered
+    history still being fetched."""
     earliest, end = reader.range(topic, queue_id)
     if offset > end:
         raise OffsetOutOfRange(f"offset {offset} is past the end of queue {queue_id} of topic "
@@ -273,7 +285,7 @@ def pull_queue(reader: Reader, topic: str, queue_id: int, offset: int, limit: in
     while offset < end and len(out) < limit:
         try:
             batch = reader.read(topic, queue_id, offset, limit - len(out))
-        except CorruptMessage:
+        except (CorruptMessage, HistoryPending):
             if out:  # answer with what was read; the next pull, from ``offset``, reports it
                 break
             raise

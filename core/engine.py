@@ -9,6 +9,7 @@ timers that save offsets, expire members and apply retention, and the tiering lo
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from collections import Counter
 from typing import TYPE_CHECKING
@@ -158,6 +159,8 @@ class Engine:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         self.signals.notify_all()
+        if hasattr(self, "reader"):
+            self.reader.history.close()
         if not hasattr(self, "producer"):
             return
         try:
@@ -183,7 +186,9 @@ class Engine:
         if report.deleted_segments:
             log.info("retention deleted %d segments (%d bytes); the log now starts at offset %d",
                      len(report.deleted_segments), report.deleted_bytes, report.log_min_offset)
-        self._retention_floors.update(self.topics.retention_floors(now))
+        # a floor inside tiered history is found in a thread: the object store may be slow
+        floors = await self.reader.history.run(functools.partial(self.topics.retention_floors, now))
+        self._retention_floors.update(floors)
         return report
 
     async def _adopt_log_topics(self, queues: list[tuple[str, int]]) -> None:

@@ -11,6 +11,7 @@ No authorization here: ``Broker`` decides first. Runs on the event loop; not thr
 
 from __future__ import annotations
 
+import functools
 import itertools
 import zlib
 from collections.abc import Callable
@@ -119,8 +120,10 @@ class LiteReceiver:
 
     def _waiting(self, topic: TopicConfig, name: str, channel: Channel, limit: int) -> list[StoredMessage]:
         """The lite topic's next messages after the channel's position, oldest first."""
-        store = self._engine.store
-        found = store.lookup_key(topic.name, LITE_KEY_PREFIX + name, LOOKUP_LIMIT, since_ms=channel.done_ms)
+        store, key = self._engine.store, LITE_KEY_PREFIX + name
+        found = self._engine.reader.history.read(  # HistoryPending while tiered history is fetched
+            ("key", topic.name, key, channel.done_ms), f"lite topic {name!r} of {topic.name!r}",
+            functools.partial(store.lookup_key, topic.name, key, LOOKUP_LIMIT, since_ms=channel.done_ms))
         if len(found) >= LOOKUP_LIMIT:  # more may wait than one search returns
             return self._scan(topic, name, channel, limit)
         newer = [m for m in found

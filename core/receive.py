@@ -9,17 +9,19 @@ message's subject (``core.acl``). Runs on the event loop; not thread-safe.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 from collections.abc import Callable
 
 from .acl import Withheld
 from .clock import now_ms
-from .consume import make_handle, parse_handle, pop_queue, settle
+from .consume import Popped, make_handle, parse_handle, pop_queue, settle
 from .cursors import Cursor
 from .dead_letter import dead_letter
 from .engine import Engine
 from .errors import InvalidReceiptHandle
 from .filters import Filter
+from .history import HistoryPending, with_history
 from .model import ConsumeMode, Delivery, GroupConfig, MessageType, TopicConfig
 
 
@@ -77,18 +79,31 @@ class Receiver:
                    withheld: Withheld | None) -> list[Delivery]:
         engine = self._engine
         found: list[Delivery] = []
+        pending: list[tuple[Cursor, Callable[[], Popped]]] = []
         now = now_ms()
         for q in queues:
             if len(found) >= limit:
                 break
             cursor = engine.cursors.open((consumer, topic, q), self._start_offset(consumer, topic, q))
-            popped = pop_queue(engine.reader, cursor, consumer, topic, q, selector, now, invisible_ms,
-                               limit - len(found), max_attempts, fifo, withheld)
-            found += popped.deliveries
-            for message in popped.dead:
-                await dead_letter(engine, consumer, message)
-                cursor.ack(message.queue_offset)
+            pop = functools.partial(pop_queue, engine.reader, cursor, consumer, topic, q, selector, now,
+                                    invisible_ms, limit - len(found), max_attempts, fifo, withheld)
+            try:
+                popped = pop()
+            except HistoryPending:  # the other queues first; the fetch goes on meanwhile
+                pending.append((cursor, pop))
+                continue
+            found += await self._taken(consumer, cursor, popped)
+        if pending and not found:  # only tiered history to hand out: wait for it (off the loop)
+            cursor, pop = pending[0]
+            found += await self._taken(consumer, cursor, await with_history(pop))
         return found
+
+    async def _taken(self, consumer: str, cursor: Cursor, popped: Popped) -> list[Delivery]:
+        """The deliveries of one pop, its messages past their attempts dead-lettered."""
+        for message in popped.dead:
+            await dead_letter(self._engine, consumer, message)
+            cursor.ack(message.queue_offset)
+        return popped.deliveries
 
     def _start_offset(self, consumer: str, topic: str, queue_id: int) -> int:
         """Where a consumer new to a queue starts: the earliest message for a group, the

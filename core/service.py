@@ -17,8 +17,8 @@ import asyncio
 import functools
 import logging
 from collections import Counter
-from collections.abc import Callable, Sequence
-from typing import NamedTuple
+from collections.abc import Callable, Hashable, Sequence
+from typing import NamedTuple, TypeVar
 
 from store import InvalidCursorError, KeyCursor
 
@@ -30,6 +30,7 @@ from .engine import Engine
 from .errors import (AccessDenied, CorruptMessage, InvalidArgument, MessageNotFound, NotRecallable,
                      PreconditionFailed, Unavailable)
 from .filters import parse_filter
+from .history import with_history
 from .memory_alarm import MemoryAlarm
 from .model import (SUBJECT_PROPERTY, Action, Delivery, GroupConfig, GroupStats,
                     MessageType, OutgoingMessage, Principal, PullResult, QueueLag, QueueStats, ResourceKind,
@@ -41,6 +42,8 @@ from .settings import CoreConfig
 from .topics import TopicRoute
 from .trace import MessageTrace
 from .transactions import Checker, check_transactional
+
+_T = TypeVar("_T")
 
 log = logging.getLogger(__name__)
 
@@ -534,9 +537,9 @@ class Broker:
         engine = self._engine
         deadline = now_ms() + min(max(0, wait_ms), self.config.max_long_poll_ms)
         while True:
-            messages, next_offset, earliest, end = pull_queue(
-                engine.reader, topic, queue_id, offset, max_messages, selector,
-                self.withheld_by_rules(principal))
+            messages, next_offset, earliest, end = await with_history(functools.partial(
+                pull_queue, engine.reader, topic, queue_id, offset, max_messages, selector,
+                self.withheld_by_rules(principal)))
             now = now_ms()
             if messages or now >= deadline or engine.closing:
                 engine.count_out(topic, messages)
@@ -565,7 +568,8 @@ class Broker:
         return -1 if cursor is None else cursor.committed
 
     def offset_at(self, topic: str, queue_id: int, where: str | int) -> int:
-        """``'earliest'``, ``'latest'`` or a timestamp in ms: the queue offset there."""
+        """``'earliest'``, ``'latest'`` or a timestamp in ms: the queue offset there.
+        HistoryPending while the answer is fetched from tiered storage (``with_history``)."""
         _check_queue(self._topics.get(topic), queue_id)
         earliest, end = self._engine.reader.range(topic, queue_id)
         if where == "earliest":
@@ -573,7 +577,7 @@ class Broker:
         if where == "latest":
             return end
         if isinstance(where, int):
-            return min(end, max(earliest, self._engine.store.offset_for_time(topic, queue_id, where)))
+            return min(end, max(earliest, self._offset_for_time(topic, queue_id, where)))
         raise InvalidArgument(f"offset position {where!r} is not 'earliest', 'latest' or a timestamp")
 
     async def reset_offsets(self, principal: Principal, group: str, topic: str,
@@ -585,7 +589,7 @@ class Broker:
         cursors = self._engine.cursors
         moved = {}
         for q in range(config.queue_count):
-            offset = self.offset_at(topic, q, timestamp_ms)
+            offset = await with_history(functools.partial(self.offset_at, topic, q, timestamp_ms))
             for consumer in self._groups.consumers(group, topic) or {group}:
                 cursors.open((consumer, topic, q), offset).reset(offset)
             moved[q] = offset
@@ -607,14 +611,16 @@ class Broker:
         each). Producers choose ids, so several messages may share one: each topic is searched
         on its own and none hides another's; those an access rule withholds from the caller are
         left out. MessageNotFound when there is none; AccessDenied
-        for a ``topic`` it may not read."""
+        for a ``topic`` it may not read; HistoryPending while tiered history is fetched."""
         if topic:
             self._allow(principal, Action.SUBSCRIBE, ResourceKind.TOPIC, topic)
             topics = [topic]
         else:
             topics = [t.name for t in self._topics.list()
                       if self.allowed(principal, Action.SUBSCRIBE, t.name)]
-        found = [to_delivery(m) for m in self._engine.store.lookup_id(msg_id, topics, ID_LOOKUP_PER_TOPIC)]
+        found = [to_delivery(m) for m in self._stored(
+            ("id", msg_id, tuple(topics)), f"message id {msg_id!r}",
+            functools.partial(self._engine.store.lookup_id, msg_id, topics, ID_LOOKUP_PER_TOPIC))]
         withheld = self.withheld_by_rules(principal)
         if withheld is not None:  # as if absent: a rule's subjects are not even confirmed
             found = [m for m in found if not withheld(m)]
@@ -626,7 +632,7 @@ class Broker:
         """The message with id ``msg_id`` and what happened to it since it was stored
         (``core.trace``): the newest ``lookup_messages`` finds, the others listed beside it.
         PreconditionFailed while tracing is off."""
-        newest, *others = self.lookup_messages(principal, msg_id, topic)
+        newest, *others = await with_history(functools.partial(self.lookup_messages, principal, msg_id, topic))
         if not self._engine.tracer.on:
             raise PreconditionFailed("message tracing is off on this broker; set "
                                      "core.message_trace = true (SLUICE_CORE_MESSAGE_TRACE=true) "
@@ -638,18 +644,19 @@ class Broker:
         """Messages of ``topic`` stored from ``start_ms`` to ``end_ms`` (inclusive), oldest
         first, at most ``limit`` (1-``MAX_LOOKUP_LIMIT``): each queue is entered at its first
         message stored at or after ``start_ms`` (the consume queue's time index) and read
-        forward. Messages an access rule withholds from the caller are left out."""
+        forward. Messages an access rule withholds from the caller are left out.
+        HistoryPending while tiered history is fetched."""
         self._allow(principal, Action.SUBSCRIBE, ResourceKind.TOPIC, topic)
         config = self._topics.get(topic)
         if end_ms < start_ms:
             raise InvalidArgument(f"the range ends ({end_ms}) before it starts ({start_ms})")
         _check_limit(limit)
-        reader, store = self._engine.reader, self._engine.store
+        reader = self._engine.reader
         withheld = self.withheld_by_rules(principal)
         found: list[Delivery] = []
         for queue_id in range(config.queue_count):
             earliest, end = reader.range(topic, queue_id)
-            offset = max(earliest, store.offset_for_time(topic, queue_id, start_ms))
+            offset = max(earliest, self._offset_for_time(topic, queue_id, start_ms))
             taken = 0
             while offset < end and taken < limit:
                 try:
@@ -673,13 +680,15 @@ class Broker:
                    after: str = "") -> MessagePage:
         """Messages of ``topic`` carrying business key ``key``, newest first, at most ``limit``
         (1-``MAX_LOOKUP_LIMIT``); with ``after`` (a page's ``next``), those older than that page.
-        Messages an access rule withholds from the caller are left out (a page may come short)."""
+        Messages an access rule withholds from the caller are left out (a page may come short).
+        HistoryPending while tiered history is fetched."""
         self._allow(principal, Action.SUBSCRIBE, ResourceKind.TOPIC, topic)
         self._topics.get(topic)
         _check_limit(limit)
         try:
             cursor = _parse_cursor(after) if after else None
-            page = self._engine.store.lookup_key_page(topic, key, limit, cursor)
+            page = self._stored(("key", topic, key, limit, cursor), f"key {key!r} of topic {topic!r}",
+                                functools.partial(self._engine.store.lookup_key_page, topic, key, limit, cursor))
         except InvalidCursorError:
             raise InvalidArgument(f"cursor {after[:40]!r} does not continue a lookup of key "
                                   f"{key[:80]!r} in this topic; start again without it") from None
@@ -688,6 +697,16 @@ class Broker:
         withheld = self.withheld_by_rules(principal)
         return MessagePage(found if withheld is None else [m for m in found if not withheld(m)],
                            f"{following.offset}.{following.entry}" if following else "")
+
+    def _stored(self, key: Hashable, what: str, call: Callable[[], _T]) -> _T:
+        """``call()``, a store lookup, on the loop when it needs nothing from object storage;
+        else HistoryPending while it is fetched (``core.history``)."""
+        return self._engine.reader.history.read(key, what, call)
+
+    def _offset_for_time(self, topic: str, queue_id: int, timestamp_ms: int) -> int:
+        return self._stored(("time", topic, queue_id, timestamp_ms),
+                            f"the offset at {timestamp_ms} of queue {queue_id} of topic {topic!r}",
+                            functools.partial(self._engine.store.offset_for_time, topic, queue_id, timestamp_ms))
 
 
 class MessagePage(NamedTuple):

@@ -25,6 +25,7 @@ Runs on the event loop; not thread-safe.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 from collections.abc import Sequence
@@ -258,8 +259,8 @@ class Tracer:
         ``MAX_EVENTS``: the newest ones. ``message`` was read by id (``topic`` is where it was
         sent); ``same_id``: other messages with its id, to list beside it."""
         await self.flush()
-        found = self._store.lookup_key(TRACE_TOPIC, trace_key(message.topic, message.msg_id),
-                                       MAX_EVENTS + 1)
+        found = await self._reader.history.run(functools.partial(  # tiered events: off the loop
+            self._store.lookup_key, TRACE_TOPIC, trace_key(message.topic, message.msg_id), MAX_EVENTS + 1))
         events = [_event(record.born_ts, record.body) for record in reversed(found[:MAX_EVENTS])]
         events.sort(key=lambda e: e.time_ms)  # stable: events of one millisecond keep their order
         return MessageTrace(message, events, len(found) > MAX_EVENTS, tuple(same_id))

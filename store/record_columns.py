@@ -68,6 +68,8 @@ class RecordColumns:
     """Home queue id of every record (uint32)."""
     queue_offset: np.ndarray
     """Home queue offset of every record (uint64)."""
+    crc: np.ndarray
+    """Every record's CRC32C from its header (uint32; ``read_runs`` checked it)."""
     base: int
     """Commit-log offset of ``data[0]``."""
     segment: str
@@ -146,4 +148,4 @@ def decode(run: RecordRun) -> RecordColumns:
         raise CorruptRecordError(run.base + int(starts[bad[0]]), "its section lengths do not add up "
                                  "to its size", run.segment)
     return RecordColumns(run.data, head["born_ts"], head["store_ts"], head["queue_id"], head["queue_offset"],
-                         run.base, run.segment, edges)
+                         head["crc"], run.base, run.segment, edges)

@@ -26,6 +26,7 @@ from core.clients import ClientDirectory
 from core.named_queues import NamedQueues
 from core.vhost_admin import VhostAdmin
 from core.errors import AccessDenied, MessageNotFound, NotFound, UserNotFound
+from core.history import with_history
 from core.model import (INTERNAL_PREFIX, Action, ConsumeMode, Delivery, GroupConfig, MessageType,
                         Permission, Principal, ResourceKind, RetryPolicy, TopicConfig)
 from core.trace import MAX_EVENTS
@@ -326,7 +327,7 @@ async def topic_messages(request: web.Request, principal: Principal) -> Any:
     broker = deps(request).broker
     if key:
         after = request.query.get("after", "")
-        page = broker.lookup_key(principal, topic, key, limit=limit, after=after)
+        page = await with_history(lambda: broker.lookup_key(principal, topic, key, limit=limit, after=after))
         headers: dict[str, str] = {}
         if page.next:
             headers["Link"] = f'<{request.rel_url.update_query(after=page.next)}>; rel="next"'
@@ -335,7 +336,8 @@ async def topic_messages(request: web.Request, principal: Principal) -> Any:
     if "from" in request.query:
         start = query_int(request, "from", 0)
         end = query_int(request, "to", int(time.time() * 1000))
-        return [message_json(m) for m in broker.find_in_time(principal, topic, start, end, limit)]
+        found = await with_history(lambda: broker.find_in_time(principal, topic, start, end, limit))
+        return [message_json(m) for m in found]
     raise HttpProblem(400, "missing_query", "pass the business key to look up (?key=KEY) or a "
                       "time range in ms since the epoch (?from=MS&to=MS)")
 
@@ -352,8 +354,8 @@ async def message_by_id(request: web.Request, principal: Principal) -> dict[str,
     the topic's name leaks, and its messages are not searched."""
     msg_id = request.match_info["msg_id"]
     try:
-        newest, *others = deps(request).broker.lookup_messages(principal, msg_id,
-                                                               request.query.get("topic", ""))
+        newest, *others = await with_history(functools.partial(
+            deps(request).broker.lookup_messages, principal, msg_id, request.query.get("topic", "")))
     except (AccessDenied, MessageNotFound):
         raise _not_found(msg_id) from None
     return {**message_json(newest), "same_id": [message_json(m) for m in others]}

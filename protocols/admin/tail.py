@@ -29,6 +29,7 @@ from typing import Any
 from aiohttp import web
 
 from core.errors import AccessDenied
+from core.history import with_history
 from core.model import SUBJECT_PROPERTY, Action, Delivery, Principal
 
 from .errors import HttpProblem
@@ -120,7 +121,7 @@ class _Stream:
     async def history(self, queue_id: int, since_ms: int) -> int:
         """Write one queue's messages stored since ``since_ms``; return where they end."""
         broker, topic = self._broker, self._topic
-        offset = broker.offset_at(topic, queue_id, since_ms)
+        offset = await with_history(lambda: broker.offset_at(topic, queue_id, since_ms))
         end = broker.offset_at(topic, queue_id, "latest")
         while offset < end:
             pulled = await broker.pull(self._principal, "$admin-tail", topic, queue_id, offset,

@@ -9,12 +9,15 @@ a stream. Runs on the event loop.
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Sized
 from typing import Protocol
 
 from pamqp.commands import Basic
 
 from core.acl import Withheld
+from core.errors import Unavailable
+from core.history import HistoryPending
 from core.model import Delivery
 from core.queue_features import features, levels
 from core.service import MAX_INVISIBLE_MS
@@ -25,8 +28,12 @@ from .consumers import Consumers, consumer_priority
 from .flow_control import WriteGate
 from .queue_limits import QueueLimits
 
+log = logging.getLogger(__name__)
+
 MAX_POP = 256
 """Most messages one consumer takes from its queue per dispatch."""
+RETRY_S = 1.0
+"""How long a consumer whose queue the store cannot read now waits before it tries again."""
 
 
 class Window(Protocol):
@@ -133,19 +140,27 @@ class Consumer:
             owner.gate.wait(self.dispatch)
             return
         withheld = owner.withheld()
-        if self.stream_offset is not None:  # a stream: read on from this consumer's offset
-            popped, self.stream_offset = owner.queues.read(self.queue, self.stream_offset, room)
-            taken = len(popped)
-            if withheld is not None:  # skipped for this reader; the stream keeps them
-                popped = [delivery for delivery in popped if not withheld(delivery)]
-        elif not owner.consumers.may_take(self):  # single active, or higher priorities first
-            if not self.single_active:
-                self._arm()
+        try:
+            if self.stream_offset is not None:  # a stream: read on from this consumer's offset
+                popped, self.stream_offset = owner.queues.read(self.queue, self.stream_offset, room)
+                taken = len(popped)
+                if withheld is not None:  # skipped for this reader; the stream keeps them
+                    popped = [delivery for delivery in popped if not withheld(delivery)]
+            elif not owner.consumers.may_take(self):  # single active, or higher priorities first
+                if not self.single_active:
+                    self._arm()
+                return
+            else:
+                popped = owner.queues.pop_first(self.levels, room, MAX_INVISIBLE_MS,
+                                                mark=not self.no_ack, withheld=withheld)
+                taken = len(popped)
+        except HistoryPending as pending:  # tiered history, fetched off the loop: go on when it is
+            pending.ready.add_done_callback(lambda _: self.wake())
             return
-        else:
-            popped = owner.queues.pop_first(self.levels, room, MAX_INVISIBLE_MS,
-                                            mark=not self.no_ack, withheld=withheld)
-            taken = len(popped)
+        except Unavailable as error:  # the object store failed: try again in a while
+            log.warning("consumer %s of queue %r waits for the store: %s", self.tag, self.queue, error)
+            asyncio.get_running_loop().call_later(RETRY_S, self.wake)
+            return
         for delivery in popped:
             owner.deliver(self, delivery)
         owner.write_out()

@@ -24,6 +24,7 @@ from typing import Any
 from core.acl import Withheld
 from core.clock import now_ms
 from core.errors import NotFound, PreconditionFailed, SluiceError
+from core.history import HistoryPending
 from core.interop import MQTT_EXPIRY_AT
 from core.model import SUBJECT_PROPERTY, Delivery, OutgoingMessage
 from core.named_queues import NamedQueues
@@ -281,8 +282,13 @@ class QueueLimits:
         for named in self._named.with_work(queues):
             if len(popped) >= max_messages:
                 break
-            popped += self.pop(named, max_messages - len(popped), invisible_ms, mark=mark,
-                               withheld=withheld)
+            try:
+                popped += self.pop(named, max_messages - len(popped), invisible_ms, mark=mark,
+                                   withheld=withheld)
+            except HistoryPending:
+                if popped:  # what the higher levels gave goes out; the fetch goes on meanwhile
+                    break
+                raise
         return popped
 
     def _queue_of(self, named: str) -> _Queue | None:

@@ -9,6 +9,7 @@ from rocketmq.grpc_protocol import definition_pb2 as pb
 from rocketmq.grpc_protocol import service_pb2 as rpc
 
 from core.errors import InvalidArgument
+from core.history import with_history
 
 from .context import Call, Edge
 from .convert import delivered, filter_of, name_of, now_ms
@@ -69,4 +70,5 @@ async def query_offset(edge: Edge, call: Call, request: rpc.QueryOffsetRequest) 
         raise InvalidArgument(f"unknown query_offset_policy {request.query_offset_policy}; "
                               "use BEGINNING, END or TIMESTAMP")
     edge.broker.get_topic(topic)
-    return rpc.QueryOffsetResponse(status=ok(), offset=edge.broker.offset_at(topic, mq.id, where))
+    offset = await with_history(lambda: edge.broker.offset_at(topic, mq.id, where))
+    return rpc.QueryOffsetResponse(status=ok(), offset=offset)

@@ -30,7 +30,7 @@ from .schema import DATA_SCHEMA, INDEX_SCHEMA
 DATA_TYPES: dict[str, pa.DataType] = {field.name: field.type for field in DATA_SCHEMA}
 """The data file columns a reader relies on (``data`` is the body schema's, not checked)."""
 _RECORD_COLUMNS = ("queue", "offset", "batch_index", "msg_id", "keys", "tag", "properties", "body",
-                   "born_ts", "store_ts", "log_offset", "log_size", "dispatch")
+                   "born_ts", "store_ts", "log_offset", "log_size", "log_crc", "dispatch")
 INDEX_TYPES: dict[str, pa.DataType] = {field.name: field.type for field in INDEX_SCHEMA}
 
 

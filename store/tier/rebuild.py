@@ -9,7 +9,8 @@ from __future__ import annotations
 import struct
 
 from ..errors import InvalidRecordError, StoreError
-from ..record import StoredMessage, dispatch_head, encode_keys, encode_properties, encoded_size, pack_target
+from ..record import (StoredMessage, dispatch_head, encode_into, encode_keys, encode_properties, encoded_size,
+                      pack_target)
 from .packing import pack
 
 _MS = 1000  # timestamps are microseconds in Parquet, milliseconds in the log
@@ -28,7 +29,8 @@ class TierDataError(StoreError):
 
 def rebuild(topic: str, rows: dict[str, list], key: str) -> StoredMessage:
     """The record of ``topic`` held by ``rows`` (the columns of every row of one log offset,
-    in file order, timestamps as integer microseconds), checked against its ``log_size``."""
+    in file order, timestamps as integer microseconds), checked against its ``log_size`` and,
+    re-encoded as the log held it, against its ``log_crc``."""
     try:
         return _rebuild(topic, rows, key)
     except (TypeError, ValueError, AttributeError, IndexError, OverflowError, struct.error,
@@ -38,7 +40,7 @@ def rebuild(topic: str, rows: dict[str, list], key: str) -> StoredMessage:
 
 
 _REQUIRED = ("queue", "offset", "msg_id", "keys", "properties", "body", "born_ts", "store_ts", "log_offset",
-             "log_size", "dispatch")
+             "log_size", "log_crc", "dispatch")
 
 
 def _rebuild(topic: str, rows: dict[str, list], key: str) -> StoredMessage:
@@ -67,5 +69,12 @@ def _rebuild(topic: str, rows: dict[str, list], key: str) -> StoredMessage:
     if size != rows["log_size"][0]:
         raise TierDataError(key, f"log offset {log_offset} rebuilds to {size} bytes, the log held "
                                  f"{rows['log_size'][0]}")
+    record = bytearray(size)
+    encode_into(record, 0, size, log_offset, rows["queue"][0], rows["offset"][0], born // _MS, stored // _MS,
+                topic.encode(), msg_id.encode(), tag.encode(), keys, props, dispatch, body)
+    found = int.from_bytes(record[8:12], "little")
+    if found != rows["log_crc"][0]:
+        raise TierDataError(key, f"log offset {log_offset} rebuilds to a record of CRC32C {found:#010x}, the "
+                                 f"log held {rows['log_crc'][0]:#x}")
     return StoredMessage(log_offset, size, topic, rows["queue"][0], rows["offset"][0], born // _MS,
                          stored // _MS, msg_id, tag, body, keys, props, dispatch)

@@ -18,9 +18,11 @@ DATA_SCHEMA = pa.schema([
     ("queue", pa.int32()), ("offset", pa.int64()), ("batch_index", pa.int32()), ("msg_id", pa.string()),
     ("keys", KEYS_TYPE), ("tag", pa.string()), ("subject", pa.string()), ("properties", PROPERTIES_TYPE),
     ("body", pa.binary()), ("born_ts", MICROS), ("store_ts", MICROS), ("log_offset", pa.int64()),
-    ("log_size", pa.int32()), ("dispatch", DISPATCH_TYPE),
+    ("log_size", pa.int32()), ("log_crc", pa.int64()), ("dispatch", DISPATCH_TYPE),
 ])
-"""A data file's columns; files of a topic with a body schema add ``data`` (``with_data``)."""
+"""A data file's columns; files of a topic with a body schema add ``data`` (``with_data``).
+``log_crc`` is the record's CRC32C from its log header (0 to 2**32 - 1): a reader rebuilds the
+record and checks it, so a rewritten file cannot pass off other bytes as the record."""
 INDEX_SCHEMA = pa.schema([
     ("kind", pa.string()), ("value", pa.string()), ("topic", pa.string()), ("log_offset", pa.int64()),
     ("store_ts", MICROS),

@@ -119,7 +119,8 @@ def _rows(columns: RecordColumns, buffer: pa.Buffer, log_offsets: np.ndarray,
         record_arrow.keys(columns, buffer), record_arrow.tags(buffer, columns.spans("tag")),
         properties.value(_SUBJECT).cast(pa.string()), properties.map(), body,
         pa.array(columns.born_ts * 1000).view(MICROS), pa.array(columns.store_ts * 1000).view(MICROS),
-        pa.array(log_offsets), pa.array(sizes.astype(np.int32)), _dispatch(columns, buffer),
+        pa.array(log_offsets), pa.array(sizes.astype(np.int32)), pa.array(columns.crc.astype(np.int64)),
+        _dispatch(columns, buffer),
     ], schema=DATA_SCHEMA)
     record_of_row = np.arange(count)
     packed = properties.value(_PACKED)

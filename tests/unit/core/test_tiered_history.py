@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 
 from core.assembly import Core
+from core.history import with_history
 from core.metadata import MetadataRepository
 from core.model import SYSTEM, OutgoingMessage, TopicConfig
 from core.settings import CoreConfig
@@ -36,12 +37,14 @@ async def everything(broker, queues: int) -> dict:
             pulled += [view(d) for d in result.messages]
             offset = result.next_offset
         out["pulled"][queue] = pulled
-        out["at_time"] = [broker.offset_at("orders", queue, ts) for *_, ts in pulled[::9]]
+        out["at_time"] = [await with_history(lambda ts=ts: broker.offset_at("orders", queue, ts))
+                          for *_, ts in pulled[::9]]
     for n in range(0, 120, 11):
-        out["ids"][n] = [view(d) for d in broker.lookup_messages(SYSTEM, f"id-{n}", "orders")]
+        out["ids"][n] = [view(d) for d in await with_history(
+            lambda: broker.lookup_messages(SYSTEM, f"id-{n}", "orders"))]
     after = ""
     while True:
-        page = broker.lookup_key(SYSTEM, "orders", "even", 5, after)
+        page = await with_history(lambda: broker.lookup_key(SYSTEM, "orders", "even", 5, after))
         out["keys"] += [view(d) for d in page.messages]
         if not page.next:
             return out

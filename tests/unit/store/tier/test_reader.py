@@ -3,14 +3,18 @@ much it keeps."""
 from __future__ import annotations
 
 import dataclasses
+import io
 import os
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 from store.api import StoreConfig
-from store.errors import CorruptRecordError, OffsetOutOfRangeError, StoreError
+from store.errors import CorruptRecordError, OffsetOutOfRangeError, StoreError, TierFetchNeeded
 from store.file_store import FileStore
-from store.tier.objects import LocalDirectory
+from store.tier import files
+from store.tier.objects import LocalDirectory, ObjectStoreError
 from store.tier.reader import MissingFromTier, TierReader
 from store.tier.rebuild import TierDataError
 
@@ -237,3 +241,71 @@ def test_offsets_whose_home_files_are_gone_are_skipped_one_by_one(tier):
     assert isinstance(error.value, CorruptRecordError) and "next offset" in str(error.value)
     following = next(n for n in range(first + 1, reader.queue_end("orders-copy", 0)) if n not in gone)
     assert reader.read("orders-copy", 0, following, 1)[0].encode() == everything[following].encode()
+
+
+def test_a_body_rewritten_to_the_same_length_is_an_error_not_a_wrong_record(tier):
+    """Sizes still add up; only the record's CRC32C (``log_crc``) tells the bytes are not the log's."""
+    _, objects, manifest, records = tier
+    victim = next(f for f in manifest.files if f.topic == "orders")
+    table = pq.read_table(io.BytesIO(objects.get(victim.key)))
+    row = next(i for i, body in enumerate(table.column("body").to_pylist()) if body)
+    bodies = table.column("body").to_pylist()
+    bodies[row] = bytes(b ^ 0x01 for b in bodies[row])
+    sink = io.BytesIO()
+    pq.write_table(table.set_column(table.column_names.index("body"), "body", pa.array(bodies, pa.binary())),
+                   sink, compression="zstd")
+    objects.put(victim.key, sink.getvalue())
+    rewritten = dataclasses.replace(victim, bytes=len(sink.getvalue()))
+    reader = TierReader(objects)
+    reader.set_manifest(dataclasses.replace(manifest, files=tuple(
+        rewritten if f is victim else f for f in manifest.files)))
+    damaged = table.column("log_offset")[row].as_py()
+    with pytest.raises(TierDataError, match="CRC32C"):
+        reader.read_at(damaged)
+    intact = next(offset for offset in range(victim.log_first, victim.log_last + 1)
+                  if offset in records and offset != damaged and records[offset].topic == "orders")
+    assert reader.read_at(intact).encode() == records[intact].encode()
+
+
+class Failing(Counting):
+    """An object store that is down while ``down`` is set."""
+
+    down = False
+
+    def get_range(self, key: str, start: int, length: int) -> bytes:
+        if self.down:
+            raise ObjectStoreError(f"cannot reach {self.description}")
+        return super().get_range(key, start, length)
+
+
+def test_cached_only_reads_what_is_cached_and_never_fetches(tier):
+    _, objects, manifest, records = tier
+    counting = Counting(objects)
+    reader = TierReader(counting)
+    reader.refresh()
+    first = min(records)
+    with reader.cached_only(), pytest.raises(TierFetchNeeded):
+        reader.read_at(first)
+    assert counting.fetched == []
+    expected = reader.read_at(first)  # outside it: fetched, then cached
+    fetched = len(counting.fetched)
+    with reader.cached_only():
+        assert reader.read_at(first).encode() == expected.encode()
+    assert len(counting.fetched) == fetched
+
+
+def test_after_a_failure_fetches_fail_fast_for_a_while(tier, monkeypatch):
+    _, objects, manifest, records = tier
+    failing = Failing(objects)
+    reader = TierReader(failing)
+    reader.refresh()
+    failing.down = True
+    with pytest.raises(ObjectStoreError, match="cannot reach"):
+        reader.read_at(min(records))
+    failing.down = False
+    asked = len(failing.fetched)
+    with pytest.raises(ObjectStoreError, match="retry later"):
+        reader.read_at(min(records))  # the store is back, but the reader does not ask it yet
+    assert len(failing.fetched) == asked
+    monkeypatch.setattr(files, "FAIL_FAST_S", 0.0)
+    assert reader.read_at(min(records)).encode() == records[min(records)].encode()
