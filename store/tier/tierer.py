@@ -72,6 +72,13 @@ class TierStatus:
     errors: int = 0
     """Failed steps since start."""
 
+    @classmethod
+    def disabled(cls) -> TierStatus:
+        """The status of a store that is not tiered."""
+        return cls(enabled=False, description="", tiered_end=0, segments=0, files=0, bytes=0, topics={},
+                   pending_segments=0, pending_bytes=0, oldest_pending_age_ms=None, last_success_ms=None,
+                   last_error=None, epoch=0, fenced=False)
+
 
 @dataclass
 class _Counters:

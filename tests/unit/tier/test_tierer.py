@@ -3,9 +3,11 @@ without leaving duplicates, gates local retention on what is tiered, applies tie
 stops when a newer leader writes the tier, and sweeps objects no manifest names."""
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
+from dataclasses import asdict
 from pathlib import Path
 
 import pyarrow.dataset as ds
@@ -14,7 +16,7 @@ import pytest
 from store.tier import layout
 from store.tier.manifest import ManifestConflict, load_latest
 from store.tier.objects import ObjectStoreError, TierLocation
-from store.tier.tierer import PAUSE_AT_ENV, PAUSE_FILE_ENV, Tierer
+from store.tier.tierer import PAUSE_AT_ENV, PAUSE_FILE_ENV, Tierer, TierStatus
 from tests.tier_support import SeaweedFS
 from tests.waiting import wait_for
 
@@ -250,3 +252,16 @@ def test_a_commit_whose_answer_was_lost_counts_as_done(file_store, objects) -> N
     assert tierer.tier_once() is not None
     assert tierer.manifest == load_latest(objects) and tierer.manifest.version == 1
     assert not tierer.status().fenced and tierer.status().last_error is None
+
+
+def test_status_is_json(file_store, objects) -> None:
+    store = file_store()
+    fill(store, "t", 60)
+    tierer = Tierer(store, objects)
+    pending = tierer.status()
+    assert pending.pending_segments == len(store.log.segments()) - 1 and pending.oldest_pending_age_ms >= 0
+    tierer.tier_once()
+    document = json.loads(json.dumps(asdict(tierer.status())))
+    assert document["enabled"] and document["segments"] == 1 and document["topics"]["t"]["files"] == 1
+    assert document["description"] == objects.description and document["last_success_ms"] > 0
+    assert json.loads(json.dumps(asdict(TierStatus.disabled())))["enabled"] is False

@@ -12,7 +12,8 @@ import pyarrow.parquet as pq
 
 from store import Message, record
 from store.tier import layout, packing
-from store.tier.schema import DATA_SCHEMA, INDEX_ROW_GROUP, INDEX_SCHEMA
+from store.tier.body_schema import arrow_type
+from store.tier.schema import DATA_SCHEMA, INDEX_ROW_GROUP, INDEX_SCHEMA, with_data
 from store.tier.writer import write_segment
 
 from .conftest import WAIT_S
@@ -64,7 +65,7 @@ def test_every_record_round_trips_through_its_rows(file_store) -> None:
         info = data_file.info
         assert info.key == layout.data_key(topic, info.day, base) and info.bytes == len(data_file.parquet)
         table = pq.read_table(io.BytesIO(data_file.parquet))
-        expected = DATA_SCHEMA if topic == "plain" else DATA_SCHEMA.append(pa.field("data", table.schema.field("data").type))
+        expected = DATA_SCHEMA if topic == "plain" else with_data(arrow_type(SCHEMA))
         assert table.schema.remove_metadata() == expected
         assert info.rows == table.num_rows and info.body_schema == (SCHEMA if topic == TOPIC else None)
         rows = table.to_pylist()
