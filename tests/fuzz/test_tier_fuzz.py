@@ -20,7 +20,7 @@ from store.errors import StoreError
 from store.file_store import FileStore
 from store.tier.objects import LocalDirectory
 from store.tier.reader import TierReader
-from tests.unit.store.tier.build import parquet, segment_records, tier_segments
+from tests.unit.store.tier.build import row_groups, segment_records, tier_segments
 from tests.unit.store.tier.conftest import fill
 
 FUZZ = settings(max_examples=150, deadline=None, derandomize=True,
@@ -35,7 +35,8 @@ def original():
         try:
             fill(store, 120)
             objects = LocalDirectory(directory + "/tier")
-            manifest = tier_segments(store, objects, 2, row_group_size=4)
+            with row_groups(4):
+                manifest = tier_segments(store, objects, 2)
             records = {m.phys_offset: m for s in store.log.segments()[:2] for m in segment_records(store, s)}
             blobs = {info.key: objects.get(info.key) for info in objects.list("")}
         finally:
@@ -113,6 +114,12 @@ def test_damaged_objects_give_store_errors_or_the_right_records(original, which,
     key = keys[which % len(keys)]
     blobs[key] = mutate(blobs[key], how)
     check_everything(original, blobs)
+
+
+def parquet(table: pa.Table, row_group_size: int) -> bytes:
+    sink = io.BytesIO()
+    pq.write_table(table, sink, compression="zstd", row_group_size=row_group_size, write_page_checksum=True)
+    return sink.getvalue()
 
 
 def _hostile_tables(table: pa.Table, draw) -> pa.Table:

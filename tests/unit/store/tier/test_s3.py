@@ -17,7 +17,7 @@ from store.file_store import FileStore
 from store.tier.objects import ACCESS_KEY_ENV, SECRET_KEY_ENV, ObjectStoreError, TierLocation, save_location
 from store.tier.reader import TierReader
 
-from .build import segment_records, tier_segments
+from .build import row_groups, segment_records, tier_segments
 from .conftest import fill
 from .test_reader import Counting
 
@@ -32,7 +32,8 @@ def s3_tier(seaweedfs, tmp_path):
     fill(store, 200)
     records = {m.phys_offset: m.encode() for s in store.log.segments()[:-1] for m in segment_records(store, s)}
     before = {queue: [m.encode() for m in store.read(*queue, 0, 10_000, 1 << 30)] for queue in store.queues()}
-    manifest = tier_segments(store, objects, 1000, row_group_size=8)
+    with row_groups(8):
+        manifest = tier_segments(store, objects, 1000)
     store.apply_retention()
     assert store.log.min_offset == manifest.tiered_end
     yield store, location, objects, records, before
