@@ -21,6 +21,7 @@ SCHEMA = json.dumps({"type": "object", "properties": {
     "device": {"type": "string"}, "seq": {"type": "integer"}, "temperature": {"type": "number"}}})
 CONFIG = StoreConfig(segment_size=1 << 16, retention_max_bytes=1)
 COUNT = 1200
+MIRRORED = 10
 
 
 def body(i: int) -> bytes:
@@ -28,8 +29,9 @@ def body(i: int) -> bytes:
 
 
 def write_and_tier(directory: str, location: TierLocation) -> dict:
-    """``devices`` (4 queues, subjects; written in two eras a millisecond apart) and one packed
-    batch on ``bulk``; every sealed segment tiered to ``location``, then deleted locally."""
+    """``devices`` (4 queues, subjects; written in two eras a millisecond apart; its first
+    MIRRORED messages fanned out to ``mirror`` too) and one packed batch on ``bulk``; every
+    sealed segment tiered to ``location``, then deleted locally."""
     store = FileStore(directory, CONFIG)
     try:
         packed = store.append("bulk", pack_bodies([b"r0", b"r1", b"r2"]), properties={BATCH_PROPERTY: "3"})
@@ -40,7 +42,8 @@ def write_and_tier(directory: str, location: TierLocation) -> dict:
                 while int(time.time() * 1000) < boundary:  # the clock passes the boundary first
                     pass
             result = store.append("devices", body(i), queue_id=i % 4, keys=[f"d{i % 7}"],
-                                  properties={"sluice.subject": f"devices/d{i % 7}/telemetry"})
+                                  properties={"sluice.subject": f"devices/d{i % 7}/telemetry"},
+                                  extra_queues=[("mirror", 0)] if i < MIRRORED else ())
         store.wait_durable(result.end_offset)
         store.checkpoint()
         tierer = Tierer(store, location.open(), body_schema=lambda topic: SCHEMA if topic == "devices" else None)
@@ -96,7 +99,8 @@ def rows_by_queue(frame) -> dict:
 
 
 def expected() -> dict:
-    want: dict = {("bulk", 0): [(0, i, b"r%d" % i) for i in range(3)]}
+    want: dict = {("bulk", 0): [(0, i, b"r%d" % i) for i in range(3)],
+                  ("mirror", 0): [(i, None, body(i)) for i in range(MIRRORED)]}
     for i in range(COUNT):
         want.setdefault(("devices", i % 4), []).append((i // 4, None, body(i)))
     return want
@@ -104,7 +108,7 @@ def expected() -> dict:
 
 def test_tiered_history_reads_as_before_with_and_without_register(spark, tiered):
     for name, session in sessions(spark).items():
-        got = rows_by_queue(load(session, tiered["path"], subscribe="devices,bulk"))
+        got = rows_by_queue(load(session, tiered["path"], subscribe="devices,bulk,mirror"))
         assert {key: [row[:3] for row in rows] for key, rows in got.items()} == expected(), name
         sample = got[("devices", 1)][0]
         assert sample[4] == ("d1",) and sample[5] == "devices/d1/telemetry", name
@@ -167,7 +171,7 @@ def test_an_s3_tier_without_s3a_is_read_through_the_python_source(spark, tmp_pat
         location = TierLocation(f"s3://{server.bucket}/tier", s3_endpoint=server.endpoint)
         made = write_and_tier(str(tmp_path / "data"), location)
         with caplog.at_level(logging.WARNING, logger="analytics.planner"):
-            got = rows_by_queue(load(sessions(spark)["planned"], made["path"], subscribe="devices,bulk"))
+            got = rows_by_queue(load(sessions(spark)["planned"], made["path"], subscribe="devices,bulk,mirror"))
         assert {key: [row[:3] for row in rows] for key, rows in got.items()} == expected()
         assert "hadoop-aws" in caplog.text
 
