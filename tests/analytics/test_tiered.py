@@ -38,6 +38,7 @@ def write_and_tier(directory: str, location: TierLocation) -> dict:
         boundary = None
         for i in range(COUNT):
             if i == COUNT // 2:
+                store.wait_durable(result.end_offset)
                 boundary = store.read("devices", (i - 1) % 4, (i - 1) // 4, 1)[0].store_ts + 1
                 while int(time.time() * 1000) < boundary:  # the clock passes the boundary first
                     pass
@@ -163,6 +164,7 @@ def test_a_stream_from_earliest_starts_in_the_tier(spark, tiered, tmp_path):
 def test_an_s3_tier_without_s3a_is_read_through_the_python_source(spark, tmp_path, caplog, monkeypatch):
     from tests.tier_support import seaweedfs
 
+    (tmp_path / "s3").mkdir()
     with seaweedfs(tmp_path / "s3") as server:
         for variable, value in (("SLUICE_TIER_S3_ACCESS_KEY", server.access_key),
                                 ("SLUICE_TIER_S3_SECRET_KEY", server.secret_key)):
