@@ -21,7 +21,8 @@ from typing import TYPE_CHECKING
 from . import layout
 from . import manifest as manifests
 from .manifest import Manifest, ManifestConflict, TieredSegment
-from .objects import ObjectStore, ObjectStoreError
+from ..errors import StoreError
+from .objects import ObjectStore
 from .writer import write_segment
 
 if TYPE_CHECKING:
@@ -70,6 +71,13 @@ class TierStatus:
     """Bytes uploaded since start (data and index files)."""
     errors: int = 0
     """Failed steps since start."""
+
+    @classmethod
+    def disabled(cls) -> TierStatus:
+        """The status of a store that is not tiered."""
+        return cls(enabled=False, description="", tiered_end=0, segments=0, files=0, bytes=0, topics={},
+                   pending_segments=0, pending_bytes=0, oldest_pending_age_ms=None, last_success_ms=None,
+                   last_error=None, epoch=0, fenced=False)
 
 
 @dataclass
@@ -120,10 +128,11 @@ class Tierer:
 
     def tier_once(self) -> TieredSegment | None:
         """Tier the oldest pending segment; None if nothing is pending. Raises
-        ObjectStoreError (ManifestConflict when fenced or beaten to the commit)."""
+        ObjectStoreError (ManifestConflict when fenced or beaten to the commit), or StoreError
+        if the segment cannot be read."""
         try:
             return self._tier_once()
-        except ObjectStoreError as error:
+        except StoreError as error:
             self._failed(error)
             raise
 
@@ -164,10 +173,14 @@ class Tierer:
         chunks = []
         offset = start
         while offset < end:
-            chunk = self.store.log.read(offset, min(_READ_CHUNK, end - offset))[0]
+            try:
+                chunk = self.store.log.read(offset, min(_READ_CHUNK, end - offset))[0]
+            except FileNotFoundError:
+                chunk = b""
             if not chunk:
-                raise ObjectStoreError(f"commit-log bytes at offset {offset} are gone; the segment "
-                                       "was deleted before it was tiered")
+                raise StoreError(f"commit-log bytes at offset {offset} are gone: retention deleted the "
+                                 "segment before it was tiered (set the store's tier_floor); the next "
+                                 "segment is tiered next")
             chunks.append(chunk)
             offset += len(chunk)
         return b"".join(chunks)
@@ -186,16 +199,17 @@ class Tierer:
         try:
             manifests.commit(self.objects, manifest)
         except ManifestConflict:
-            self.refresh()
-            if self.manifest is not None and self.manifest.epoch > manifest.epoch:
-                self._state.fenced = True
-            raise
+            # a put whose answer was lost and whose retry found its own object is no conflict
+            if self.refresh() != manifest:
+                if self.manifest is not None and self.manifest.epoch > manifest.epoch:
+                    self._state.fenced = True
+                raise
         self.manifest = manifest
         self._state.last_success_ms = int(time.time() * 1000)
         self._state.last_error = None
         self._prune_manifests()
 
-    def _failed(self, error: ObjectStoreError) -> None:
+    def _failed(self, error: StoreError) -> None:
         self._state.errors += 1
         self._state.last_error = str(error)
         log.warning("tiering to %s failed: %s", self.objects.description, error)
@@ -225,7 +239,7 @@ class Tierer:
         index files of segments left with no data file). Returns the keys deleted."""
         try:
             return self._apply_tier_retention(now_ms, retention_ms)
-        except ObjectStoreError as error:
+        except StoreError as error:
             self._failed(error)
             raise
 
