@@ -39,20 +39,20 @@ class ParquetObjects:
 
     def row_group(self, key: str, index: int, columns: Sequence[str], types: dict[str, pa.DataType]) -> pa.Table:
         """Row group ``index`` of ``key``, with ``columns`` checked against ``types``."""
-        return self._load(("group", key, index, tuple(columns)), key, types,
+        return self._load(("group", key, index, tuple(columns)), key, columns, types,
                           lambda file: file.read_row_group(index, columns=list(columns)))
 
     def columns(self, key: str, columns: Sequence[str], types: dict[str, pa.DataType]) -> pa.Table:
         """``columns`` of every row of ``key``, checked against ``types``."""
-        return self._load(("columns", key, tuple(columns)), key, types,
+        return self._load(("columns", key, tuple(columns)), key, columns, types,
                           lambda file: file.read(columns=list(columns)))
 
-    def _load(self, cache_key: Hashable, key: str, types: dict[str, pa.DataType],
+    def _load(self, cache_key: Hashable, key: str, columns: Sequence[str], types: dict[str, pa.DataType],
               read: Callable[[pq.ParquetFile], pa.Table]) -> pa.Table:
         def load() -> tuple[pa.Table, int]:
             meta, length = self._footer(key, None)
             table = _checked(key, lambda: read(_open(self.objects, key, length, meta)))
-            _check_types(key, table, types)
+            _check_columns(key, table, columns, types)
             return table, table.nbytes + 256
         return self.cache.get_or_load(cache_key, load)
 
@@ -91,8 +91,11 @@ def _checked(key: str, read: Callable[[], Any]) -> Any:
         raise TierDataError(key, f"not a readable Parquet file ({type(error).__name__}: {error})") from None
 
 
-def _check_types(key: str, table: pa.Table, types: dict[str, pa.DataType]) -> None:
-    for name in table.column_names:
+def _check_columns(key: str, table: pa.Table, columns: Sequence[str], types: dict[str, pa.DataType]) -> None:
+    """Every one of ``columns`` is in ``table``, once, of its type in ``types``."""
+    for name in columns:
+        if len(table.schema.get_all_field_indices(name)) != 1:
+            raise TierDataError(key, f"it has no column {name} (or more than one)")
         wanted = types.get(name)
         if wanted is not None and not _same_type(table.schema.field(name).type, wanted):
             raise TierDataError(key, f"column {name} is {table.schema.field(name).type}, expected {wanted}")

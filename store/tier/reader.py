@@ -15,7 +15,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ..errors import CorruptRecordError, OffsetOutOfRangeError
+from ..errors import CorruptRecordError, OffsetOutOfRangeError, StoreError
 from ..record import StoredMessage
 from ..record_builder import generated_id_offset
 from . import positions
@@ -25,20 +25,25 @@ from .manifest import Manifest, TieredFile, load_latest
 from .objects import ObjectStore
 from .positions import Positions
 from .rebuild import TierDataError, rebuild
+from .schema import DATA_SCHEMA, INDEX_SCHEMA
 
-_TS = pa.timestamp("us", tz="UTC")
-_TARGET = pa.struct([("topic", pa.string()), ("queue", pa.int32()), ("offset", pa.int64())])
-DATA_TYPES: dict[str, pa.DataType] = {
-    "queue": pa.int32(), "offset": pa.int64(), "batch_index": pa.int32(), "msg_id": pa.string(),
-    "keys": pa.list_(pa.string()), "tag": pa.string(), "subject": pa.string(),
-    "properties": pa.map_(pa.string(), pa.string()), "body": pa.binary(), "born_ts": _TS,
-    "store_ts": _TS, "log_offset": pa.int64(), "log_size": pa.int32(), "dispatch": pa.list_(_TARGET),
-}
+DATA_TYPES: dict[str, pa.DataType] = {field.name: field.type for field in DATA_SCHEMA}
 """The data file columns a reader relies on (``data`` is the body schema's, not checked)."""
 _RECORD_COLUMNS = ("queue", "offset", "batch_index", "msg_id", "keys", "tag", "properties", "body",
                    "born_ts", "store_ts", "log_offset", "log_size", "dispatch")
-INDEX_TYPES: dict[str, pa.DataType] = {"kind": pa.string(), "value": pa.string(), "topic": pa.string(),
-                                       "log_offset": pa.int64(), "store_ts": _TS}
+INDEX_TYPES: dict[str, pa.DataType] = {field.name: field.type for field in INDEX_SCHEMA}
+
+
+class MissingFromTier(CorruptRecordError):
+    """A queue offset inside the tier's range that no tiered file holds: its record went with
+    the files of its home topic (tier retention), or was lost to corruption before tiering.
+    Like a corrupt record, it is skipped by reading on from the next offset."""
+
+    def __init__(self, topic: str, queue: int, offset: int) -> None:
+        reason = (f"queue offset {offset} of {topic}/{queue} is in no tiered file (its home topic's "
+                  "tier retention removed it); read on from the next offset")
+        StoreError.__init__(self, reason)
+        self.offset, self.segment, self.reason = -1, "", reason
 
 
 @dataclass(frozen=True)
@@ -124,8 +129,7 @@ class TierReader:
             raise OffsetOutOfRangeError(topic, queue, queue_offset, spans.start, spans.end)
         picked = self._pick(spans, topic, queue, queue_offset, max_count, max_bytes)
         if not picked:
-            raise CorruptRecordError(-1, f"queue offset {queue_offset} of {topic}/{queue} is not in the "
-                                         "tier (removed with its home topic's tiered files)")
+            raise MissingFromTier(topic, queue, queue_offset)
         records: dict[tuple[str, int], StoredMessage] = {}
         for file in {file.key: file for _, file, _ in picked}.values():
             found = self._records(file, [log for _, holder, log in picked if holder is file])
@@ -195,6 +199,11 @@ class TierReader:
         for _, _, file in self._catalog.by_log.meeting(log_offset, log_offset):
             found = self._records(file, [log_offset]).get(log_offset)
             if found is not None:
+                where = self._positions(file).get((found.topic, found.queue_id))
+                index = np.searchsorted(where.offsets, found.queue_offset) if where is not None else 0
+                if where is None or index == len(where.logs) or where.logs[index] != log_offset:
+                    raise TierDataError(file.key, f"the record at log offset {log_offset} is not where "
+                                                  "its queue offset says")
                 return found
         raise KeyError(log_offset)
 
@@ -205,8 +214,10 @@ class TierReader:
         for first, _, file in spans.meeting(spans.start, spans.end) if spans else ():
             if best is not None and first >= best:
                 break
+            if file.store_ts_max < timestamp_ms:
+                continue
             where = self._positions(file).get((topic, queue))
-            if file.store_ts_max < timestamp_ms or where is None:
+            if where is None:
                 continue
             hits = np.flatnonzero(where.stamps >= timestamp_ms)
             if len(hits):

@@ -6,18 +6,16 @@ import pytest
 from store.api import Message, StoreConfig
 from store.file_store import FileStore
 
-from .build import unpack  # noqa: F401  (build is imported by the tests)
-
-
-def packed(bodies: list[bytes]) -> bytes:
-    import struct
-    return b"SB\x01" + struct.pack(f"<I{len(bodies)}I", len(bodies), *map(len, bodies)) + b"".join(bodies)
+from sluice.client.packing import pack_bodies as packed
 
 
 def fill(store: FileStore, count: int = 300) -> None:
     """Records of two topics: keys, tags, properties, fan-out to another topic, packed batches."""
     for n in range(count):
-        if n % 10 == 3:
+        if n % 50 == 13:  # an empty batch, and a body that only claims to be one: kept whole
+            last = store.append("orders", packed([]), queue_id=1, properties={"sluice.batch": "0"})
+            last = store.append("orders", b"SB\x01junk", queue_id=1, properties={"sluice.batch": "3"})
+        elif n % 10 == 3:
             bodies = [f"b{n}-{i}".encode() * (i + 1) for i in range(n % 7 + 1)]
             last = store.append("orders", packed(bodies), queue_id=n % 2, properties={"sluice.batch": str(len(bodies))},
                          keys=[f"k{n % 5}"])
@@ -28,7 +26,7 @@ def fill(store: FileStore, count: int = 300) -> None:
                          keys=[f"k{n % 5}", "all"], properties={"sluice.subject": f"orders/{n}", "z": "1", "a": ""},
                          msg_id=f"id-{n}", born_ts=1_700_000_000_000 + n,
                          extra_queues=[("orders-copy", 0), ("orders-copy", 1)] if n % 4 == 0 else ())
-    assert store.wait_visible(last.end_offset, timeout=60)
+    assert store.wait_visible(last.end_offset, timeout=60) and store.wait_durable(last.end_offset, timeout=60)
 
 
 @pytest.fixture
