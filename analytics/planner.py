@@ -41,7 +41,7 @@ from store.tier.objects import TierLocation
 from .options import SourceOptions
 from .schema import COLUMN_TYPES
 from .source import SluiceBatchReader
-from .tiered import Tier
+from .tiered import Tier, fans_out_to
 
 log = logging.getLogger(__name__)
 
@@ -151,13 +151,15 @@ def plan(spark: SparkSession, options: Mapping[str, str], schema: StructType | s
 def _tiered_frames(spark: SparkSession, tier: Tier, root: str, topic: str, bounds: Bounds,
                    options: SourceOptions, columns: list[str], body: str | None) -> list[DataFrame]:
     """The topic's tiered rows: from its own files (those wholly inside the requested ranges
-    scanned with no range filter), and, fanned out to it, from other topics' files."""
+    scanned with no range filter), and, fanned out to it, from other topics' files and from
+    its own files whose footers show targets in it (another queue of the topic)."""
     queues = {queue: span for (name, queue), span in bounds.items() if name == topic}
     files = {file.key: file for queue, (start, end) in queues.items()
              for file in tier.files(topic, queue, start, end)}
     whole = sorted(key for key, file in files.items() if file.topic == topic and _inside(file, topic, queues))
     part = sorted(key for key, file in files.items() if file.topic == topic and key not in whole)
-    others = sorted(key for key, file in files.items() if file.topic != topic)
+    others = sorted(key for key, file in files.items()
+                    if file.topic != topic or fans_out_to(tier.location, file, topic))
     file_schema = FILE_SCHEMA + (f", {DATA} STRUCT<{spark_ddl(body)}>" if body else "")
     frames = []
     if whole:

@@ -111,6 +111,30 @@ def _dispatched(table: pa.Table, topic: str, queue: int, start: int, end: int) -
     return rows.set_column(rows.schema.get_field_index("offset"), "offset", pc.filter(offsets, match))
 
 
+DISPATCH_TOPIC = "dispatch.list.element.topic"
+
+
+def fans_out_to(location: TierLocation, file: TieredFile, topic: str) -> bool:
+    """Whether ``file`` may hold records fanned out to ``topic`` (its own topic, say), from its
+    footer: no row group whose dispatch topics' statistics can include ``topic`` holds any."""
+    import pyarrow.parquet as pq
+
+    if urlsplit(location.url).scheme == "file":
+        meta = pq.read_metadata(_source(location, file.key))
+    else:
+        from store.tier.rangefile import RangeFile
+
+        meta = pq.read_metadata(RangeFile(location.open(), file.key, file.bytes))
+    column = next((i for i in range(meta.num_columns) if meta.schema.column(i).path == DISPATCH_TOPIC), None)
+    if column is None:
+        return True
+    for group in range(meta.num_row_groups):
+        stats = meta.row_group(group).column(column).statistics
+        if stats is None or (stats.min <= topic <= stats.max if stats.has_min_max else stats.num_values):
+            return True
+    return False
+
+
 def _source(location: TierLocation, key: str):
     """What pyarrow opens for ``key``: the local path of a ``file://`` tier, else its bytes."""
     parts = urlsplit(location.url)

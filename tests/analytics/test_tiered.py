@@ -22,19 +22,27 @@ SCHEMA = json.dumps({"type": "object", "properties": {
 CONFIG = StoreConfig(segment_size=1 << 16, retention_max_bytes=1)
 COUNT = 1200
 MIRRORED = 10
+ALERTS = 6
 
 
 def body(i: int) -> bytes:
     return json.dumps({"device": f"d{i % 7}", "seq": i, "temperature": 20 + i % 5 + 0.5}).encode()
 
 
+def alert(i: int) -> bytes:
+    return b"alert %d" % i
+
+
 def write_and_tier(directory: str, location: TierLocation) -> dict:
     """``devices`` (4 queues, subjects; written in two eras a millisecond apart; its first
-    MIRRORED messages fanned out to ``mirror`` too) and one packed batch on ``bulk``; every
-    sealed segment tiered to ``location``, then deleted locally."""
+    MIRRORED messages fanned out to ``mirror`` too), one packed batch on ``bulk`` and ALERTS
+    messages on queue 0 of ``alerts`` fanned out to its queue 1 and to queue 1 of ``mirror``;
+    every sealed segment tiered to ``location``, then deleted locally."""
     store = FileStore(directory, CONFIG)
     try:
         packed = store.append("bulk", pack_bodies([b"r0", b"r1", b"r2"]), properties={BATCH_PROPERTY: "3"})
+        for i in range(ALERTS):
+            store.append("alerts", alert(i), queue_id=0, extra_queues=[("alerts", 1), ("mirror", 1)])
         boundary = None
         for i in range(COUNT):
             if i == COUNT // 2:
@@ -101,7 +109,10 @@ def rows_by_queue(frame) -> dict:
 
 def expected() -> dict:
     want: dict = {("bulk", 0): [(0, i, b"r%d" % i) for i in range(3)],
-                  ("mirror", 0): [(i, None, body(i)) for i in range(MIRRORED)]}
+                  ("mirror", 0): [(i, None, body(i)) for i in range(MIRRORED)],
+                  ("mirror", 1): [(i, None, alert(i)) for i in range(ALERTS)],
+                  ("alerts", 0): [(i, None, alert(i)) for i in range(ALERTS)],
+                  ("alerts", 1): [(i, None, alert(i)) for i in range(ALERTS)]}
     for i in range(COUNT):
         want.setdefault(("devices", i % 4), []).append((i // 4, None, body(i)))
     return want
@@ -109,13 +120,30 @@ def expected() -> dict:
 
 def test_tiered_history_reads_as_before_with_and_without_register(spark, tiered):
     for name, session in sessions(spark).items():
-        got = rows_by_queue(load(session, tiered["path"], subscribe="devices,bulk,mirror"))
+        got = rows_by_queue(load(session, tiered["path"], subscribe="devices,bulk,mirror,alerts"))
         assert {key: [row[:3] for row in rows] for key, rows in got.items()} == expected(), name
         sample = got[("devices", 1)][0]
         assert sample[4] == ("d1",) and sample[5] == "devices/d1/telemetry", name
         assert sample[6]["sluice.subject"] == sample[5], name
     planned = load(sessions(spark)["planned"], tiered["path"], subscribe="devices,bulk")
     assert "data" not in planned.columns  # bulk has no body schema
+
+
+def test_fanned_out_records_read_the_same_with_and_without_register(spark, tiered):
+    """A record fanned out to another queue of its own topic and to another topic's queue is
+    a row of each target queue, with the target's queue and offset, whichever reads it."""
+    got = {name: rows_by_queue(load(session, tiered["path"], subscribe="alerts,mirror"))
+           for name, session in sessions(spark).items()}
+    assert got["planned"] == got["source"]
+    for key in (("alerts", 0), ("alerts", 1), ("mirror", 1)):
+        assert [row[:3] for row in got["planned"][key]] == [(i, None, alert(i)) for i in range(ALERTS)], key
+    home, fanned = got["planned"][("alerts", 0)], got["planned"][("alerts", 1)]
+    assert [row[3] for row in fanned] == [row[3] for row in home]  # the same records (msg ids)
+    ranged = load(sessions(spark)["planned"], tiered["path"], subscribe="alerts",
+                  startingOffsets=json.dumps({"alerts": {"0": 5, "1": 2}}),
+                  endingOffsets=json.dumps({"alerts": {"0": 6, "1": 4}}))
+    assert sorted((r.queue, r.offset, bytes(r.body)) for r in ranged.collect()) == [
+        (0, 5, alert(5)), (1, 2, alert(2)), (1, 3, alert(3))]
 
 
 def test_offset_time_and_subject_ranges_cross_the_tier_boundary(spark, tiered):
@@ -173,7 +201,7 @@ def test_an_s3_tier_without_s3a_is_read_through_the_python_source(spark, tmp_pat
         location = TierLocation(f"s3://{server.bucket}/tier", s3_endpoint=server.endpoint)
         made = write_and_tier(str(tmp_path / "data"), location)
         with caplog.at_level(logging.WARNING, logger="analytics.planner"):
-            got = rows_by_queue(load(sessions(spark)["planned"], made["path"], subscribe="devices,bulk,mirror"))
+            got = rows_by_queue(load(sessions(spark)["planned"], made["path"], subscribe="devices,bulk,mirror,alerts"))
         assert {key: [row[:3] for row in rows] for key, rows in got.items()} == expected()
         assert "hadoop-aws" in caplog.text
 
