@@ -28,7 +28,7 @@ from collections.abc import Callable, Mapping
 from functools import reduce
 from typing import Any
 
-from pyspark.sql import Column, DataFrame, SparkSession
+from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.readwriter import DataFrameReader
 from pyspark.sql.types import StructType
@@ -177,8 +177,9 @@ def _tiered_frames(spark: SparkSession, tier: Tier, root: str, topic: str, bound
     for frame in frames:
         if options.subject_regex is not None:
             frame = frame.where(F.col("subject").rlike(options.subject_regex))
-        selected.append(frame.select(*[F.lit(topic).alias("topic") if name == "topic" else F.col(name)
-                                       for name in columns]))
+        if "topic" in columns:
+            frame = frame.withColumn("topic", F.lit(topic))
+        selected.append(frame.selectExpr(*columns))  # strings: a few JVM calls, not some per column
     return selected
 
 
@@ -188,11 +189,11 @@ def _inside(file: TieredFile, topic: str, queues: Mapping[int, tuple[int, int]])
                and span.last < queues[span.queue][1] for span in file.queues if span.topic == topic)
 
 
-def _in_ranges(queues: Mapping[int, tuple[int, int]]) -> Column:
-    """Rows of ``queue -> [start, end)``: a filter Spark pushes into the Parquet scan."""
-    return reduce(Column.__or__, [
-        (F.col("queue") == queue) & (F.col("offset") >= start) & (F.col("offset") < end)
-        for queue, (start, end) in sorted(queues.items())])
+def _in_ranges(queues: Mapping[int, tuple[int, int]]) -> str:
+    """Rows of ``queue -> [start, end)``: a filter Spark pushes into the Parquet scan (SQL
+    text: one JVM call however many queues)."""
+    return " OR ".join(f"(queue = {int(queue)} AND offset >= {int(start)} AND offset < {int(end)})"
+                       for queue, (start, end) in sorted(queues.items()))
 
 
 def _hot_tail(spark: SparkSession, options: Mapping[str, str], schema: StructType | None,

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 from urllib.parse import unquote, urlsplit
 
 import pyarrow as pa
@@ -116,15 +117,21 @@ DISPATCH_TOPIC = "dispatch.list.element.topic"
 
 def fans_out_to(location: TierLocation, file: TieredFile, topic: str) -> bool:
     """Whether ``file`` may hold records fanned out to ``topic`` (its own topic, say), from its
-    footer: no row group whose dispatch topics' statistics can include ``topic`` holds any."""
+    footer: no row group whose dispatch topics' statistics can include ``topic`` holds any.
+    Remembered: a file named by a manifest never changes."""
+    return _fans_out_to(location, file.key, file.bytes, topic)
+
+
+@lru_cache(maxsize=4096)
+def _fans_out_to(location: TierLocation, key: str, size: int, topic: str) -> bool:
     import pyarrow.parquet as pq
 
     if urlsplit(location.url).scheme == "file":
-        meta = pq.read_metadata(_source(location, file.key))
+        meta = pq.read_metadata(_source(location, key))
     else:
         from store.tier.rangefile import RangeFile
 
-        meta = pq.read_metadata(RangeFile(location.open(), file.key, file.bytes))
+        meta = pq.read_metadata(RangeFile(location.open(), key, size))
     column = next((i for i in range(meta.num_columns) if meta.schema.column(i).path == DISPATCH_TOPIC), None)
     if column is None:
         return True
