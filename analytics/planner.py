@@ -177,10 +177,15 @@ def _tiered_frames(spark: SparkSession, tier: Tier, root: str, topic: str, bound
     for frame in frames:
         if options.subject_regex is not None:
             frame = frame.where(F.col("subject").rlike(options.subject_regex))
-        if "topic" in columns:
-            frame = frame.withColumn("topic", F.lit(topic))
-        selected.append(frame.selectExpr(*columns))  # strings: a few JVM calls, not some per column
+        # one projection from SQL text: each DataFrame step is a JVM call that analyses the plan
+        selected.append(frame.selectExpr(*[_literal(topic) + " AS topic" if name == "topic" else name
+                                           for name in columns]))
     return selected
+
+
+def _literal(text: str) -> str:
+    """``text`` as a Spark SQL string literal, whatever characters it holds."""
+    return f"CAST(X'{text.encode().hex()}' AS STRING)"
 
 
 def _inside(file: TieredFile, topic: str, queues: Mapping[int, tuple[int, int]]) -> bool:
