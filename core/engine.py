@@ -1,6 +1,6 @@
 """What core's faces share: one store with its writer and reader, the topic and group
 registries, cursors, fan-out, the delay timer, open transactions, lite topics, the message tracer, and the
-timers that save offsets, expire members and apply retention.
+timers that save offsets, expire members and apply retention, and the tiering loop.
 
 ``core.assembly.Core`` builds one and hands it to the faces (``Broker``, ``NamedQueues``,
 ``StateStore``); adapters never see it. Runs on the event loop; not thread-safe.
@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import Counter
+from typing import TYPE_CHECKING
 
 from store.api import RetentionReport, Store
 from store.errors import StoreError
@@ -36,6 +37,9 @@ from .topics import Topics
 from .lite import LiteTopics
 from .trace import Tracer
 from .transactions import Transactions
+
+if TYPE_CHECKING:
+    from .tiering import TieringLoop
 
 log = logging.getLogger(__name__)
 
@@ -82,6 +86,9 @@ class Engine:
         self._retention_floors: dict[tuple[str, int], int] = {}
         """(topic, queue) -> first offset within the topic's own retention limit."""
         self._tasks: list[asyncio.Task] = []
+        self.tiering: TieringLoop | None = None
+        """Copies sealed segments to the object store, when the composition root sets one up
+        before ``start``."""
 
     async def start(self) -> None:
         """Load metadata; start the writer, the reader and the timers. Runs on the loop."""
@@ -127,6 +134,8 @@ class Engine:
         self._tasks = [asyncio.create_task(self.groups.expire_members()),
                        asyncio.create_task(self._commit_offsets()),
                        asyncio.create_task(self._retain())]
+        if self.tiering is not None:
+            self.tiering.start()
 
     def begin_shutdown(self) -> None:
         """Answer every pending long poll at once and refuse new sends; acks still count."""
@@ -143,6 +152,8 @@ class Engine:
             if started is not None:
                 await started.close()
         await self.tracer.close()
+        if self.tiering is not None:
+            await self.tiering.close()
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)

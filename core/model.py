@@ -77,13 +77,17 @@ def check_name(kind: str, name: str, *, stored: bool = False) -> str:
 
 @dataclass(frozen=True)
 class TopicConfig:
-    """A topic's settings. ``retention_ms`` None means the store-wide retention applies."""
+    """A topic's settings. ``retention_ms`` None means the store-wide retention applies;
+    ``tier_retention_ms`` None keeps its tiered files forever; ``body_schema`` is the JSON
+    Schema its tiered files parse bodies with (``store.tier.body_schema``), None: none."""
 
     name: str
     queue_count: int = 8
     message_type: MessageType = MessageType.NORMAL
     retention_ms: int | None = None
     compacted: bool = False
+    tier_retention_ms: int | None = None
+    body_schema: str | None = None
     stored: InitVar[bool] = False
     """Loaded from metadata: see ``check_name``."""
 
@@ -91,6 +95,25 @@ class TopicConfig:
         check_name("topic", self.name, stored=stored)
         if not 1 <= self.queue_count <= 1024:
             raise InvalidArgument(f"queue count {self.queue_count} is out of range: use 1-1024")
+        tier = self.tier_retention_ms
+        if tier is not None and (not _whole(tier) or tier <= 0):
+            raise InvalidArgument(f"tier_retention_ms {tier!r} must be a whole number of "
+                                  "milliseconds greater than 0, or null to keep tiered files "
+                                  "forever")
+        if self.body_schema is not None and not stored:
+            check_body_schema(self.body_schema)
+
+
+def check_body_schema(text: str) -> None:
+    """InvalidArgument unless ``text`` is a body schema tiered files can be written with."""
+    from store.tier.body_schema import BodySchemaError, arrow_type  # pyarrow: loaded when used
+
+    try:
+        arrow_type(text)
+    except BodySchemaError as error:
+        raise InvalidArgument(f"body_schema is not usable: {error}; write a JSON Schema of a "
+                              'flat object, e.g. {"type": "object", "properties": {"device": '
+                              '{"type": "string"}, "temperature": {"type": "number"}}}') from None
 
 
 MAX_ATTEMPTS = 1000

@@ -204,6 +204,11 @@ class Broker:
         self._allow(principal, Action.ADMIN, ResourceKind.TOPIC, config.name)
         return await self._topics.create(config)
 
+    async def update_topic(self, principal: Principal, config: TopicConfig) -> TopicConfig:
+        """Change a topic's retention, tier retention and body schema (``Topics.update``)."""
+        self._allow(principal, Action.ADMIN, ResourceKind.TOPIC, config.name)
+        return await self._topics.update(config)
+
     def get_topic(self, name: str) -> TopicConfig:
         """The topic's settings; TopicNotFound if there is none."""
         return self._topics.get(name)

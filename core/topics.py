@@ -12,7 +12,7 @@ from typing import NamedTuple
 
 from store.api import Store
 
-from .errors import AlreadyExists, TopicNotFound
+from .errors import AlreadyExists, InvalidArgument, TopicNotFound
 from .metadata import MetadataRepository
 from .model import INTERNAL_PREFIX, TopicConfig
 from .settings import CoreConfig
@@ -63,6 +63,19 @@ class Topics:
         self._topics[config.name] = config
         if config.compacted:
             self._store.enable_compaction(config.name)
+        return config
+
+    async def update(self, config: TopicConfig) -> TopicConfig:
+        """Change a topic's retention, tier retention and body schema; TopicNotFound if there
+        is none, InvalidArgument if ``config`` changes what cannot change."""
+        existing = self.get(config.name)
+        fixed = ("queue_count", "message_type", "compacted")
+        if changed := [f for f in fixed if getattr(existing, f) != getattr(config, f)]:
+            raise InvalidArgument(f"topic {config.name!r}: {', '.join(changed)} cannot change; "
+                                  "only retention_ms, tier_retention_ms and body_schema can "
+                                  "(delete the topic and create it again for the rest)")
+        await asyncio.to_thread(self._metadata.update_topic, config)
+        self._topics[config.name] = config
         return config
 
     def _exists_already(self, existing: TopicConfig) -> str:

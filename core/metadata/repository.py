@@ -599,12 +599,13 @@ def _token(row: Row) -> StoredToken:
 def _topic_row(config: TopicConfig) -> dict[str, Any]:
     return {"name": config.name, "queue_count": config.queue_count,
             "message_type": config.message_type.value, "retention_ms": config.retention_ms,
-            "compacted": config.compacted}
+            "compacted": config.compacted, "tier_retention_ms": config.tier_retention_ms,
+            "body_schema": config.body_schema}
 
 
 def _topic(row: Row) -> TopicConfig:
     return TopicConfig(row.name, row.queue_count, MessageType(row.message_type), row.retention_ms,
-                       row.compacted, stored=True)
+                       row.compacted, row.tier_retention_ms, row.body_schema, stored=True)
 
 
 def _group_row(config: GroupConfig) -> dict[str, Any]:

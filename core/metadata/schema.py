@@ -23,14 +23,21 @@ schema_version = Table(
     Column("applied_ms", BigInteger, nullable=False),
 )
 
-topics = Table(
-    "topics", metadata,
-    Column("name", String(127), primary_key=True),
-    Column("queue_count", Integer, nullable=False),
-    Column("message_type", String(16), nullable=False),
-    Column("retention_ms", BigInteger),
-    Column("compacted", Boolean, nullable=False),
-)
+def _topic_columns() -> list[Column]:
+    """The topics table as version 1 made it."""
+    return [Column("name", String(127), primary_key=True),
+            Column("queue_count", Integer, nullable=False),
+            Column("message_type", String(16), nullable=False),
+            Column("retention_ms", BigInteger),
+            Column("compacted", Boolean, nullable=False)]
+
+
+_TIER_COLUMNS = (("tier_retention_ms", BigInteger()), ("body_schema", String()))
+"""Version 8: a topic's tier retention (ms, NULL: forever) and body schema (JSON Schema text)."""
+
+topics = Table("topics", metadata, *_topic_columns(),
+               *(Column(name, kind) for name, kind in _TIER_COLUMNS))
+_topics_v1 = Table("topics", MetaData(), *_topic_columns())
 
 consumer_groups = Table(
     "consumer_groups", metadata,
@@ -140,7 +147,8 @@ push_subscriptions = Table(
 
 
 def _v1(conn: Connection) -> None:
-    metadata.create_all(conn, tables=[topics, consumer_groups, subscriptions, users, permissions])
+    _topics_v1.create(conn)
+    metadata.create_all(conn, tables=[consumer_groups, subscriptions, users, permissions])
 
 
 def _v2(conn: Connection) -> None:
@@ -167,7 +175,13 @@ def _v7(conn: Connection) -> None:
     metadata.create_all(conn, tables=[push_subscriptions])
 
 
-MIGRATIONS: tuple[Callable[[Connection], None], ...] = (_v1, _v2, _v3, _v4, _v5, _v6, _v7)
+def _v8(conn: Connection) -> None:
+    for name, kind in _TIER_COLUMNS:
+        conn.execute(text(f"ALTER TABLE topics ADD COLUMN {name} "
+                          f"{kind.compile(dialect=conn.dialect)}"))
+
+
+MIGRATIONS: tuple[Callable[[Connection], None], ...] = (_v1, _v2, _v3, _v4, _v5, _v6, _v7, _v8)
 LATEST_VERSION = len(MIGRATIONS)
 
 _PG_MIGRATION_LOCK = 0x51CE_0001

@@ -64,6 +64,8 @@ class AdminDeps:
     """The largest body ``POST /events/{topic}`` reads (``ingress.py``)."""
     tokens: Any = None
     """The users' API tokens (``core.tokens.UserTokens``); None: bearer tokens are refused."""
+    tier: Any = None
+    """Tiered storage (``core.tiering.TieringLoop``); None: no tier configured."""
 
 
 class ClusterView(Protocol):
@@ -176,7 +178,7 @@ async def health(request: web.Request, principal: Principal) -> web.Response:
     ``degraded`` (with what is wrong) while the store or the metadata database cannot write or
     the memory alarm is on (publishers are blocked then)."""
     report = await health_report(deps(request))
-    return web.json_response(report, status=200 if report["status"] == "ok" else 503)
+    return web.json_response(report, status=health_status(report))
 
 
 async def health_report(d: AdminDeps) -> dict[str, Any]:
@@ -185,12 +187,34 @@ async def health_report(d: AdminDeps) -> dict[str, Any]:
     memory = _check_memory(d.broker)
     degraded = getattr(d.store, "degraded", None)
     cluster = {"cluster": d.cluster.health()} if d.cluster is not None else {}
+    tier = {"tier": _check_tier(d.tier)} if d.tier is not None else {}
     if degraded or memory.get("alarm") or metadata["status"] == "degraded":
         return {"status": "degraded", "store": degraded or _check_store(d.store),
-                "metadata": metadata, "memory": memory, **cluster}
+                "metadata": metadata, "memory": memory, **cluster, **tier}
     checks = {"store": _check_store(d.store), "metadata": metadata}
     ok = all(c["status"] == "ok" for c in checks.values())
-    return {"status": "ok" if ok else "failing", **checks, "memory": memory, **cluster}
+    if ok and tier and tier["tier"]["status"] != "ok":
+        return {"status": "degraded", **checks, "memory": memory, **cluster, **tier}
+    return {"status": "ok" if ok else "failing", **checks, "memory": memory, **cluster, **tier}
+
+
+def health_status(report: dict[str, Any]) -> int:
+    """``/health``'s HTTP status: 200 when ok, and when only tiering is degraded (the broker
+    serves every client from its local log meanwhile, so probes must keep it in rotation);
+    503 otherwise."""
+    if report["status"] == "ok":
+        return 200
+    tier_only = report["status"] == "degraded" and not report["memory"].get("alarm") and all(
+        isinstance(report[check], dict) and report[check].get("status") == "ok"
+        for check in ("store", "metadata"))
+    return 200 if tier_only else 503
+
+
+def _check_tier(tier: Any) -> dict[str, Any]:
+    """Tiering's part of ``/health``: degraded with the reasons while it fails, stopped or lags."""
+    problems = tier.problems()
+    return {"status": "degraded" if problems else "ok", "problems": problems,
+            "tiered_end": tier.tiered_end}
 
 
 async def cluster(request: web.Request, principal: Principal) -> web.Response:
@@ -256,8 +280,27 @@ async def create_topic(request: web.Request, principal: Principal) -> dict[str, 
         queue_count=field(body, "queue_count", int, TopicConfig.queue_count),
         message_type=enum_value(MessageType, field(body, "message_type", str, "normal"), "message_type"),
         retention_ms=field(body, "retention_ms", int, None),
-        compacted=field(body, "compacted", bool, False))
+        compacted=field(body, "compacted", bool, False),
+        tier_retention_ms=field(body, "tier_retention_ms", int, None),
+        body_schema=field(body, "body_schema", str, None))
     return topic_json(await deps(request).broker.create_topic(principal, config))
+
+
+TOPIC_UPDATES = ("retention_ms", "tier_retention_ms", "body_schema")
+"""The settings ``PATCH /topics/{topic}`` changes."""
+
+
+async def update_topic(request: web.Request, principal: Principal) -> dict[str, Any]:
+    """Change the settings the body names (null clears one); the others stay."""
+    body = await body_of(request)
+    if unknown := sorted(set(body) - set(TOPIC_UPDATES)):
+        raise HttpProblem(400, "invalid_field", f"field(s) {', '.join(unknown)} cannot change "
+                          f"with an update; send only {', '.join(TOPIC_UPDATES)}")
+    broker = deps(request).broker
+    current = broker.get_topic(request.match_info["topic"])
+    kinds = {"retention_ms": int, "tier_retention_ms": int, "body_schema": str}
+    changes = {name: field(body, name, kinds[name], None) for name in body}
+    return topic_json(await broker.update_topic(principal, dataclasses.replace(current, **changes)))
 
 
 async def describe_topic(request: web.Request, principal: Principal) -> dict[str, Any]:

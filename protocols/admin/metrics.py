@@ -100,6 +100,8 @@ class BrokerCollector(Collector):
             yield from self.deps.cluster.metrics()
         if getattr(self.deps, "push", None) is not None:
             yield from self.deps.push.metrics()
+        if getattr(self.deps, "tier", None) is not None:
+            yield from tier_metrics(self.deps.tier)
 
     def _store(self, store: Any) -> Iterator[Metric]:
         if store is None:
@@ -278,3 +280,25 @@ BROKER_COUNTERS = {
                                    "it their subject, by the topic they were sent to, since the "
                                    "broker started"),
 }
+
+
+def tier_metrics(tier: Any) -> Iterator[Metric]:
+    """Tiered storage (``core.tiering.TieringLoop``): what this broker uploaded since it
+    started, what waits, how late the tier is."""
+    status, counters = tier.status(), tier.counters
+    yield CounterMetricFamily("sluice_tier_segments", "Segments this broker tiered since it "
+                              "started", value=counters.segments)
+    yield CounterMetricFamily("sluice_tier_bytes", "Bytes of data files this broker uploaded "
+                              "to the tier since it started", value=counters.bytes)
+    yield CounterMetricFamily("sluice_tier_errors", "Failed tiering passes (object store "
+                              "unreachable, refused, full) since the broker started",
+                              value=counters.errors)
+    yield GaugeMetricFamily("sluice_tier_pending_bytes", "Bytes of sealed segments waiting to "
+                            "be tiered", value=status.get("pending_bytes") or 0)
+    yield GaugeMetricFamily("sluice_tier_lag_seconds", "How long the oldest sealed segment not "
+                            "yet tiered has waited (0: none waits)",
+                            value=status["lag_ms"] / 1000)
+    last = status.get("last_success_ms")
+    if last:
+        yield GaugeMetricFamily("sluice_tier_last_success_timestamp_seconds", "When a tiering "
+                                "pass last succeeded (Unix time)", value=last / 1000)

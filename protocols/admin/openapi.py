@@ -44,7 +44,14 @@ def _rate(what: str) -> dict[str, Any]:
 
 _TOPIC = dict(name=_STR, queue_count=_INT,
               message_type={"type": "string", "enum": ["normal", "fifo", "delay", "transaction"]},
-              retention_ms={"type": "integer", "nullable": True}, compacted=_BOOL)
+              retention_ms={"type": "integer", "nullable": True}, compacted=_BOOL,
+              tier_retention_ms={"type": "integer", "nullable": True, "description":
+                                 "drop tiered files older than this (null: keep them forever)"},
+              body_schema={"type": "string", "nullable": True, "description":
+                           "JSON Schema (text) of the bodies: tiered files get a typed data "
+                           "column"})
+_TOPIC_UPDATE = {name: _TOPIC[name] for name in ("retention_ms", "tier_retention_ms",
+                                                 "body_schema")}
 _RETRY = _obj([], max_attempts=_INT, initial_backoff_ms=_INT, max_backoff_ms=_INT,
               multiplier={"type": "number"})
 _GROUP = dict(name=_STR, consume_mode={"type": "string", "enum": ["clustering", "broadcast"]},
@@ -80,11 +87,25 @@ SCHEMAS: dict[str, dict[str, Any]] = {
         "type": "string", "description": "the Standard Webhooks signing secret: shown only here"}),
     "Error": _obj(["error", "message"], error=_STR, message={
         "type": "string", "description": "what went wrong and what to do next"}),
-    "Health": _obj(["status"], status={"type": "string", "enum": ["ok", "failing"]},
+    "Health": _obj(["status"], status={"type": "string", "enum": ["ok", "degraded", "failing"]},
                    store=_obj([], status=_STR, durable_offset=_INT, visible_offset=_INT),
-                   metadata=_obj([], status=_STR)),
+                   metadata=_obj([], status=_STR),
+                   tier=_obj([], status=_STR, problems=_list(_STR), tiered_end=_INT)),
+    "TierStatus": {"type": "object", "required": ["enabled", "description"], "properties": dict(
+        enabled=_BOOL, description={"type": "string", "description": "where the tier is"},
+        tiered_end={"type": "integer", "description": "every record below this log offset is "
+                    "tiered (or past tier retention)"},
+        lag_ms={"type": "integer", "description": "how long the oldest sealed segment not yet "
+                "tiered has waited"},
+        max_lag_ms=_INT, failing=_BOOL,
+        failing_since_ms={"type": "integer", "nullable": True},
+        last_error={"type": "string", "nullable": True},
+        stopped={"type": "string", "nullable": True, "description": "why this node stopped "
+                 "tiering (a newer leader tiers)"}),
+        "additionalProperties": True},
     "Topic": _obj(["name"], **_TOPIC),
     "TopicCreate": _obj(["name"], **_TOPIC),
+    "TopicUpdate": _obj([], **_TOPIC_UPDATE),
     "TopicDetail": _obj(["name", "queues"], **_TOPIC, messages=_INT, queues=_list(_obj(
         [], queue_id=_INT, min_offset=_INT, max_offset=_INT, messages=_INT))),
     "Message": _obj(["msg_id", "topic", "body_base64"], msg_id=_STR, topic=_STR, queue_id=_INT,

@@ -17,7 +17,7 @@ from aiohttp import web
 from core.model import Principal
 
 from . import (acl, clients, console_files, dashboard_files, history, ingress, metrics,
-               mqtt_retained, overview, push, sessions, tail, tokens, vhosts)
+               mqtt_retained, overview, push, sessions, tail, tier, tokens, vhosts)
 from . import handlers as h
 from . import paging
 from .access import Access
@@ -131,6 +131,15 @@ ROUTES: tuple[Route, ...] = (
     R("DELETE", "/session", sessions.sign_out, "Sign out: end the session, clear the cookie",
       "session", A.SESSION, status=204),
 
+    R("GET", "/tier", tier.tier_status,
+      "Tiered storage: where the tier is, what it holds per topic, what waits to be tiered, "
+      "the lag, the last success and the last error (404 without tier.url)", "service",
+      A.ADMIN, response="TierStatus"),
+    R("POST", "/tier/run", tier.tier_run,
+      "Tier every pending sealed segment and apply tier retention now; the status afterwards "
+      "(503 while the object store fails, 409 once a newer leader tiers)", "service", A.ADMIN,
+      response="TierStatus"),
+
     R("GET", "/overview", overview.overview,
       "The broker at a glance: health, role, connections per protocol, message totals, "
       "alarms (disk, memory); admins also get store size, disk space and the checks",
@@ -146,6 +155,9 @@ ROUTES: tuple[Route, ...] = (
       body="TopicCreate", response="Topic"),
     R("GET", "/topics/{topic}", h.describe_topic, "Describe a topic with per-queue offset ranges",
       "topics", A.TOPIC, response="TopicDetail"),
+    R("PATCH", "/topics/{topic}", h.update_topic,
+      "Change a topic's retention, tier retention and body schema (the fields sent; null "
+      "clears one)", "topics", A.ADMIN, body="TopicUpdate", response="Topic"),
     R("DELETE", "/topics/{topic}", h.delete_topic, "Delete a topic", "topics", A.ADMIN, status=204),
     R("GET", "/topics/{topic}/messages", h.topic_messages,
       "Look up messages by business key (newest first, a page at a time: while more carry the "

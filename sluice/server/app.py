@@ -266,6 +266,8 @@ async def _start(config: Config, store: FileStore | None = None, cluster: Any = 
         core = Core(store, metadata, config.data_dir, settings, flush=config.store.flush,
                     subject_syntax=MQTT_TOPIC_SYNTAX, topic_rules=topic_rules(config))
         running = RunningBroker(config, store, metadata, core, cluster=cluster, tls=tls)
+        if config.tier.url:
+            core.engine.tiering = await asyncio.to_thread(_tiering, config, store, core, cluster)
         await core.start()
         broker = core.broker
         if config.auth.create_default_user:
@@ -357,6 +359,25 @@ def _server_tls(config: Config) -> ServerTls | None:
     return tls
 
 
+def _tiering(config: Config, store: FileStore, core: Core, cluster: Any) -> Any:
+    """Tiered storage over ``store`` (``sluice.server.tiering``): the loop core's engine runs.
+    The epoch is the leadership's in a replica group (only the leader runs this), else 0."""
+    from . import tiering  # pyarrow and boto3: loaded only when a tier is configured
+
+    topics = core.engine.topics
+
+    def body_schema(topic: str) -> str | None:
+        return topics.get(topic).body_schema if topic in topics else None
+
+    def epoch() -> int:
+        return int(cluster.node.coordinator.epoch or 0) if cluster is not None else 0
+
+    try:
+        return tiering.build(config.tier, config.data_dir, store, body_schema, topics.list, epoch)
+    except ValueError as error:
+        raise StartupError(str(error)) from None
+
+
 def _open_store(config: Config) -> FileStore:
     os.makedirs(config.data_dir, exist_ok=True)
     try:
@@ -404,7 +425,8 @@ def _admin_deps(running: RunningBroker) -> AdminDeps:
                      push=running.push,
                      session_idle_timeout_s=running.config.admin.session_idle_timeout_s,
                      events_max_body_bytes=running.config.admin.events_max_body_bytes,
-                     tokens=UserTokens(running.metadata, running.broker.users))
+                     tokens=UserTokens(running.metadata, running.broker.users),
+                     tier=running.core.engine.tiering)
 
 
 async def _listen(config: Config, section: str, starting: Any) -> Any:

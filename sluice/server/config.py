@@ -123,6 +123,60 @@ class AuthConfig:
 
 
 @dataclass(frozen=True)
+class TierConfig:
+    """Tiered storage: sealed segments copied to object storage as Parquet (``docs/tiering.md``).
+    Without ``url`` nothing is tiered and the store keeps its history locally, as always."""
+
+    url: str = ""
+    """Where the tier lives: ``file:///absolute/dir`` or ``s3://bucket/prefix``; empty turns
+    tiering off."""
+    s3_endpoint: str = ""
+    """The S3 endpoint of an ``s3://`` tier (``http://127.0.0.1:8333`` for SeaweedFS, MinIO);
+    empty: AWS."""
+    s3_region: str = "us-east-1"
+    """The S3 region of an ``s3://`` tier."""
+    s3_access_key: str = ""
+    """The S3 access key; empty: ``SLUICE_TIER_S3_ACCESS_KEY``, else boto3's own chain
+    (``AWS_ACCESS_KEY_ID``, instance roles)."""
+    s3_secret_key: str = ""
+    """The S3 secret key (see ``s3_access_key``)."""
+    check_interval_ms: int = 2_000
+    """How often the broker looks for sealed segments to tier and applies tier retention."""
+    max_lag_ms: int = 600_000
+    """``/health`` says degraded when the oldest sealed segment not yet tiered was sealed longer
+    ago than this."""
+    cache_bytes: int = 256 << 20
+    """Memory for decoded row groups of tiered files read back by consumers (LRU)."""
+    retry_max_ms: int = 60_000
+    """After a failure the broker retries with a doubling backoff, at most this long apart."""
+
+    def __post_init__(self) -> None:
+        for name in ("check_interval_ms", "max_lag_ms", "cache_bytes", "retry_max_ms"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"tier.{name} = {getattr(self, name)} must be greater than 0 "
+                                 f"(the default is {getattr(TierConfig, name)})")
+        if self.url and (problem := tier_url_problem(self.url)) is not None:
+            raise ValueError(problem)
+        if self.s3_endpoint and not self.s3_endpoint.startswith(("http://", "https://")):
+            raise ValueError(f"tier.s3_endpoint = {self.s3_endpoint!r} is not a URL: write "
+                             "http://HOST:PORT (or https://...), e.g. http://127.0.0.1:8333")
+
+
+def tier_url_problem(url: str) -> str | None:
+    """What is wrong with a ``tier.url``, None if it names a tier Sluice can open."""
+    example = ("write file:///absolute/directory or s3://bucket/prefix "
+               "(SLUICE_TIER_URL, [tier] url)")
+    scheme, sep, rest = url.partition("://")
+    if not sep or scheme not in ("file", "s3"):
+        return f"tier.url = {url!r} is neither a file:// nor an s3:// URL: {example}"
+    if scheme == "file" and not rest.startswith("/"):
+        return f"tier.url = {url!r} names a relative directory: {example}"
+    if scheme == "s3" and not rest.split("/", 1)[0]:
+        return f"tier.url = {url!r} names no bucket: {example}"
+    return None
+
+
+@dataclass(frozen=True)
 class Config:
     """Everything `sluice serve` needs. ``metadata_url`` None means SQLite inside ``data_dir``."""
 
@@ -144,6 +198,7 @@ class Config:
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
     tls: TlsConfig = field(default_factory=TlsConfig)
     push: PushOptions = field(default_factory=PushOptions)
+    tier: TierConfig = field(default_factory=TierConfig)
 
     @property
     def listeners(self) -> dict[str, NativeListener | AdminListener | MqttOptions | AmqpOptions]:

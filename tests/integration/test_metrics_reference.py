@@ -22,6 +22,9 @@ ROOT = Path(__file__).resolve().parents[2]
 REFERENCE = ROOT / "docs" / "metrics.md"
 CLUSTER_SECTION = "Replica group"
 """The heading of the section whose series only a node of a replica group exports."""
+TIER_SECTION = "Tiered storage"
+"""The heading of the section whose series only a broker with tier.url set exports
+(tests/integration/test_tiering.py checks them)."""
 _ROW = re.compile(r"^\|\s*`([a-z_:]+)`\s*\|\s*(counter|gauge|histogram|summary)\s*\|([^|]*)\|([^|]*)\|\s*$")
 
 
@@ -78,7 +81,7 @@ def check_against_reference(text: str, section_only: str | None = None) -> None:
     if section_only is not None:
         expected = {name for name, entry in reference.items() if entry.section == section_only}
     else:
-        expected = {name for name, entry in reference.items() if entry.section != CLUSTER_SECTION}
+        expected = {name for name, entry in reference.items() if entry.section not in (CLUSTER_SECTION, TIER_SECTION)}
     absent = sorted(expected - set(live))
     assert not absent, f"documented in docs/metrics.md but not exported: {absent}"
 

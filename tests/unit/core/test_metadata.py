@@ -13,12 +13,12 @@ from sqlalchemy import create_engine, func, select, text
 from core.errors import (AlreadyExists, GroupNotFound, InvalidArgument, TopicNotFound,
                          UserNotFound)
 from core.metadata import LATEST_VERSION, BadMasterKey, MetadataRepository, SchemaTooNew
-from core.metadata.schema import schema_version, users
+from core.metadata.schema import MIGRATIONS, schema_version, users
 from core.model import (Action, ConsumeMode, GroupConfig, MessageType, Permission, ResourceKind,
                         RetryPolicy, Subscription, TopicConfig, User)
 
 TOPIC = TopicConfig("orders", queue_count=3, message_type=MessageType.FIFO, retention_ms=86_400_000,
-                    compacted=True)
+                    compacted=True, tier_retention_ms=30 * 86_400_000)
 GROUP = GroupConfig("billing", ConsumeMode.BROADCAST,
                     RetryPolicy(max_attempts=5, initial_backoff_ms=250, max_backoff_ms=9_000,
                                 multiplier=1.5), fifo=True)
@@ -32,7 +32,7 @@ def _perm(user: str, pattern: str, *actions: Action, kind: ResourceKind = Resour
 def test_a_new_database_gets_the_latest_schema_and_reopening_changes_nothing(metadata_url, master_key):
     MetadataRepository(metadata_url, master_key).close()
     repo = MetadataRepository(metadata_url, master_key)
-    assert repo.schema_version() == LATEST_VERSION == 7
+    assert repo.schema_version() == LATEST_VERSION == 8
     repo.create_topic(TOPIC)
     repo.close()
     repo = MetadataRepository(metadata_url, master_key)
@@ -43,6 +43,24 @@ def test_a_new_database_gets_the_latest_schema_and_reopening_changes_nothing(met
         rows = conn.execute(select(schema_version.c.version)).scalars().all()
     engine.dispose()
     assert rows == list(range(1, LATEST_VERSION + 1))
+
+
+def test_a_version_7_database_gains_the_tier_settings_and_keeps_its_topics(metadata_url, master_key):
+    engine = create_engine(metadata_url)
+    with engine.begin() as conn:
+        schema_version.create(conn)
+        for number, migration in enumerate(MIGRATIONS[:7], start=1):
+            migration(conn)
+            conn.execute(schema_version.insert().values(version=number, applied_ms=0))
+        conn.execute(text("INSERT INTO topics (name, queue_count, message_type, retention_ms, "
+                          "compacted) VALUES ('old', 2, 'normal', 1000, false)"))
+    engine.dispose()
+    repo = MetadataRepository(metadata_url, master_key)
+    assert repo.schema_version() == 8
+    assert repo.get_topic("old") == TopicConfig("old", queue_count=2, retention_ms=1000)
+    repo.update_topic(TopicConfig("old", queue_count=2, tier_retention_ms=5_000))
+    assert repo.get_topic("old").tier_retention_ms == 5_000
+    repo.close()
 
 
 def test_a_database_from_a_newer_sluice_is_refused_with_upgrade_advice(metadata_url, master_key):

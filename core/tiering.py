@@ -1,0 +1,191 @@
+"""The tiering loop: copies sealed segments to the object store and applies tier retention.
+
+Every ``check_interval_ms`` the loop runs the store's ``Tierer`` in a worker thread until
+nothing is pending, then drops tiered files older than each topic's ``tier_retention_ms``. The
+hot path never waits on it: producers and consumers use the local log, and local retention keeps
+every segment above the tiered end (``FileStore.tier_floor``), so an object store that is down
+only makes the tier lag. A failure is logged once per distinct error and retried with a doubling
+backoff up to ``retry_max_ms``. A ``ManifestConflict`` (a newer leader committed) stops tiering
+on this node for good. The loop itself runs on the event loop; the tierer runs in a thread,
+one step at a time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from store.tier.manifest import Manifest, ManifestConflict
+from store.tier.objects import ObjectStoreError
+
+from . import clock
+from .model import TopicConfig
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class TieringSettings:
+    """How often to tier, when to call the tier lagging, how far apart to retry."""
+
+    check_interval_ms: int = 2_000
+    max_lag_ms: int = 600_000
+    retry_max_ms: int = 60_000
+
+
+@dataclass
+class TieringCounters:
+    """What this broker tiered since it started, for ``/metrics``."""
+
+    segments: int = 0
+    bytes: int = 0
+    errors: int = 0
+
+
+class TieringLoop:
+    """Drives one ``Tierer`` (built lazily by ``make_tierer``: an object store that does not
+    answer at start must not stop the broker). ``on_commit`` gets every manifest this node
+    commits (the composition root hands it to the ``TierReader``)."""
+
+    def __init__(self, make_tierer: Callable[[], Any], topics: Callable[[], list[TopicConfig]],
+                 settings: TieringSettings, *, description: str,
+                 on_commit: Callable[[Manifest], None] = lambda manifest: None) -> None:
+        self._make_tierer = make_tierer
+        self._topics = topics
+        self.settings = settings
+        self.description = description
+        self._on_commit = on_commit
+        self.tierer: Any = None
+        self.counters = TieringCounters()
+        self.failure: str | None = None
+        """The error of the last pass, None when it succeeded."""
+        self.failing_since_ms: int | None = None
+        self.stopped: str | None = None
+        """Why this node stopped tiering (a newer leader committed), None while it tiers."""
+        self._lock = asyncio.Lock()
+        self._task: asyncio.Task | None = None
+
+    @property
+    def tiered_end(self) -> int:
+        """Every record below this log offset is in the tier; 0 until the manifest is known
+        (local retention then keeps everything). Any thread may read it."""
+        tierer = self.tierer
+        manifest = tierer.manifest if tierer is not None else None
+        return manifest.tiered_end if manifest is not None else 0
+
+    def start(self) -> None:
+        """Start the timer. Runs on the event loop."""
+        self._task = asyncio.create_task(self._run())
+
+    async def close(self) -> None:
+        """Stop the timer and wait for a step in progress (the store closes after this)."""
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+        async with self._lock:  # a step running in its thread finishes first
+            pass
+
+    async def run_now(self) -> None:
+        """Tier everything pending now and apply tier retention; raises what the pass raised
+        (``ObjectStoreError``, ``ManifestConflict``) after recording it."""
+        await self._pass()
+
+    async def _run(self) -> None:
+        interval = self.settings.check_interval_ms / 1000
+        delay = interval
+        while self.stopped is None:
+            await asyncio.sleep(delay)
+            try:
+                await self._pass()
+            except ManifestConflict:
+                return
+            except Exception:  # noqa: BLE001 - recorded and logged by _pass; retried after a backoff
+                delay = min(max(delay * 2, interval), self.settings.retry_max_ms / 1000)
+            else:
+                delay = interval
+
+    async def _pass(self) -> None:
+        async with self._lock:
+            if self.stopped is not None:
+                raise ManifestConflict(self.stopped)
+            try:
+                await self._tier_all()
+            except ManifestConflict as error:
+                self.stopped = (f"another broker committed a newer tier manifest ({error}): a "
+                                "newer leader tiers now, so this node stopped tiering; restart "
+                                "it to tier again if it should")
+                log.error("tiering stopped: %s", self.stopped)
+                raise
+            except Exception as error:
+                self._failed(error)
+                raise
+            self._recovered()
+
+    async def _tier_all(self) -> None:
+        if self.tierer is None:
+            self.tierer = await asyncio.to_thread(self._make_tierer)
+            if self.tierer.manifest is not None:
+                self._on_commit(self.tierer.manifest)
+        tierer = self.tierer
+        while (segment := await asyncio.to_thread(tierer.tier_once)) is not None:
+            manifest = tierer.manifest
+            names = set(segment.files)
+            self.counters.segments += 1
+            self.counters.bytes += sum(f.bytes for f in manifest.files if f.key in names)
+            self._on_commit(manifest)
+        retention = {t.name: t.tier_retention_ms for t in self._topics()}
+        dropped = await asyncio.to_thread(tierer.apply_tier_retention, clock.now_ms(),
+                                          retention.get)
+        if dropped:
+            log.info("tier retention dropped %d files", len(dropped))
+            self._on_commit(tierer.manifest)
+
+    def _failed(self, error: Exception) -> None:
+        self.counters.errors += 1
+        text = str(error) if isinstance(error, ObjectStoreError) else repr(error)
+        if text != self.failure:  # once per distinct error, not every retry
+            log.error("tiering to %s failed (%s); clients are served from the local log, which "
+                      "keeps every segment not yet tiered; retrying with a backoff up to %d ms",
+                      self.description, text, self.settings.retry_max_ms)
+        self.failure = text
+        if self.failing_since_ms is None:
+            self.failing_since_ms = clock.now_ms()
+
+    def _recovered(self) -> None:
+        if self.failure is not None:
+            log.info("tiering to %s works again", self.description)
+        self.failure = None
+        self.failing_since_ms = None
+
+    def status(self) -> dict[str, Any]:
+        """The tierer's status plus this loop's: JSON-able. Runs on the event loop."""
+        found: dict[str, Any] = {"enabled": True, "description": self.description}
+        if self.tierer is not None:
+            found.update(dataclasses.asdict(self.tierer.status()))
+        found.update(last_error=self.failure or found.get("last_error"), failing=self.failure is not None,
+                     failing_since_ms=self.failing_since_ms, stopped=self.stopped,
+                     lag_ms=self.lag_ms(found), max_lag_ms=self.settings.max_lag_ms)
+        return found
+
+    @staticmethod
+    def lag_ms(status: dict[str, Any]) -> int:
+        """How long the oldest sealed segment not yet tiered has waited (0: none waits)."""
+        return int(status.get("oldest_pending_age_ms") or 0)
+
+    def problems(self) -> list[str]:
+        """Why ``/health`` should say degraded: tiering stopped, failing for longer than a
+        check interval's backoff, or lagging more than ``max_lag_ms``. Empty when healthy."""
+        found = []
+        if self.stopped is not None:
+            found.append(self.stopped)
+        if self.failure is not None:
+            found.append(f"tiering to {self.description} fails: {self.failure}")
+        lag = self.lag_ms(self.status())
+        if lag > self.settings.max_lag_ms:
+            found.append(f"the oldest sealed segment not yet tiered waits for {lag // 1000} s, "
+                         f"more than tier.max_lag_ms ({self.settings.max_lag_ms} ms)")
+        return found
