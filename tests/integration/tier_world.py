@@ -78,7 +78,8 @@ def admin(server, user: str = USER, password: str = PASSWORD) -> Http:
 
 
 def tier_status(server) -> dict[str, Any]:
-    """``GET /api/tier`` as the admin."""
+    """``GET /api/tier`` as the admin (``tiered_end`` and the counts appear once the tierer
+    has opened the tier)."""
     status, body, _ = admin(server)("GET", "/tier")
     assert status == 200, (status, body)
     return body
@@ -94,7 +95,7 @@ def wait_history_tiered(server, data_dir: Path, at_least: int) -> int:
     """Wait until at least ``at_least`` bytes of the log are tiered and every tiered segment
     has been deleted locally; return the tiered end (a log offset)."""
     def done() -> int | None:
-        tiered_end = tier_status(server)["tiered_end"]
+        tiered_end = tier_status(server).get("tiered_end", 0)
         oldest = local_segments(data_dir)[0]
         return tiered_end if tiered_end >= at_least and oldest >= tiered_end else None
     return wait_for(done, f"{at_least} bytes tiered and deleted locally", WAIT_S,
