@@ -9,6 +9,7 @@ again after a restart."""
 from __future__ import annotations
 
 import json
+import uuid
 from pathlib import Path
 
 import pytest
@@ -20,7 +21,6 @@ from tests.integration.tier_world import (END, SEGMENT, TOPIC, Published, Record
                                           publish_mqtt, publish_native, read_cli, read_native,
                                           read_stream, tier_config, tier_status,
                                           wait_history_tiered)
-from tests.tier_support import seaweedfs  # noqa: F401 - the fixture
 
 MQTT_COUNT, NATIVE_COUNT, PACKS = 2500, 2500, 20
 TOTAL = MQTT_COUNT + NATIVE_COUNT + PACKS * 25 + 1  # the end marker too
@@ -31,7 +31,8 @@ def tier_target(request, tmp_path: Path) -> TierTarget:
     if request.param == "directory":
         return TierTarget(f"file://{tmp_path / 'tier'}")
     s3 = request.getfixturevalue("seaweedfs")
-    return TierTarget(f"s3://{s3.bucket}/sluice", s3.endpoint, s3.access_key, s3.secret_key)
+    return TierTarget(f"s3://{s3.bucket}/{uuid.uuid4().hex[:8]}", s3.endpoint, s3.access_key,
+                      s3.secret_key)
 
 
 def test_tiered_history_reads_back_whole_and_identical_through_every_reader(
