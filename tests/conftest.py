@@ -1,6 +1,7 @@
 """Fixtures shared by every test directory: ``sluice_server`` starts `sluice serve` as a real
 process; ``cert_files`` makes a self-signed certificate for 127.0.0.1; ``mount_tmpfs`` mounts a
-small real file system that fills up; ``faults`` injects disk faults under the store."""
+small real file system that fills up; ``faults`` injects disk faults under the store;
+``seaweedfs`` runs a real S3 service (tier_support.py) for the tests of a session."""
 from __future__ import annotations
 
 import datetime
@@ -27,6 +28,7 @@ from cryptography.x509.oid import NameOID
 from sluice.server.app import READY_LINE
 from store import fileops
 from store.faults import FaultyFileOps
+from tests.tier_support import S3Endpoint, SeaweedFS
 
 ROOT = Path(__file__).resolve().parents[1]
 SLUICE = [sys.executable, "-m", "sluice.cli"]
@@ -251,3 +253,20 @@ def faults() -> Iterator[FaultyFileOps]:
     previous = fileops.install(ops)
     yield ops
     fileops.install(previous)
+
+
+@pytest.fixture(scope="session")
+def seaweedfs_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SeaweedFS]:
+    """A SeaweedFS S3 service on 127.0.0.1 for the session; ``stop()``/``start()`` or
+    ``with seaweedfs_server.down():`` take it down and bring it back on the same port."""
+    server = SeaweedFS(tmp_path_factory.mktemp("seaweedfs"))
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def seaweedfs(seaweedfs_server: SeaweedFS) -> S3Endpoint:
+    """(endpoint, access_key, secret_key, bucket) of the session's SeaweedFS. A test that takes
+    it down brings it back (``seaweedfs_server.down()`` does)."""
+    return seaweedfs_server.info
