@@ -3,7 +3,7 @@
 Decoding record by record costs microseconds of Python each. Here every step works on a whole
 run at once: the store locates every field of every record of a run (``RecordColumns``, from
 ``StoreReader.read_columns``), and each column is cut out of the log bytes for all records by
-one Arrow ``take`` over a binary array whose offsets are the field boundaries (see ``_slices``).
+one Arrow ``take`` over a binary array whose offsets are the field boundaries (store/record_arrow.py).
 Records carrying a packed batch (``sluice.batch``) are unpacked in Python, one row per body.
 Runs on executors; holds no state.
 """
@@ -18,16 +18,14 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from sluice.client.packing import BATCH_PROPERTY, unpack_bodies
+from store.record_arrow import Properties, keys, slices, tags
 
 from .schema import ARROW_SCHEMA, SUBJECT_PROPERTY
 
 if TYPE_CHECKING:
-    from store.record_columns import RecordColumns, Spans
+    from store.record_columns import RecordColumns
 
-_KEYS_TYPE = ARROW_SCHEMA.field("keys").type
-_PROPS_TYPE = ARROW_SCHEMA.field("properties").type
 _MICROS = ARROW_SCHEMA.field("born_ts").type
-_NO_TAG = pa.scalar(None, pa.binary())
 _SUBJECT, _PACKED = (pa.scalar(name.encode(), pa.binary()) for name in (SUBJECT_PROPERTY, BATCH_PROPERTY))
 _PACKED_NAME = BATCH_PROPERTY.encode()
 """Typed scalars: pyarrow spends ~100 us guessing the type of a bare Python value."""
@@ -46,18 +44,18 @@ def record_batch(records: RecordColumns, topic: str, queue: int, first_offset: i
     # those bytes anywhere has none: its properties need no decoding unless asked for.
     packed = _PACKED_NAME in records.data
     build = ARROW_SCHEMA.names if packed else columns
-    properties = _Properties(records, data) if packed or {"subject", "properties"} & set(build) else None
+    properties = Properties(records, data) if packed or {"subject", "properties"} & set(build) else None
     builders: dict[str, Callable[[], pa.Array]] = {
         "topic": lambda: pa.repeat(pa.scalar(topic, pa.string()), count),
         "queue": lambda: pa.repeat(pa.scalar(queue, pa.int32()), count),
         "offset": lambda: pa.array(np.arange(first_offset, first_offset + count)),
         "batch_index": lambda: pa.nulls(count, pa.int32()),
-        "msg_id": lambda: _slices(data, records.spans("msg_id")).cast(pa.string()),
-        "keys": lambda: _keys(records, data),
-        "tag": lambda: _tags(data, records.spans("tag")),
+        "msg_id": lambda: slices(data, records.spans("msg_id")).cast(pa.string()),
+        "keys": lambda: keys(records, data),
+        "tag": lambda: tags(data, records.spans("tag")),
         "subject": lambda: properties.value(_SUBJECT).cast(pa.string()),
         "properties": lambda: properties.map(),
-        "body": lambda: _slices(data, records.spans("body")),
+        "body": lambda: slices(data, records.spans("body")),
         "born_ts": lambda: pa.array(records.born_ts * 1000).view(_MICROS),
         "store_ts": lambda: pa.array(records.store_ts * 1000).view(_MICROS),
     }
@@ -66,60 +64,6 @@ def record_batch(records: RecordColumns, topic: str, queue: int, first_offset: i
     if packed and pc.any(pc.equal(properties.names, _PACKED)).as_py():
         batch = _unpacked(batch, properties.value(_PACKED))
     return batch if len(build) == len(columns) else batch.select(list(columns))
-
-
-class _Properties:
-    """The properties of a run, as Arrow arrays once for every column that needs them."""
-
-    def __init__(self, records: RecordColumns, data: pa.Buffer) -> None:
-        self.offsets, (names, values) = records.properties()
-        self.names, self.values = _slices(data, names), _slices(data, values)
-
-    def value(self, name: pa.Scalar) -> pa.BinaryArray:
-        """Each record's value of property ``name``, null where it has none."""
-        return _property(self.offsets, self.names, self.values, name)
-
-    def map(self) -> pa.MapArray:
-        return pa.MapArray.from_arrays(self.offsets, self.names.cast(pa.string()),
-                                       self.values.cast(pa.string()), type=_PROPS_TYPE)
-
-
-def _keys(records: RecordColumns, data: pa.Buffer) -> pa.ListArray:
-    offsets, (keys,) = records.keys()
-    return pa.ListArray.from_arrays(offsets, _slices(data, keys).cast(pa.string()), type=_KEYS_TYPE)
-
-
-def _slices(data: pa.Buffer, spans: Spans) -> pa.BinaryArray:
-    """``data[starts[i]:stops[i]]`` for every i, copied into one array.
-
-    The ranges ascend without overlapping, so ``starts[0], stops[0], starts[1], ...`` are the
-    offsets of an array over ``data`` whose even elements are the wanted values: one ``take``
-    copies them out.
-    """
-    starts, stops = spans
-    bounds = np.empty(2 * len(starts) + 1, np.int32)
-    bounds[0:-1:2] = starts
-    bounds[1::2] = stops
-    bounds[-1] = stops[-1] if len(stops) else 0
-    pieces = pa.Array.from_buffers(pa.binary(), len(bounds) - 1, [None, pa.py_buffer(bounds), data])
-    return pieces.take(pa.array(np.arange(0, len(bounds) - 1, 2)))
-
-
-def _tags(data: pa.Buffer, spans: Spans) -> pa.StringArray:
-    """The tag column: null for an empty tag (no tag)."""
-    starts, stops = spans
-    if not (stops > starts).any():
-        return pa.nulls(len(starts), pa.string())
-    return pc.if_else(pa.array(stops > starts), _slices(data, spans), _NO_TAG).cast(pa.string())
-
-
-def _property(offsets: np.ndarray, names: pa.BinaryArray, values: pa.BinaryArray, name: pa.Scalar) -> pa.BinaryArray:
-    """Each record's value of property ``name``, null where it has none."""
-    owner = np.repeat(np.arange(len(offsets) - 1), np.diff(offsets))
-    pick = np.full(len(offsets) - 1, -1)
-    found = np.flatnonzero(pc.equal(names, name).to_numpy(zero_copy_only=False))
-    pick[owner[found]] = found
-    return values.take(pa.array(pick, mask=pick < 0))
 
 
 def _unpacked(batch: pa.RecordBatch, packed: pa.Array) -> pa.RecordBatch:

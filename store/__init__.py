@@ -3,8 +3,8 @@
 Bytes on disk only; imports nothing else from Sluice. See ``api.py`` for the contract. What this
 module exports, with ``store.api`` and ``store.errors``, is the store's public API; its read-only
 part, for code running with no broker, is ``StoreReader`` (``reader.py``) with the columns it
-reads (``record_columns.py``, which needs numpy). The rest of Sluice imports nothing else of the
-store (tests/unit/test_dependency_direction.py).
+reads (``record_columns.py``, ``record_arrow.py``) and the tier in object storage (``tier/``).
+The rest of Sluice imports nothing else of the store (tests/unit/test_dependency_direction.py).
 """
 from .api import (AppendResult, KeyCursor, KeyPage, Message, RecoveryReport, RetentionReport,
                   SharedProperties, Store, StoreConfig)

@@ -23,7 +23,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from . import checkpoint, fileops, layout, record
 from .api import (AppendResult, HealthListener, Message, ProgressListener, RecoveryReport, RetentionReport,
@@ -96,6 +96,9 @@ class FileStore(StoreView):
                                 queues.files.release_idle,
                                 finish_open=None if failure is None else self._finish_open)
         self._checkpointer = Checkpointer(self._periodic_checkpoint, config.checkpoint_interval_ms)
+        self.tier_floor: Callable[[], int] | None = None
+        """Set once by whoever tiers this store: the commit-log offset below which every record
+        is in the tier. Retention then never deletes a segment whose end is above it."""
         self._flusher.start()
         self._checkpointer.start()
 
@@ -105,6 +108,12 @@ class FileStore(StoreView):
     def durable_offset(self) -> int:
         """Commit-log offset up to which every record is fsynced."""
         return self._progress.durable
+
+    @property
+    def confirm_limit(self) -> int | None:
+        """A replicated store: the highest offset confirmed on every in-sync replica (``confirm``);
+        None for a store of its own."""
+        return self._progress.limit
 
     @property
     def visible_offset(self) -> int:

@@ -6,8 +6,8 @@ record headers (record.py) as one numpy record array; the result says where each
 each record lies in the run's bytes, without copying any. The keys and properties sections, a
 variable number of items per record, are walked one item per step for all records together.
 Decoding record by record (``record.decode``) costs microseconds of Python each; this costs a
-few numpy calls per run. numpy comes with the analytics extra: only
-``StoreReader.read_columns`` imports this module.
+few numpy calls per run. Imported only where columns are wanted (``StoreReader.read_columns``,
+the tier writer), not on the broker's append path.
 """
 from __future__ import annotations
 
@@ -64,6 +64,10 @@ class RecordColumns:
     """The run's log bytes; every span points into them."""
     born_ts: np.ndarray
     store_ts: np.ndarray
+    queue_id: np.ndarray
+    """Home queue id of every record (uint32)."""
+    queue_offset: np.ndarray
+    """Home queue offset of every record (uint64)."""
     base: int
     """Commit-log offset of ``data[0]``."""
     segment: str
@@ -141,4 +145,5 @@ def decode(run: RecordRun) -> RecordColumns:
     if bad.size:
         raise CorruptRecordError(run.base + int(starts[bad[0]]), "its section lengths do not add up "
                                  "to its size", run.segment)
-    return RecordColumns(run.data, head["born_ts"], head["store_ts"], run.base, run.segment, edges)
+    return RecordColumns(run.data, head["born_ts"], head["store_ts"], head["queue_id"], head["queue_offset"],
+                         run.base, run.segment, edges)

@@ -40,7 +40,7 @@ def _load(schema_text: str) -> dict[str, Any]:
 def _check_object(schema: Any, where: str, depth: int) -> None:
     if depth > _MAX_DEPTH:
         raise BodySchemaError(f"{where} nests objects more than {_MAX_DEPTH} deep")
-    if not isinstance(schema, dict) or _kind(schema, where) != "object":
+    if not isinstance(schema, dict) or schema.get("type") not in ("object", ["object", "null"], ["null", "object"]):
         raise BodySchemaError(f'{where} must be an object schema: {{"type": "object", "properties": {{...}}}}')
     properties = schema.get("properties")
     if not isinstance(properties, dict) or not properties:

@@ -19,6 +19,7 @@ MANIFEST = "manifest/"
 _SAFE = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789._-")
 _ESCAPE = re.compile(r"%([0-9A-Fa-f]{2})")
 _MANIFEST_KEY = re.compile(r"manifest/(\d{20})\.json")
+_SEGMENT_KEY = re.compile(r"(?:data/topic=[^/]+/day=\d{4}-\d{2}-\d{2}|index)/(\d{20})\.parquet")
 
 
 def escape(value: str) -> str:
@@ -54,4 +55,10 @@ def manifest_key(version: int) -> str:
 def manifest_version(key: str) -> int | None:
     """The version a manifest key names; None for any other key."""
     match = _MANIFEST_KEY.fullmatch(key)
+    return int(match.group(1)) if match else None
+
+
+def segment_of(key: str) -> int | None:
+    """The segment base a data or index key names; None for any other key."""
+    match = _SEGMENT_KEY.fullmatch(key)
     return int(match.group(1)) if match else None

@@ -120,13 +120,13 @@ class LocalDirectory:
         temp = self._write_temp(path, data)
         try:
             os.link(temp, path)  # atomic, and never replaces an existing file
+            fsync_directory(os.path.dirname(path), site="tier")
         except FileExistsError:
             return False
         except OSError as error:
             raise self._failed("write", path, error) from None
         finally:
             _unlink_quietly(temp)
-        fsync_directory(os.path.dirname(path), site="tier")
         return True
 
     def get(self, key: str) -> bytes:

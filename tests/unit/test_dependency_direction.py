@@ -34,8 +34,10 @@ def exported(package: str) -> tuple[str, ...]:
 STORE_PUBLIC = ("store.api", "store.errors", *exported("store"))
 """The store's public API: its contract (`store/api.py`), its errors, and the names that
 `store/__init__.py` exports. Everything else in `store/` is its own business."""
-STORE_READER_API = ("store.StoreReader", "store.reader", "store.record_columns", "store.errors")
-"""The read-only part of it, for code that reads a data directory with no broker running."""
+STORE_READER_API = ("store.StoreReader", "store.reader", "store.record_columns", "store.record_arrow",
+                    "store.errors", "store.tier")
+"""The read-only part of it, for code that reads a data directory (and its tier, in object
+storage) with no broker running."""
 STORE_BUILDERS = ("store.FileStore", "store.file_store", "store.MemoryStore", "store.memory_store")
 """What builds a store."""
 
