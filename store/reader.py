@@ -6,9 +6,15 @@ writes queue entries out at least every ``checkpoint_interval_ms`` (or at once w
 ``FileStore.checkpoint()``); call ``refresh`` to see what it appended since. Key lookups are not offered here (the key
 index belongs to the writer); queue reads, ``read_at`` and time lookups are, and reads of many
 records at once as columns (``read_columns``).
+
+When the broker tiers sealed segments to object storage (``<data>/tier.json`` names where), the
+reader opens that tier too, with credentials from the environment (``SLUICE_TIER_S3_ACCESS_KEY``
+and ``SLUICE_TIER_S3_SECRET_KEY``, else boto3's own chain): history the broker's local retention
+deleted is read from there, and tiered messages can be looked up by id and key.
 """
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
@@ -21,6 +27,9 @@ from .verify import Verification, check, verify
 
 if TYPE_CHECKING:
     from .record_columns import RecordColumns
+    from .tier.reader import TierReader
+
+log = logging.getLogger(__name__)
 
 
 class StoreReader(StoreView):
@@ -38,16 +47,20 @@ class StoreReader(StoreView):
             ConsumeQueues(os.path.join(directory, "consumequeue"), entries, read_only=True,
                           max_open_queue_files=max_open_queue_files),
             key_index=None,
+            tier=_open_tier(directory),
         )
         self.consume_queues.advance_min(self.log.min_offset)
 
     def refresh(self) -> None:
-        """Pick up segments, queues and entries written since opening (or the last refresh)."""
+        """Pick up segments, queues and entries written since opening (or the last refresh),
+        and the tier's newest manifest."""
         self.log.refresh()
         self.consume_queues.discover()
         for queue in self.consume_queues:
             queue.refresh()
         self.consume_queues.advance_min(self.log.min_offset)
+        if self.tier is not None:
+            _refresh(self.tier)
 
     def read_columns(self, topic: str, queue_id: int, queue_offset: int, max_count: int,
                      max_bytes: int = 16 << 20) -> Iterator[RecordColumns]:
@@ -95,3 +108,28 @@ class StoreReader(StoreView):
     def check(self) -> Verification:
         """``verify``'s problems, and the torn tail if there is one."""
         return check(self)
+
+
+def _open_tier(directory: str) -> TierReader | None:
+    """The tier named in ``<directory>/tier.json``, its manifest loaded; None if there is none."""
+    from .tier.objects import load_location  # pyarrow and boto3: only readers of a tier load them
+    from .tier.reader import TierReader
+
+    location = load_location(directory)
+    if location is None:
+        return None
+    tier = TierReader(location.open())
+    _refresh(tier)
+    return tier
+
+
+def _refresh(tier: TierReader) -> None:
+    """Load the tier's newest manifest; if the object store cannot be read, say so and go on
+    with what was loaded before (local reads never depend on it)."""
+    from .errors import StoreError
+
+    try:
+        tier.refresh()
+    except StoreError as error:
+        log.warning("the tier at %s cannot be read now (%s): serving the local log and the tier's "
+                    "last manifest; refresh() tries again", tier.objects.description, error)

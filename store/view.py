@@ -9,7 +9,7 @@ from __future__ import annotations
 import struct
 from array import array
 from collections.abc import Callable, Iterable
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 from crc32c import crc32c
 
@@ -18,10 +18,15 @@ from .commit_log import CommitLog
 from .consume_queue import ConsumeQueue, ConsumeQueues, Entry
 from .record_builder import generated_id_offset
 from .dispatcher import business_key, id_key
-from .errors import CorruptRecordError, OffsetOutOfRangeError
+from .errors import CorruptRecordError, InvalidCursorError, OffsetOutOfRangeError
 from .key_index import KeyIndex
 from .record import HEADER_SIZE, MAGIC_BYTES, StoredMessage, decode
 
+if TYPE_CHECKING:
+    from .tier.reader import TierReader
+
+TIERED_CURSOR = 1 << 40
+"""``KeyCursor.entry`` of a cursor into tiered history (local key-index entries stay far below)."""
 _MAX_GAP = 64 << 10  # read neighbouring records with one pread when at most this far apart
 _MAX_SPAN = 4 << 20
 
@@ -55,21 +60,39 @@ class RecordRun(NamedTuple):
 
 
 class StoreView:
-    """Reads over a commit log, its consume queues and key index."""
+    """Reads over a commit log, its consume queues and key index, and, when ``tier`` is set,
+    the segments tiered to object storage below them: queue reads, ``read_at``, lookups and
+    time lookups fall through to the tier below the local start (``read_runs`` and
+    ``read_columns`` read the local log only)."""
 
-    def __init__(self, commit_log: CommitLog, queues: ConsumeQueues, key_index: KeyIndex | None) -> None:
+    def __init__(self, commit_log: CommitLog, queues: ConsumeQueues, key_index: KeyIndex | None,
+                 tier: TierReader | None = None) -> None:
         self.log = commit_log
         self.consume_queues = queues
         self.key_index = key_index
+        self.tier = tier
 
     def queues(self) -> list[tuple[str, int]]:
         """Every (topic, queue id) holding or having held messages."""
-        return sorted((queue.topic, queue.queue_id) for queue in self.consume_queues)
+        found = {(queue.topic, queue.queue_id) for queue in self.consume_queues}
+        return sorted(found | set(self.tier.queues()) if self.tier is not None else found)
 
     def queue_range(self, topic: str, queue_id: int) -> tuple[int, int]:
-        """(earliest, next) queue offset; (0, 0) for a queue never written."""
+        """(earliest, next) queue offset; (0, 0) for a queue never written. The earliest is the
+        tier's when it holds older messages than the local log."""
         queue = self.consume_queues.get(topic, queue_id, create=False)
-        return (queue.min_offset, queue.max_offset) if queue else (0, 0)
+        low, high = (queue.min_offset, queue.max_offset) if queue else (0, 0)
+        tiered = self._tiered_start(topic, queue_id, queue)
+        if tiered is None:
+            return low, high
+        return tiered, high if queue else self.tier.queue_end(topic, queue_id)  # type: ignore[union-attr]
+
+    def _tiered_start(self, topic: str, queue_id: int, queue: ConsumeQueue | None) -> int | None:
+        """The tier's first offset of a queue when it is below the local one, else None."""
+        if self.tier is None:
+            return None
+        start = self.tier.queue_start(topic, queue_id)
+        return start if start is not None and (queue is None or start < queue.min_offset) else None
 
     def read(self, topic: str, queue_id: int, queue_offset: int, max_count: int = 32,
              max_bytes: int = 4 << 20) -> list[StoredMessage]:
@@ -77,19 +100,33 @@ class StoreView:
 
         Stops before a corrupt record; raises CorruptRecordError if the first one is corrupt
         (skip it by reading from ``queue_offset + 1``) and OffsetOutOfRangeError below the
-        earliest retained offset.
+        earliest retained offset. Below the local start it reads the tier, going on into the
+        local log when the read reaches it.
         """
         queue = self.consume_queues.get(topic, queue_id, create=False)
+        tiered = self._tiered_start(topic, queue_id, queue)
+        if tiered is not None and (queue is None or queue_offset < queue.min_offset):
+            if queue_offset < tiered:
+                raise OffsetOutOfRangeError(topic, queue_id, queue_offset, *self.queue_range(topic, queue_id))
+            out = self.tier.read(topic, queue_id, queue_offset, max_count, max_bytes)  # type: ignore[union-attr]
+            if queue is not None and out and len(out) < max_count and queue_offset + len(out) == queue.min_offset:
+                out += self._read_local(queue, queue.min_offset, max_count - len(out),
+                                        max_bytes - sum(message.size for message in out), strict=False)
+            return out
         if queue is None:
             return []
         self._check_range(queue, queue_offset)
+        return self._read_local(queue, queue_offset, max_count, max_bytes, strict=True)
+
+    def _read_local(self, queue: ConsumeQueue, queue_offset: int, max_count: int, budget: int,
+                    strict: bool) -> list[StoredMessage]:
+        """``read`` from the local log; ``strict``: raise if the first record is corrupt."""
         out: list[StoredMessage] = []
-        budget = max_bytes
         while len(out) < max_count:
             entries = queue.read(queue_offset + len(out), max_count - len(out))
             if not entries:
                 break
-            read = self._records(entries, queue_offset + len(out), budget, first=not out)
+            read = self._records(entries, queue_offset + len(out), budget, first=strict and not out)
             out += read
             budget -= sum(message.size for message in read)
             if len(read) < len(entries):
@@ -201,7 +238,14 @@ class StoreView:
                                   run.segment)
 
     def read_at(self, phys_offset: int) -> StoredMessage:
-        """The record at a commit-log offset (from a message id, key lookup or a queue entry)."""
+        """The record at a commit-log offset (from a message id, key lookup or a queue entry);
+        below the local log's start, the tier's."""
+        if self.tier is not None and phys_offset < self.log.min_offset:
+            try:
+                return self.tier.read_at(phys_offset)
+            except KeyError:
+                raise CorruptRecordError(phys_offset, "no record there (deleted by retention or never "
+                                                      "written)") from None
         try:
             head, segment = self.log.read(phys_offset, HEADER_SIZE)
         except FileNotFoundError:
@@ -224,7 +268,18 @@ class StoreView:
         generated = self._generated(msg_id)
         if generated is not None and generated.topic in wanted:
             found.setdefault(generated.phys_offset, generated)
-        return sorted(found.values(), key=lambda message: message.phys_offset, reverse=True)
+        newest = sorted(found.values(), key=lambda message: message.phys_offset, reverse=True)
+        if self.tier is None:
+            return newest
+        floor = self.log.min_offset
+        older = [message for message in self.tier.lookup_id(msg_id, wanted, limit) if message.phys_offset < floor]
+        counts = {topic: 0 for topic in wanted}
+        out = []
+        for message in newest + older:
+            if counts[message.topic] < limit:
+                counts[message.topic] += 1
+                out.append(message)
+        return out
 
     def _generated(self, msg_id: str) -> StoredMessage | None:
         """The message whose store-generated id is ``msg_id``, if any is left."""
@@ -240,13 +295,32 @@ class StoreView:
     def lookup_key(self, topic: str, key: str, limit: int = 32,
                    since_ms: int | None = None) -> list[StoredMessage]:
         """Messages of ``topic`` carrying business key ``key``, newest first; with
-        ``since_ms``, only those stored then or later (older index files are not read)."""
-        return self._find(business_key(topic, key), limit, _carrying(topic, key), since_ms).messages
+        ``since_ms``, only those stored then or later (older index files are not read). Tiered
+        messages follow the local ones."""
+        found = self._find(business_key(topic, key), limit, _carrying(topic, key), since_ms).messages
+        if self.tier is not None and len(found) < limit:
+            found += self.tier.lookup_key(topic, key, limit - len(found), since_ms, before=self.log.min_offset)
+        return found
 
     def lookup_key_page(self, topic: str, key: str, limit: int,
                         after: KeyCursor | None = None) -> KeyPage:
-        """``lookup_key`` a page at a time: up to ``limit`` messages older than ``after``."""
-        return self._find(business_key(topic, key), limit, _carrying(topic, key), after=after)
+        """``lookup_key`` a page at a time: up to ``limit`` messages older than ``after``; the
+        pages of tiered messages follow the local ones (their cursors' entry is TIERED_CURSOR)."""
+        before = self.log.min_offset
+        if after is not None and after.entry == TIERED_CURSOR:
+            if self.tier is None:
+                raise InvalidCursorError("this cursor points into tiered history, and this store has "
+                                         "no tier: start the lookup again without it")
+            page, before = KeyPage([], None), min(before, after.offset)
+        else:
+            page = self._find(business_key(topic, key), limit, _carrying(topic, key), after=after)
+            if page.next is not None or self.tier is None:
+                return page
+        room = limit - len(page.messages)
+        older = self.tier.lookup_key(topic, key, room + 1, before=before) if limit > 0 else []
+        messages = page.messages + older[:room]
+        more = len(older) > room and messages
+        return KeyPage(messages, KeyCursor(messages[-1].phys_offset, TIERED_CURSOR) if more else None)
 
     def _find(self, index_key: bytes, limit: int, matches: Callable[[StoredMessage], bool],
               since_ms: int | None = None, after: KeyCursor | None = None) -> KeyPage:
@@ -277,9 +351,22 @@ class StoreView:
         return KeyPage(out, None)
 
     def offset_for_time(self, topic: str, queue_id: int, timestamp_ms: int) -> int:
-        """First queue offset whose record was stored at or after ``timestamp_ms`` (binary search)."""
-        low, high = self.queue_range(topic, queue_id)
+        """First queue offset whose record was stored at or after ``timestamp_ms`` (binary search
+        of the local queue; the tier's answer when the first local record qualifies)."""
         queue = self.consume_queues.get(topic, queue_id, create=False)
+        low, high = (queue.min_offset, queue.max_offset) if queue else (0, 0)
+        tiered = self._tiered_start(topic, queue_id, queue)
+        if tiered is not None:
+            if queue is None:
+                low = high = self.tier.queue_end(topic, queue_id)  # type: ignore[union-attr]
+            first = self._local_offset_for_time(queue, low, high, timestamp_ms) if queue else high
+            if first > low:
+                return first
+            found = self.tier.offset_for_time(topic, queue_id, timestamp_ms)  # type: ignore[union-attr]
+            return first if found is None else found
+        return self._local_offset_for_time(queue, low, high, timestamp_ms) if queue else 0
+
+    def _local_offset_for_time(self, queue: ConsumeQueue, low: int, high: int, timestamp_ms: int) -> int:
         while low < high:
             middle = (low + high) // 2
             entry = queue.read(middle, 1)

@@ -40,7 +40,7 @@ def build(file: TieredFile, table: pa.Table) -> tuple[dict[tuple[str, int], Posi
     logs, sizes = logs[first], _ints(table, "log_size")[first]
     stamps = _ints(table, "store_ts")[first] // 1000
     out: dict[tuple[str, int], Positions] = {}
-    _group(out, [file.topic], np.zeros(len(first), np.int64), _ints(table, "queue")[first],
+    _group(file.key, out, [file.topic], np.zeros(len(first), np.int64), _ints(table, "queue")[first],
            _ints(table, "offset")[first], logs, sizes, stamps)
     targets = table.column("dispatch").combine_chunks().take(pa.array(first))
     flat = pc.list_flatten(targets)
@@ -49,7 +49,7 @@ def build(file: TieredFile, table: pa.Table) -> tuple[dict[tuple[str, int], Posi
             raise TierDataError(file.key, "a dispatch target holds nulls")
         owner = pc.list_parent_indices(targets).to_numpy()
         topics = flat.field("topic").dictionary_encode()
-        _group(out, topics.dictionary.to_pylist(), topics.indices.to_numpy(),
+        _group(file.key, out, topics.dictionary.to_pylist(), topics.indices.to_numpy(),
                flat.field("queue").to_numpy().astype(np.int64), flat.field("offset").to_numpy().astype(np.int64),
                logs[owner], sizes[owner], stamps[owner])
     return out, sum(p.offsets.nbytes * 4 + 100 for p in out.values())
@@ -62,7 +62,7 @@ def _ints(table: pa.Table, name: str) -> np.ndarray:
     return column.to_numpy().astype(np.int64)
 
 
-def _group(out: dict[tuple[str, int], Positions], names: list[str], codes: np.ndarray, queues: np.ndarray,
+def _group(file_key: str, out: dict[tuple[str, int], Positions], names: list[str], codes: np.ndarray, queues: np.ndarray,
            offsets: np.ndarray, logs: np.ndarray, sizes: np.ndarray, stamps: np.ndarray) -> None:
     """Add records to their queues (topic ``names[codes[i]]``, ``queues[i]``), sorted by queue offset."""
     group = codes.astype(np.int64) << 32 | (queues & 0xFFFFFFFF)
@@ -73,6 +73,9 @@ def _group(out: dict[tuple[str, int], Positions], names: list[str], codes: np.nd
         rows = order[start:stop]
         key = (names[int(group[start] >> 32)], int(queues[rows[0]]))
         found = Positions(offsets[rows], logs[rows], sizes[rows], stamps[rows])
+        if np.any(np.diff(found.logs) <= 0):
+            raise TierDataError(file_key, f"queue {key[1]} of {key[0]}: its offsets do not grow with the log "
+                                          "offsets of their records, as the log assigns them")
         if key in out:
             merged = [np.concatenate((a, b)) for a, b in zip(out[key], found)]
             again = np.argsort(merged[0], kind="stable")

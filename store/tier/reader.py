@@ -25,20 +25,13 @@ from .manifest import Manifest, TieredFile, load_latest
 from .objects import ObjectStore
 from .positions import Positions
 from .rebuild import TierDataError, rebuild
+from .schema import DATA_SCHEMA, INDEX_SCHEMA
 
-_TS = pa.timestamp("us", tz="UTC")
-_TARGET = pa.struct([("topic", pa.string()), ("queue", pa.int32()), ("offset", pa.int64())])
-DATA_TYPES: dict[str, pa.DataType] = {
-    "queue": pa.int32(), "offset": pa.int64(), "batch_index": pa.int32(), "msg_id": pa.string(),
-    "keys": pa.list_(pa.string()), "tag": pa.string(), "subject": pa.string(),
-    "properties": pa.map_(pa.string(), pa.string()), "body": pa.binary(), "born_ts": _TS,
-    "store_ts": _TS, "log_offset": pa.int64(), "log_size": pa.int32(), "dispatch": pa.list_(_TARGET),
-}
+DATA_TYPES: dict[str, pa.DataType] = {field.name: field.type for field in DATA_SCHEMA}
 """The data file columns a reader relies on (``data`` is the body schema's, not checked)."""
 _RECORD_COLUMNS = ("queue", "offset", "batch_index", "msg_id", "keys", "tag", "properties", "body",
                    "born_ts", "store_ts", "log_offset", "log_size", "dispatch")
-INDEX_TYPES: dict[str, pa.DataType] = {"kind": pa.string(), "value": pa.string(), "topic": pa.string(),
-                                       "log_offset": pa.int64(), "store_ts": _TS}
+INDEX_TYPES: dict[str, pa.DataType] = {field.name: field.type for field in INDEX_SCHEMA}
 
 
 @dataclass(frozen=True)
@@ -96,6 +89,10 @@ class TierReader:
             catalog = _Catalog.of(manifest)
             self._catalog = catalog
         self._files.forget(lambda key: key in catalog.keys)
+
+    def queues(self) -> list[tuple[str, int]]:
+        """Every (topic, queue id) with tiered messages."""
+        return sorted(self._catalog.queues)
 
     def queue_start(self, topic: str, queue: int) -> int | None:
         """The first tiered offset of a queue; None when none of it is tiered."""
@@ -191,6 +188,11 @@ class TierReader:
         for _, _, file in self._catalog.by_log.meeting(log_offset, log_offset):
             found = self._records(file, [log_offset]).get(log_offset)
             if found is not None:
+                where = self._positions(file).get((found.topic, found.queue_id))
+                index = np.searchsorted(where.offsets, found.queue_offset) if where is not None else 0
+                if where is None or index == len(where.logs) or where.logs[index] != log_offset:
+                    raise TierDataError(file.key, f"the record at log offset {log_offset} is not where "
+                                                  "its queue offset says")
                 return found
         raise KeyError(log_offset)
 
@@ -201,8 +203,10 @@ class TierReader:
         for first, _, file in spans.meeting(spans.start, spans.end) if spans else ():
             if best is not None and first >= best:
                 break
+            if file.store_ts_max < timestamp_ms:
+                continue
             where = self._positions(file).get((topic, queue))
-            if file.store_ts_max < timestamp_ms or where is None:
+            if where is None:
                 continue
             hits = np.flatnonzero(where.stamps >= timestamp_ms)
             if len(hits):

@@ -7,13 +7,11 @@ Tiered objects are untrusted input: every inconsistency found here raises TierDa
 from __future__ import annotations
 
 import struct
-from collections.abc import Sequence
 
 from ..errors import InvalidRecordError, StoreError
 from ..record import StoredMessage, dispatch_head, encode_keys, encode_properties, encoded_size, pack_target
+from .packing import pack
 
-_PACK_HEADER = struct.Struct("<2sBI")  # the packed-batch layout of sluice/client/packing.py
-_PACK_MAGIC, _PACK_VERSION = b"SB", 1
 _MS = 1000  # timestamps are microseconds in Parquet, milliseconds in the log
 
 
@@ -28,13 +26,6 @@ class TierDataError(StoreError):
         self.reason = reason
 
 
-def pack_bodies(bodies: Sequence[bytes]) -> bytes:
-    """A packed-batch body holding ``bodies`` (the layout producers pack, see
-    sluice/client/packing.py): magic, version, count, the length table, the bodies."""
-    return b"".join((_PACK_HEADER.pack(_PACK_MAGIC, _PACK_VERSION, len(bodies)),
-                     struct.pack(f"<{len(bodies)}I", *map(len, bodies)), *bodies))
-
-
 def rebuild(topic: str, rows: dict[str, list], key: str) -> StoredMessage:
     """The record of ``topic`` held by ``rows`` (the columns of every row of one log offset,
     in file order, timestamps as integer microseconds), checked against its ``log_size``."""
@@ -46,8 +37,15 @@ def rebuild(topic: str, rows: dict[str, list], key: str) -> StoredMessage:
                                  f"record ({type(error).__name__}: {error})") from None
 
 
+_REQUIRED = ("queue", "offset", "msg_id", "keys", "properties", "body", "born_ts", "store_ts", "log_offset",
+             "log_size", "dispatch")
+
+
 def _rebuild(topic: str, rows: dict[str, list], key: str) -> StoredMessage:
     log_offset = rows["log_offset"][0]
+    missing = [name for name in _REQUIRED if any(value is None for value in rows[name])]
+    if missing:
+        raise TierDataError(key, f"the rows of log offset {log_offset} hold nulls in {', '.join(missing)}")
     indexes = rows["batch_index"]
     if indexes[0] is None:
         if len(indexes) != 1:
@@ -56,7 +54,7 @@ def _rebuild(topic: str, rows: dict[str, list], key: str) -> StoredMessage:
     elif indexes != list(range(len(indexes))):
         raise TierDataError(key, f"the batch indexes of log offset {log_offset} are not 0..{len(indexes) - 1}")
     else:
-        body = pack_bodies(rows["body"])
+        body = pack(rows["body"])
     keys = encode_keys(rows["keys"][0])
     props = encode_properties(dict(rows["properties"][0]))
     dispatch = b"".join(dispatch_head(target["topic"].encode()) + pack_target(target["queue"], target["offset"])

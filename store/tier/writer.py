@@ -187,7 +187,7 @@ def _data_file(table: pa.Table, record_of_row: np.ndarray, in_file: np.ndarray, 
         data = schemas.parse_bodies(rows.column("body").combine_chunks(), schema_text)
         rows = rows.append_column(with_data(data.type).field("data"), data)
     sink = io.BytesIO()
-    pq.write_table(rows, sink, compression=COMPRESSION, row_group_size=DATA_ROW_GROUP)
+    pq.write_table(rows, sink, compression=COMPRESSION, row_group_size=DATA_ROW_GROUP, write_page_checksum=True)
     parquet = sink.getvalue()
     picked = np.flatnonzero(in_file)
     mine = log_offsets[picked]
@@ -242,5 +242,5 @@ def _index(columns: RecordColumns, buffer: pa.Buffer, topics: pa.StringArray, lo
     table = table.sort_by([("kind", "ascending"), ("value", "ascending"), ("topic", "ascending"),
                            ("log_offset", "descending")])
     sink = io.BytesIO()
-    pq.write_table(table, sink, compression=COMPRESSION, row_group_size=INDEX_ROW_GROUP)
+    pq.write_table(table, sink, compression=COMPRESSION, row_group_size=INDEX_ROW_GROUP, write_page_checksum=True)
     return sink.getvalue()
