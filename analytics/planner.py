@@ -35,6 +35,7 @@ from pyspark.sql.types import StructType
 from pyspark.sql.utils import to_str
 
 from store.tier.body_schema import spark_ddl
+from store.tier.manifest import TieredFile
 from store.tier.objects import TierLocation
 
 from .options import SourceOptions
@@ -149,30 +150,40 @@ def plan(spark: SparkSession, options: Mapping[str, str], schema: StructType | s
 
 def _tiered_frames(spark: SparkSession, tier: Tier, root: str, topic: str, bounds: Bounds,
                    options: SourceOptions, columns: list[str], body: str | None) -> list[DataFrame]:
-    """The topic's tiered rows: from its own files, and (fanned out to it) from other topics'."""
+    """The topic's tiered rows: from its own files (those wholly inside the requested ranges
+    scanned with no range filter), and, fanned out to it, from other topics' files."""
     queues = {queue: span for (name, queue), span in bounds.items() if name == topic}
     files = {file.key: file for queue, (start, end) in queues.items()
              for file in tier.files(topic, queue, start, end)}
-    own = sorted(key for key, file in files.items() if file.topic == topic)
+    whole = sorted(key for key, file in files.items() if file.topic == topic and _inside(file, topic, queues))
+    part = sorted(key for key, file in files.items() if file.topic == topic and key not in whole)
     others = sorted(key for key, file in files.items() if file.topic != topic)
     file_schema = FILE_SCHEMA + (f", {DATA} STRUCT<{spark_ddl(body)}>" if body else "")
     frames = []
-    if own:
-        frames.append(spark.read.schema(file_schema).parquet(*[root + key for key in own]))
+    if whole:
+        frames.append(spark.read.schema(file_schema).parquet(*[root + key for key in whole]))
+    if part:
+        frames.append(spark.read.schema(file_schema).parquet(*[root + key for key in part])
+                      .where(_in_ranges(queues)))
     if others:
         fanned = spark.read.schema(f"{file_schema}, {DISPATCH}").parquet(*[root + key for key in others])
         target = F.explode(F.filter("dispatch", lambda to: to.topic == F.lit(topic))).alias("_to")
         frames.append(fanned.select("*", target).drop("queue", "offset", "dispatch")
                       .withColumn("queue", F.col("_to.queue")).withColumn("offset", F.col("_to.offset"))
-                      .drop("_to"))
+                      .drop("_to").where(_in_ranges(queues)))
     selected = []
     for frame in frames:
-        frame = frame.where(_in_ranges(queues))
         if options.subject_regex is not None:
             frame = frame.where(F.col("subject").rlike(options.subject_regex))
         selected.append(frame.select(*[F.lit(topic).alias("topic") if name == "topic" else F.col(name)
                                        for name in columns]))
     return selected
+
+
+def _inside(file: TieredFile, topic: str, queues: Mapping[int, tuple[int, int]]) -> bool:
+    """Whether every row ``file`` holds of ``topic``'s queues is in the requested ranges."""
+    return all(span.queue in queues and queues[span.queue][0] <= span.first
+               and span.last < queues[span.queue][1] for span in file.queues if span.topic == topic)
 
 
 def _in_ranges(queues: Mapping[int, tuple[int, int]]) -> Column:

@@ -171,7 +171,8 @@ def _write(settings: Settings, store: FileStore, lines: Path | None, seal: bool 
                                                       properties={"sluice.subject": topic})
                                               for topic, body in chunk])
                 out.write(b"\n".join(body for _, body in chunk) + b"\n")
-            while seal and store.log.segments()[-1].base < results[-1].end_offset:
+            readings_end = results[-1].end_offset
+            while seal and store.log.segments()[-1].base < readings_end:
                 results = store.append_batch([Message("filler", bytes(64 << 10))])
             store.wait_durable(results[-1].end_offset)
             store.checkpoint()
