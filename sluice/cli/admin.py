@@ -20,6 +20,7 @@ import urllib.parse
 import urllib.request
 from collections.abc import Callable, Sequence
 from datetime import datetime
+from pathlib import Path
 from typing import Any
 
 DEFAULT_ADMIN_URL = "http://127.0.0.1:8080"
@@ -134,9 +135,22 @@ def show(args: argparse.Namespace, data: Any, render: Callable[[Any], str]) -> i
 
 # --- topics ---
 
+def body_schema_text(path: str | None) -> str | None:
+    """The text of ``--body-schema FILE`` (``-`` reads standard input), None without one."""
+    if path is None:
+        return None
+    try:
+        return sys.stdin.read() if path == "-" else Path(path).read_text()
+    except (OSError, UnicodeDecodeError) as error:
+        raise CliError(f"--body-schema {path}: cannot read it ({error}); pass a JSON Schema "
+                       "file such as schema.json", code=2) from None
+
+
 def topic_create(client: AdminClient, args: argparse.Namespace) -> int:
     body = {"name": args.name, "queue_count": args.queues, "message_type": args.type,
-            "retention_ms": args.retention_ms, "compacted": args.compacted}
+            "retention_ms": args.retention_ms, "compacted": args.compacted,
+            "tier_retention_ms": args.tier_retention_ms,
+            "body_schema": body_schema_text(args.body_schema)}
     try:
         created = client.call("POST", "/topics", body)
     except CliError as error:
@@ -145,6 +159,26 @@ def topic_create(client: AdminClient, args: argparse.Namespace) -> int:
         raise
     print(f"created topic {created['name']} ({created['queue_count']} queues, "
           f"{created['message_type']})")
+    return 0
+
+
+def topic_update(client: AdminClient, args: argparse.Namespace) -> int:
+    body: dict[str, Any] = {}
+    if args.retention_ms is not None:
+        body["retention_ms"] = args.retention_ms
+    if args.tier_retention_ms is not None:
+        body["tier_retention_ms"] = args.tier_retention_ms
+    if args.body_schema is not None:
+        body["body_schema"] = body_schema_text(args.body_schema)
+    body.update({name: None for name in args.clear})
+    if not body:
+        raise CliError("nothing to change: give --retention-ms, --tier-retention-ms, "
+                       "--body-schema or --clear SETTING", code=2)
+    updated = client.call("PATCH", f"/topics/{args.name}", body)
+    tier = updated["tier_retention_ms"]
+    print(f"updated topic {updated['name']}: retention_ms {updated['retention_ms'] or 'default'}, "
+          f"tier_retention_ms {tier or 'forever'}, body schema "
+          f"{'set' if updated['body_schema'] else 'none'}")
     return 0
 
 
@@ -482,7 +516,7 @@ def add_admin_commands(commands: argparse._SubParsersAction) -> argparse._SubPar
 
 
 def _topic_commands(c: Commands) -> None:
-    topic = c.section("topic", "Create, list, describe and delete topics.")
+    topic = c.section("topic", "Create, update, list, describe and delete topics.")
     sub = c.add(topic, "create", "Create a topic.", topic_create)
     sub.add_argument("name", metavar="TOPIC")
     sub.add_argument("--queues", type=int, default=8, help="number of queues (default: %(default)s)")
@@ -493,12 +527,31 @@ def _topic_commands(c: Commands) -> None:
                           "messages each name a lite topic inside it")
     sub.add_argument("--retention-ms", type=int, help="keep messages this long (default: store-wide)")
     sub.add_argument("--compacted", action="store_true", help="keep the newest message per key")
+    _tier_arguments(sub)
+    sub = c.add(topic, "update", "Change a topic's retention, tier retention or body schema.",
+                topic_update)
+    sub.add_argument("name", metavar="TOPIC")
+    sub.add_argument("--retention-ms", type=int, help="keep messages this long in the local log")
+    _tier_arguments(sub)
+    sub.add_argument("--clear", action="append", default=[],
+                     choices=["retention_ms", "tier_retention_ms", "body_schema"],
+                     help="reset a setting to its default (repeatable)")
     c.add(topic, "list", "List topics.", topic_list).add_argument(
         "--all", action="store_true",
         help="include internal topics (%%SYS%%..., the broker's own state; admins only)")
     c.add(topic, "describe", "Show a topic's queues and offsets.", topic_describe).add_argument(
         "name", metavar="TOPIC")
     c.add(topic, "delete", "Delete a topic.", topic_delete).add_argument("name", metavar="TOPIC")
+
+
+def _tier_arguments(sub: argparse.ArgumentParser) -> None:
+    sub.add_argument("--tier-retention-ms", type=int, metavar="MS",
+                     help="drop the topic's tiered files older than this (default: keep them "
+                          "forever; needs tier.url on the broker)")
+    sub.add_argument("--body-schema", metavar="FILE",
+                     help="JSON Schema of the message bodies (a flat object of string, integer, "
+                          "number, boolean and object properties; - reads standard input): "
+                          "tiered Parquet files get a typed data column")
 
 
 def _group_commands(c: Commands) -> None:

@@ -24,6 +24,7 @@ from .demo import add_demo_command
 from .dev_cert import add_dev_cert_command
 from .health import add_health_command
 from .push import add_push_commands
+from .tier import add_tier_commands
 from .tokens import add_token_commands
 from .simulate import add_simulate_command
 from .vhosts import add_vhost_commands
@@ -190,6 +191,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_cluster_commands(commands)
     add_vhost_commands(commands)
     add_push_commands(commands)
+    add_tier_commands(commands)
     add_data_commands(commands)
     add_simulate_command(commands)
     add_analytics_commands(commands)

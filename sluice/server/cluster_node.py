@@ -73,6 +73,15 @@ class ClusterMember:
         self.metadata_sync = MetadataSync(lambda: self.node.store, self.metadata)
         self._syncing: asyncio.Task | None = None
         self._retaining: asyncio.Task | None = None
+        self.tier: Any = None
+        """The leader's tier as this node follows it (``tiering.FollowerTier``); None: no tier."""
+        if config.tier.url:
+            from .tiering import FollowerTier  # pyarrow and boto3: only with a tier
+
+            try:
+                self.tier = FollowerTier(config.tier)
+            except ValueError as error:
+                raise StartupError(str(error)) from None
 
     # -- following ---------------------------------------------------------------------------
 
@@ -223,12 +232,16 @@ class ClusterMember:
     async def _retain_while_following(self) -> None:
         """Delete a follower's oldest segments by the store's retention limits, as the leader's
         broker does on the leader (only what the group confirmed goes: retention deletes only
-        what was dispatched, and a follower dispatches only confirmed records)."""
+        what was dispatched, and a follower dispatches only confirmed records). With a tier,
+        the leader's newest manifest is read first: only what it tiered may go."""
         period = self.config.core.retention_check_interval_ms / 1000
         while self.node.leading is None:
             await asyncio.sleep(period)
             if self.node.leading is not None:
                 return
+            if self.tier is not None:  # the leader's tiered end gates what this node deletes
+                self.tier.attach(self.node.store)
+                await asyncio.to_thread(self.tier.refresh)
             try:
                 report = await asyncio.to_thread(self.node.store.apply_retention)
             except (OSError, ValueError, StoreError) as error:  # the store was being reopened (cut back)

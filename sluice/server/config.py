@@ -52,6 +52,8 @@ TOOL_VARIABLES = {
     "SLUICE_TEST_POSTGRES_URL": "the PostgreSQL database of the metadata tests",
     "SLUICE_CRASH_SEED": "the seed of the store's SIGKILL test",
     "SLUICE_BENCH_PROGRESS": "progress lines from the latency benchmark",
+    "SLUICE_TIER_PAUSE_AT": "the tiering step the crash tests stop at (docs/tiering.md)",
+    "SLUICE_TIER_PAUSE_FILE": "the file the tierer creates when it stops there",
 }
 """``SLUICE_*`` variables that are not broker settings, and what reads them."""
 

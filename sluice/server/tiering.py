@@ -14,6 +14,7 @@ from typing import Any
 
 from core.tiering import TieringLoop, TieringSettings
 from store.file_store import FileStore
+from store.tier.manifest import load_latest
 from store.tier.objects import ObjectStore, ObjectStoreError, TierLocation, save_location
 from store.tier.reader import TierReader
 from store.tier.tierer import Tierer
@@ -55,3 +56,37 @@ def build(tier: TierConfig, data_dir: str, store: FileStore,
     store.tier = reader
     store.tier_floor = lambda: loop.tiered_end
     return loop
+
+
+class FollowerTier:
+    """A follower's view of the leader's tier: the newest manifest, read again on every
+    ``refresh``, gates the follower's local retention (nothing above the leader's tiered end is
+    deleted) and serves its tier reads. Until a manifest is read, nothing is deleted."""
+
+    def __init__(self, tier: TierConfig) -> None:
+        self.objects = open_objects(tier)
+        self.reader = TierReader(self.objects, tier.cache_bytes)
+        self.tiered_end = 0
+        self.failure: str | None = None
+
+    def attach(self, store: FileStore) -> None:
+        """Make ``store`` read through the tier and keep what the tier does not hold yet."""
+        store.tier = self.reader
+        store.tier_floor = lambda: self.tiered_end
+
+    def refresh(self) -> None:
+        """Read the newest manifest; an unreachable store keeps the last one (logged once).
+        Blocks on the object store."""
+        try:
+            manifest = load_latest(self.objects)
+        except ObjectStoreError as error:
+            if str(error) != self.failure:
+                log.warning("cannot read the tier's manifest at %s (%s); local retention keeps "
+                            "what the last manifest read did not tier", self.objects.description,
+                            error)
+            self.failure = str(error)
+            return
+        self.failure = None
+        if manifest is not None:
+            self.reader.set_manifest(manifest)
+            self.tiered_end = manifest.tiered_end

@@ -76,6 +76,8 @@ TABLE = [
          body={"user": "{user}", "password": "{password}"}),
     Cell("GET", "/session", "/session", dict.fromkeys(ROLES, 401)),
     Cell("DELETE", "/session", "/session", dict.fromkeys(ROLES, 401)),
+    Cell("GET", "/tier", "/tier", only_admin(200)),
+    Cell("POST", "/tier/run", "/tier/run", only_admin(200)),
     Cell("GET", "/overview", "/overview", USERS_200),  # admins get more: test_admin_console_api.py
     Cell("GET", "/overview/history", "/overview/history", USERS_200),
     Cell("GET", "/mqtt/retained", "/mqtt/retained", only_admin(200)),
@@ -83,6 +85,8 @@ TABLE = [
     Cell("POST", "/topics", "/topics", only_admin(201), body={"name": "new-topic-{n}"}),
     Cell("GET", "/topics/m-topic", "/topics/{topic}",
          {"admin": 200, "owner": 200, "publisher": 200, "other": 403, "none": 403, "anonymous": 401}),
+    Cell("PATCH", "/topics/{target}", "/topics/{topic}", only_admin(200), fresh="topic",
+         body={"tier_retention_ms": 86_400_000}),
     Cell("DELETE", "/topics/{target}", "/topics/{topic}", only_admin(204), fresh="topic"),
     Cell("GET", "/topics/m-topic/messages?key=k", "/topics/{topic}/messages",
          {"admin": 200, "owner": 200, "publisher": 403, "other": 403, "none": 403, "anonymous": 401}),
@@ -178,7 +182,8 @@ class World:
 @pytest.fixture(scope="module")
 def world(tmp_path_factory):
     broker = BrokerThread(str(tmp_path_factory.mktemp("matrix") / "data"),
-                          **{"core.message_trace": True, "push.allowed_sinks": "127.0.0.0/8"})
+                          **{"core.message_trace": True, "push.allowed_sinks": "127.0.0.0/8",
+                             "tier.url": (tmp_path_factory.mktemp("tier")).as_uri()})
     admin = Http(broker.running.admin_url)
     for name in ("m-topic", "o-topic"):
         assert admin("POST", "/topics", {"name": name, "queue_count": 1})[0] == 201

@@ -31,9 +31,11 @@ def exported(package: str) -> tuple[str, ...]:
     raise AssertionError(f"{package}/__init__.py has no __all__")
 
 
-STORE_PUBLIC = ("store.api", "store.errors", *exported("store"))
-"""The store's public API: its contract (`store/api.py`), its errors, and the names that
-`store/__init__.py` exports. Everything else in `store/` is its own business."""
+STORE_PUBLIC = ("store.api", "store.errors", *exported("store"), "store.tier.body_schema",
+                "store.tier.manifest", "store.tier.objects")
+"""The store's public API: its contract (`store/api.py`), its errors, the names that
+`store/__init__.py` exports, and the tier's documented contract (body schemas, the manifest,
+object store errors). Everything else in `store/` is its own business."""
 STORE_READER_API = ("store.StoreReader", "store.reader", "store.record_columns", "store.record_arrow",
                     "store.errors", "store.tier")
 """The read-only part of it, for code that reads a data directory (and its tier, in object
