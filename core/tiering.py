@@ -15,17 +15,29 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
-from store.tier.manifest import Manifest, ManifestConflict
+from store.api import RetentionReport
+from store.tier.manifest import Manifest, ManifestConflict, TieredSegment
 from store.tier.objects import ObjectStoreError
 
 from . import clock
 from .model import TopicConfig
 
 log = logging.getLogger(__name__)
+
+
+class Tierer(Protocol):
+    """What the loop drives: the store's tierer (``store.tier.tierer.Tierer``)."""
+
+    manifest: Manifest | None
+
+    def refresh(self) -> Manifest | None: ...
+    def tier_once(self) -> TieredSegment | None: ...
+    def apply_tier_retention(self, now_ms: int, retention_ms: Callable[[str], int | None]) -> list[str]: ...
+    def status(self) -> Any: ...
 
 
 @dataclass(frozen=True)
@@ -47,25 +59,28 @@ class TieringCounters:
 
 
 class TieringLoop:
-    """Drives one ``Tierer`` (built lazily by ``make_tierer``: an object store that does not
-    answer at start must not stop the broker). ``on_commit`` gets every manifest this node
-    commits (the composition root hands it to the ``TierReader``)."""
+    """Drives one ``Tierer``. ``on_commit`` gets every newer manifest the tierer knows (the one
+    found at start, then each it commits; the composition root hands them to the
+    ``TierReader``). Constructing it touches no object store: an object store that does not
+    answer at start must not stop the broker."""
 
-    def __init__(self, make_tierer: Callable[[], Any], topics: Callable[[], list[TopicConfig]],
+    def __init__(self, tierer: Tierer, topics: Callable[[], list[TopicConfig]],
                  settings: TieringSettings, *, description: str,
                  on_commit: Callable[[Manifest], None] = lambda manifest: None) -> None:
-        self._make_tierer = make_tierer
+        self.tierer = tierer
         self._topics = topics
         self.settings = settings
         self.description = description
         self._on_commit = on_commit
-        self.tierer: Any = None
+        self._handed: Manifest | None = None
+        self._loaded = False
         self.counters = TieringCounters()
         self.failure: str | None = None
         """The error of the last pass, None when it succeeded."""
         self.failing_since_ms: int | None = None
         self.stopped: str | None = None
         """Why this node stopped tiering (a newer leader committed), None while it tiers."""
+        self._retain: Callable[[], Awaitable[RetentionReport]] | None = None
         self._lock = asyncio.Lock()
         self._task: asyncio.Task | None = None
 
@@ -73,12 +88,13 @@ class TieringLoop:
     def tiered_end(self) -> int:
         """Every record below this log offset is in the tier; 0 until the manifest is known
         (local retention then keeps everything). Any thread may read it."""
-        tierer = self.tierer
-        manifest = tierer.manifest if tierer is not None else None
+        manifest = self.tierer.manifest
         return manifest.tiered_end if manifest is not None else 0
 
-    def start(self) -> None:
-        """Start the timer. Runs on the event loop."""
+    def start(self, retain: Callable[[], Awaitable[RetentionReport]] | None = None) -> None:
+        """Start the timer; ``retain`` (core's local retention pass) runs after ``run_now``.
+        Runs on the event loop."""
+        self._retain = retain
         self._task = asyncio.create_task(self._run())
 
     async def close(self) -> None:
@@ -89,10 +105,13 @@ class TieringLoop:
         async with self._lock:  # a step running in its thread finishes first
             pass
 
-    async def run_now(self) -> None:
-        """Tier everything pending now and apply tier retention; raises what the pass raised
-        (``ObjectStoreError``, ``ManifestConflict``) after recording it."""
+    async def run_now(self) -> RetentionReport | None:
+        """Tier everything pending now, apply tier retention, then run local retention (which
+        may now delete the segments just tiered); raises what the pass raised
+        (``ObjectStoreError``, ``ManifestConflict``) after recording it. Returns what local
+        retention deleted (None before ``start``)."""
         await self._pass()
+        return await self._retain() if self._retain is not None else None
 
     async def _run(self) -> None:
         interval = self.settings.check_interval_ms / 1000
@@ -123,26 +142,33 @@ class TieringLoop:
             except Exception as error:
                 self._failed(error)
                 raise
+            finally:
+                self._hand_over()
             self._recovered()
 
     async def _tier_all(self) -> None:
-        if self.tierer is None:
-            self.tierer = await asyncio.to_thread(self._make_tierer)
-            if self.tierer.manifest is not None:
-                self._on_commit(self.tierer.manifest)
         tierer = self.tierer
+        if not self._loaded:  # the manifest of an earlier run, for readers and local retention
+            await asyncio.to_thread(tierer.refresh)
+            self._loaded = True
+            self._hand_over()
         while (segment := await asyncio.to_thread(tierer.tier_once)) is not None:
-            manifest = tierer.manifest
             names = set(segment.files)
             self.counters.segments += 1
-            self.counters.bytes += sum(f.bytes for f in manifest.files if f.key in names)
-            self._on_commit(manifest)
+            self.counters.bytes += sum(f.bytes for f in tierer.manifest.files if f.key in names)
+            self._hand_over()
         retention = {t.name: t.tier_retention_ms for t in self._topics()}
         dropped = await asyncio.to_thread(tierer.apply_tier_retention, clock.now_ms(),
                                           retention.get)
         if dropped:
-            log.info("tier retention dropped %d files", len(dropped))
-            self._on_commit(tierer.manifest)
+            log.info("tier retention dropped %d objects", len(dropped))
+
+    def _hand_over(self) -> None:
+        """Give the tierer's manifest to ``on_commit`` if it is one not handed over yet."""
+        manifest = self.tierer.manifest
+        if manifest is not None and manifest is not self._handed:
+            self._handed = manifest
+            self._on_commit(manifest)
 
     def _failed(self, error: Exception) -> None:
         self.counters.errors += 1
@@ -163,9 +189,8 @@ class TieringLoop:
 
     def status(self) -> dict[str, Any]:
         """The tierer's status plus this loop's: JSON-able. Runs on the event loop."""
-        found: dict[str, Any] = {"enabled": True, "description": self.description}
-        if self.tierer is not None:
-            found.update(dataclasses.asdict(self.tierer.status()))
+        found: dict[str, Any] = dataclasses.asdict(self.tierer.status())
+        found.update(enabled=True, description=self.description)
         found.update(last_error=self.failure or found.get("last_error"), failing=self.failure is not None,
                      failing_since_ms=self.failing_since_ms, stopped=self.stopped,
                      lag_ms=self.lag_ms(found), max_lag_ms=self.settings.max_lag_ms)

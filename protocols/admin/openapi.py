@@ -101,7 +101,9 @@ SCHEMAS: dict[str, dict[str, Any]] = {
         failing_since_ms={"type": "integer", "nullable": True},
         last_error={"type": "string", "nullable": True},
         stopped={"type": "string", "nullable": True, "description": "why this node stopped "
-                 "tiering (a newer leader tiers)"}),
+                 "tiering (a newer leader tiers)"},
+        local_retention=_obj([], deleted_segments=_INT, deleted_bytes=_INT, log_start={
+            "type": "integer", "description": "the local log's first offset afterwards"})),
         "additionalProperties": True},
     "Topic": _obj(["name"], **_TOPIC),
     "TopicCreate": _obj(["name"], **_TOPIC),

@@ -136,8 +136,9 @@ ROUTES: tuple[Route, ...] = (
       "the lag, the last success and the last error (404 without tier.url)", "service",
       A.ADMIN, response="TierStatus"),
     R("POST", "/tier/run", tier.tier_run,
-      "Tier every pending sealed segment and apply tier retention now; the status afterwards "
-      "(503 while the object store fails, 409 once a newer leader tiers)", "service", A.ADMIN,
+      "Tier every pending sealed segment, apply tier retention, then run local retention now "
+      "(which may delete the segments just tiered); the status afterwards, with what local "
+      "retention deleted (503 while the object store fails, 409 once a newer leader tiers)", "service", A.ADMIN,
       response="TierStatus"),
 
     R("GET", "/overview", overview.overview,

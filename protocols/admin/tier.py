@@ -30,15 +30,22 @@ async def tier_status(request: web.Request, principal: Principal) -> dict[str, A
 
 
 async def tier_run(request: web.Request, principal: Principal) -> dict[str, Any]:
-    """Tier every pending segment and apply tier retention now; the status afterwards. 503
-    when the object store fails (the answer says why), 409 when a newer leader tiers."""
+    """Tier every pending segment, apply tier retention, then run local retention now (which
+    may delete the segments just tiered); the status afterwards, with what local retention
+    deleted. 503 when the object store fails (the answer says why), 409 when a newer leader
+    tiers."""
     tier = _tier(request)
     try:
-        await tier.run_now()
+        report = await tier.run_now()
     except Exception:  # noqa: BLE001 - the loop recorded what failed; answer with it
         if tier.stopped is not None:
             raise HttpProblem(409, "tiering_stopped", tier.stopped) from None
         raise HttpProblem(503, "object_store_unavailable",
                           f"tiering to {tier.description} failed: {tier.failure}; the broker "
                           "keeps the segments locally and retries on its own") from None
-    return tier.status()
+    status = tier.status()
+    if report is not None:
+        status["local_retention"] = {"deleted_segments": len(report.deleted_segments),
+                                     "deleted_bytes": report.deleted_bytes,
+                                     "log_start": report.log_min_offset}
+    return status

@@ -28,6 +28,8 @@ def render(status: dict[str, Any]) -> str:
     """The status as `sluice tier status` prints it: a summary, then a row per topic."""
     lines = [f"location       {status['description']}",
              f"tiered end     {status.get('tiered_end', 0)}",
+             f"tiered         {plural(status.get('segments') or 0, 'segment')}, "
+             f"{plural(status.get('files') or 0, 'file')}, {_size(status.get('bytes'))}",
              f"pending        {plural(status.get('pending_segments') or 0, 'segment')}, "
              f"{_size(status.get('pending_bytes'))}",
              f"lag            {status['lag_ms'] / 1000:.1f} s (degraded above "
@@ -37,11 +39,20 @@ def render(status: dict[str, Any]) -> str:
     if status.get("stopped"):
         lines.append(f"stopped        {status['stopped']}")
     topics = status.get("topics") or {}
-    rows = [(name, t.get("segments", 0), t.get("files", 0), _size(t.get("bytes")))
+    rows = [(name, t.get("files", 0), t.get("rows", 0), _size(t.get("bytes")))
             for name, t in sorted(topics.items())]
-    lines += ["", table(rows, ["TOPIC", "SEGMENTS", "FILES", "BYTES"]) if rows
+    lines += ["", table(rows, ["TOPIC", "FILES", "MESSAGES", "BYTES"]) if rows
               else "nothing tiered yet"]
     return "\n".join(lines)
+
+
+def _ran(status: dict[str, Any]) -> str:
+    """`sluice tier run`'s answer: what local retention deleted, then the status."""
+    deleted = status.get("local_retention") or {}
+    return (f"tiered everything pending; local retention deleted "
+            f"{plural(deleted.get('deleted_segments') or 0, 'segment')} "
+            f"({_size(deleted.get('deleted_bytes'))}), the local log starts at offset "
+            f"{deleted.get('log_start', 0)}\n\n" + render(status))
 
 
 def tier_status(client: AdminClient, args: argparse.Namespace) -> int:
@@ -49,8 +60,7 @@ def tier_status(client: AdminClient, args: argparse.Namespace) -> int:
 
 
 def tier_run(client: AdminClient, args: argparse.Namespace) -> int:
-    return show(args, client.call("POST", "/tier/run"), lambda status: "tiered everything "
-                "pending\n" + render(status))
+    return show(args, client.call("POST", "/tier/run"), _ran)
 
 
 def add_tier_commands(commands: argparse._SubParsersAction) -> None:
@@ -60,5 +70,6 @@ def add_tier_commands(commands: argparse._SubParsersAction) -> None:
                      "Parquet (the broker's tier.url).")
     c.add(tier, "status", "Show where the tier is, what it holds per topic, what waits, the "
           "lag, the last success and the last error.", tier_status)
-    c.add(tier, "run", "Tier every pending sealed segment and apply tier retention now "
-          "(admin).", tier_run)
+    c.add(tier, "run", "Tier every pending sealed segment, apply tier retention, then run "
+          "local retention now, so segments tiered and past store.retention_max_age_ms or "
+          "store.retention_max_bytes leave the local disk at once (admin).", tier_run)

@@ -2,8 +2,8 @@
 builds the store's ``Tierer``, its ``TierReader`` and core's ``TieringLoop`` over them.
 
 A malformed setting stops the start (``StartupError``); an object store that does not answer
-does not: the first pass of the loop builds the tierer, fails, and retries, while ``GET /tier``
-and ``/health`` say why.
+does not (building touches no network): the loop's first pass reads the manifest, fails, and
+retries, while ``GET /tier`` and ``/health`` say why.
 """
 
 from __future__ import annotations
@@ -50,8 +50,8 @@ def build(tier: TierConfig, data_dir: str, store: FileStore,
     save_location(data_dir, location(tier))
     reader = TierReader(objects, tier.cache_bytes)
     settings = TieringSettings(tier.check_interval_ms, tier.max_lag_ms, tier.retry_max_ms)
-    loop = TieringLoop(lambda: Tierer(store, objects, body_schema=body_schema, epoch=epoch),
-                       topics, settings, description=objects.description,
+    tierer = Tierer(store, objects, body_schema=body_schema, epoch=epoch)
+    loop = TieringLoop(tierer, topics, settings, description=objects.description,
                        on_commit=reader.set_manifest)
     store.tier = reader
     store.tier_floor = lambda: loop.tiered_end

@@ -1,6 +1,8 @@
 """Tiered storage in a running `sluice serve`: MQTT publishes sealed into segments are tiered to
-a directory and shown by `sluice tier status`; a tier that fails makes /health degraded (still
-200, publishes still acknowledged) and ok again once it works, with nothing lost; the topic
+a directory and shown by `sluice tier status`; `sluice tier run` frees the local disk of what
+is tiered and past local retention, and `sluice consume --earliest` still reads it all; a tier
+that fails (a directory gone, a real S3 service stopped) makes /health degraded (still 200,
+publishes still acknowledged) and ok again once it works, with nothing lost; the topic
 settings round trip through the API and the CLI; the tier's metrics are documented."""
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ from pathlib import Path
 import paho.mqtt.client as mqtt
 
 from tests.conftest import CONFIG, ROOT, SLUICE, clean_env
+from tests.tier_support import SeaweedFS
 from tests.integration.mqtt.test_robustness import PahoClient
 from tests.integration.test_metrics_reference import TIER_SECTION, check_against_reference
 
@@ -25,9 +28,13 @@ SCHEMA = {"type": "object", "properties": {"device": {"type": "string"},
                                            "temperature": {"type": "number"}}}
 
 
-def tier_env(url: str) -> dict[str, str]:
+def tier_env(url: str, **more: str) -> dict[str, str]:
     return {"SLUICE_TIER_URL": url, "SLUICE_TIER_CHECK_INTERVAL_MS": "200",
-            "SLUICE_TIER_RETRY_MAX_MS": "1000"}
+            "SLUICE_TIER_RETRY_MAX_MS": "1000", **more}
+
+
+SHORT_LOCAL_RETENTION = {"SLUICE_STORE_RETENTION_MAX_AGE_MS": "1"}
+"""Local retention that deletes every sealed segment it may: only the tier floor keeps one."""
 
 
 def sluice(server, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
@@ -75,10 +82,34 @@ def tiered(server) -> dict:
     return json.loads(sluice(server, "tier", "status", "--json").stdout)
 
 
+def segment_files(data: Path) -> list[str]:
+    """The commit-log segments on the local disk (named by their base offset)."""
+    return sorted(p.name for p in (data / "commitlog").iterdir() if p.name.isdigit())
+
+
+def consume_all(server, count: int) -> list[int]:
+    """The ``temperature`` of every message `sluice consume --earliest` reads from devices."""
+    consumed = subprocess.run(
+        [*SLUICE, "consume", "devices", "--earliest", "--count", str(count), "--wait", "30",
+         "--json", "--server", server.native], cwd=ROOT, capture_output=True, text=True,
+        timeout=WAIT_S, env=clean_env())
+    found = [json.loads(json.loads(line)["body_text"])["temperature"]
+             for line in consumed.stdout.splitlines() if line.startswith("{")]
+    assert found, consumed.stderr[-2000:]
+    return found
+
+
+def health(server) -> tuple[int, dict]:
+    return get(f"{server.admin}/health", auth=False)
+
+
 def test_mqtt_publishes_are_tiered_to_a_directory_and_the_cli_shows_them(sluice_server, tmp_path):
-    tier = tmp_path / "tier"
+    tier, data = tmp_path / "tier", tmp_path / "data"
     tier.mkdir()
-    server = sluice_server(tmp_path / "data", config=SMALL_SEGMENTS, env=tier_env(tier.as_uri()))
+    # local retention would delete every sealed segment, but runs only when asked (tier run)
+    env = tier_env(tier.as_uri(), **SHORT_LOCAL_RETENTION,
+                   SLUICE_CORE_RETENTION_CHECK_INTERVAL_MS="3600000")
+    server = sluice_server(data, config=SMALL_SEGMENTS, env=env)
     server.wait_ready()
     publish(server, 600)
     status = wait_for(lambda: (s := tiered(server))["topics"].get("devices") and s,
@@ -86,13 +117,21 @@ def test_mqtt_publishes_are_tiered_to_a_directory_and_the_cli_shows_them(sluice_
     assert status["description"] == tier.as_uri() and status["tiered_end"] > 0
     files = list((tier / "data" / "topic=devices").rglob("*.parquet"))
     assert files, f"no data file under {tier}: {sorted(tier.rglob('*'))}"
-    assert json.loads((tmp_path / "data" / "tier.json").read_text())["url"] == tier.as_uri()
+    assert json.loads((data / "tier.json").read_text())["url"] == tier.as_uri()
     text = sluice(server, "tier", "status").stdout
     assert f"location       {tier.as_uri()}" in text and "last error     none" in text
     row = next(line for line in text.splitlines() if line.startswith("devices "))
-    assert int(row.split()[1]) >= 1, text
+    assert int(row.split()[1]) >= 1 and int(row.split()[2]) >= 1, text  # files, messages
+
+    local = segment_files(data)
+    assert len(local) > 2, local
     ran = json.loads(sluice(server, "tier", "run", "--json").stdout)
-    assert ran["tiered_end"] >= status["tiered_end"]
+    assert ran["pending_segments"] == 0 and ran["tiered_end"] >= status["tiered_end"]
+    freed = ran["local_retention"]
+    assert freed["deleted_segments"] == len(local) - 1 and freed["log_start"] == ran["tiered_end"], ran
+    assert segment_files(data) == local[-1:]  # only the active segment is left on disk
+    assert consume_all(server, 600) == list(range(600))  # the tier serves what the disk lost
+    assert "local retention deleted" in sluice(server, "tier", "run").stdout
     metrics = urllib.request.urlopen(f"{server.admin}/metrics", timeout=30).read().decode()
     check_against_reference(metrics, section_only=TIER_SECTION)
 
@@ -126,13 +165,42 @@ def test_a_failing_tier_degrades_health_but_publishes_go_on_and_nothing_is_lost(
     wait_for(lambda: get(f"{server.admin}/health", auth=False)[1]["status"] == "ok",
              "/health ok again once the tier works")
     wait_for(lambda: tiered(server)["pending_segments"] == 0, "every sealed segment tiered")
-    consumed = subprocess.run(
-        [*SLUICE, "consume", "devices", "--earliest", "--count", "600", "--wait", "30", "--json",
-         "--server", server.native], cwd=ROOT, capture_output=True, text=True, timeout=WAIT_S,
-        env=clean_env())
-    bodies = [json.loads(json.loads(line)["body_text"])["temperature"]
-              for line in consumed.stdout.splitlines() if line.startswith("{")]
-    assert sorted(bodies) == list(range(600)), consumed.stderr[-2000:]
+    assert sorted(consume_all(server, 600)) == list(range(600))
+
+
+def test_s3_down_keeps_segments_locally_degrades_health_and_loses_nothing(sluice_server, tmp_path,
+                                                                        seaweedfs_server: SeaweedFS):
+    s3 = seaweedfs_server.info
+    data = tmp_path / "data"
+    env = tier_env(f"s3://{s3.bucket}/{tmp_path.name}", SLUICE_TIER_S3_ENDPOINT=s3.endpoint,
+                   SLUICE_TIER_S3_ACCESS_KEY=s3.access_key, SLUICE_TIER_S3_SECRET_KEY=s3.secret_key,
+                   SLUICE_CORE_RETENTION_CHECK_INTERVAL_MS="200", **SHORT_LOCAL_RETENTION)
+    server = sluice_server(data, config=SMALL_SEGMENTS, env=env)
+    server.wait_ready()
+    publish(server, 300)
+    first = wait_for(lambda: (s := tiered(server))["tiered_end"] > 0 and s, "a first segment tiered")
+    assert health(server)[1]["tier"]["status"] == "ok"
+
+    with seaweedfs_server.down():
+        publish(server, 300, start=300)  # every one acknowledged while the object store is down
+        code, down = wait_for(lambda: (h := health(server))[1]["status"] == "degraded" and h,
+                              "/health degraded while S3 is down")
+        assert code == 200 and down["tier"]["status"] == "degraded", down
+        assert any(s3.endpoint in problem and "fails" in problem
+                   for problem in down["tier"]["problems"]), down
+        failing = tiered(server)
+        assert failing["failing"] and failing["pending_segments"] >= 1, failing
+        # local retention runs meanwhile, but keeps every segment the tier does not hold
+        first_kept = int(segment_files(data)[0])
+        assert first_kept <= failing["tiered_end"], (segment_files(data), failing["tiered_end"])
+
+    wait_for(lambda: health(server)[1]["status"] == "ok", "/health ok again once S3 is back")
+    caught_up = wait_for(lambda: (s := tiered(server))["pending_segments"] == 0 and s,
+                         "every sealed segment tiered after S3 came back")
+    assert caught_up["tiered_end"] > first["tiered_end"] and caught_up["last_error"] is None
+    wait_for(lambda: int(segment_files(data)[0]) >= caught_up["tiered_end"],
+             "local retention deleting what is tiered")
+    assert consume_all(server, 600) == list(range(600))  # the oldest from S3, nothing lost
 
 
 def test_topic_tier_settings_round_trip_through_the_api_and_the_cli(sluice_server, tmp_path):
