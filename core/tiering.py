@@ -78,6 +78,8 @@ class TieringLoop:
         self.failure: str | None = None
         """The error of the last pass, None when it succeeded."""
         self.failing_since_ms: int | None = None
+        self.last_pass_ms: int | None = None
+        """When a pass last succeeded (tiering something or finding nothing to tier)."""
         self.stopped: str | None = None
         """Why this node stopped tiering (a newer leader committed), None while it tiers."""
         self._retain: Callable[[], Awaitable[RetentionReport]] | None = None
@@ -115,7 +117,7 @@ class TieringLoop:
 
     async def _run(self) -> None:
         interval = self.settings.check_interval_ms / 1000
-        delay = interval
+        delay = 0.0  # at once: the manifest of an earlier run makes tiered history readable
         while self.stopped is None:
             await asyncio.sleep(delay)
             try:
@@ -182,6 +184,7 @@ class TieringLoop:
             self.failing_since_ms = clock.now_ms()
 
     def _recovered(self) -> None:
+        self.last_pass_ms = clock.now_ms()
         if self.failure is not None:
             log.info("tiering to %s works again", self.description)
         self.failure = None
@@ -190,7 +193,9 @@ class TieringLoop:
     def status(self) -> dict[str, Any]:
         """The tierer's status plus this loop's: JSON-able. Runs on the event loop."""
         found: dict[str, Any] = dataclasses.asdict(self.tierer.status())
-        found.update(enabled=True, description=self.description)
+        committed = found.get("last_success_ms")
+        found.update(enabled=True, description=self.description,
+                     last_success_ms=max(committed or 0, self.last_pass_ms or 0) or None)
         found.update(last_error=self.failure or found.get("last_error"), failing=self.failure is not None,
                      failing_since_ms=self.failing_since_ms, stopped=self.stopped,
                      lag_ms=self.lag_ms(found), max_lag_ms=self.settings.max_lag_ms)

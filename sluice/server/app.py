@@ -139,6 +139,7 @@ class RunningBroker:
             ("OpenAPI", f"{self.admin_url}/openapi.json"),
             ("health", f"{self.admin_url}/health"),
             ("data dir", f"{os.path.abspath(self.config.data_dir)}  (flush={self.config.store.flush})"),
+            *([("tier", f"{self.config.tier.url}  (sluice tier status)")] if self.config.tier.url else []),
             ("metadata", masked(self.config.metadata_url) if self.config.metadata_url
              else "SQLite in the data dir"),
             ("anonymous", f"allowed, with the rights of user {ANONYMOUS_USER!r}" if auth.allow_anonymous

@@ -15,7 +15,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ..errors import CorruptRecordError, OffsetOutOfRangeError
+from ..errors import CorruptRecordError, OffsetOutOfRangeError, StoreError
 from ..record import StoredMessage
 from ..record_builder import generated_id_offset
 from . import positions
@@ -32,6 +32,18 @@ DATA_TYPES: dict[str, pa.DataType] = {field.name: field.type for field in DATA_S
 _RECORD_COLUMNS = ("queue", "offset", "batch_index", "msg_id", "keys", "tag", "properties", "body",
                    "born_ts", "store_ts", "log_offset", "log_size", "dispatch")
 INDEX_TYPES: dict[str, pa.DataType] = {field.name: field.type for field in INDEX_SCHEMA}
+
+
+class MissingFromTier(CorruptRecordError):
+    """A queue offset inside the tier's range that no tiered file holds: its record went with
+    the files of its home topic (tier retention), or was lost to corruption before tiering.
+    Like a corrupt record, it is skipped by reading on from the next offset."""
+
+    def __init__(self, topic: str, queue: int, offset: int) -> None:
+        reason = (f"queue offset {offset} of {topic}/{queue} is in no tiered file (its home topic's "
+                  "tier retention removed it); read on from the next offset")
+        StoreError.__init__(self, reason)
+        self.offset, self.segment, self.reason = -1, "", reason
 
 
 @dataclass(frozen=True)
@@ -117,8 +129,7 @@ class TierReader:
             raise OffsetOutOfRangeError(topic, queue, queue_offset, spans.start, spans.end)
         picked = self._pick(spans, topic, queue, queue_offset, max_count, max_bytes)
         if not picked:
-            raise CorruptRecordError(-1, f"queue offset {queue_offset} of {topic}/{queue} is not in the "
-                                         "tier (removed with its home topic's tiered files)")
+            raise MissingFromTier(topic, queue, queue_offset)
         records: dict[tuple[str, int], StoredMessage] = {}
         for file in {file.key: file for _, file, _ in picked}.values():
             found = self._records(file, [log for _, holder, log in picked if holder is file])

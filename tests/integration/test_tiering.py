@@ -118,6 +118,7 @@ def test_mqtt_publishes_are_tiered_to_a_directory_and_the_cli_shows_them(sluice_
     files = list((tier / "data" / "topic=devices").rglob("*.parquet"))
     assert files, f"no data file under {tier}: {sorted(tier.rglob('*'))}"
     assert json.loads((data / "tier.json").read_text())["url"] == tier.as_uri()
+    assert f"tier           {tier.as_uri()}  (sluice tier status)" in "".join(server.output)
     text = sluice(server, "tier", "status").stdout
     assert f"location       {tier.as_uri()}" in text and "last error     none" in text
     row = next(line for line in text.splitlines() if line.startswith("devices "))

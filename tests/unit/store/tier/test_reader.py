@@ -11,7 +11,7 @@ from store.api import StoreConfig
 from store.errors import CorruptRecordError, OffsetOutOfRangeError, StoreError
 from store.file_store import FileStore
 from store.tier.objects import LocalDirectory
-from store.tier.reader import TierReader
+from store.tier.reader import MissingFromTier, TierReader
 from store.tier.rebuild import TierDataError
 
 from .build import row_groups, segment_records, tier_segments
@@ -216,3 +216,24 @@ def test_a_missing_object_is_an_object_store_error(tier):
     reader.refresh()
     with pytest.raises(StoreError):
         reader.read_at(manifest.files[0].log_first)
+
+
+def test_offsets_whose_home_files_are_gone_are_skipped_one_by_one(tier):
+    """``orders-copy`` holds fan-out of ``audit`` and ``orders``: once ``audit``'s files are
+    gone (its tier retention), its offsets there are missing, and reads stop before them."""
+    store, objects, manifest, _ = tier
+    reader = TierReader(objects)
+    reader.refresh()
+    reader.set_manifest(dataclasses.replace(manifest, version=manifest.version + 1,
+                                            files=tuple(f for f in manifest.files if f.topic != "audit")))
+    everything = store.read("orders-copy", 0, 0, 1000, 1 << 30)
+    gone = [n for n, m in enumerate(everything) if m.topic == "audit" and n < reader.queue_end("orders-copy", 0)]
+    assert gone and gone[0] > 0
+    first = gone[0]
+    assert [m.encode() for m in reader.read("orders-copy", 0, 0, 1000, 1 << 30)] == \
+        [m.encode() for m in everything[:first]]
+    with pytest.raises(MissingFromTier) as error:
+        reader.read("orders-copy", 0, first, 10)
+    assert isinstance(error.value, CorruptRecordError) and "next offset" in str(error.value)
+    following = next(n for n in range(first + 1, reader.queue_end("orders-copy", 0)) if n not in gone)
+    assert reader.read("orders-copy", 0, following, 1)[0].encode() == everything[following].encode()
