@@ -129,9 +129,10 @@ def body(kind: str, n: int, size: int = 1000) -> bytes:
     return head + bytes((n * 7 + i) % 256 for i in range(size - len(head)))
 
 
-def publish_mqtt(server, count: int, *, client_id: str = "tier-writer") -> dict[bytes, str]:
+def publish_mqtt(server, count: int, *, client_id: str = "tier-writer",
+                 first: int = 0) -> dict[bytes, str]:
     """``count`` MQTT 5 QoS 1 publishes to ``tiered/dev<N>/reading`` with a user property,
-    all acknowledged."""
+    all acknowledged; numbered from ``first`` (bodies are unique per number)."""
     client = mqtt.Client(CallbackAPIVersion.VERSION2, client_id=client_id, protocol=mqtt.MQTTv5)
     client.username_pw_set(USER, PASSWORD)
     client.max_inflight_messages_set(64)
@@ -140,7 +141,7 @@ def publish_mqtt(server, count: int, *, client_id: str = "tier-writer") -> dict[
     client.loop_start()
     sent, infos = {}, []
     try:
-        for n in range(count):
+        for n in range(first, first + count):
             properties = PahoProperties(PacketTypes.PUBLISH)
             properties.UserProperty = [("seq", str(n))]
             payload = body("mqtt", n)
