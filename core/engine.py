@@ -135,7 +135,7 @@ class Engine:
                        asyncio.create_task(self._commit_offsets()),
                        asyncio.create_task(self._retain())]
         if self.tiering is not None:
-            self.tiering.start(self.apply_retention)
+            await self.tiering.start(self.apply_retention)
 
     def begin_shutdown(self) -> None:
         """Answer every pending long poll at once and refuse new sends; acks still count."""

@@ -28,6 +28,10 @@ from .model import TopicConfig
 
 log = logging.getLogger(__name__)
 
+FIRST_READ_WAIT_S = 30.0
+"""How long ``start`` waits for the manifest of an earlier run: a store that refuses answers at
+once; one that hangs must not hold the broker's start for longer."""
+
 
 class Tierer(Protocol):
     """What the loop drives: the store's tierer (``store.tier.tierer.Tierer``)."""
@@ -74,6 +78,7 @@ class TieringLoop:
         self._on_commit = on_commit
         self._handed: Manifest | None = None
         self._loaded = False
+        self._first_read = asyncio.Event()
         self.counters = TieringCounters()
         self.failure: str | None = None
         """The error of the last pass, None when it succeeded."""
@@ -93,11 +98,18 @@ class TieringLoop:
         manifest = self.tierer.manifest
         return manifest.tiered_end if manifest is not None else 0
 
-    def start(self, retain: Callable[[], Awaitable[RetentionReport]] | None = None) -> None:
-        """Start the timer; ``retain`` (core's local retention pass) runs after ``run_now``.
-        Runs on the event loop."""
+    async def start(self, retain: Callable[[], Awaitable[RetentionReport]] | None = None) -> None:
+        """Start the timer, whose first pass starts at once, and wait (at most
+        ``FIRST_READ_WAIT_S``) for it to read the manifest of an earlier run, so tiered history
+        is readable as soon as the broker serves. ``retain`` (core's local retention pass) runs
+        after ``run_now``. Runs on the event loop."""
         self._retain = retain
         self._task = asyncio.create_task(self._run())
+        try:
+            await asyncio.wait_for(self._first_read.wait(), FIRST_READ_WAIT_S)
+        except TimeoutError:
+            log.warning("the tier's manifest at %s was not read within %.0f s; tiered history is "
+                        "readable once it is", self.description, FIRST_READ_WAIT_S)
 
     async def close(self) -> None:
         """Stop the timer and wait for a step in progress (the store closes after this)."""
@@ -117,7 +129,7 @@ class TieringLoop:
 
     async def _run(self) -> None:
         interval = self.settings.check_interval_ms / 1000
-        delay = 0.0  # at once: the manifest of an earlier run makes tiered history readable
+        delay = 0.0  # at once: ``start`` waits for the manifest of an earlier run
         while self.stopped is None:
             await asyncio.sleep(delay)
             try:
@@ -151,9 +163,12 @@ class TieringLoop:
     async def _tier_all(self) -> None:
         tierer = self.tierer
         if not self._loaded:  # the manifest of an earlier run, for readers and local retention
-            await asyncio.to_thread(tierer.refresh)
-            self._loaded = True
-            self._hand_over()
+            try:
+                await asyncio.to_thread(tierer.refresh)
+                self._loaded = True
+                self._hand_over()
+            finally:
+                self._first_read.set()
         while (segment := await asyncio.to_thread(tierer.tier_once)) is not None:
             names = set(segment.files)
             self.counters.segments += 1

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Literal, NamedTuple, Protocol
 
@@ -171,6 +172,11 @@ class Store(Protocol):
 
     def read(self, topic: str, queue_id: int, queue_offset: int, max_count: int = 32,
              max_bytes: int = 4 << 20) -> list[StoredMessage]: ...
+
+    def cached_only(self) -> AbstractContextManager[None]:
+        """A context: within it, on this thread, a read that would wait for object storage
+        (tiered history not cached) raises TierFetchNeeded at once; other reads are unaffected."""
+        ...
 
     def queue_range(self, topic: str, queue_id: int) -> tuple[int, int]: ...
 

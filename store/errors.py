@@ -65,6 +65,11 @@ class InvalidCursorError(StoreError):
     no longer knows: its key index was rebuilt since)."""
 
 
+class TierFetchNeeded(StoreError):
+    """A read would fetch tiered objects from object storage, inside ``Store.cached_only()``
+    (a thread that must not wait on object storage): run it again where it may wait."""
+
+
 class StoreClosedError(StoreError):
     """The store was used after close()."""
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Iterable, Mapping, Sequence
+from contextlib import AbstractContextManager, nullcontext
 
 from .api import (AppendResult, HealthListener, KeyCursor, KeyPage, Message, ProgressListener,
                   RetentionReport, StoreConfig)
@@ -143,6 +144,10 @@ class MemoryStore:
                 max_bytes -= len(data)
                 out.append(decode(data, 0, phys))
             return out
+
+    def cached_only(self) -> AbstractContextManager[None]:
+        """Nothing of this store is in object storage: every read is as usual."""
+        return nullcontext()
 
     def queue_range(self, topic: str, queue_id: int) -> tuple[int, int]:
         queue = self._queues.get((topic, queue_id))

@@ -9,6 +9,7 @@ from __future__ import annotations
 import struct
 from array import array
 from collections.abc import Callable, Iterable
+from contextlib import AbstractContextManager, nullcontext
 from typing import TYPE_CHECKING, NamedTuple
 
 from crc32c import crc32c
@@ -27,6 +28,7 @@ if TYPE_CHECKING:
 
 TIERED_CURSOR = 1 << 40
 """``KeyCursor.entry`` of a cursor into tiered history (local key-index entries stay far below)."""
+_LOCAL_ONLY = nullcontext()
 _MAX_GAP = 64 << 10  # read neighbouring records with one pread when at most this far apart
 _MAX_SPAN = 4 << 20
 
@@ -71,6 +73,12 @@ class StoreView:
         self.consume_queues = queues
         self.key_index = key_index
         self.tier = tier
+
+    def cached_only(self) -> AbstractContextManager[None]:
+        """A context: within it, on this thread, a read that would fetch tiered objects from
+        object storage (not cached) raises TierFetchNeeded instead of waiting; local reads and
+        cached tiered ones are unaffected."""
+        return _LOCAL_ONLY if self.tier is None else self.tier.cached_only()
 
     def queues(self) -> list[tuple[str, int]]:
         """Every (topic, queue id) holding or having held messages."""

@@ -2,21 +2,45 @@
 whole decoded row groups, and column projections of whole files. Tiered objects are untrusted:
 anything pyarrow cannot read, a page whose CRC does not match (when the writer stored page
 checksums), or a missing column or one not of the contract's type raises TierDataError;
-object-store failures (ObjectStoreError) pass through as they are."""
+object-store failures (ObjectStoreError) pass through as they are.
+
+Two guards keep a slow or failing object store from holding up its callers: inside
+``cached_only()`` a read that would fetch raises TierFetchNeeded at once (the broker's event
+loop reads that way, and runs such reads again in a thread), and after a failure every fetch
+fails fast for ``FAIL_FAST_S`` seconds, saying when the failure was and to retry later."""
 from __future__ import annotations
 
+import threading
+import time
 from collections.abc import Callable, Hashable, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from ..errors import TierFetchNeeded
 from .cache import ByteLRU
-from .objects import ObjectStore, ObjectStoreError
+from .objects import ObjectNotFound, ObjectStore, ObjectStoreError
 from .rangefile import RangeFile
 from .rebuild import TierDataError
 
 _UNREADABLE = (pa.ArrowException, OSError, ValueError, TypeError, IndexError, KeyError, EOFError)
+FAIL_FAST_S = 5.0
+"""After an object-store failure, fetches fail at once for this long (then one tries again)."""
+_T = TypeVar("_T")
+_THREAD = threading.local()
+
+
+class cached_only:  # noqa: N801 (used like a function: ``with cached_only():``)
+    """Within it, on this thread, a read that would fetch from object storage raises
+    TierFetchNeeded instead of waiting for it; what is cached is read as usual."""
+
+    def __enter__(self) -> None:
+        self._before = getattr(_THREAD, "cached_only", False)
+        _THREAD.cached_only = True
+
+    def __exit__(self, *exc_info: object) -> None:
+        _THREAD.cached_only = self._before
 
 
 class ParquetObjects:
@@ -25,6 +49,28 @@ class ParquetObjects:
     def __init__(self, objects: ObjectStore, cache_bytes: int) -> None:
         self.objects = objects
         self.cache = ByteLRU(cache_bytes)
+        self._failed: tuple[float, ObjectStoreError] | None = None
+
+    def _fetch(self, key: str, fetch: Callable[[], _T]) -> _T:
+        """``fetch()`` of object ``key``, unless this thread is ``cached_only`` or the object
+        store failed less than ``FAIL_FAST_S`` ago."""
+        if getattr(_THREAD, "cached_only", False):
+            raise TierFetchNeeded(f"reading tiered object {key} needs {self.objects.description}")
+        failed = self._failed
+        if failed is not None:
+            ago = time.monotonic() - failed[0]
+            if ago < FAIL_FAST_S:
+                raise ObjectStoreError(f"{failed[1]} ({ago:.1f} s ago; tiered history is not read for "
+                                       f"{FAIL_FAST_S - ago:.1f} s more: retry later)")
+        try:
+            found = fetch()
+        except ObjectNotFound:
+            raise
+        except ObjectStoreError as error:
+            self._failed = (time.monotonic(), error)
+            raise
+        self._failed = None
+        return found
 
     def metadata(self, key: str, size: int | None = None) -> pq.FileMetaData:
         """The footer of ``key`` (``size``: the object's size if known, else asked for)."""
@@ -32,8 +78,10 @@ class ParquetObjects:
 
     def _footer(self, key: str, size: int | None) -> tuple[pq.FileMetaData, int]:
         def load() -> tuple[tuple[pq.FileMetaData, int], int]:
-            length = self.objects.size(key) if size is None else size
-            meta = _checked(key, lambda: _footer(self.objects, key, length))
+            def fetch() -> tuple[pq.FileMetaData, int]:
+                length = self.objects.size(key) if size is None else size
+                return _checked(key, lambda: _footer(self.objects, key, length)), length
+            meta, length = self._fetch(key, fetch)
             return (meta, length), meta.serialized_size + 64
         return self.cache.get_or_load(("meta", key), load)
 
@@ -51,7 +99,7 @@ class ParquetObjects:
               read: Callable[[pq.ParquetFile], pa.Table]) -> pa.Table:
         def load() -> tuple[pa.Table, int]:
             meta, length = self._footer(key, None)
-            table = _checked(key, lambda: read(_open(self.objects, key, length, meta)))
+            table = self._fetch(key, lambda: _checked(key, lambda: read(_open(self.objects, key, length, meta))))
             _check_columns(key, table, columns, types)
             return table, table.nbytes + 256
         return self.cache.get_or_load(cache_key, load)

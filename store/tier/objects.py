@@ -211,26 +211,35 @@ class S3Bucket:
         self.endpoint = endpoint
         where = f" at {endpoint}" if endpoint else ""
         self.description = f"s3://{bucket}/{self.prefix}{where}"
-        options: dict[str, Any] = {"connect_timeout": 5, "read_timeout": 60,
-                                   "retries": {"max_attempts": 3, "mode": "standard"}}
-        if endpoint:
-            options["s3"] = {"addressing_style": "path"}
-        try:  # checksums only where S3 requires them: S3-compatible services differ in the rest
-            config = Config(**options, request_checksum_calculation="when_required",
-                            response_checksum_validation="when_required")
-        except TypeError:  # botocore before 1.36 sends none it is not asked for
-            config = Config(**options)
         credentials = {"aws_access_key_id": access_key, "aws_secret_access_key": secret_key} \
             if access_key or secret_key else {}
-        self._client = boto3.session.Session().client("s3", endpoint_url=endpoint or None, region_name=region,
-                                                      config=config, **credentials)
+        session = boto3.session.Session()
+
+        def client(connect_timeout: float, read_timeout: float, attempts: int) -> Any:
+            options: dict[str, Any] = {"connect_timeout": connect_timeout, "read_timeout": read_timeout,
+                                       "retries": {"max_attempts": attempts, "mode": "standard"}}
+            if endpoint:
+                options["s3"] = {"addressing_style": "path"}
+            try:  # checksums only where S3 requires them: S3-compatible services differ in the rest
+                config = Config(**options, request_checksum_calculation="when_required",
+                                response_checksum_validation="when_required")
+            except TypeError:  # botocore before 1.36 sends none it is not asked for
+                config = Config(**options)
+            return session.client("s3", endpoint_url=endpoint or None, region_name=region, config=config,
+                                  **credentials)
+
+        self._client = client(*WRITE_TIMEOUTS)
+        self._reads = client(*READ_TIMEOUTS)
+        """Gets, range gets and heads: short timeouts and one retry, so that a stalled object
+        store fails a read within seconds instead of holding its reader (and its thread)."""
 
     def _call(self, operation: str, key: str, **arguments: Any) -> Any:
         """Call the client, turning its errors into ObjectStoreError that say what to check."""
         from botocore.exceptions import BotoCoreError, ClientError, EndpointConnectionError, NoCredentialsError
 
+        client = self._reads if operation in _READS else self._client
         try:
-            return getattr(self._client, operation)(Bucket=self.bucket, **arguments)
+            return getattr(client, operation)(Bucket=self.bucket, **arguments)
         except ClientError as error:
             code = str(error.response.get("Error", {}).get("Code", ""))
             status = str(error.response.get("ResponseMetadata", {}).get("HTTPStatusCode", ""))
@@ -304,6 +313,13 @@ class S3Bucket:
             self._call("delete_object", key, Key=self.prefix + check_key(key))
         except ObjectNotFound:
             return
+
+
+_READS = frozenset({"get_object", "head_object"})
+WRITE_TIMEOUTS = (5.0, 60.0, 3)
+"""(connect timeout s, read timeout s, attempts) of puts, listings and deletes."""
+READ_TIMEOUTS = (2.0, 5.0, 2)
+"""The same for gets and heads (whole objects, ranges, sizes)."""
 
 
 class _Taken(Exception):

@@ -19,7 +19,7 @@ from ..errors import CorruptRecordError, OffsetOutOfRangeError, StoreError
 from ..record import StoredMessage
 from ..record_builder import generated_id_offset
 from . import positions
-from .files import ParquetObjects
+from .files import ParquetObjects, cached_only
 from .intervals import Intervals
 from .manifest import Manifest, TieredFile, load_latest
 from .objects import ObjectStore
@@ -85,6 +85,12 @@ class TierReader:
     def cache_size(self) -> int:
         """Bytes of decoded objects cached now (at most ``cache_bytes``)."""
         return self._files.cache.size
+
+    @staticmethod
+    def cached_only() -> cached_only:
+        """A context: within it, on this thread, a read that would fetch from object storage
+        raises TierFetchNeeded instead of waiting (``files.cached_only``)."""
+        return cached_only()
 
     def refresh(self) -> None:
         """Load the newest manifest (ObjectStoreError when the object store cannot be read)."""

@@ -136,6 +136,11 @@ def test_mqtt_publishes_are_tiered_to_a_directory_and_the_cli_shows_them(sluice_
     metrics = urllib.request.urlopen(f"{server.admin}/metrics", timeout=30).read().decode()
     check_against_reference(metrics, section_only=TIER_SECTION)
 
+    assert server.stop() == 0
+    restarted = sluice_server(data, config=SMALL_SEGMENTS, env=env)
+    restarted.wait_ready()  # tiered history is readable as soon as the broker serves
+    assert consume_all(restarted, 600) == list(range(600))
+
 
 def test_a_failing_tier_degrades_health_but_publishes_go_on_and_nothing_is_lost(sluice_server,
                                                                                   tmp_path):
