@@ -2,9 +2,8 @@
 builds the store's ``Tierer``, its ``TierReader`` and core's ``TieringLoop`` over them.
 
 A malformed setting stops the start (``StartupError``); an object store that does not answer
-does not: building reads the newest manifest for the reader and goes on without it (logged),
-the loop's first pass reads it again, fails, and retries, while ``GET /tier`` and ``/health``
-say why.
+does not (building touches no network): the loop's first pass reads the manifest, fails, and
+retries, while ``GET /tier`` and ``/health`` say why.
 """
 
 from __future__ import annotations
@@ -46,19 +45,12 @@ def build(tier: TierConfig, data_dir: str, store: FileStore,
           epoch: Callable[[], int]) -> TieringLoop:
     """Wire tiering into ``store``: tier reads fall through to a ``TierReader``, local
     retention keeps what is not tiered yet, and the returned loop (to hand to core's engine)
-    tiers. Blocks (writes ``<data>/tier.json`` and reads the newest manifest, so that history
-    tiered by an earlier run is served, and counted in the status, from the first request on)."""
+    tiers. Blocks (writes ``<data>/tier.json``)."""
     objects = open_objects(tier)
     save_location(data_dir, location(tier))
     reader = TierReader(objects, tier.cache_bytes)
     settings = TieringSettings(tier.check_interval_ms, tier.max_lag_ms, tier.retry_max_ms)
     tierer = Tierer(store, objects, body_schema=body_schema, epoch=epoch)
-    try:
-        if (manifest := tierer.refresh()) is not None:
-            reader.set_manifest(manifest)
-    except ObjectStoreError as error:
-        log.warning("cannot read the tier's manifest at %s (%s); tiered history is served once "
-                    "the tiering loop reads it", objects.description, error)
     loop = TieringLoop(tierer, topics, settings, description=objects.description,
                        on_commit=reader.set_manifest)
     store.tier = reader
