@@ -11,6 +11,10 @@ tier, ``select data.*``), beside ``spark.read.parquet`` of the same readings wri
 Every side yields the same typed columns into Spark's ``noop`` sink, so what is timed is
 reading and parsing. The stores are written directly (``append_batch``) with the simulator's
 fleet; the JSON lines file holds the same bodies. Runs alternate and medians are reported.
+
+Last, once Spark has stopped, the cost of writing the tier: ``tier_bench.measure``, a broker
+taking an MQTT QoS 1 load with tiering off and on (the load's ratio, and the tiering throughput
+meanwhile).
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ from sluice.cli.simulator import Fleet
 from store import FileStore, StoreConfig
 from store.api import Message
 
+from . import tier_bench
 from .spark_ceiling import CeilingSource
 
 Log = Callable[[str], None]
@@ -50,10 +55,13 @@ class Settings:
     devices: int = 1000
     segment_size: int = 16 << 20
     """Of the tiered store: a segment is tiered once sealed."""
+    tiering: tier_bench.Settings = field(default_factory=tier_bench.Settings)
+    """Of the broker tiering under MQTT load."""
 
     @classmethod
     def smoke(cls) -> Settings:
-        return cls(records=20_000, rounds=1, devices=50, segment_size=1 << 20)
+        return cls(records=20_000, rounds=1, devices=50, segment_size=1 << 20,
+                   tiering=tier_bench.Settings.smoke())
 
 
 @dataclass
@@ -65,6 +73,8 @@ class Report:
     json: list[float] = field(default_factory=list)
     tiered: list[float] = field(default_factory=list)
     parquet: list[float] = field(default_factory=list)
+    tiering: list[str] = field(default_factory=list)
+    """``tier_bench.figure_lines`` of the broker tiering under load."""
 
     def render(self) -> str:
         every, body = statistics.median(self.sluice), statistics.median(self.sluice_body)
@@ -86,6 +96,8 @@ class Report:
             f"  a Python source decoding nothing  {ceiling:>12,.0f} rows/s   {ceiling / json_rate:.2f}x"
             f"   (the ceiling of PySpark's Python data sources)",
             f"  spark.read.json (JSON lines)      {json_rate:>12,.0f} rows/s",
+            "  writing the tier: a broker under MQTT QoS 1 load, tiering off and on",
+            *[f"    {line}" for line in self.tiering],
         ])
 
 
@@ -154,6 +166,7 @@ def run_section(settings: Settings, workdir: Path, log: Log) -> Report:
                 log(f"[analytics] round {round_number}/{settings.rounds} {name}: {rates[-1]:,.0f} rows/s")
     finally:
         spark.stop()
+    report.tiering = tier_bench.figure_lines(tier_bench.measure(settings.tiering, workdir / "tiering", log))
     return report
 
 
