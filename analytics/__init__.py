@@ -11,7 +11,10 @@ DASHBOARD_DIR = Path(__file__).resolve().parent / "dashboard"
 
 def register(spark: Any) -> None:
     """Make ``format("sluice")`` available in ``spark`` (a SparkSession) explicitly, for
-    interpreters where the ``pyspark_sluice`` module is not on the workers' path."""
+    interpreters where the ``pyspark_sluice`` module is not on the workers' path, and have its
+    batch reads scan tiered history with Spark's own Parquet reader (planner.py)."""
+    from .planner import install
     from .source import SluiceDataSource
 
     spark.dataSource.register(SluiceDataSource)
+    install(spark)

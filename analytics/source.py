@@ -25,7 +25,10 @@ A schema given with ``.schema("subject STRING, body BINARY")`` picks a subset of
 range, and short ranges share one (a micro-batch is then one task, not one per queue);
 ``read`` opens the store lazily on the executor and yields Arrow record batches. Packed native
 batches (``sluice.batch``) become one row per body, with their index in ``batch_index``.
-Filters are options, never ``pushFilters``: PySpark 4.3 reuses pushed filters in later queries
+Offsets below the local store's start that the data directory's tier holds (``tier.json``,
+docs/tier-layout.md) are read from its Parquet files with pyarrow, one partition per file
+range; ``analytics.register(spark)`` plans those ranges as Spark's own Parquet scan instead
+(planner.py). Filters are options, never ``pushFilters``: PySpark 4.3 reuses pushed filters in later queries
 on the same DataFrame.
 """
 
@@ -45,6 +48,7 @@ from pyspark.sql.streaming.datasource import (ReadAllAvailable, ReadLimit, ReadM
 from pyspark.sql.types import StructType
 
 from sluice.client.packing import BATCH_PROPERTY, unpack_bodies
+from store.tier.objects import TierLocation
 
 from .options import EARLIEST, LATEST, SourceError, SourceOptions, parse_options
 from .remote import RemoteTopicNotFound, Row
@@ -52,11 +56,12 @@ from .remote import offsets_for_time as remote_offsets_for_time
 from .remote import queue_ranges as remote_queue_ranges
 from .remote import read_range as remote_read_range
 from .schema import ARROW_SCHEMA, SCHEMA, SUBJECT_PROPERTY
+from .tiered import Tier, open_tier, read_range
 
 log = logging.getLogger(__name__)
 
 __all__ = ["ARROW_SCHEMA", "SCHEMA", "SUBJECT_PROPERTY", "QueueRange", "SharedRanges",
-           "SluiceBatchReader", "SluiceDataSource", "SluiceStreamReader", "SourceError"]
+           "SluiceBatchReader", "SluiceDataSource", "SluiceStreamReader", "SourceError", "TierRange"]
 
 READ_BATCH = 4096
 SHARE_BELOW = 16_384
@@ -74,13 +79,27 @@ class QueueRange(InputPartition):
 
 
 @dataclass(frozen=True)
+class TierRange(InputPartition):
+    """Records ``[start, end)`` of one queue of one topic held by one tiered data file."""
+
+    topic: str
+    queue: int
+    start: int
+    end: int
+    location: TierLocation
+    key: str
+    home: str
+    """The topic the file belongs to (another one's when its rows were fanned out to this)."""
+
+
+@dataclass(frozen=True)
 class SharedRanges(InputPartition):
     """Several short queue ranges read by one task, in order."""
 
     ranges: tuple[QueueRange, ...]
 
 
-Partition = QueueRange | SharedRanges
+Partition = QueueRange | SharedRanges | TierRange
 QueueKey = tuple[str, int]
 
 
@@ -108,23 +127,34 @@ class SluiceBatchReader(DataSourceReader):
         self.options: SourceOptions = parse_options(given, schema)
 
     def partitions(self) -> list[Partition]:
-        ranges = self.queue_ranges()
+        tier = self.tier()
+        return plan(self.bounds(tier), tier, self.options.partition_records)
+
+    def bounds(self, tier: Tier | None) -> dict[QueueKey, tuple[int, int]]:
+        """(topic, queue) -> the ``[start, end)`` the options ask for, for every selected queue."""
+        ranges = self.queue_ranges(tier=tier)
         starts = self.offsets_at(self.options.starting_ms, ranges)
         ends = self.offsets_at(self.options.ending_ms, ranges)
-        split = []
+        bounds = {}
         for (topic, queue), (earliest, latest) in ranges.items():
             start = starts[(topic, queue)] if starts else _resolve(
                 self.options.starting, topic, queue, EARLIEST, earliest, latest)
             end = ends[(topic, queue)] if ends else _resolve(
                 self.options.ending, topic, queue, LATEST, earliest, latest)
-            split += _split(topic, queue, start, end, self.options.partition_records)
-        return _share(split, self.options.partition_records)
+            bounds[(topic, queue)] = (start, max(start, end))
+        return bounds
 
-    def queue_ranges(self, store=None, streaming: bool = False) -> dict[QueueKey, tuple[int, int]]:
+    def tier(self) -> Tier | None:
+        """The data directory's tier at its newest manifest (None: not tiered, or a broker)."""
+        return None if self.options.remote is not None else open_tier(self.options.path)
+
+    def queue_ranges(self, store=None, streaming: bool = False,
+                     tier: Tier | None = None) -> dict[QueueKey, tuple[int, int]]:
         """(topic, queue) -> (earliest, end) for every selected queue of the subscribed topics,
-        from the broker or from ``store`` (a StoreReader; one is opened for the call if None).
-        A topic with no messages in a data directory is an error for a batch; a stream just
-        has no queues of it yet (it reads them from their first message once they appear)."""
+        from the broker or from ``store`` (a StoreReader; one is opened for the call if None)
+        and ``tier`` (its offsets count as the queue's). A topic with no messages in a data
+        directory is an error for a batch; a stream just has no queues of it yet (it reads
+        them from their first message once they appear)."""
         options = self.options
         if options.remote is not None:
             try:
@@ -134,7 +164,8 @@ class SluiceBatchReader(DataSourceReader):
                                   f"{options.remote.endpoint}") from None
         else:
             with _opened(options.path, store) as reader:
-                ranges = _queue_ranges(reader, options.topics, options.path, streaming)
+                ranges = _queue_ranges(reader, options.topics, options.path, streaming,
+                                       tier.spans() if tier is not None else {})
         if options.queues is None:
             return ranges
         chosen = {key: span for key, span in ranges.items() if key[1] in options.queues}
@@ -158,13 +189,17 @@ class SluiceBatchReader(DataSourceReader):
             return {key: reader.offset_for_time(*key, timestamp_ms) for key in ranges}
 
     def read(self, partition: Partition) -> Iterator[pa.RecordBatch]:
-        ranges = partition.ranges if isinstance(partition, SharedRanges) else (partition,)
+        ranges: tuple[QueueRange | TierRange, ...] = (
+            partition.ranges if isinstance(partition, SharedRanges) else (partition,))
         options = self.options
         build = options.columns  # plus the subject, when rows are filtered on it
         if options.subject_regex is not None and "subject" not in build:
             build = (*build, "subject")
         for one in ranges:
-            if options.remote is None:
+            if isinstance(one, TierRange):
+                batches = read_range(one.location, one.key, one.home, one.topic, one.queue, one.start,
+                                     one.end, build)
+            elif options.remote is None:
                 batches = _local_batches(options.path, one, build)
             else:
                 rows = remote_read_range(options.remote, one.topic, one.queue, one.start, one.end,
@@ -209,10 +244,11 @@ class SluiceStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         if self.batch.options.ending_ms is not None:
             raise SourceError("endingTimestamp is for batch reads; a stream has no end")
         self._store = None
+        self._tier: Tier | None = None
         self._target: Offsets | None = None
 
     def __getstate__(self) -> dict:
-        return {**self.__dict__, "_store": None}  # executors open their own
+        return {**self.__dict__, "_store": None, "_tier": None}  # executors open their own
 
     def _ranges(self) -> dict[QueueKey, tuple[int, int]]:
         if self.batch.options.remote is not None:
@@ -223,7 +259,8 @@ class SluiceStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             self._store = StoreReader(self.batch.options.path)
         else:
             self._store.refresh()
-        return self.batch.queue_ranges(self._store, streaming=True)
+        self._tier = self.batch.tier()
+        return self.batch.queue_ranges(self._store, streaming=True, tier=self._tier)
 
     def initialOffset(self) -> Offsets:
         ranges = self._ranges()
@@ -266,13 +303,10 @@ class SluiceStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return _ordered(latest)
 
     def partitions(self, start: Offsets, end: Offsets) -> list[Partition]:
-        ranges: list[QueueRange] = []
-        size = self.batch.options.partition_records
-        for topic, queues in end.items():
-            for queue, stop in queues.items():
-                begin = start.get(topic, {}).get(queue, 0)
-                ranges += _split(topic, int(queue), begin, stop, size)
-        return _share(ranges, size)
+        bounds = {(topic, int(queue)): (start.get(topic, {}).get(queue, 0), stop)
+                  for topic, queues in end.items() for queue, stop in queues.items()}
+        tier = self._tier if self._tier is not None or self.batch.options.remote else self.batch.tier()
+        return plan(bounds, tier, self.batch.options.partition_records)
 
     def read(self, partition: Partition) -> Iterator[pa.RecordBatch]:
         return self.batch.read(partition)
@@ -290,13 +324,15 @@ _WARNED_EMPTY: set[tuple[str, str]] = set()
 """(data directory, topic) pairs already warned about having no messages."""
 
 
-def _queue_ranges(reader, topics: tuple[str, ...], path: str,
-                  waiting: bool = False) -> dict[QueueKey, tuple[int, int]]:
-    """(topic, queue) -> (earliest, end) for every queue of ``topics``. A topic with no messages
-    at all is a SourceError, or with ``waiting`` a warning (once per topic and process)."""
-    present: dict[str, list[int]] = {}
-    for topic, queue in reader.queues():
-        present.setdefault(topic, []).append(queue)
+def _queue_ranges(reader, topics: tuple[str, ...], path: str, waiting: bool = False,
+                  tiered: Mapping[QueueKey, tuple[int, int]] | None = None) -> dict[QueueKey, tuple[int, int]]:
+    """(topic, queue) -> (earliest, end) for every queue of ``topics``, the ``tiered`` offsets
+    included. A topic with no messages at all is a SourceError, or with ``waiting`` a warning
+    (once per topic and process)."""
+    tiered = tiered or {}
+    present: dict[str, set[int]] = {}
+    for topic, queue in [*reader.queues(), *tiered]:
+        present.setdefault(topic, set()).add(queue)
     ranges = {}
     for topic in topics:
         if topic not in present:
@@ -309,8 +345,33 @@ def _queue_ranges(reader, topics: tuple[str, ...], path: str,
                 log.warning("%s. The stream reads it once it has messages.", problem)
             continue
         for queue in sorted(present[topic]):
-            ranges[(topic, queue)] = reader.queue_range(topic, queue)
+            earliest, end = reader.queue_range(topic, queue)
+            if (topic, queue) in tiered:
+                first, last = tiered[(topic, queue)]
+                never_local = earliest == end == 0
+                earliest, end = (first if never_local else min(earliest, first)), max(end, last)
+            ranges[(topic, queue)] = (earliest, end)
     return ranges
+
+
+def plan(bounds: Mapping[QueueKey, tuple[int, int]], tier: Tier | None, size: int) -> list[Partition]:
+    """Partitions reading ``[start, end)`` of each queue: one per tiered file range for the
+    offsets the tier holds, the rest from the local store in ranges of at most ``size``."""
+    spans = tier.spans() if tier is not None else {}
+    tiered: list[Partition] = []
+    local: list[QueueRange] = []
+    for (topic, queue), (start, end) in bounds.items():
+        first, tier_end = spans.get((topic, queue), (start, start))
+        if start < tier_end:
+            low = max(start, first)
+            for file in tier.files(topic, queue, low, min(end, tier_end)):
+                span = next(s for s in file.queues if (s.topic, s.queue) == (topic, queue))
+                piece = (max(low, span.first), min(end, tier_end, span.last + 1))
+                if piece[0] < piece[1]:
+                    tiered.append(TierRange(topic, queue, *piece, tier.location, file.key, file.topic))
+            start = max(start, tier_end)
+        local += _split(topic, queue, start, end, size)
+    return tiered + _share(local, size)
 
 
 def _split(topic: str, queue: int, start: int, end: int, size: int) -> list[QueueRange]:

@@ -10,8 +10,9 @@ topic fan-out, latency), ``analytics`` (the Spark source beside ``spark.read.jso
 cluster's quorum queue, AMQP with confirms), ``hardening`` (what hostile input costs: decoding
 packets with 1, 1,000 and 100,000 user properties) and ``features`` (delayed messages: send rate and delivery against due time at
 100,000 pending; FIFO groups; SQL92 filter cost at 1, 10 and 100 subscriptions; transactional
-sends beside plain ones) and ``push`` (push subscriptions to a local HTTP receiver: events/s at
-concurrency 1, 16 and 64, publish-to-receiver latency at 1,000 events/s). With no section named, all of them run.
+sends beside plain ones), ``push`` (push subscriptions to a local HTTP receiver: events/s at
+concurrency 1, 16 and 64, publish-to-receiver latency at 1,000 events/s) and ``tier`` (an MQTT
+QoS 1 load with tiering off and on: the load's ratio and the tiering throughput meanwhile). With no section named, all of them run.
 """
 from __future__ import annotations
 
@@ -26,7 +27,7 @@ from pathlib import Path
 from typing import Protocol
 
 from . import (amqp_bench, analytics_bench, cluster_bench, features_bench, hardening_bench, latency_bench, mqtt_bench,
-               native_bench, push_bench, store_bench)
+               native_bench, push_bench, store_bench, tier_bench)
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -120,12 +121,19 @@ def _push_section(options: argparse.Namespace, workdir: Path, log: Callable[[str
     return push_bench.run_section(settings, workdir / "push", log)
 
 
-SECTIONS: dict[str, Section] = {"push": _push_section, "store": _store_section, "native": _native_section, "mqtt": _mqtt_section,
+def _tier_section(options: argparse.Namespace, workdir: Path, log: Callable[[str], None]) -> Rendered:
+    settings = tier_bench.Settings.smoke() if options.quick else tier_bench.Settings()
+    overrides = {name: value for name, value in (("rounds", options.repeats), ("measured", options.seconds))
+                 if value is not None}
+    return tier_bench.run_section(tier_bench.Settings(**{**settings.__dict__, **overrides}), workdir / "tier", log)
+
+
+SECTIONS: dict[str, Section] = {"push": _push_section, "tier": _tier_section, "store": _store_section, "native": _native_section, "mqtt": _mqtt_section,
                                 "amqp": _amqp_section, "cluster": _cluster_section,
                                 "analytics": _analytics_section, "latency": _latency_section,
                                 "hardening": _hardening_section, "features": _features_section}
 DEFAULT_SECTIONS = ("store", "native", "mqtt", "amqp", "cluster", "analytics", "latency", "hardening", "features",
-                    "push")
+                    "push", "tier")
 """Run when no section is named (``make bench``); on a 2-core machine the amqp section takes about
 3 minutes and the mqtt one about 8."""
 

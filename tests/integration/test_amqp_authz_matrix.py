@@ -9,6 +9,10 @@ connection.open). No role has a topic grant: a publish into an exchange is decid
 virtual host's write permission alone, as in RabbitMQ. AMQP has no anonymous login: an empty user name and password are
 refused at login (403), even with anonymous access on for the other protocols.
 
+The broker tiers its 1 MiB segments to a local directory and deletes them locally a second
+later: the history of stream queues ``m-stream`` and ``o-stream`` is read from the tier, with
+the same rights as local messages.
+
 Refused means 403 ACCESS_REFUSED on the channel, 530 NOT_ALLOWED at connection.open, or the
 login refused; allowed means anything else. The expected cells are written out, not derived from the rules.
 
@@ -31,6 +35,7 @@ import pytest
 from tests.conftest import Server
 from tests.integration.amqp.conftest import parameters
 from tests.integration.test_admin_api import Http
+from tests.integration.tier_world import TierTarget, tier_config, wait_history_tiered
 
 ROLES = ("admin", "owner", "publisher", "other", "none", "anonymous")
 PASSWORD = "pw"
@@ -62,9 +67,42 @@ class World:
         return pika.BlockingConnection(parameters(self.server, user, password, VHOST))
 
 
+TIERED = {"m-stream": b"m-stream tiered", "o-stream": b"o-stream tiered"}
+"""Stream queues whose history the fixture pushes out to the tier: name -> their first body."""
+
+
+def fill_tiered_streams(world: World, data_dir) -> None:
+    """As the admin: declare the ``TIERED`` streams and fill them past a 1 MiB segment, then
+    wait until that segment is tiered and deleted locally."""
+    with world.connect("admin") as connection:
+        channel = connection.channel()
+        channel.confirm_delivery()
+        for name, first in TIERED.items():
+            channel.queue_declare(name, durable=True, arguments={"x-queue-type": "stream"})
+            channel.basic_publish("", name, first)
+            for _ in range(70):
+                channel.basic_publish("", name, bytes(8192))
+    wait_history_tiered(world.server, data_dir, at_least=1)
+
+
+def reads_tiered_stream(name: str) -> Callable[[str, World], bool]:
+    """Consume stream ``name`` from the first offset (now in the tier): allowed only if its
+    first message comes, intact."""
+    def action(channel, _: str) -> None:
+        channel.basic_qos(prefetch_count=10)
+        for method, _, body in channel.consume(name, arguments={"x-stream-offset": "first"},
+                                               inactivity_timeout=30):
+            assert body == TIERED[name], body
+            channel.basic_ack(method.delivery_tag)
+            break
+    return on_channel(action)
+
+
 @pytest.fixture(scope="module")
 def world(tmp_path_factory) -> Iterator[World]:
-    server = Server(tmp_path_factory.mktemp("amqp-matrix") / "data", "--allow-anonymous")
+    folder = tmp_path_factory.mktemp("amqp-matrix")
+    server = Server(folder / "data", "--allow-anonymous",
+                    config=tier_config(TierTarget(f"file://{folder / 'tier'}")))
     try:
         server.wait_ready()
         admin = Http(f"http://{server.admin}" if "://" not in server.admin else server.admin)
@@ -76,6 +114,7 @@ def world(tmp_path_factory) -> Iterator[World]:
                 body = {"configure": configure, "write": write, "read": read}
                 assert admin("PUT", f"/vhosts/{VHOST}/permissions/{role}", body)[0] == 200
         world = World(server, admin, itertools.count())
+        fill_tiered_streams(world, folder / "data")
         with world.connect("admin") as connection:
             channel = connection.channel()
             channel.confirm_delivery()
@@ -281,6 +320,10 @@ TABLE = [
     Operation("basic.get from another user's queue", get("o-queue"), allowed("admin", "other")),
     Operation("basic.consume", consume("m-queue"), allowed("admin", "owner")),
     Operation("basic.consume on another user's queue", consume("o-queue"),
+              allowed("admin", "other")),
+    Operation("stream consume of tiered history", reads_tiered_stream("m-stream"),
+              allowed("admin", "owner")),
+    Operation("stream consume of another user's tiered history", reads_tiered_stream("o-stream"),
               allowed("admin", "other")),
     Operation("queue.purge", purge("m-fresh-purge"), allowed("admin", "owner")),
     Operation("queue.purge of another user's queue", purge("o-queue"), allowed("admin", "other")),

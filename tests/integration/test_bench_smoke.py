@@ -64,11 +64,17 @@ def test_mqtt_bench_smoke_run_measures_the_generator_and_says_what_it_skipped(tm
 
 
 def test_analytics_bench_smoke_run_compares_the_source_with_read_json(tmp_path):
+    """The source over local segments and over a fully tiered topic, each beside read.json; and
+    a broker's MQTT QoS 1 load with tiering off and on, with the tiering throughput meanwhile."""
     done = subprocess.run([sys.executable, "-m", "bench", "analytics", "--quick", "--data-dir", str(tmp_path)],
-                          cwd=ROOT, capture_output=True, text=True, timeout=300)
+                          cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     for line in ("sluice source, .schema(body)", "a Python source decoding nothing", "spark.read.json"):
         assert line in done.stdout, done.stdout
+    assert re.search(r"format\(sluice\) tiered, data\.\* +[\d,]+ rows/s +[\d.]+x +[\d.]+x parquet", done.stdout), done.stdout
+    assert re.search(r"spark\.read\.parquet \(Spark-written\) *[\d,]+ rows/s", done.stdout), done.stdout
+    assert re.search(r"load ratio tiering on / off: [\d.]+ \(target >= 0\.9: (PASS|MISS)\)", done.stdout), done.stdout
+    assert re.search(r"tiering throughput while loaded: [\d.]+ MB/s", done.stdout), done.stdout
     assert list(tmp_path.iterdir()) == [], "benchmark files are removed afterwards"
 
 

@@ -10,6 +10,11 @@ subscription, native ReceiveMessage and PullMessage, the admin API's reads and i
 row per subject: the admin (bound by no rule) gets every subject, the owner only the sibling
 ``r-topic/open/...``, the others nothing.
 
+History tiered to the object store is read with the same rights: the broker tiers its 1 MiB
+segments to a local directory and deletes them locally a second later, and a row per way of
+reading (native PullMessage, the admin API's lookups by id, by key and by time) reads the first
+message of the owner's ``t-topic``, which by then is only in the tier.
+
 Each cell says whether the role may do the operation. Refused means the protocol's own answer
 (MQTT 5: reason code 0x87; native: FORBIDDEN), never a dropped connection or an internal error;
 allowed means anything else. The expected cells are written out, not derived from the rules.
@@ -19,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+import os
 import socket
 import threading
 import time
@@ -27,6 +33,7 @@ import urllib.request
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from pathlib import Path
 
 import pytest
 from rocketmq.grpc_protocol.definition_pb2 import (Code, FilterExpression, MessageQueue,
@@ -47,12 +54,14 @@ from protocols.mqtt.properties import Properties
 from sluice.client import ClientConfig, Message
 from sluice.client.convert import duration, message_to_proto, new_message_id
 from sluice.client.transport import Transport
+from tests.waiting import wait_for
 
 ROLES = ("admin", "owner", "publisher", "other", "none", "anonymous")
 PASSWORD = "pw"
 GRANTS = {  # role -> (kind, pattern, actions); admin is the default admin, anonymous has none
     "owner": [("topic", "m-topic", ["publish", "subscribe"]), ("group", "m-group", ["subscribe"]),
-              ("topic", "r-topic", ["publish", "subscribe"]), ("group", "r-*", ["subscribe"])],
+              ("topic", "r-topic", ["publish", "subscribe"]), ("group", "r-*", ["subscribe"]),
+              ("topic", "t-topic", ["publish", "subscribe"]), ("group", "t-*", ["subscribe"])],
     "publisher": [("topic", "m-topic", ["publish"])],
     "other": [("topic", "o-topic", ["publish", "subscribe"]), ("group", "o-group", ["subscribe"])],
     "none": [],
@@ -73,7 +82,12 @@ class Broker:
         config = load_config(overrides={"data_dir": data_dir, "native.port": 0,
                                         "admin.port": 0, "mqtt.port": 0, "mqtt.ws_port": 0,
                                         "amqp.port": 0,
-                                        "auth.allow_anonymous": True})
+                                        "auth.allow_anonymous": True,
+                                        "tier.url": f"file://{data_dir}-tier",
+                                        "tier.check_interval_ms": 200,
+                                        "store.retention_max_age_ms": 1000,
+                                        "core.retention_check_interval_ms": 250})
+        self.data_dir = Path(data_dir)
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         self.thread.start()
@@ -82,6 +96,8 @@ class Broker:
         self.mqtt = self.running.mqtt_listeners.ports["tcp"]
         self.recall_handles: dict[str, str] = {}
         """topic -> the recall handle of a delayed message the admin sent to it"""
+        self.tiered_id = ""
+        """The id of the message of t-topic the admin sent first, since tiered and deleted locally"""
         self.rule_ids: dict[str, str] = {}
         """subject kind (secret, hidden, open) -> the id of the message of r-topic the admin sent"""
         self.read: dict[tuple[Callable, str], set[str]] = {}
@@ -103,8 +119,9 @@ def broker(tmp_path_factory):
     core = world.running.broker
 
     async def setup() -> None:
-        for name in ("m-topic", "o-topic", "r-topic"):
+        for name in ("m-topic", "o-topic", "r-topic", "t-topic"):
             await core.create_topic(SYSTEM, TopicConfig(name, 1))
+        world.tiered_id = await fill_tiered_topic(core)
         for name in ("m-group", "o-group"):
             await core.create_group(SYSTEM, GroupConfig(name))
         for role, grants in GRANTS.items():
@@ -126,6 +143,7 @@ def broker(tmp_path_factory):
             [sent] = await core.send(SYSTEM, [rule_message(kind, f"r-topic/{kind}/stored")])
             world.rule_ids[kind] = sent.msg_id
     world.call(setup())
+    wait_for(lambda: tiered_and_gone(world), "t-topic's history tiered and deleted locally", 120)
     owner_session = mqtt_connect(world, "owner", client_id="owner-session",
                                  properties=Properties(session_expiry_interval=3600))
     assert owner_session[1].reason_code == 0
@@ -447,6 +465,54 @@ RULE_ROWS = [
 ]
 
 
+# ------------------------------------------------------------------------------ tiered history
+
+TIERED_BODY, TIERED_KEY = "tiered-history", "t-key"
+
+
+async def fill_tiered_topic(core) -> str:
+    """Send ``TIERED_BODY`` to t-topic, then more than a 1 MiB segment after it, so that the
+    segment holding it seals and is tiered; return its id."""
+    [sent] = await core.send(SYSTEM, [OutgoingMessage("t-topic", TIERED_BODY.encode(),
+                                                      keys=(TIERED_KEY,))])
+    filler = [OutgoingMessage("t-topic", bytes(8192)) for _ in range(140)]
+    for start in range(0, len(filler), 20):
+        await core.send(SYSTEM, filler[start:start + 20])
+    return sent.msg_id
+
+
+def tiered_and_gone(world: Broker) -> int:
+    """The oldest local segment's base once it is at or past the tiered end (0 until then)."""
+    oldest = min(int(name) for name in os.listdir(world.data_dir / "commitlog") if name.isdigit())
+    tiered = json.load(admin_get(world, "admin", "/tier")).get("tiered_end", 0)
+    return oldest if 0 < tiered <= oldest else 0
+
+
+def read_tiered_pull(role: str, world: Broker) -> set[str]:
+    responses = native_responses(world, role, "PullMessage", PullMessageRequest(
+        group=Resource(name=f"t-pull-{role}"), message_queue=queue("t-topic"), offset=0,
+        batch_size=1, filter_expression=FilterExpression(expression="*"),
+        long_polling_timeout=duration(0.2)))
+    return {r.message.body.decode(errors="replace") for r in responses if r.HasField("message")}
+
+
+def read_tiered_by_id(role: str, world: Broker) -> set[str]:
+    response = admin_get(world, role, f"/messages/{world.tiered_id}")
+    return set() if response is None else {json.load(response)["body_text"]}
+
+
+TIERED_READERS = {
+    "native PullMessage": read_tiered_pull,
+    "admin GET /messages/{id}": read_tiered_by_id,
+    "admin GET /topics/{t}/messages?key=": read_admin(f"/topics/t-topic/messages?key={TIERED_KEY}"),
+    "admin GET /topics/{t}/messages?from=": read_admin("/topics/t-topic/messages?from=0&limit=1"),
+}
+TIER_ROWS = [Operation(f"{reader} of the owner's tiered history",
+                       lambda role, world, read=read: TIERED_BODY in read(role, world),
+                       allowed("admin", "owner"))
+             for reader, read in TIERED_READERS.items()]
+
+
 # ------------------------------------------------------------------------------ the table
 
 TABLE = [
@@ -508,6 +574,7 @@ TABLE = [
         group=Resource(name="m-group"), message_queue=queue("m-topic"), offset=0)),
         allowed("admin", "owner")),
     *RULE_ROWS,
+    *TIER_ROWS,
 ]
 
 

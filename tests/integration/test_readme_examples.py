@@ -69,6 +69,9 @@ EXPECTED = {
     "cloudevents-pika": ["'ce-tenant': 'acme'", "event reading-1 com.example.reading acme {'t': 21.5}"],
     "trace": ["stored", "delivered  billing"],
     "operations-health": ['"status": "ok"'],
+    "tier-layout-make": ["files tiered"],
+    "tier-layout-pyarrow": ["rows of queue 0;", "'topic': 'devices'", "'data': {'device': 'd0'"],
+    "tier-layout-duckdb": ["devices", "d4", "readings"],
 }
 
 

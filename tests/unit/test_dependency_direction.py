@@ -67,6 +67,7 @@ BENCH_ENTRY_POINTS = (
     "sluice.cli.main",
     "sluice.cli.simulator",
     *STORE_PUBLIC,
+    "store.tier.tierer",
     *SANS_IO,
     "analytics.register",
     "analytics.telemetry_job",
@@ -75,7 +76,8 @@ BENCH_ENTRY_POINTS = (
 """What a benchmark may import: what users use. The SDK; the `sluice` command (`main`, or better
 a `python -m sluice.cli` process), the simulator's fleet behind `sluice simulate` and the group
 of `sluice serve` processes `sluice dev-cluster` starts; the
-store's public API (a store benchmark builds its own stores); the protocols' sans-IO codecs
+store's public API and its Tierer (a store benchmark builds its own stores, the analytics one
+its own tier); the protocols' sans-IO codecs
 (bytes in, bytes out); the Spark source's registration and the telemetry job that
 `sluice analytics telemetry` runs. Never core, the server's insides or an adapter's asyncio
 side: a benchmark measures the product as shipped."""
