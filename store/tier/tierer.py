@@ -88,6 +88,8 @@ class _Counters:
     last_error: str | None = None
     fenced: bool = False
     loaded: bool = False
+    sweep: bool = True
+    """Orphans may exist: at start (a crashed step) and after a failed step."""
 
 
 class Tierer:
@@ -197,7 +199,7 @@ class Tierer:
     def _commit(self, manifest: Manifest) -> None:
         """Commit ``manifest``; on a conflict, learn the newest one (and whether it fences us)."""
         try:
-            manifests.commit(self.objects, manifest)
+            manifests.commit(self.objects, manifest, self.manifest)
         except ManifestConflict:
             # a put whose answer was lost and whose retry found its own object is no conflict
             if self.refresh() != manifest:
@@ -211,6 +213,7 @@ class Tierer:
 
     def _failed(self, error: StoreError) -> None:
         self._state.errors += 1
+        self._state.sweep = True
         self._state.last_error = str(error)
         log.warning("tiering to %s failed: %s", self.objects.description, error)
 
@@ -221,9 +224,10 @@ class Tierer:
 
     def _sweep_orphans(self) -> None:
         """Delete data and index objects below the tiered end that the manifest does not name:
-        left by a step that failed before its commit, or dropped by tier retention."""
+        left by a step that failed before its commit, or dropped by tier retention. Lists the
+        whole tier, so only after a start or a failure, not after every step."""
         manifest = self.manifest
-        if manifest is None:
+        if manifest is None or not self._state.sweep:
             return
         named = {f.key for f in manifest.files} | {s.index_key for s in manifest.segments}
         for prefix in (layout.DATA, layout.INDEX):
@@ -232,6 +236,7 @@ class Tierer:
                 if info.key not in named and base is not None and base < manifest.tiered_end:
                     log.info("deleting %s from %s: no manifest names it", info.key, self.objects.description)
                     self.objects.delete(info.key)
+        self._state.sweep = False
 
     def apply_tier_retention(self, now_ms: int, retention_ms: Callable[[str], int | None]) -> list[str]:
         """Drop data files whose newest record is older than their topic's tier retention
