@@ -111,3 +111,17 @@ def on_ports(code: str, ports: dict[str, int]) -> str:
     """``code`` with each default port (a whole number in the text) replaced by ``ports``'s."""
     return re.sub(r"(?<![\d.])(" + "|".join(DEFAULT_PORTS) + r")(?!\d)",
                   lambda m: str(ports[m.group(1)]), code)
+
+
+MAKEFILE = ROOT / "Makefile"
+_MAKE_RUN_SETTING = re.compile(r'(SLUICE_\w+)="\$\$\{\1-([^}]*)\}"')
+
+
+def make_run_env(workdir: Path) -> dict[str, str]:
+    """The settings ``make run`` gives the broker (``VAR="$${VAR-default}"`` in its recipe),
+    with ``$(CURDIR)`` standing for ``workdir``: the README's broker in the tests is the one a
+    reader starts."""
+    recipe = MAKEFILE.read_text().split("\nrun:", 1)[1].split("\n\n", 1)[0]
+    settings = dict(_MAKE_RUN_SETTING.findall(recipe))
+    assert settings, "the Makefile's run recipe sets no SLUICE_* default"
+    return {name: value.replace("$(CURDIR)", str(workdir)) for name, value in settings.items()}

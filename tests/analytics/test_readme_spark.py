@@ -89,3 +89,41 @@ def test_the_streaming_example_reads_what_is_stored_and_stops(spark, workdir):
 def test_the_tour_example_reads_the_mqtt_reading_as_text(spark, workdir):
     _, printed = run(spark_block("spark-tour"), workdir)
     assert ROOM[0] in printed and ROOM[1] in printed, printed
+
+
+@pytest.fixture(scope="module")
+def tiered_tour(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """A directory where the README's tiering block ran against a broker started as `make run`
+    starts it (tiering to ./tier, 8 MiB segments, 16 MiB kept locally), still running."""
+    from tests.conftest import Server
+    from tests.integration.test_readme_examples import Tour
+    from tests.readme import make_run_env
+
+    work = tmp_path_factory.mktemp("readme-tier")
+    server = Server(work / "data", env=make_run_env(work))
+    tour = Tour(work, server)
+    try:
+        server.wait_ready()
+        tour.prepare()
+        [block] = [b for b in every_block() if b.action == "run" and b.argument == "tour-tier"]
+        tour.run(block)
+        yield work
+    finally:
+        tour.stop_background_jobs()
+        server.kill()
+
+
+def test_the_tiering_example_reads_every_reading_though_local_retention_deleted_most(spark, tiered_tour):
+    from store.tier.manifest import load_latest
+    from store.tier.objects import load_location
+
+    tier = load_location(str(tiered_tour / "data"))
+    manifest = load_latest(tier.open())
+    segments = sorted((tiered_tour / "data" / "commitlog").glob("0*"))
+    assert manifest is not None and manifest.tiered_end > 0
+    assert int(segments[0].name) > 0, "local retention deleted the oldest tiered segments"
+    scope, printed = run(spark_block("spark-tier"), tiered_tour)
+    assert "100000 readings" in printed, printed
+    assert re.search(r"\|d\d+ *\| *-?\d+\.\d *\|", printed), printed  # a device and its mean
+    plan = scope["readings"]._jdf.queryExecution().executedPlan().toString()
+    assert "FileScan parquet" in plan, plan

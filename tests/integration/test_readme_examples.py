@@ -32,7 +32,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import Server
-from tests.readme import RUNNABLE_LANGUAGES, Block, every_block, on_ports
+from tests.readme import RUNNABLE_LANGUAGES, Block, every_block, make_run_env, on_ports
 
 TIMEOUT_S = 240
 """An upper bound for one block (a loaded machine may start Python slowly), not a target."""
@@ -43,6 +43,7 @@ EXPECTED = {
     "tour-push": ["com.example.reading from /sensors/t1: {'temp': 21.5}"],
     "tour-ingress": ['"subject": "shop/orders/created"'],
     "tour-ingress-pika": ["com.example.order.created order-7 b'{\"order\": 7}'"],
+    "tour-tier": ["100,000 readings from 200 devices", "local retention deleted"],
     "quick-start": ["created topic orders (4 queues, normal)", "sent 1000 messages",
                     "received 1000 messages from orders", "group billing: clustering",
                     "body: order 7", "delivered  billing", "acked"],
@@ -82,8 +83,7 @@ def runnable() -> list[Block]:
 @pytest.fixture(scope="module")
 def tour(tmp_path_factory: pytest.TempPathFactory) -> Iterator["Tour"]:
     work = tmp_path_factory.mktemp("readme")
-    server = Server(work / "data", env={"SLUICE_CORE_MESSAGE_TRACE": "true",
-                                        "SLUICE_PUSH_ALLOWED_SINKS": "127.0.0.0/8"})
+    server = Server(work / "data", env={"SLUICE_CORE_MESSAGE_TRACE": "true", **make_run_env(work)})
     tour = Tour(work, server)
     try:
         server.wait_ready()
