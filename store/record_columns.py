@@ -18,7 +18,7 @@ import numpy as np
 
 from .errors import CorruptRecordError
 from .record import HEADER, HEADER_SIZE
-from .view import RecordRun
+from .record_run import RecordRun
 
 _HEADER = np.dtype({
     "names": ["size", "magic", "version", "flags", "crc", "phys", "queue_id", "queue_offset",

@@ -10,7 +10,7 @@ import struct
 from array import array
 from collections.abc import Callable, Iterable
 from contextlib import AbstractContextManager, nullcontext
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING
 
 from crc32c import crc32c
 
@@ -22,6 +22,7 @@ from .dispatcher import business_key, id_key
 from .errors import CorruptRecordError, InvalidCursorError, OffsetOutOfRangeError
 from .key_index import KeyIndex
 from .record import HEADER_SIZE, MAGIC_BYTES, StoredMessage, decode
+from .record_run import RecordRun
 
 if TYPE_CHECKING:
     from .tier.reader import TierReader
@@ -46,19 +47,6 @@ def _span_end(entries: list[Entry], index: int) -> int:
 
 _PREFIX = struct.Struct("<I4sIQ")  # total_size, magic + version + flags, crc32c, phys_offset
 _MARK = MAGIC_BYTES + b"\0"  # flags must be 0
-
-
-class RecordRun(NamedTuple):
-    """Validated records of one queue read with one pread of the log (``StoreView.read_runs``)."""
-
-    data: bytes
-    """The log bytes from ``base``: the records, and whatever lies between them."""
-    base: int
-    """Commit-log offset of ``data[0]``."""
-    positions: array
-    """``array("q")``: where each record starts in ``data``, in queue order."""
-    segment: str
-    """Name of the segment file the bytes came from (for error messages)."""
 
 
 class StoreView:

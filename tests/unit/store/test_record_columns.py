@@ -10,7 +10,7 @@ import pytest
 from store import FileStore, StoreConfig, StoreReader, record
 from store.errors import CorruptRecordError
 from store.record_columns import RecordColumns, decode
-from store.view import RecordRun
+from store.record_run import RecordRun
 
 WAIT = 120
 
