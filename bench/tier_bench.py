@@ -8,7 +8,7 @@ of unacknowledged QoS 1 publishes, bounded by nothing else) twice against a fres
 of the two goes first alternates by round. Reported: the median acknowledged publishes per
 second each way, their ratio (on / off, target at least 0.9), and the median tiering
 throughput while loaded: commit-log bytes tiered per second over the measured window (how far
-the tier's ``tiered_end`` moved, from ``GET /api/tier``), and, labelled apart, the Parquet
+the tier's ``tiered_end`` moved, from the admin API's ``GET /tier``), and, labelled apart, the Parquet
 bytes written for them (``sluice_tier_bytes_total``).
 
 ``measure`` is the whole measurement; ``figure_lines`` its result lines, for any section that
@@ -125,7 +125,7 @@ def _run(settings: Settings, directory: Path, tiering: bool) -> tuple[float, flo
 
         def probe() -> float:
             parquet.append(_parquet_bytes(admin, running.password))
-            return float(json.loads(_get(admin, "/api/tier", running.password)).get("tiered_end") or 0)
+            return float(json.loads(_get(admin, "/tier", running.password)).get("tiered_end") or 0)
         run = run_load(running.ports["--mqtt-port"], publishers, [], settings.timeout,
                        Schedule(settings.warmup, settings.measured), probe=probe if tiering else None)
     if not tiering or not run.seconds:
