@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
 
 from . import layout
@@ -82,7 +82,11 @@ class Manifest:
 
     def to_json(self) -> bytes:
         """The manifest as JSON (UTF-8)."""
-        document = {"format": FORMAT, **asdict(self)}
+        document = {"format": FORMAT, "version": self.version, "epoch": self.epoch,
+                    "tiered_end": self.tiered_end, "segments": [vars(s) for s in self.segments],
+                    "files": [{**vars(f), "queues": [vars(q) for q in f.queues]} for f in self.files]}
+        # json.dumps writes the segments' tuples of keys as arrays; no dataclasses.asdict: its
+        # recursive copy made this the tierer's costliest step (it runs with the GIL held)
         return json.dumps(document, separators=(",", ":"), ensure_ascii=False).encode()
 
     @classmethod
@@ -183,10 +187,16 @@ def load_latest(objects: ObjectStore) -> Manifest | None:
     return None
 
 
-def commit(objects: ObjectStore, manifest: Manifest) -> None:
+def commit(objects: ObjectStore, manifest: Manifest, previous: Manifest | None = None) -> None:
     """Create ``manifest``'s version. ManifestConflict if the version is taken or the newest
-    manifest carries a newer epoch (a newer leader): then nothing is written."""
-    latest = load_latest(objects)
+    manifest carries a newer epoch (a newer leader): then nothing is written. ``previous``, the
+    manifest ``manifest`` follows, spares reading the newest one back when it is still the
+    newest (a version, once created, never changes)."""
+    found = versions(objects)
+    if previous is not None and found and found[-1] == previous.version:
+        latest: Manifest | None = previous
+    else:
+        latest = load_latest(objects)
     if latest is not None and latest.epoch > manifest.epoch:
         raise ManifestConflict(f"tier manifest version {latest.version} in {objects.description} was written "
                                f"by epoch {latest.epoch}, newer than this writer's {manifest.epoch}: a newer "

@@ -103,3 +103,13 @@ def test_commit_refuses_to_go_past_a_newer_epoch(tmp_path: Path) -> None:
         commit(objects, manifest(2, epoch=4))
     commit(objects, manifest(2, epoch=6))
     assert load_latest(objects).epoch == 6
+
+
+def test_a_commit_following_a_superseded_manifest_reads_the_newest_and_refuses(tmp_path: Path) -> None:
+    objects = LocalDirectory(str(tmp_path))
+    commit(objects, manifest(1, epoch=4))
+    commit(objects, manifest(2, epoch=4), previous=manifest(1, epoch=4))  # still the newest: no read back
+    commit(objects, manifest(3, epoch=5), previous=manifest(2, epoch=4))  # a newer leader
+    with pytest.raises(ManifestConflict, match="epoch 5, newer than this writer's 4"):
+        commit(objects, manifest(4, epoch=4), previous=manifest(2, epoch=4))
+    assert load_latest(objects) == manifest(3, epoch=5)

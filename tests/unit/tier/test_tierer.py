@@ -16,7 +16,8 @@ import pytest
 from store.tier import layout
 from store.tier.manifest import ManifestConflict, load_latest
 from store.tier.objects import ObjectStoreError, TierLocation
-from store.tier.tierer import PAUSE_AT_ENV, PAUSE_FILE_ENV, Tierer, TierStatus
+from store.tier.convert import PAUSE_AT_ENV, PAUSE_FILE_ENV
+from store.tier.tierer import Tierer, TierStatus
 from tests.tier_support import SeaweedFS
 from tests.waiting import wait_for
 
