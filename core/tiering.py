@@ -7,7 +7,8 @@ every segment above the tiered end (``FileStore.tier_floor``), so an object stor
 only makes the tier lag. A failure is logged once per distinct error and retried with a doubling
 backoff up to ``retry_max_ms``. A ``ManifestConflict`` (a newer leader committed) stops tiering
 on this node for good. The loop itself runs on the event loop; the tierer runs in a thread,
-one step at a time.
+one step at a time (and converts segments in its worker process, off this process's
+interpreter lock).
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ class Tierer(Protocol):
     def tier_once(self) -> TieredSegment | None: ...
     def apply_tier_retention(self, now_ms: int, retention_ms: Callable[[str], int | None]) -> list[str]: ...
     def status(self) -> Any: ...
+    def close(self) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -112,12 +114,13 @@ class TieringLoop:
                         "readable once it is", self.description, FIRST_READ_WAIT_S)
 
     async def close(self) -> None:
-        """Stop the timer and wait for a step in progress (the store closes after this)."""
+        """Stop the timer, wait for a step in progress (the store closes after this) and stop
+        the tierer's worker process."""
         if self._task is not None:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
         async with self._lock:  # a step running in its thread finishes first
-            pass
+            await asyncio.to_thread(self.tierer.close)
 
     async def run_now(self) -> RetentionReport | None:
         """Tier everything pending now, apply tier retention, then run local retention (which

@@ -14,6 +14,7 @@ from typing import Any
 
 from core.tiering import TieringLoop, TieringSettings
 from store.file_store import FileStore
+from store.tier.convert import Worker
 from store.tier.manifest import load_latest
 from store.tier.objects import ObjectStore, ObjectStoreError, TierLocation, save_location
 from store.tier.reader import TierReader
@@ -50,7 +51,11 @@ def build(tier: TierConfig, data_dir: str, store: FileStore,
     save_location(data_dir, location(tier))
     reader = TierReader(objects, tier.cache_bytes)
     settings = TieringSettings(tier.check_interval_ms, tier.max_lag_ms, tier.retry_max_ms)
-    tierer = Tierer(store, objects, body_schema=body_schema, epoch=epoch)
+    # segments are converted in a worker process: in this one, the conversion's CPU work would
+    # hold the interpreter lock the event loop serves clients with
+    worker = Worker(location(tier), tier.s3_access_key, tier.s3_secret_key)
+    tierer = Tierer(store, objects, body_schema=body_schema, epoch=epoch, worker=worker,
+                    body_schemas=lambda: {t.name: t.body_schema for t in topics() if t.body_schema})
     loop = TieringLoop(tierer, topics, settings, description=objects.description,
                        on_commit=reader.set_manifest)
     store.tier = reader

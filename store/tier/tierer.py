@@ -12,9 +12,8 @@ from __future__ import annotations
 
 import logging
 import os
-import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -22,8 +21,8 @@ from . import layout
 from . import manifest as manifests
 from .manifest import Manifest, ManifestConflict, TieredSegment
 from ..errors import StoreError
+from .convert import Converted, Worker, convert, pause_point
 from .objects import ObjectStore
-from .writer import write_segment
 
 if TYPE_CHECKING:
     from ..commit_log import Segment
@@ -33,8 +32,6 @@ log = logging.getLogger(__name__)
 
 KEPT_MANIFESTS = 16
 """Manifest versions kept; older ones are deleted after each commit."""
-PAUSE_AT_ENV = "SLUICE_TIER_PAUSE_AT"
-PAUSE_FILE_ENV = "SLUICE_TIER_PAUSE_FILE"
 _READ_CHUNK = 8 << 20
 
 
@@ -93,15 +90,23 @@ class _Counters:
 
 
 class Tierer:
-    """Tiers the sealed, fully confirmed segments of one FileStore, oldest first."""
+    """Tiers the sealed, fully confirmed segments of one FileStore, oldest first.
+
+    With a ``worker`` (a broker), each segment is converted and uploaded in the worker's
+    process, so this process's interpreter lock stays free for its event loop; the worker
+    then needs every topic's body schema at once (``body_schemas``). Without one, in this
+    thread. ``close`` stops the worker."""
 
     def __init__(self, store: FileStore, objects: ObjectStore, *,
                  body_schema: Callable[[str], str | None] = lambda topic: None,
-                 epoch: Callable[[], int] = lambda: 0) -> None:
+                 epoch: Callable[[], int] = lambda: 0, worker: Worker | None = None,
+                 body_schemas: Callable[[], Mapping[str, str]] = dict) -> None:
         self.store = store
         self.objects = objects
         self.body_schema = body_schema
         self.epoch = epoch
+        self.worker = worker
+        self.body_schemas = body_schemas
         self.manifest: Manifest | None = None
         """The newest committed manifest (None before the first, or until it could be read)."""
         self._state = _Counters()
@@ -147,27 +152,31 @@ class Tierer:
             return None
         segment = pending[0]
         start = max(segment.base, self.tiered_end)  # a log cut elsewhere than the tier's: the rest
-        files = write_segment(self._read(start, segment.end), start, segment.name, self.body_schema)
-        for number, data_file in enumerate(files.files):
-            self.objects.put(data_file.info.key, data_file.parquet)
-            self._state.uploaded_bytes += len(data_file.parquet)
-            if number == 0:
-                _pause_point("upload")
-        index_key = layout.index_key(start)
-        self.objects.put(index_key, files.index)
-        self._state.uploaded_bytes += len(files.index)
-        _pause_point("manifest")
+        files = self._convert(segment, start)
+        self._state.uploaded_bytes += files.uploaded_bytes
+        pause_point("manifest")
         now = int(time.time() * 1000)
-        tiered = TieredSegment(start, segment.end, tuple(f.info.key for f in files.files), index_key, now)
+        tiered = TieredSegment(start, segment.end, tuple(f.key for f in files.files), files.index_key, now)
         previous = self.manifest
         self._commit(Manifest(
             1 if previous is None else previous.version + 1, self.epoch(), segment.end,
             (() if previous is None else previous.segments) + (tiered,),
-            (() if previous is None else previous.files) + tuple(f.info for f in files.files)))
+            (() if previous is None else previous.files) + files.files))
         log.info("tiered segment %s (%d records, %d files) to %s", segment.name, files.records,
                  len(files.files), self.objects.description)
         self._sweep_orphans()
         return tiered
+
+    def _convert(self, segment: Segment, start: int) -> Converted:
+        """The segment's records from ``start`` as Parquet objects in the tier."""
+        if self.worker is None:
+            return convert(self.objects, self._read(start, segment.end), start, segment.name, self.body_schema)
+        return self.worker.convert(segment.path, segment.base, start, segment.end, self.body_schemas())
+
+    def close(self) -> None:
+        """Stop the worker process, if any."""
+        if self.worker is not None:
+            self.worker.close()
 
     def _read(self, start: int, end: int) -> bytes:
         """The log's bytes from ``start`` to ``end`` (one segment), a chunk at a time so no
@@ -303,13 +312,3 @@ class Tierer:
             oldest_pending_age_ms=oldest, last_success_ms=state.last_success_ms, last_error=state.last_error,
             epoch=self.epoch(), fenced=state.fenced, uploaded_bytes=state.uploaded_bytes, errors=state.errors)
 
-
-def _pause_point(name: str) -> None:
-    """For kill tests: at the point ``SLUICE_TIER_PAUSE_AT`` names, create the file
-    ``SLUICE_TIER_PAUSE_FILE`` and block forever (the test then kills the process)."""
-    if os.environ.get(PAUSE_AT_ENV) != name:
-        return
-    with open(os.environ[PAUSE_FILE_ENV], "w") as file:
-        file.write(name)
-    log.warning("tiering paused at %s (%s is set)", name, PAUSE_AT_ENV)
-    threading.Event().wait()

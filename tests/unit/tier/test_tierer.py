@@ -14,9 +14,10 @@ import pyarrow.dataset as ds
 import pytest
 
 from store.tier import layout
+from store.tier.convert import PAUSE_AT_ENV, PAUSE_FILE_ENV, Worker
 from store.tier.manifest import ManifestConflict, load_latest
-from store.tier.objects import ObjectStoreError, TierLocation
-from store.tier.tierer import PAUSE_AT_ENV, PAUSE_FILE_ENV, Tierer, TierStatus
+from store.tier.objects import LocalDirectory, ObjectStoreError, TierLocation
+from store.tier.tierer import Tierer, TierStatus
 from tests.tier_support import SeaweedFS
 from tests.waiting import wait_for
 
@@ -219,6 +220,67 @@ Tierer(store, LocalDirectory({objects.root!r})).tier_once()
         tier_all(tierer)
         assert tierer.manifest.version == len(store.log.segments()) - 1
         assert sorted(info.key for info in objects.list(layout.DATA)) == sorted(f.key for f in tierer.manifest.files)
+
+
+def test_a_worker_process_tiers_the_same_files_as_the_tierers_own_thread(file_store, objects, tmp_path: Path) -> None:
+    store = file_store()
+    fill(store, "plain", 40)
+    fill(store, "typed", 40)
+    schemas = {"typed": '{"type": "object", "properties": {"n": {"type": "integer"}}}'}
+    in_thread = Tierer(store, objects, body_schema=schemas.get)
+    elsewhere = LocalDirectory(str(tmp_path / "worker-tier"))
+    in_worker = Tierer(store, elsewhere, worker=Worker(TierLocation(f"file://{elsewhere.root}")),
+                       body_schemas=lambda: schemas)
+    try:
+        assert tier_all(in_thread) == tier_all(in_worker) == len(store.log.segments()) - 1
+    finally:
+        in_worker.close()
+    assert in_worker.manifest.files == in_thread.manifest.files
+    assert any(f.body_schema for f in in_worker.manifest.files)
+    for tiered in in_thread.manifest.files:
+        assert elsewhere.get(tiered.key) == objects.get(tiered.key)
+    assert in_worker.status().uploaded_bytes == in_thread.status().uploaded_bytes
+
+
+def test_a_worker_paused_mid_step_exits_when_its_parent_is_killed(tmp_path: Path, objects) -> None:
+    data, pause = tmp_path / "killed", tmp_path / "paused"
+    script = f"""
+from store import FileStore, StoreConfig, Message
+from store.tier.convert import Worker
+from store.tier.objects import LocalDirectory, TierLocation
+from store.tier.tierer import Tierer
+store = FileStore({str(data)!r}, StoreConfig(segment_size=4096))
+store.append_batch([Message("t", b"x" * 100) for _ in range(60)])
+store.wait_durable(store.appended_end, 30)
+Tierer(store, LocalDirectory({objects.root!r}),
+       worker=Worker(TierLocation("file://" + {objects.root!r}))).tier_once()
+"""
+    child = subprocess.Popen([sys.executable, "-c", script], cwd=ROOT,
+                             env={**os.environ, PAUSE_AT_ENV: "upload", PAUSE_FILE_ENV: str(pause)})
+    try:
+        wait_for(pause.exists, "the worker to pause at upload", WAIT_S * 2)
+        workers = [pid for pid in running() if _proc_stat(pid)[1] == child.pid]
+        assert workers, "the data object was written by a worker process"
+    finally:
+        child.kill()
+        child.wait()
+    assert objects.list(layout.DATA) and not objects.list(layout.MANIFEST)
+    wait_for(lambda: not set(workers) & set(running()), "the orphaned worker to exit", WAIT_S * 2)
+
+
+def running() -> list[int]:
+    """The processes alive now (zombies left out)."""
+    return [int(name) for name in os.listdir("/proc") if name.isdigit() and _proc_stat(int(name))[0] not in "ZX"]
+
+
+def _proc_stat(pid: int) -> tuple[str, int]:
+    """A process's state letter and parent pid ("X", 0 once it is gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as file:
+            fields = file.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return "X", 0
+    return fields[0], int(fields[1])
 
 
 def test_object_store_down_keeps_segments_until_it_is_back(file_store, seaweedfs_server: SeaweedFS) -> None:
