@@ -182,7 +182,8 @@ def test_topic_lifecycle(http):
     status, created, _ = http("POST", "/topics", {"name": "orders", "queue_count": 2,
                                                    "message_type": "fifo"})
     assert status == 201 and created == {"name": "orders", "queue_count": 2, "message_type": "fifo",
-                                         "retention_ms": None, "compacted": False}
+                                         "retention_ms": None, "compacted": False,
+                                         "tier_retention_ms": None, "body_schema": None}
     status, body, _ = http("POST", "/topics", {"name": "orders"})
     assert status == 409 and body["error"] == "already_exists"
     assert "orders" in [t["name"] for t in http("GET", "/topics")[1]]
