@@ -48,13 +48,15 @@ fuzz: $(STAMP)
 
 # Push subscriptions may call endpoints on this machine (a plain `sluice serve` refuses loopback).
 # Sealed 8 MiB segments are tiered to ./tier as Parquet, and the local disk keeps the newest
-# 16 MiB of the log (a plain `sluice serve` keeps everything locally and tiers nothing).
+# 16 MiB of the log (a plain `sluice serve` keeps everything locally and tiers nothing);
+# messages are then limited to 4 MiB, half a segment.
 # The tests start their README broker with these settings (tests/readme.py, make_run_env).
 run: $(RUN_STAMP)
 	SLUICE_PUSH_ALLOWED_SINKS="$${SLUICE_PUSH_ALLOWED_SINKS-127.0.0.0/8}" \
 	SLUICE_TIER_URL="$${SLUICE_TIER_URL-file://$(CURDIR)/tier}" \
 	SLUICE_STORE_SEGMENT_SIZE="$${SLUICE_STORE_SEGMENT_SIZE-8388608}" \
 	SLUICE_STORE_RETENTION_MAX_BYTES="$${SLUICE_STORE_RETENTION_MAX_BYTES-16777216}" \
+	SLUICE_CORE_MAX_MESSAGE_BYTES="$${SLUICE_CORE_MAX_MESSAGE_BYTES-4194304}" \
 	$(VENV)/bin/sluice serve
 
 # A one-member etcd and three nodes on 127.0.0.2-4 (needs etcd: apt-get install -y etcd-server).
