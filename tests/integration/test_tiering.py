@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable
@@ -16,6 +15,7 @@ from pathlib import Path
 
 import paho.mqtt.client as mqtt
 
+from tests import waiting
 from tests.conftest import CONFIG, ROOT, SLUICE, clean_env
 from tests.integration.mqtt.test_robustness import PahoClient
 from tests.integration.test_metrics_reference import TIER_SECTION, check_against_reference
@@ -56,11 +56,8 @@ def get(url: str, auth: bool = True) -> tuple[int, dict]:
 
 
 def wait_for(check: Callable[[], object], what: str) -> object:
-    deadline = time.monotonic() + WAIT_S
-    while not (found := check()):
-        assert time.monotonic() < deadline, f"not within {WAIT_S} s: {what}"
-        time.sleep(0.1)
-    return found
+    """``check()`` once truthy, within the tests' generous ``WAIT_S``."""
+    return waiting.wait_for(check, what, WAIT_S)
 
 
 def publish(server, count: int, start: int = 0) -> None:
