@@ -18,6 +18,7 @@ import paho.mqtt.client as mqtt
 import pytest
 
 from tests.readme import every_block
+from tests.waiting import wait_for
 
 READINGS = {f"devices/d{n}/telemetry": f'{{"t": {20 + n}.5}}' for n in range(8)}
 """Enough devices that every one of the topic's four queues holds some."""
@@ -122,8 +123,23 @@ def test_the_tiering_example_reads_every_reading_though_local_retention_deleted_
     segments = sorted((tiered_tour / "data" / "commitlog").glob("0*"))
     assert manifest is not None and manifest.tiered_end > 0
     assert int(segments[0].name) > 0, "local retention deleted the oldest tiered segments"
+    wait_for(lambda: readable(tiered_tour / "data", "devices") == 100_000,
+             "a reader of the data directory to see every reading (the broker's next checkpoint)", 60)
     scope, printed = run(spark_block("spark-tier"), tiered_tour)
     assert "100000 readings" in printed, printed
     assert re.search(r"\|d\d+ *\| *-?\d+\.\d *\|", printed), printed  # a device and its mean
     plan = scope["readings"]._jdf.queryExecution().executedPlan().toString()
     assert "FileScan parquet" in plan, plan
+
+
+def readable(data: Path, topic: str) -> int:
+    """Messages of ``topic`` a reader of ``data`` sees now, tiered and local: a reader beside a
+    running broker sees what its last checkpoint (every second) recorded."""
+    from store import StoreReader
+
+    reader = StoreReader(str(data))
+    try:
+        return sum(end - start for (name, queue) in reader.queues() if name == topic
+                   for start, end in [reader.queue_range(name, queue)])
+    finally:
+        reader.close()
