@@ -1,7 +1,7 @@
 """Tiered storage in a replica group of three real `sluice serve` nodes and a real etcd, all
-tiering to one directory: only the leader tiers, its manifest carrying its epoch; a follower's
-local retention deletes only what that manifest says is tiered, and the group still serves the
-oldest message; after the leader is killed (SIGKILL) the new leader tiers on in its newer epoch,
+tiering to one directory (a pass only when asked: ``POST /tier/run``): only the leader tiers, its
+manifest carrying its epoch; a follower's local retention deletes what that manifest says is
+tiered and keeps the sealed segments past it, and the group still serves the oldest message; after the leader is killed (SIGKILL) the new leader tiers on in its newer epoch,
 and reading from the earliest offset through it (its own oldest segments deleted locally: those
 reads go to the tier) gives every acknowledged message exactly once."""
 from __future__ import annotations
@@ -42,7 +42,7 @@ def tier(tmp_path) -> Path:
 @pytest.fixture
 def group(tmp_path, tier, etcd_installed):
     native, admin, mqtt, ws, amqp, replication, etcd_client, etcd_peer = free_ports(8)
-    env = {"SLUICE_TIER_URL": tier.as_uri(), "SLUICE_TIER_CHECK_INTERVAL_MS": "200",
+    env = {"SLUICE_TIER_URL": tier.as_uri(), "SLUICE_TIER_CHECK_INTERVAL_MS": "3600000",
            "SLUICE_TIER_RETRY_MAX_MS": "1000", "SLUICE_STORE_SEGMENT_SIZE": str(64 << 10),
            "SLUICE_STORE_RETENTION_MAX_AGE_MS": "1", "SLUICE_CORE_RETENTION_CHECK_INTERVAL_MS": "200"}
     cluster = DevCluster(tmp_path / "group", ports=Ports(native, admin, mqtt, ws, amqp, replication),
@@ -58,16 +58,17 @@ def test_the_new_leader_tiers_on_in_its_epoch_and_serves_all_history_once(group,
     old = leader_of(group)
     in_sync(group, {node.name for node in group.nodes})
     old_epoch = cluster_view(group)["epoch"]
-    sent = _publish(group, old, 0, BEFORE)
-
+    sent = _publish(group, old, 0, BEFORE // 2)
     before = _tiered(group, old, tier, above=0, epoch=old_epoch)
+    sent += _publish(group, old, BEFORE // 2, BEFORE // 2)  # sealed, not tiered (tier.run only)
     followers = [node for node in group.nodes if node is not old]
-    for follower in followers:  # their local retention followed the leader's manifest
-        waiting.wait_for(lambda f=follower: _local_segments(f)[0] != FIRST_SEGMENT,
-                         f"{follower.name}'s oldest segment deleted locally", WAIT_S,
-                         seen=lambda f=follower: _local_segments(f))
-        assert int(_local_segments(follower)[0]) <= load_latest(LocalDirectory(str(tier))).tiered_end, \
-            f"{follower.name} deleted a segment the leader had not tiered"
+    for follower in followers:  # their local retention follows the leader's manifest, no further
+        waiting.wait_for(lambda f=follower: _local_segments(f)[0] != FIRST_SEGMENT
+                         and len([s for s in _local_segments(f) if int(s) > before]) >= 2,
+                         f"{follower.name}'s oldest segment deleted locally, segments past {before} sealed",
+                         WAIT_S, seen=lambda f=follower: _local_segments(f))
+        assert int(_local_segments(follower)[0]) <= before, \
+            f"{follower.name} deleted a segment the leader had not tiered: {_local_segments(follower)}"
     assert _consume(group, followers[0], BEFORE) == sorted(sent), "the oldest messages through a follower"
 
     old.kill()
@@ -94,10 +95,11 @@ def _publish(group: DevCluster, node: NodeProcess, start: int, count: int) -> li
 
 
 def _tiered(group: DevCluster, leader: NodeProcess, tier: Path, above: int, epoch: int) -> int:
-    """Wait until ``GET /tier`` on ``leader`` reports a tiered end past ``above`` and the tier's
-    newest manifest carries ``epoch`` and that end; the tiered end."""
-    def status() -> dict:
-        request = urllib.request.Request(f"http://{leader.host}:{group.ports.admin}/tier",
+    """Run a tiering pass on ``leader`` (``POST /tier/run``; its own pass is an hour away) and
+    wait until ``GET /tier`` there reports a tiered end past ``above`` and the tier's newest
+    manifest carries ``epoch`` and that end; the tiered end."""
+    def status(method: str = "GET", path: str = "/tier") -> dict:
+        request = urllib.request.Request(f"http://{leader.host}:{group.ports.admin}{path}", method=method,
                                          headers={"Authorization": BASIC})
         try:
             with urllib.request.urlopen(request, timeout=30) as reply:
@@ -107,6 +109,9 @@ def _tiered(group: DevCluster, leader: NodeProcess, tier: Path, above: int, epoc
 
     def manifest() -> Manifest | None:
         return load_latest(LocalDirectory(str(tier)))
+
+    waiting.wait_for(lambda: "tiered_end" in status("POST", "/tier/run"), f"a tiering pass on {leader.name}",
+                     WAIT_S, seen=lambda: status("POST", "/tier/run"))
 
     def done() -> int:
         found, latest = status(), manifest()
