@@ -74,8 +74,14 @@ class TopicSource:
         await self.hide(message, handle, 0)
 
     def lag(self) -> int:
-        """Messages of the topic the subscription has not settled yet."""
-        return sum(q.lag for q in self.broker.lag(self.subscription.group))
+        """Messages of the topic the subscription has not settled yet; a queue it has not read
+        from yet (a subscription paused before its first poll) counts whole, since a new
+        subscription starts at the topic's earliest message."""
+        positions = self.broker.lag(self.subscription.group)
+        read = {q.queue_id for q in positions if q.topic == self.subscription.topic}
+        queues = self.broker.describe_topic(self.subscription.topic).queues
+        unread = sum(q.max_offset - q.min_offset for q in queues if q.queue_id not in read)
+        return sum(q.lag for q in positions) + unread
 
     async def remove(self) -> None:
         """Delete the group that held the position."""
