@@ -188,7 +188,10 @@ def _data_file(table: pa.Table, record_of_row: np.ndarray, in_file: np.ndarray, 
         data = schemas.parse_bodies(rows.column("body").combine_chunks(), schema_text)
         rows = rows.append_column(with_data(data.type).field("data"), data)
     sink = io.BytesIO()
-    pq.write_table(rows, sink, compression=COMPRESSION, row_group_size=DATA_ROW_GROUP, write_page_checksum=True)
+    # One chunk per column: written from many small chunks, a column chunk holds many small
+    # pages, which Spark's vectorized reader reads markedly slower (about 1.4x here).
+    pq.write_table(rows.combine_chunks(), sink, compression=COMPRESSION, row_group_size=DATA_ROW_GROUP,
+                   write_page_checksum=True)
     parquet = sink.getvalue()
     picked = np.flatnonzero(in_file)
     mine = log_offsets[picked]
