@@ -12,7 +12,8 @@ import paho.mqtt.client as mqtt
 from tests.conftest import ROOT, SLUICE, clean_env
 from tests.integration.mqtt.test_robustness import PahoClient
 from tests.integration.test_tiering import (SHORT_LOCAL_RETENTION, SMALL_SEGMENTS, WAIT_S, consume_all,
-                                            publish, segment_files, tier_env, tiered, wait_for)
+                                            publish, tier_env, tiered, wait_for)
+from tests.integration.tier_world import local_segments
 from tests.tier_support import SeaweedFS
 
 HOT = 20
@@ -29,7 +30,7 @@ def test_a_frozen_object_store_blocks_no_client_of_local_messages(sluice_server,
     server.wait_ready()
     publish(server, 300)
     status = wait_for(lambda: (s := tiered(server))["tiered_end"] > 0 and s, "a first segment tiered")
-    wait_for(lambda: int(segment_files(data)[0]) >= status["tiered_end"],
+    wait_for(lambda: local_segments(data)[0] >= status["tiered_end"],
              "local retention deleting what is tiered: the oldest messages are in S3 only")
 
     seaweedfs_server.pause()

@@ -11,13 +11,13 @@ import subprocess
 import urllib.error
 import urllib.request
 from collections.abc import Callable
-from pathlib import Path
 
 import paho.mqtt.client as mqtt
 
 from tests import waiting
 from tests.conftest import CONFIG, ROOT, SLUICE, clean_env
 from tests.integration.mqtt.test_robustness import PahoClient
+from tests.integration.tier_world import local_segments
 from tests.integration.test_metrics_reference import TIER_SECTION, check_against_reference
 
 WAIT_S = 120.0
@@ -78,11 +78,6 @@ def tiered(server) -> dict:
     return json.loads(sluice(server, "tier", "status", "--json").stdout)
 
 
-def segment_files(data: Path) -> list[str]:
-    """The commit-log segments on the local disk (named by their base offset)."""
-    return sorted(p.name for p in (data / "commitlog").iterdir() if p.name.isdigit())
-
-
 def consume_all(server, count: int) -> list[int]:
     """The ``temperature`` of every message `sluice consume --earliest` reads from devices."""
     consumed = subprocess.run(
@@ -120,13 +115,13 @@ def test_mqtt_publishes_are_tiered_to_a_directory_and_the_cli_shows_them(sluice_
     row = next(line for line in text.splitlines() if line.startswith("devices "))
     assert int(row.split()[1]) >= 1 and int(row.split()[2]) >= 1, text  # files, messages
 
-    local = segment_files(data)
+    local = local_segments(data)
     assert len(local) > 2, local
     ran = json.loads(sluice(server, "tier", "run", "--json").stdout)
     assert ran["pending_segments"] == 0 and ran["tiered_end"] >= status["tiered_end"]
     freed = ran["local_retention"]
     assert freed["deleted_segments"] == len(local) - 1 and freed["log_start"] == ran["tiered_end"], ran
-    assert segment_files(data) == local[-1:]  # only the active segment is left on disk
+    assert local_segments(data) == local[-1:]  # only the active segment is left on disk
     assert consume_all(server, 600) == list(range(600))  # the tier serves what the disk lost
     assert "local retention deleted" in sluice(server, "tier", "run").stdout
     metrics = urllib.request.urlopen(f"{server.admin}/metrics", timeout=30).read().decode()

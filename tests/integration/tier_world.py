@@ -78,7 +78,7 @@ def admin(server, user: str = USER, password: str = PASSWORD) -> Http:
 
 
 def tier_status(server) -> dict[str, Any]:
-    """``GET /api/tier`` as the admin (``tiered_end`` and the counts appear once the tierer
+    """``GET /tier`` as the admin (``tiered_end`` and the counts appear once the tierer
     has opened the tier)."""
     status, body, _ = admin(server)("GET", "/tier")
     assert status == 200, (status, body)
